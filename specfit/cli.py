@@ -1,0 +1,114 @@
+"""Conventions shared by every command-line tool of the toolkit.
+
+Every CLI exposes ``main(argv=None) -> int``; ``--help`` lists each flag with its unit and
+default; an invalid flag value exits with status 2 and a message that names the flag
+(argparse's own behaviour, kept by raising :class:`argparse.ArgumentTypeError` from the
+parsers below); the LAST line printed on stdout is a one-line JSON summary
+(:func:`print_summary`), so scripts and benchmarks can read it with ``tail -n 1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse parser whose help shows defaults; errors exit 2 naming the flag.
+
+    Use :meth:`fail` for checks made after parsing (file missing, cache larger than the
+    experts per layer, ...): it prints ``error: --flag: message`` and exits 2.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def fail(self, flag: str, message: str) -> None:
+        """Exit with status 2 and ``error: FLAG: MESSAGE`` on stderr."""
+        self.error(f"{flag}: {message}")
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite float > 0."""
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from exc
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite float >= 0."""
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from exc
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer > 0."""
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected an integer > 0, got {text!r}") from exc
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected an integer > 0, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from exc
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def comma_list(item_type: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    """argparse type factory: ``"16,32,64"`` -> ``[item_type("16"), ...]`` (non-empty)."""
+
+    def parse(text: str) -> list[Any]:
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+        return [item_type(p) for p in parts]
+
+    parse.__name__ = f"comma_list({getattr(item_type, '__name__', 'item')})"
+    return parse
+
+
+def print_summary(summary: dict[str, Any], stream: Any = None) -> None:
+    """Print ``summary`` as one JSON line (sorted keys, NaN as null); call it last."""
+    stream = stream or sys.stdout
+
+    def clean(obj: Any) -> Any:
+        if isinstance(obj, float) and not math.isfinite(obj):
+            return None
+        if isinstance(obj, dict):
+            return {str(k): clean(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [clean(v) for v in obj]
+        if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+            return clean(obj.item())
+        return obj
+
+    stream.write(json.dumps(clean(summary), sort_keys=True) + "\n")
+    stream.flush()
+
+
+def run_main(main: Callable[[Sequence[str] | None], int]) -> None:
+    """``if __name__ == "__main__": run_main(main)`` -> ``sys.exit(main())``."""
+    sys.exit(main(None))
