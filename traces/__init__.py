@@ -1,1 +1,11 @@
-"""Trace format v1: Parquet tables plus a JSON manifest in one run directory (see docs/trace-format.md)."""
+"""Trace format v1: Parquet tables plus a JSON manifest in one run directory.
+
+Column-by-column documentation: docs/trace-format.md. Modules (none has import-time side effects):
+
+- ``traces.schema``: ``FORMAT_VERSION``, ``Manifest`` and its specs, ``CycleRecord``, column specs.
+- ``traces.writer``: ``TraceWriter``, the streaming, resumable, SIGKILL-safe writer.
+- ``traces.reader``: ``open_run`` -> ``TraceRun`` (``iter_trees``, ``node_arrays``, tables).
+- ``traces.validate`` / ``traces.checks``: value checks; ``traces.errors.TraceError``.
+- ``traces.stats`` and ``python -m traces.inspect RUN_DIR [--validate]``: summaries.
+- ``traces.synthetic`` (``python -m traces.synthetic``): synthetic dense traces at any model shape.
+"""

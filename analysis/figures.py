@@ -1,0 +1,260 @@
+"""The report's figures, one function each; every function returns the PNG path or ``None`` (no data).
+
+matplotlib is imported inside :func:`_pyplot` with the non-interactive ``Agg`` backend, so importing
+this module has no side effect. Axis labels carry units; metric conventions are docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis import metrics
+
+FIGURES = (
+    "throughput_vs_bandwidth",
+    "predicted_vs_measured",
+    "acceptance_per_depth",
+    "expert_union_growth",
+    "hit_rate_vs_cache",
+    "time_split",
+)
+FULL_TREE_POLICIES = ("topn", "full")
+POLICY_COLORS = {
+    "ar": "tab:gray",
+    "chain": "tab:purple",
+    "topn": "tab:red",
+    "full": "tab:orange",
+    "specfit": "tab:green",
+}
+
+
+def _color(policy: str) -> str | None:
+    return POLICY_COLORS.get(str(policy))
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    _pyplot().close(fig)
+    return path
+
+
+def slower_than_ar(throughput: pd.DataFrame) -> pd.DataFrame:
+    """Rows (source, cache, bandwidth) where a full-tree policy is slower than autoregressive.
+
+    Returns:
+        DataFrame ``source, cache_experts_per_layer, bandwidth_gb_per_s, ar_tokens_per_s,
+        full_tokens_per_s, specfit_tokens_per_s`` (the regime map's shaded cells).
+    """
+    df = throughput.dropna(subset=["bandwidth_gb_per_s"])
+    keys = ["source", "cache_experts_per_layer", "bandwidth_gb_per_s"]
+    pivot = df.pivot_table(index=keys, columns="policy", values="tokens_per_s", aggfunc="mean")
+    if "ar" not in pivot.columns:
+        return pd.DataFrame(columns=[*keys, "ar_tokens_per_s", "full_tokens_per_s", "specfit_tokens_per_s"])
+    full_cols = [c for c in FULL_TREE_POLICIES if c in pivot.columns]
+    full = pivot[full_cols].max(axis=1) if full_cols else pd.Series(np.nan, index=pivot.index)
+    out = pd.DataFrame(
+        {
+            "ar_tokens_per_s": pivot["ar"],
+            "full_tokens_per_s": full,
+            "specfit_tokens_per_s": pivot["specfit"] if "specfit" in pivot.columns else np.nan,
+        }
+    ).reset_index()
+    return out[out["full_tokens_per_s"] < out["ar_tokens_per_s"]].reset_index(drop=True)
+
+
+def throughput_vs_bandwidth(throughput: pd.DataFrame, path: Path) -> Path | None:
+    """Regime map: tokens/s against bandwidth per policy, one panel per cache size.
+
+    Shaded bandwidths: a full-tree policy (top-N / full) is slower than autoregressive there.
+    Solid lines are simulated, dashed lines live.
+    """
+    df = throughput.dropna(subset=["bandwidth_gb_per_s", "tokens_per_s"])
+    if df.empty:
+        return None
+    plt = _pyplot()
+    caches = sorted(df["cache_experts_per_layer"].dropna().unique().tolist()) or [None]
+    caches = caches[:4]
+    fig, axes = plt.subplots(1, len(caches), figsize=(5 * len(caches), 4), squeeze=False)
+    slow = slower_than_ar(df)
+    for ax, cache in zip(axes[0], caches):
+        sub = df if cache is None else df[df["cache_experts_per_layer"] == cache]
+        for (source, policy), g in sub.groupby(["source", "policy"]):
+            g = g.groupby("bandwidth_gb_per_s", as_index=False)["tokens_per_s"].mean()
+            style = "-o" if source == "sim" else "--s"
+            ax.plot(
+                g["bandwidth_gb_per_s"],
+                g["tokens_per_s"],
+                style,
+                color=_color(policy),
+                label=f"{policy} ({source})",
+            )
+        for bw in slow[slow["cache_experts_per_layer"] == cache]["bandwidth_gb_per_s"].unique():
+            ax.axvspan(bw / 1.15, bw * 1.15, color="red", alpha=0.12, lw=0)
+        ax.set_xscale("log")
+        ticks = sorted(sub["bandwidth_gb_per_s"].unique())
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel("H2D bandwidth (GB/s, 1 GB = 1e9 B)")
+        ax.set_ylabel("throughput (committed tokens / s)")
+        ax.set_title(f"cache {cache} experts/layer (red: full tree slower than AR)", fontsize=9)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def predicted_vs_measured(scatter: pd.DataFrame, path: Path) -> Path | None:
+    """Per-cycle predicted vs measured cycle seconds (log-log), y = x line, median/p90 |error| in the legend."""
+    df = scatter.dropna()
+    df = df[(df["measured_s"] > 0) & (df["predicted_s"] > 0)]
+    if df.empty:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for label, g in df.groupby("label"):
+        s = metrics.error_summary(g["predicted_s"], g["measured_s"])
+        ax.scatter(
+            g["measured_s"],
+            g["predicted_s"],
+            s=8,
+            alpha=0.6,
+            label=f"{label}: median {s.median_abs_pct_error:.1f}%, p90 {s.p90_abs_pct_error:.1f}%",
+        )
+    lo, hi = (
+        float(df[["measured_s", "predicted_s"]].min().min()),
+        float(df[["measured_s", "predicted_s"]].max().max()),
+    )
+    ax.plot([lo, hi], [lo, hi], "k-", lw=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured cycle time (s, planner time excluded)")
+    ax.set_ylabel("predicted cycle time (s)")
+    ax.set_title("Per-cycle predicted vs measured")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def dense_depth_acceptance(arrays: Any) -> np.ndarray:
+    """Conditional per-depth acceptance of the full dense trees of one run (see docs/metrics.md)."""
+    ok = arrays.path_accepted()
+    sizes = arrays.tree_sizes
+    tree = np.repeat(np.arange(arrays.num_trees), sizes)
+    accepted_depth = np.zeros(arrays.num_trees, dtype=np.int64)
+    np.maximum.at(accepted_depth, tree[ok], arrays.depth[ok])
+    max_depth = np.zeros(arrays.num_trees, dtype=np.int64)
+    np.maximum.at(max_depth, tree, arrays.depth)
+    return metrics.per_depth_acceptance(accepted_depth, max_depth)
+
+
+def acceptance_per_depth(dense: list, path: Path) -> Path | None:
+    """Conditional acceptance accepted(d) / reached(d) per depth, one bar series per dense run."""
+    if not dense:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    width = 0.8 / len(dense)
+    for i, (label, arrays, _) in enumerate(dense):
+        acc = dense_depth_acceptance(arrays)
+        depths = np.arange(1, acc.size + 1)
+        ax.bar(depths + i * width - 0.4 + width / 2, acc, width=width, label=label)
+    ax.set_xlabel("draft depth d")
+    ax.set_ylabel("acceptance at d given d reached")
+    ax.set_ylim(0, 1)
+    ax.set_title("Per-depth conditional acceptance (full dense trees)")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def union_growth(arrays: Any, num_experts: int) -> np.ndarray:
+    """float64[L, M+1] mean distinct experts per layer among a tree's n most probable nodes."""
+    from specfit.predictors import union_size_from_trees
+
+    trees = [arrays.expert_ids[arrays.offsets[i] : arrays.offsets[i + 1]] for i in range(arrays.num_trees)]
+    probs = [
+        np.exp(arrays.path_logprob[arrays.offsets[i] : arrays.offsets[i + 1]])
+        for i in range(arrays.num_trees)
+    ]
+    return union_size_from_trees(trees, probs, num_experts, int(arrays.tree_sizes.max()))
+
+
+def expert_union_growth(dense: list, path: Path) -> Path | None:
+    """Distinct experts against verified-tree size, per layer (thin) and mean (bold), with the n*K bound."""
+    if not dense:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(dense), figsize=(5.5 * len(dense), 4), squeeze=False)
+    for ax, (label, arrays, num_experts) in zip(axes[0], dense):
+        curve = union_growth(arrays, num_experts)
+        n = np.arange(curve.shape[1])
+        for layer in range(curve.shape[0]):
+            ax.plot(n, curve[layer], color="tab:blue", alpha=0.25, lw=0.8)
+        ax.plot(n, curve.mean(axis=0), color="tab:blue", lw=2.5, label="mean over layers")
+        top_k = arrays.expert_ids.shape[2]
+        ax.plot(n, np.minimum(n * top_k, num_experts), "k--", lw=1, label="no sharing (n x K, capped at E)")
+        ax.set_xlabel("nodes in the subtree (most probable first)")
+        ax.set_ylabel("distinct experts per layer")
+        ax.set_title(f"Expert-union growth: {label}", fontsize=9)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def hit_rate_vs_cache(hit_rates: pd.DataFrame, path: Path) -> Path | None:
+    """Expert-cache hit rate against cache size (experts per layer), per policy and source."""
+    df = hit_rates.dropna(subset=["cache_experts_per_layer", "hit_rate"])
+    if df.empty:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (source, policy), g in df.groupby(["source", "policy"]):
+        g = g.groupby("cache_experts_per_layer", as_index=False)["hit_rate"].mean()
+        style = "-o" if source == "sim" else "--s"
+        ax.plot(
+            g["cache_experts_per_layer"],
+            100 * g["hit_rate"],
+            style,
+            color=_color(policy),
+            label=f"{policy} ({source})",
+        )
+    ax.set_xlabel("cache size (experts per layer)")
+    ax.set_ylabel("hit rate (%)")
+    ax.set_title("Expert-cache hit rate against cache size")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def time_split(split: pd.DataFrame, path: Path, max_bars: int = 24) -> Path | None:
+    """Share of decode time spent drafting, verifying (compute), in H2D copies and elsewhere."""
+    df = split.head(max_bars)
+    if df.empty:
+        return None
+    plt = _pyplot()
+    total = df[["draft_s", "verify_s", "h2d_s", "other_s"]].sum(axis=1).replace(0, np.nan)
+    fig, ax = plt.subplots(figsize=(7, 0.35 * len(df) + 1.5))
+    left = np.zeros(len(df))
+    for col, name in (
+        ("draft_s", "draft"),
+        ("verify_s", "verify compute"),
+        ("h2d_s", "H2D"),
+        ("other_s", "other"),
+    ):
+        share = (100 * df[col] / total).fillna(0).to_numpy()
+        ax.barh(df["label"], share, left=left, label=name)
+        left += share
+    ax.set_xlabel("share of decode time (%)")
+    ax.set_title("Time split: draft / compute / H2D")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.tick_params(axis="y", labelsize=7)
+    return _save(fig, path)

@@ -1,0 +1,245 @@
+"""Collect the tidy tables the report draws from, whatever mix of directories it is given.
+
+Recognised directories (by their files):
+
+- trace run (``manifest.json``; dense and/or policy cycles), read with ``traces.reader.open_run``;
+- sim sweep (``results.parquet`` or ``results.csv`` of ``python -m sim.sweep``);
+- calibration folder (``cost_fit_cycles.csv`` of ``python -m calibration.fit``);
+- validation folder (``fidelity.csv`` of ``python -m analysis.validate``).
+
+Everything is reduced to a few long-format tables (:class:`ReportData`), one row per
+(source, configuration), so each figure reads one table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis import metrics
+from specfit.units import bytes_per_s_to_gb_per_s
+
+THROUGHPUT_COLUMNS = (
+    "label",
+    "source",
+    "bandwidth_gb_per_s",
+    "cache_experts_per_layer",
+    "policy",
+    "tokens_per_s",
+)
+HIT_COLUMNS = ("label", "source", "cache_experts_per_layer", "policy", "hit_rate")
+SPLIT_COLUMNS = ("label", "draft_s", "verify_s", "h2d_s", "other_s")
+SCATTER_COLUMNS = ("label", "predicted_s", "measured_s")
+
+
+class ReportInputError(ValueError):
+    """A directory the report cannot read (names it and what was expected)."""
+
+
+@dataclass
+class ReportData:
+    """Long-format tables for the figures (empty DataFrames when no input provides them).
+
+    Attributes:
+        throughput: :data:`THROUGHPUT_COLUMNS` (``source`` is ``sim`` or ``live``).
+        hit_rates: :data:`HIT_COLUMNS`.
+        time_split: :data:`SPLIT_COLUMNS` (seconds summed over a run or cell).
+        cycle_scatter: :data:`SCATTER_COLUMNS`, one row per cycle (seconds).
+        dense: ``(label, NodeArrays, num_experts)`` of dense runs.
+        run_summaries: ``(label, metrics.cycle_summary dict)`` of recorded runs with cycles.
+        fidelity: the rows of validation folders.
+        inputs: ``(path, kind)`` of every input.
+    """
+
+    throughput: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=THROUGHPUT_COLUMNS))
+    hit_rates: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=HIT_COLUMNS))
+    time_split: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SPLIT_COLUMNS))
+    cycle_scatter: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SCATTER_COLUMNS))
+    dense: list = field(default_factory=list)
+    run_summaries: list = field(default_factory=list)
+    fidelity: pd.DataFrame = field(default_factory=pd.DataFrame)
+    inputs: list = field(default_factory=list)
+
+    def _add(self, name: str, rows: pd.DataFrame) -> None:
+        if len(rows):
+            current = getattr(self, name)
+            setattr(self, name, pd.concat([current, rows], ignore_index=True) if len(current) else rows)
+
+
+def classify(path: Path) -> str:
+    """``"trace"``, ``"sweep"``, ``"calibration"`` or ``"validate"``.
+
+    Raises:
+        ReportInputError: not a directory or none of the recognised files.
+    """
+    if not path.is_dir():
+        raise ReportInputError(
+            f"{path}: not a directory (expected a run, sweep, calibration or validate folder)"
+        )
+    if (path / "manifest.json").is_file():
+        return "trace"
+    if (path / "results.parquet").is_file() or (path / "results.csv").is_file():
+        return "sweep"
+    if (path / "fidelity.csv").is_file():
+        return "validate"
+    if (path / "cost_fit_cycles.csv").is_file():
+        return "calibration"
+    raise ReportInputError(
+        f"{path}: no manifest.json, results.parquet/csv, fidelity.csv or cost_fit_cycles.csv found"
+    )
+
+
+def _read_sweep(path: Path) -> pd.DataFrame:
+    if (path / "results.parquet").is_file():
+        return pd.read_parquet(path / "results.parquet")
+    return pd.read_csv(path / "results.csv")
+
+
+def _add_sweep(data: ReportData, path: Path) -> None:
+    df = _read_sweep(path)
+    need = ("bandwidth_gb_per_s", "cache_experts_per_layer", "policy", "tokens_per_s")
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise ReportInputError(f"{path}: sweep results lack column(s) {missing}")
+    label = path.name
+    tp = df[list(need)].assign(label=label, source="sim")
+    data._add("throughput", tp[list(THROUGHPUT_COLUMNS)])
+    if "hit_rate" in df.columns:
+        hr = df[["cache_experts_per_layer", "policy", "hit_rate"]].assign(label=label, source="sim")
+        data._add("hit_rates", hr[list(HIT_COLUMNS)])
+    if {"draft_s", "verify_s", "h2d_s", "decode_s"} <= set(df.columns):
+        split = pd.DataFrame(
+            {
+                "label": [
+                    f"sim {p} {b:g}GB/s c{c}"
+                    for p, b, c in zip(df["policy"], df["bandwidth_gb_per_s"], df["cache_experts_per_layer"])
+                ],
+                "draft_s": df["draft_s"],
+                "verify_s": df["verify_s"],
+                "h2d_s": df["h2d_s"],
+                "other_s": (df["decode_s"] - df["draft_s"] - df["verify_s"] - df["h2d_s"]).clip(lower=0),
+            }
+        )
+        data._add("time_split", split)
+
+
+def _add_trace(data: ReportData, path: Path) -> None:
+    from traces.reader import open_run
+
+    try:
+        run = open_run(path)
+    except ValueError as exc:
+        raise ReportInputError(f"{path}: {exc}") from None
+    manifest = run.manifest
+    label = path.name
+    if run.num_rows("nodes"):
+        data.dense.append((label, run.node_arrays(), manifest.model.num_experts))
+    cycles = run.cycles
+    if not len(cycles) or manifest.run.mode != "policy":
+        return
+    summary = metrics.cycle_summary(cycles)
+    data.run_summaries.append((label, summary))
+    bw = manifest.hardware.emulated_bandwidth_bytes_per_s
+    policy = manifest.run.tree_policy or str(cycles["policy"].iloc[0])
+    cache = manifest.run.cache_capacity_per_layer
+    bandwidth = bytes_per_s_to_gb_per_s(bw) if bw else np.nan
+    row = {
+        "label": label,
+        "source": "live",
+        "bandwidth_gb_per_s": bandwidth,
+        "cache_experts_per_layer": cache,
+        "policy": policy,
+    }
+    data._add("throughput", pd.DataFrame([{**row, "tokens_per_s": summary["tokens_per_s"]}]))
+    data._add(
+        "hit_rates",
+        pd.DataFrame(
+            [
+                {k: row[k] for k in ("label", "source", "cache_experts_per_layer", "policy")}
+                | {"hit_rate": summary["hit_rate"]}
+            ]
+        ),
+    )
+    draft, verify, h2d = (float(cycles[c].sum()) for c in ("draft_s", "verify_s", "h2d_s"))
+    other = max(float(cycles["cycle_s"].sum()) - draft - verify - h2d, 0.0)
+    data._add(
+        "time_split",
+        pd.DataFrame(
+            [{"label": f"live {label}", "draft_s": draft, "verify_s": verify, "h2d_s": h2d, "other_s": other}]
+        ),
+    )
+    predicted = pd.to_numeric(cycles["predicted_cycle_s"], errors="coerce")
+    decision = pd.to_numeric(cycles["decision_s"], errors="coerce").fillna(0.0)
+    ok = predicted.notna()
+    if ok.any():
+        data._add(
+            "cycle_scatter",
+            pd.DataFrame(
+                {
+                    "label": f"{label} (planner)",
+                    "predicted_s": predicted[ok].to_numpy(),
+                    "measured_s": (cycles["cycle_s"] - decision)[ok].to_numpy(),
+                }
+            ),
+        )
+
+
+def _add_calibration(data: ReportData, path: Path) -> None:
+    df = pd.read_csv(path / "cost_fit_cycles.csv")
+    need = ("predicted_cycle_s", "measured_cycle_s")
+    if any(c not in df.columns for c in need):
+        raise ReportInputError(f"{path}/cost_fit_cycles.csv: lacks columns {list(need)}")
+    split = df["split"] if "split" in df.columns else "all"
+    data._add(
+        "cycle_scatter",
+        pd.DataFrame(
+            {
+                "label": [f"{path.name} (calibrated, {s})" for s in np.broadcast_to(split, len(df))],
+                "predicted_s": df["predicted_cycle_s"],
+                "measured_s": df["measured_cycle_s"],
+            }
+        ),
+    )
+
+
+def _add_validate(data: ReportData, path: Path) -> None:
+    df = pd.read_csv(path / "fidelity.csv")
+    data.fidelity = pd.concat([data.fidelity, df.assign(label=path.name)], ignore_index=True)
+    for source in ("live", "sim"):
+        col = f"{source}_tokens_per_s"
+        if col in df.columns:
+            tp = df[["bandwidth_gb_per_s", "cache_experts_per_layer", "policy", col]].rename(
+                columns={col: "tokens_per_s"}
+            )
+            data._add("throughput", tp.assign(label=path.name, source=source)[list(THROUGHPUT_COLUMNS)])
+        col = f"{source}_hit_rate"
+        if col in df.columns:
+            hr = df[["cache_experts_per_layer", "policy", col]].rename(columns={col: "hit_rate"})
+            data._add("hit_rates", hr.assign(label=path.name, source=source)[list(HIT_COLUMNS)])
+
+
+_READERS = {
+    "trace": _add_trace,
+    "sweep": _add_sweep,
+    "calibration": _add_calibration,
+    "validate": _add_validate,
+}
+
+
+def collect(paths: Sequence[str | Path]) -> ReportData:
+    """Read every input directory into one :class:`ReportData`.
+
+    Raises:
+        ReportInputError: an unreadable or unrecognised directory (named).
+    """
+    data = ReportData()
+    for p in paths:
+        path = Path(p)
+        kind = classify(path)
+        _READERS[kind](data, path)
+        data.inputs.append((str(path), kind))
+    return data

@@ -1,0 +1,167 @@
+"""``python -m analysis.report RUN_OR_SWEEP_DIR ...``: Markdown report with PNG figures.
+
+Inputs may mix trace runs (dense and policy mode), ``sim.sweep`` folders, ``calibration.fit``
+folders and ``analysis.validate`` folders (:mod:`analysis.inputs`). Figures (:mod:`analysis.figures`):
+throughput against bandwidth per policy (the regime map: where the full tree is slower than
+autoregressive, and where SpecFit sits), per-cycle predicted vs measured, per-depth acceptance,
+expert-union growth against tree size per layer, hit rate against cache size, and the draft /
+compute / H2D time split. The metric conventions (docs/metrics.md) are stated in the report.
+
+Writes ``report.md`` and ``figures/*.png`` under ``--out`` (default ``runs/report``); exit 0 on
+success, 2 for a bad flag, 1 for an unreadable input (named). Last stdout line: JSON summary.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from analysis import figures
+from analysis.inputs import ReportData, ReportInputError, collect
+from specfit.cli import ArgumentParser, print_summary, run_main
+
+CONVENTIONS = """\
+## Metric conventions
+
+- **tau** = mean tokens committed per verification cycle **including the bonus token**, over all
+  cycles (rounds with 0, 2 and 3 accepted drafts give tau = 2.67).
+- **Per-depth acceptance** is conditional: accepted at depth d / reached depth d.
+- **Tokens per target forward** (every cycle, root-only ones included) and **tokens per draft
+  round** (cycles that drafted only) are different figures and are labelled apart.
+- **Throughput** = committed tokens / wall seconds of decoding.
+- **Hit rate** = cache hits / (hits + misses); differences are in percentage points.
+- **Errors** are 100 x (predicted - measured) / measured; medians and p90 are of the absolute value.
+  Measured cycle times exclude the planner's own decision time.
+
+Full definitions: docs/metrics.md.
+"""
+
+CAPTIONS = {
+    "throughput_vs_bandwidth": "Throughput against H2D bandwidth per policy (solid: simulated, dashed: live). "
+    "Red bands: bandwidths where the full tree (top-N) is slower than autoregressive decoding.",
+    "predicted_vs_measured": "Per-cycle predicted against measured cycle time (log-log; the line is y = x).",
+    "acceptance_per_depth": "Per-depth conditional acceptance of the full dense trees.",
+    "expert_union_growth": "Distinct experts per layer against the number of verified nodes "
+    "(thin: each layer; bold: mean; dashed: no expert sharing).",
+    "hit_rate_vs_cache": "Expert-cache hit rate against cache size.",
+    "time_split": "Share of decode time in drafting, verify compute, H2D copies and the rest.",
+}
+
+
+def build_parser() -> ArgumentParser:
+    """The CLI's parser."""
+    p = ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "inputs", nargs="+", metavar="DIR", help="trace run, sweep, calibration or validate folders"
+    )
+    p.add_argument("--out", default="runs/report", help="output folder for report.md and figures/")
+    p.add_argument("--title", default="SpecFit offloading report", help="report title")
+    return p
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, (float, np.floating)):
+        return "-" if not np.isfinite(value) else f"{value:.4g}"
+    return str(value)
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    """A GitHub Markdown table of ``df`` (floats to 4 significant digits, NaN as ``-``)."""
+    if df.empty:
+        return "_(no rows)_\n"
+    head = "| " + " | ".join(map(str, df.columns)) + " |"
+    sep = "|" + "---|" * len(df.columns)
+    rows = ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, sep, *rows]) + "\n"
+
+
+def render_figures(data: ReportData, fig_dir: Path) -> dict[str, Path | None]:
+    """Draw every figure that the data allow; ``{name: path or None}`` in :data:`figures.FIGURES` order."""
+    jobs = {
+        "throughput_vs_bandwidth": lambda p: figures.throughput_vs_bandwidth(data.throughput, p),
+        "predicted_vs_measured": lambda p: figures.predicted_vs_measured(data.cycle_scatter, p),
+        "acceptance_per_depth": lambda p: figures.acceptance_per_depth(data.dense, p),
+        "expert_union_growth": lambda p: figures.expert_union_growth(data.dense, p),
+        "hit_rate_vs_cache": lambda p: figures.hit_rate_vs_cache(data.hit_rates, p),
+        "time_split": lambda p: figures.time_split(data.time_split, p),
+    }
+    out: dict[str, Path | None] = {}
+    for name in tqdm(figures.FIGURES, desc="figures", file=sys.stderr):
+        out[name] = jobs[name](fig_dir / f"{name}.png")
+    return out
+
+
+def write_report(data: ReportData, out_dir: Path, title: str) -> tuple[Path, dict[str, Path | None]]:
+    """Render the figures and write ``report.md``; returns its path and the figure paths."""
+    fig_paths = render_figures(data, out_dir / "figures")
+    lines = [f"# {title}\n", "## Inputs\n"]
+    lines += [f"- `{p}` ({kind})" for p, kind in data.inputs]
+    lines.append("")
+    lines.append(CONVENTIONS)
+    if data.run_summaries:
+        lines.append("## Recorded runs\n")
+        rows = pd.DataFrame([{"run": label, **s} for label, s in data.run_summaries])
+        lines.append(markdown_table(rows))
+    slow = figures.slower_than_ar(data.throughput)
+    lines.append("## Regime map\n")
+    if len(slow):
+        lines.append("Configurations where the full tree is slower than autoregressive decoding:\n")
+        lines.append(markdown_table(slow))
+    elif len(data.throughput):
+        lines.append("No configuration where the full tree is slower than autoregressive decoding.\n")
+    else:
+        lines.append("_No throughput data in the inputs._\n")
+    if len(data.fidelity):
+        lines.append("## Simulator vs live fidelity\n")
+        lines.append(markdown_table(data.fidelity))
+    lines.append("## Figures\n")
+    for name in figures.FIGURES:
+        path = fig_paths[name]
+        if path is None:
+            lines.append(f"- {name}: not drawn (no input provides the data).")
+        else:
+            lines.append(
+                f"### {name.replace('_', ' ')}\n\n![{name}](figures/{path.name})\n\n{CAPTIONS[name]}\n"
+            )
+    report = out_dir / "report.md"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report.write_text("\n".join(lines) + "\n")
+    return report, fig_paths
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point (see the module docstring for exit codes and outputs)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for path in args.inputs:
+        if not Path(path).exists():
+            parser.fail("DIR", f"{path} does not exist")
+    try:
+        data = collect(args.inputs)
+    except ReportInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        print_summary({"ok": False, "error": str(exc)})
+        return 1
+    report, fig_paths = write_report(data, Path(args.out), args.title)
+    drawn = [n for n, p in fig_paths.items() if p is not None]
+    print(f"report -> {report} ({len(drawn)} of {len(fig_paths)} figures)")
+    print_summary(
+        {
+            "ok": True,
+            "report": str(report),
+            "figures": drawn,
+            "missing_figures": [n for n, p in fig_paths.items() if p is None],
+            "num_inputs": len(data.inputs),
+        }
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

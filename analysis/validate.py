@@ -1,0 +1,435 @@
+"""``python -m analysis.validate``: every SpecFit decision checked live against the simulator.
+
+For a grid of (bandwidth, cache size, tree policy in autoregressive / top-N / SpecFit):
+
+1. ``live.record --mode dense`` records the dense trace of the prompts once (routing and
+   acceptance do not depend on the link or the cache).
+2. Per bandwidth, the policies that do not consult the cost model (``ar``, ``topn``) run live in
+   policy mode at every cache size (emulated link on CPU at that bandwidth and ``--latency-us``;
+   the real link on CUDA); the cost model is fitted from their cycles
+   (:func:`calibration.costfit.fit_cost_model`, per-transfer latency = the link's configured
+   latency when emulated) unless ``--cost`` is given. Then SpecFit runs live with that cost, so
+   its cells are out-of-sample for the fit.
+3. Every cell is replayed by ``sim.replay.replay_policy`` on the dense trace with the same policy,
+   cache size, cache policy (LRU), predictor (``recent``), cost model and the live cell's mean
+   planner time, and compared (:func:`analysis.fidelity.compare_cell`).
+
+Outputs under ``--out`` (default ``runs/validate/<UTC time>``): ``fidelity.csv`` (one row per cell),
+``fidelity.json`` (grid summary), ``cycle_errors.csv`` (per-cycle predicted vs measured),
+``cost_<bw>.json`` per bandwidth, ``figures/`` (sim vs live throughput, per-cycle error
+distribution, throughput against bandwidth), the live runs under ``live/`` with their logs.
+The last stdout line is the JSON summary with the overall median and p90 per-cycle errors.
+Exit status: 0 (also when targets are missed: the report says which term is off), 2 for a bad
+flag, 1 when a live run or the replay fails (the cell is named).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as _dt
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from analysis import fidelity
+from calibration.costfit import CalibrationDataError, FitOptions, fit_cost_model
+from specfit.cli import (
+    ArgumentParser,
+    comma_list,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    print_summary,
+    run_main,
+)
+from specfit.cost import CycleCostModel
+from specfit.units import gb_per_s_to_bytes_per_s, us_to_s
+
+GRID_POLICIES = ("ar", "topn", "specfit")
+COST_FREE_POLICIES = ("ar", "topn")  # their choices do not depend on the cost model
+
+
+class ValidationError(RuntimeError):
+    """A live run or replay of one cell failed (the message names the cell)."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One grid cell: bandwidth (GB/s), cache size (experts per layer), tree policy."""
+
+    bandwidth_gb_per_s: float
+    cache_experts_per_layer: int
+    policy: str
+
+    @property
+    def name(self) -> str:
+        """Folder-safe name, e.g. ``bw16-c8-specfit``."""
+        return f"bw{self.bandwidth_gb_per_s:g}-c{self.cache_experts_per_layer}-{self.policy}"
+
+    def key(self) -> dict[str, Any]:
+        """The fidelity row's key columns."""
+        return {
+            "bandwidth_gb_per_s": self.bandwidth_gb_per_s,
+            "cache_experts_per_layer": self.cache_experts_per_layer,
+            "policy": self.policy,
+        }
+
+
+def build_parser() -> ArgumentParser:
+    """The CLI's parser."""
+    p = ArgumentParser(prog="python -m analysis.validate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="default", help="target checkpoint directory or 'default' (embedded)")
+    p.add_argument(
+        "--draft", default=None, help="draft checkpoint directory (default: embedded with --model default)"
+    )
+    p.add_argument("--prompts", default="default", help="'default', 'mtbench' or a .jsonl/.txt prompt file")
+    p.add_argument("--num-prompts", type=positive_int, default=3, help="prompts (count)")
+    p.add_argument(
+        "--max-new-tokens", type=positive_int, default=24, help="tokens generated per prompt (count)"
+    )
+    p.add_argument(
+        "--bandwidth", type=comma_list(positive_float), default=[1.0, 8.0], help="emulated H2D GB/s list"
+    )
+    p.add_argument(
+        "--latency-us", type=non_negative_float, default=20.0, help="emulated per-transfer latency (us)"
+    )
+    p.add_argument(
+        "--cache-experts",
+        type=comma_list(positive_int),
+        default=None,
+        help="cache sizes (experts per layer) list; default: a quarter and a half of the experts per layer",
+    )
+    p.add_argument(
+        "--policies",
+        type=comma_list(str),
+        default=list(GRID_POLICIES),
+        help="tree policies (ar, topn, specfit)",
+    )
+    p.add_argument("--depth", type=positive_int, default=3, help="maximum draft depth (levels)")
+    p.add_argument("--topk", type=positive_int, default=2, help="children per frontier node (count)")
+    p.add_argument(
+        "--max-nodes", type=positive_int, default=8, help="draft tree node budget incl. the root (count)"
+    )
+    p.add_argument(
+        "--device", default="cpu", help="device for the live engine (cpu; cuda uses the real link)"
+    )
+    p.add_argument(
+        "--cost", default=None, help="CycleCostModel JSON to use instead of fitting (bandwidth replaced)"
+    )
+    p.add_argument(
+        "--min-cycles", type=positive_int, default=8, help="fewest cycles to fit a cost model (count)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed (live runs and fit split)")
+    p.add_argument("--out", default=None, help="output folder (default runs/validate/<UTC time>)")
+    return p
+
+
+def _live_record(argv: list[str], log: Path) -> None:
+    """Run ``live.record.main(argv)`` in this process, its stdout into ``log``.
+
+    Raises:
+        ValidationError: non-zero exit (the log's tail is in the message).
+    """
+    from live.record import main as record_main
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as handle, contextlib.redirect_stdout(handle):
+        try:
+            code = record_main(argv)
+        except SystemExit as exc:  # argparse/SessionError: exit 2
+            code = int(exc.code or 0)
+    if code != 0:
+        raise ValidationError(f"live.record {' '.join(argv)} exited {code}; see {log}")
+
+
+class Validator:
+    """Runs the grid (see the module docstring). ``args`` are the parsed flags."""
+
+    def __init__(self, args: Any, out: Path) -> None:
+        self.args = args
+        self.out = out
+        self.cells_done: list[dict[str, Any]] = []
+        self.per_cycle: list[pd.DataFrame] = []
+
+    def _common(self) -> list[str]:
+        a = self.args
+        argv = ["--model", a.model, "--prompts", a.prompts, "--num-prompts", str(a.num_prompts)]
+        argv += ["--max-new-tokens", str(a.max_new_tokens), "--depth", str(a.depth), "--topk", str(a.topk)]
+        argv += ["--max-nodes", str(a.max_nodes), "--device", a.device, "--seed", str(a.seed)]
+        if a.draft is not None:
+            argv += ["--draft", a.draft]
+        return argv
+
+    def _link_flags(self, bandwidth: float) -> list[str]:
+        if not self.args.device.startswith("cpu"):
+            return []  # the real link is measured on a GPU
+        return ["--bandwidth", f"{bandwidth:g}", "--latency-us", f"{self.args.latency_us:g}"]
+
+    def record_dense(self) -> Path:
+        """Record (or reuse) the dense trace."""
+        path = self.out / "live" / "dense"
+        if not (path / "manifest.json").is_file():
+            _live_record(
+                [*self._common(), "--mode", "dense", "--out", str(path)], self.out / "logs" / "dense.log"
+            )
+        return path
+
+    def run_live(self, cell: Cell, cost_path: Path | None) -> Path:
+        """Record one live policy-mode cell (reused when complete)."""
+        path = self.out / "live" / cell.name
+        from traces.reader import read_manifest
+
+        if (path / "manifest.json").is_file() and read_manifest(path).complete:
+            return path
+        argv = [*self._common(), "--mode", "policy", "--policy", cell.policy]
+        argv += ["--cache-experts", str(cell.cache_experts_per_layer), "--out", str(path)]
+        argv += self._link_flags(cell.bandwidth_gb_per_s)
+        if cost_path is not None:
+            argv += ["--cost", str(cost_path)]
+        _live_record(argv, self.out / "logs" / f"{cell.name}.log")
+        return path
+
+    def cost_for(self, bandwidth: float, runs: list[Path], model: Any) -> tuple[CycleCostModel, Path]:
+        """The cost model of one bandwidth: ``--cost`` re-based, or fitted from ``runs``' cycles."""
+        path = self.out / f"cost_{bandwidth:g}.json"
+        emulated = self.args.device.startswith("cpu")
+        if self.args.cost is not None:
+            cost = CycleCostModel.load(self.args.cost)
+            if emulated:
+                cost = cost.with_bandwidth(gb_per_s_to_bytes_per_s(bandwidth))
+            cost.save(path)
+            return cost, path
+        from calibration.runs import load_runs
+
+        loaded = load_runs(runs)
+        options = FitOptions(
+            min_cycles=self.args.min_cycles,
+            seed=self.args.seed,
+            known_s_per_transfer=us_to_s(self.args.latency_us) if emulated else None,
+        )
+        fit = fit_cost_model(
+            loaded.cycles,
+            loaded.transfers,
+            expert_bytes=model.bytes_per_expert,
+            num_layers=model.num_layers,
+            options=options,
+            source=f"analysis.validate fit at {bandwidth:g} GB/s from {len(runs)} runs",
+        )
+        fit.model.save(path)
+        (self.out / f"cost_{bandwidth:g}_report.json").write_text(
+            json.dumps(fit.to_dict(), indent=2, default=float) + "\n"
+        )
+        return fit.model, path
+
+    def replay(self, dense: Any, cell: Cell, cost: CycleCostModel, decision_s: float) -> Any:
+        """Replay one cell on the dense trace."""
+        from sim.config import SimConfig
+        from sim.replay import replay_policy
+
+        config = SimConfig(
+            cost=cost,
+            policy=cell.policy,
+            cache_capacity_per_layer=cell.cache_experts_per_layer,
+            cache_policy="lru",
+            predictor="recent",
+            decision_s=decision_s,
+            seed=self.args.seed,
+            record_cycles=True,
+        )
+        try:
+            return replay_policy(dense, config)
+        except ValueError as exc:
+            raise ValidationError(f"cell {cell.name}: replay failed: {exc}") from None
+
+    def compare(self, dense: Any, cell: Cell, live_path: Path, cost: CycleCostModel) -> dict[str, Any]:
+        """Replay and compare one cell; keeps its per-cycle errors."""
+        from traces.reader import open_run
+
+        run = open_run(live_path)
+        cycles, transfers = run.cycles, run.transfers
+        decision = pd.to_numeric(cycles["decision_s"], errors="coerce").fillna(0.0)
+        result = self.replay(dense, cell, cost, float(decision.mean()) if len(decision) else 0.0)
+        sim_cycles = pd.DataFrame([dataclasses.asdict(r) for r in result.cycles])
+        row = fidelity.compare_cell(cell.key(), cycles, transfers, result.totals.to_dict(), sim_cycles, cost)
+        errs = fidelity.cycle_errors(cost, cycles)
+        self.per_cycle.append(pd.DataFrame({**cell.key(), "cycle_error_pct": errs}))
+        return row
+
+    def run(self, progress: bool = True) -> tuple[pd.DataFrame, dict[str, Any]]:
+        """Run the whole grid; returns (fidelity table, summary)."""
+        from traces.reader import open_run
+
+        dense_path = self.record_dense()
+        dense = open_run(dense_path)
+        model = dense.manifest.model
+        caches = self.args.cache_experts or sorted(
+            {max(1, model.num_experts // 4), max(1, model.num_experts // 2)}
+        )
+        for c in caches:
+            if c > model.num_experts:
+                raise ValidationError(
+                    f"--cache-experts {c} exceeds the model's {model.num_experts} experts per layer"
+                )
+        policies = list(self.args.policies)
+        total = len(self.args.bandwidth) * len(caches) * len(policies)
+        bar = tqdm(total=total, desc="cells", unit="cell", disable=not progress, file=sys.stderr)
+        rows = []
+        for bw in self.args.bandwidth:
+            first = [Cell(bw, c, p) for p in policies if p in COST_FREE_POLICIES for c in caches]
+            live_paths = {}
+            for cell in first:
+                live_paths[cell] = self.run_live(
+                    cell, None if self.args.cost is None else Path(self.args.cost)
+                )
+            fit_runs = list(live_paths.values())
+            if not fit_runs:  # only planned policies asked: record an ar run to calibrate from
+                extra = Cell(bw, caches[0], "ar")
+                fit_runs = [self.run_live(extra, None)]
+            try:
+                cost, cost_path = self.cost_for(bw, fit_runs, model)
+            except CalibrationDataError as exc:
+                raise ValidationError(f"bandwidth {bw:g} GB/s: cost fit failed: {exc}") from None
+            for cell in (Cell(bw, c, p) for p in policies if p not in COST_FREE_POLICIES for c in caches):
+                live_paths[cell] = self.run_live(cell, cost_path)
+            for cell, path in live_paths.items():
+                rows.append(self.compare(dense, cell, path, cost))
+                bar.update(1)
+        bar.close()
+        table = pd.DataFrame(rows)
+        summary = fidelity.overall(rows, [d["cycle_error_pct"].to_numpy() for d in self.per_cycle])
+        return table, summary
+
+
+def write_outputs(
+    out: Path, table: pd.DataFrame, summary: dict[str, Any], per_cycle: list[pd.DataFrame]
+) -> list[Path]:
+    """``fidelity.csv``, ``fidelity.json``, ``cycle_errors.csv`` and the figures; returns the figure paths."""
+    from analysis import figures
+
+    table.to_csv(out / "fidelity.csv", index=False)
+    (out / "fidelity.json").write_text(json.dumps(_clean(summary), indent=2, sort_keys=True) + "\n")
+    errors = pd.concat(per_cycle, ignore_index=True) if per_cycle else pd.DataFrame()
+    errors.to_csv(out / "cycle_errors.csv", index=False)
+    fig_dir = out / "figures"
+    paths = [
+        _plot_sim_vs_live(table, fig_dir / "sim_vs_live_throughput.png"),
+        _plot_cycle_errors(errors, fig_dir / "cycle_error_distribution.png"),
+    ]
+    tp = pd.concat(
+        [
+            table[["bandwidth_gb_per_s", "cache_experts_per_layer", "policy", f"{s}_tokens_per_s"]]
+            .rename(columns={f"{s}_tokens_per_s": "tokens_per_s"})
+            .assign(source=s, label="validate")
+            for s in ("live", "sim")
+        ],
+        ignore_index=True,
+    )
+    paths.append(figures.throughput_vs_bandwidth(tp, fig_dir / "throughput_vs_bandwidth.png"))
+    return [p for p in paths if p is not None]
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if np.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
+def _plot_sim_vs_live(table: pd.DataFrame, path: Path) -> Path | None:
+    if table.empty:
+        return None
+    from analysis.figures import _color, _pyplot, _save
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for policy, g in table.groupby("policy"):
+        ax.scatter(g["live_tokens_per_s"], g["sim_tokens_per_s"], color=_color(policy), label=policy)
+    lo = float(table[["live_tokens_per_s", "sim_tokens_per_s"]].min().min())
+    hi = float(table[["live_tokens_per_s", "sim_tokens_per_s"]].max().max())
+    xs = np.array([lo, hi])
+    ax.plot(xs, xs, "k-", lw=1)
+    ax.fill_between(xs, xs * 0.98, xs * 1.02, color="gray", alpha=0.2, label="+/- 2 %")
+    ax.set_xlabel("live throughput (tokens/s)")
+    ax.set_ylabel("simulated throughput (tokens/s)")
+    ax.set_title("Simulated vs live throughput per cell")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def _plot_cycle_errors(errors: pd.DataFrame, path: Path) -> Path | None:
+    if errors.empty:
+        return None
+    from analysis.figures import _color, _pyplot, _save
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for policy, g in errors.groupby("policy"):
+        ax.hist(g["cycle_error_pct"], bins=40, alpha=0.5, color=_color(policy), label=policy)
+    for x in (-5, -2, 2, 5):
+        ax.axvline(x, color="k", lw=0.6, ls=":" if abs(x) == 5 else "--")
+    ax.set_xlabel("per-cycle error of the cost model (%, predicted - measured)")
+    ax.set_ylabel("cycles")
+    ax.set_title("Per-cycle predicted vs measured cycle time")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point (see the module docstring)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    bad = [p for p in args.policies if p not in GRID_POLICIES]
+    if bad:
+        parser.fail("--policies", f"expected names from {list(GRID_POLICIES)}, got {bad}")
+    if args.cost is not None and not Path(args.cost).is_file():
+        parser.fail("--cost", f"no such file: {args.cost}")
+    if args.model != "default" and not Path(args.model).is_dir():
+        parser.fail("--model", f"{args.model!r} is not a checkpoint directory (or 'default')")
+    out = Path(
+        args.out or Path("runs") / "validate" / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    validator = Validator(args, out)
+    try:
+        table, summary = validator.run()
+    except (ValidationError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        print_summary({"ok": False, "error": str(exc), "out": str(out)})
+        return 1
+    figs = write_outputs(out, table, summary, validator.per_cycle)
+    cols = [
+        "bandwidth_gb_per_s",
+        "cache_experts_per_layer",
+        "policy",
+        "live_tokens_per_s",
+        "sim_tokens_per_s",
+    ]
+    cols += [
+        "throughput_error_pct",
+        "hit_rate_diff_points",
+        "same_subtree_fraction",
+        "cycle_error_median_pct",
+    ]
+    cols += ["cycle_error_p90_pct", "off_terms"]
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    summary.update(
+        ok=True, out=str(out), fidelity_csv=str(out / "fidelity.csv"), figures=[str(p) for p in figs]
+    )
+    print_summary(_clean(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

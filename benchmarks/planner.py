@@ -1,0 +1,219 @@
+"""Decision-time benchmark of SpecFit's exact subtree search (specfit.planner.plan_exact).
+
+Draws planning problems with real shapes (default Qwen3-30B-A3B: 48 layers x 128 experts,
+top-8) from :mod:`specfit.synthetic` (EAGLE-2-style trees, Zipf routing with parent-child expert
+locality, a cache of the most popular experts), sweeping H2D bandwidth and cache size so the
+optimal subtree ranges from the root alone to large trees. For each tree size N it times
+``plan_exact`` (single-threaded) and prints p50 / p99 decision milliseconds, wall clock and
+thread CPU time (on a shared machine the wall clock includes preemption by other processes),
+and nodes explored; the
+last stdout line is one JSON object with a key per N (``"n16"``, ...). Optionally it also times
+the large golden cases of ``shared/data/planner_cases.jsonl.gz`` (``--golden``).
+
+    python benchmarks/planner.py --nodes 16,32,64 --trees 200
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import platform
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from specfit import bitsets
+from specfit.cli import ArgumentParser, comma_list, positive_float, positive_int, print_summary, run_main
+from specfit.context import PolicyContext
+from specfit.cost import CycleCostModel
+from specfit.node_experts import NodeExperts
+from specfit.planner import plan_exact
+from specfit.shapes import MODEL_SHAPES, get_model_shape
+from specfit.synthetic import random_context
+from specfit.tree import DraftTree
+from specfit.units import s_to_ms
+
+TARGET_P50_MS = 1.0
+TARGET_P99_MS = 5.0
+
+
+def build_parser() -> ArgumentParser:
+    """The CLI flags (units and defaults shown by --help)."""
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--nodes", type=comma_list(positive_int), default=[16, 32, 64], help="tree sizes N (nodes)"
+    )
+    p.add_argument("--trees", type=positive_int, default=200, help="trees timed per N (count)")
+    p.add_argument(
+        "--model-shape", default="qwen3-30b-a3b", help=f"model shape preset, one of {sorted(MODEL_SHAPES)}"
+    )
+    p.add_argument(
+        "--bandwidth",
+        type=comma_list(positive_float),
+        default=[4.0, 12.0, 25.0, 55.0, 100.0],
+        help="H2D bandwidths cycled over the trees (GB/s, 1 GB = 1e9 bytes)",
+    )
+    p.add_argument(
+        "--cache-fraction",
+        type=comma_list(float),
+        default=[0.25, 0.5, 0.75, 0.9],
+        help="cached share of each layer's experts, cycled over the trees (fraction in [0, 1))",
+    )
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--golden", default=None, help="also time the N>=32 golden cases from this .jsonl.gz path")
+    p.add_argument(
+        "--out", default="runs/benchmarks/planner.json", help="where to write per-N results (JSON)"
+    )
+    p.add_argument(
+        "--pin", action="store_true", help="pin to one CPU (on a shared machine this adds preemption stalls)"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _pin_one_core(pin: bool) -> str:
+    """Pin this process to one CPU when asked and the OS allows it; returns a description."""
+    if pin and hasattr(os, "sched_setaffinity"):
+        cpu = min(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpu})
+        return f"cpu {cpu}"
+    return "unpinned, single-threaded"
+
+
+def _summarise(
+    wall_s: list[float], cpu_s: list[float], explored: list[int], sizes: list[int]
+) -> dict[str, Any]:
+    ms = np.array([s_to_ms(x) for x in wall_s])
+    cpu_ms = np.array([s_to_ms(x) for x in cpu_s])
+    states = np.asarray(explored)
+    return {
+        "trees": int(ms.size),
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "max_ms": float(ms.max()),
+        "cpu_p50_ms": float(np.percentile(cpu_ms, 50)),
+        "cpu_p99_ms": float(np.percentile(cpu_ms, 99)),
+        "cpu_max_ms": float(cpu_ms.max()),
+        "nodes_explored_p50": float(np.percentile(states, 50)),
+        "nodes_explored_p99": float(np.percentile(states, 99)),
+        "nodes_explored_max": int(states.max()),
+        "mean_plan_size": float(np.mean(sizes)),
+    }
+
+
+def _golden_contexts(path: Path) -> dict[int, list[PolicyContext]]:
+    out: dict[int, list[PolicyContext]] = {}
+    with gzip.open(path, "rt") as fh:
+        for line in fh:
+            case = json.loads(line)
+            n = len(case["parent"])
+            if n < 32:
+                continue
+            num_experts, num_layers = case["num_experts"], len(case["cache"])
+            width = max(len(ex) for node in case["experts"] for ex in node)
+            ids = np.full((n, num_layers, width), -1)
+            for v, node in enumerate(case["experts"]):
+                for layer, ex in enumerate(node):
+                    ids[v, layer, : len(ex)] = ex
+            cache = np.full((num_layers, max(1, max(len(c) for c in case["cache"]))), -1)
+            for layer, ex in enumerate(case["cache"]):
+                cache[layer, : len(ex)] = ex
+            c = case["cost"]
+            ctx = PolicyContext(
+                tree=DraftTree.from_parents(np.zeros(n, dtype=np.int64), case["parent"]),
+                accept_probs=np.asarray(case["path_prob"]),
+                node_experts=NodeExperts(num_experts, bits=bitsets.pack(ids, num_experts)),
+                cached_bits=bitsets.pack(cache, num_experts),
+                cost=CycleCostModel(
+                    0.0, c["base_s"], c["per_node_s"], 0.0, 1.0, c["per_miss_s"], 0, num_layers
+                ),
+            )
+            out.setdefault(n, []).append(ctx)
+    return out
+
+
+def _time(contexts: list[PolicyContext], desc: str, quiet: bool) -> dict[str, Any]:
+    plan_exact(contexts[0])  # warm caches and lazy imports
+    wall, cpu, explored, sizes = [], [], [], []
+    for ctx in tqdm(contexts, desc=desc, disable=quiet, leave=False):
+        started, started_cpu = time.perf_counter(), time.thread_time()
+        plan = plan_exact(ctx)
+        cpu.append(time.thread_time() - started_cpu)
+        wall.append(time.perf_counter() - started)
+        explored.append(plan.nodes_explored)
+        sizes.append(plan.num_nodes)
+    return _summarise(wall, cpu, explored, sizes)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; returns 0 (2 on bad flags)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        shape = get_model_shape(args.model_shape)
+    except ValueError as exc:
+        parser.fail("--model-shape", str(exc))
+    if any(not 0 <= f < 1 for f in args.cache_fraction):
+        parser.fail("--cache-fraction", f"expected fractions in [0, 1), got {args.cache_fraction}")
+    golden = Path(args.golden) if args.golden else None
+    if golden is not None and not golden.is_file():
+        parser.fail("--golden", f"no such file: {golden}")
+    pinned = _pin_one_core(args.pin)
+    rng = np.random.default_rng(args.seed)
+    results: dict[str, Any] = {}
+    print(
+        f"planner benchmark: {shape.name}, {pinned}, python {platform.python_version()}, numpy {np.__version__}"
+    )
+    print(
+        f"{'N':>4} {'trees':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'cpu p50':>8} {'cpu p99':>8} "
+        f"{'expl p50':>9} {'expl p99':>9} {'|S| mean':>9}"
+    )
+    for n in args.nodes:
+        contexts = []
+        for i in range(args.trees):
+            cost = CycleCostModel.for_shape(shape, bandwidth_gb_per_s=args.bandwidth[i % len(args.bandwidth)])
+            fraction = args.cache_fraction[(i // len(args.bandwidth)) % len(args.cache_fraction)]
+            contexts.append(random_context(rng, shape, n, cost, cache_fraction=fraction))
+        row = _time(contexts, f"N={n}", args.no_progress)
+        results[f"n{n}"] = row
+        print(
+            f"{n:>4} {row['trees']:>6} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} {row['max_ms']:>8.3f} "
+            f"{row['cpu_p50_ms']:>8.3f} {row['cpu_p99_ms']:>8.3f} "
+            f"{row['nodes_explored_p50']:>9.1f} {row['nodes_explored_p99']:>9.1f} {row['mean_plan_size']:>9.2f}"
+        )
+    if golden is not None:
+        for n, contexts in sorted(_golden_contexts(golden).items()):
+            row = _time(contexts, f"golden N={n}", args.no_progress)
+            results[f"golden_n{n}"] = row
+            print(
+                f"golden N={n}: p50 {row['p50_ms']:.3f} ms, p99 {row['p99_ms']:.3f} ms, "
+                f"cpu p50 {row['cpu_p50_ms']:.3f} ms, cpu p99 {row['cpu_p99_ms']:.3f} ms"
+            )
+    largest = results[f"n{max(args.nodes)}"]
+    results["target_met_wall"] = bool(
+        largest["p50_ms"] <= TARGET_P50_MS and largest["p99_ms"] <= TARGET_P99_MS
+    )
+    results["target_met_cpu"] = bool(
+        largest["cpu_p50_ms"] <= TARGET_P50_MS and largest["cpu_p99_ms"] <= TARGET_P99_MS
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "argv": list(argv) if argv is not None else None,
+        "seed": args.seed,
+        "shape": shape.name,
+        **results,
+    }
+    out.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {out}")
+    print_summary(results)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,129 @@
+"""Simulator speed: replayed cycles/s per core, a 27-cell sweep's wall time, parallel efficiency.
+
+``python benchmarks/sim_speed.py`` (issue 6, "Speed"):
+
+1. cycles/s/core: each of autoregressive, top-N and SpecFit replayed in this process on a
+   48-layer Qwen3-30B-A3B-shaped synthetic dense trace (aim: >= 5,000 cycles/s/core);
+2. the wall time of a 27-cell sweep (3 bandwidths x 3 cache sizes x 3 policies) over a
+   2,000-position trace on 2 worker processes (aim: < 30 s);
+3. parallel efficiency, ``T(1 worker) / (2 * T(2 workers))`` (aim: >= 80%).
+
+The trace is generated once under ``runs/bench/`` and reused. Prints the figures, then one JSON
+line (last line of stdout).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from sim.cells import make_cells, parse_cache_sizes
+from sim.config import SimConfig
+from sim.presets import DEFAULT_COST, cost_from_preset
+from sim.replay import replay_policy
+from sim.sweep import run_sweep
+from sim.traceselect import SyntheticSpec, synthetic_trace
+from specfit.cli import ArgumentParser, comma_list, positive_float, positive_int, print_summary
+from traces.reader import open_run
+
+AIM_CYCLES_PER_S = 5000.0
+AIM_SWEEP_S = 30.0
+AIM_EFFICIENCY = 0.8
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; returns 0 (the aims are reported, not enforced)."""
+    p = ArgumentParser(prog="python benchmarks/sim_speed.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=positive_int, default=4, help="requests in the trace (count)")
+    p.add_argument("--positions", type=positive_int, default=500, help="positions per request (tokens)")
+    p.add_argument(
+        "--core-positions",
+        type=positive_int,
+        default=200,
+        help="positions per request replayed for the cycles/s figure (tokens)",
+    )
+    p.add_argument("--bandwidth", type=comma_list(positive_float), default=[16.0, 32.0, 64.0], help="GB/s")
+    p.add_argument("--cache", type=comma_list(str), default=["0.125", "0.25", "0.5"], help="cache sizes")
+    p.add_argument(
+        "--skip-serial", action="store_true", help="skip the 1-worker sweep (no efficiency figure)"
+    )
+    args = p.parse_args(argv)
+
+    spec = SyntheticSpec(num_requests=args.requests, positions_per_request=args.positions)
+    started = time.perf_counter()
+    path = synthetic_trace(spec, Path("runs/bench"))
+    gen_s = time.perf_counter() - started
+    run = open_run(path)
+    model = run.manifest.model
+    cost = cost_from_preset(DEFAULT_COST, expert_bytes=9_437_184, num_layers=model.num_layers)
+    print(
+        f"trace: {path} ({model.num_layers} layers x {model.num_experts} experts; "
+        f"{args.requests} x {args.positions} positions; ready in {gen_s:.1f} s)"
+    )
+
+    per_policy = {}
+    for policy in ("ar", "topn", "specfit"):
+        config = SimConfig(
+            cost=cost,
+            policy=policy,
+            cache_capacity_per_layer=model.num_experts // 4,
+            max_positions=args.core_positions,
+            record_cycles=False,
+        )
+        replay_policy(run, config)  # warm: table fits, imports
+        t0 = time.perf_counter()
+        result = replay_policy(run, config)
+        elapsed = time.perf_counter() - t0
+        per_policy[policy] = result.totals.num_cycles / elapsed
+        print(
+            f"cycles/s/core {policy:>8}: {per_policy[policy]:8.0f}  ({result.totals.num_cycles} cycles in {elapsed:.2f} s)"
+        )
+    all_cycles_per_s = min(per_policy.values())
+
+    cells = make_cells(
+        trace_path=str(Path(path).resolve()),
+        cost=cost,
+        bandwidths_gb_per_s=args.bandwidth,
+        caches=parse_cache_sizes(args.cache, model.num_experts),
+        policies=["ar", "topn", "specfit"],
+    )
+    times = {}
+    for jobs in (2,) if args.skip_serial else (2, 1):
+        out = Path(tempfile.mkdtemp(prefix=f"sim-bench-{jobs}-"))
+        try:
+            t0 = time.perf_counter()
+            run_sweep(cells, out, jobs=jobs, progress=sys.stderr.isatty())
+            times[jobs] = time.perf_counter() - t0
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+        print(f"{len(cells)}-cell sweep on {jobs} worker(s): {times[jobs]:.1f} s")
+    efficiency = times[1] / (2 * times[2]) if 1 in times else None
+    if efficiency is not None:
+        print(f"parallel efficiency 1 -> 2 workers: {efficiency:.0%}")
+    print(
+        f"aims: >= {AIM_CYCLES_PER_S:.0f} cycles/s/core, {len(cells)} cells < {AIM_SWEEP_S:.0f} s, "
+        f"efficiency >= {AIM_EFFICIENCY:.0%}"
+    )
+    print_summary(
+        {
+            "cycles_per_s_per_core": per_policy,
+            "min_cycles_per_s_per_core": all_cycles_per_s,
+            "sweep_cells": len(cells),
+            "sweep_positions": args.requests * args.positions,
+            "sweep_s_2_workers": times[2],
+            "sweep_s_1_worker": times.get(1),
+            "parallel_efficiency": efficiency,
+            "meets_cycles_aim": all_cycles_per_s >= AIM_CYCLES_PER_S,
+            "meets_sweep_aim": times[2] < AIM_SWEEP_S,
+            "meets_efficiency_aim": None if efficiency is None else efficiency >= AIM_EFFICIENCY,
+        }
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,595 @@
+"""Fit :class:`specfit.cost.CycleCostModel` from recorded cycles and transfers (pandas tables).
+
+Each term of the cost formula (DESIGN.md) is fitted on its own measured duration with
+non-negative least squares on relative residuals (:mod:`calibration.lsq`):
+
+=============  ===========================================  ==========================================
+term           model                                        data
+=============  ===========================================  ==========================================
+H2D transfer   ``h2d_s = bytes / h2d_bytes_per_s            ``transfers`` rows (one copy each); when
+               + h2d_s_per_transfer``                       that table is empty, per-layer cycle data
+                                                            ``layer_h2d_s ~ layer_h2d_bytes, layer_misses``
+verify         ``T_verify = verify_base_s                   the verify target (below) vs
+               + verify_s_per_node * N                      ``num_nodes_verified``, ``context_len``
+               + verify_s_per_context_token * ctx``
+draft          ``draft_s = draft_s_per_level * levels``     cycles with ``num_draft_levels > 0``
+=============  ===========================================  ==========================================
+
+Verify target: the live engine's ``cycle_s`` is the wall time of the whole cycle (draft +
+planner decision + verify + KV bookkeeping). The planner's own ``decision_s`` is measured and
+reported separately, so the cost model predicts the *model cycle* ``cycle_s - decision_s``
+(``decision_s`` null = 0). With ``verify_target="residual"`` (default, no overlap) the verify term is
+fitted on ``model cycle - draft_s - h2d_s``, i.e. the target forward plus per-cycle bookkeeping, so
+whole cycles are predicted without a bias; ``"verify_s"`` fits the recorded forward time only
+(and is always used with ``overlap_h2d``, where the residual is not separable). The report states
+the bookkeeping share (median of ``(residual - verify_s) / model cycle``).
+
+Identifiability: when every transfer has the same size (one expert per copy, the usual case),
+bandwidth and per-transfer latency cannot be told apart from these data; then the per-transfer
+latency is taken from ``known_s_per_transfer`` (e.g. a ``calibration.h2d`` microbenchmark) or set
+to 0, the bandwidth becomes the *effective* bandwidth ``bytes / (h2d_s - latency)``, and the
+report says so (``h2d_identifiable: false``). Predictions at the recorded expert size are exact
+either way; only ``with_bandwidth`` what-ifs depend on the split.
+
+Held-out evaluation: cycles are split by a seeded permutation (``numpy.random.default_rng(seed)``)
+into fit and held-out sets; transfers follow their cycle (same ``run``, ``request_id``,
+``cycle_index``). Errors per term and for whole cycles are reported on both sets as
+:class:`analysis.metrics`-style summaries (median / p90 |% error|, R^2) computed here with the same
+definitions (calibration may not import analysis; analysis imports calibration).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from calibration.lsq import fit_non_negative
+from specfit.cost import CycleCostModel
+
+CYCLE_COLUMNS = (
+    "request_id",
+    "cycle_index",
+    "context_len",
+    "num_draft_levels",
+    "num_nodes_verified",
+    "draft_s",
+    "verify_s",
+    "h2d_s",
+    "cycle_s",
+    "layer_misses",
+    "layer_h2d_bytes",
+    "layer_h2d_s",
+)
+CYCLE_TIME_COLUMNS = ("draft_s", "verify_s", "h2d_s", "cycle_s")
+CYCLE_LAYER_TIME_COLUMNS = ("layer_h2d_s", "layer_compute_s")
+TRANSFER_COLUMNS = ("request_id", "cycle_index", "bytes", "h2d_s")
+VERIFY_TARGETS = ("residual", "verify_s")
+SIZE_SPREAD_IDENTIFIABLE = 0.01  # relative spread of transfer sizes needed to separate latency and bandwidth
+
+
+class CalibrationDataError(ValueError):
+    """Bad or insufficient calibration data; the message names the run and the field."""
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """Options of :func:`fit_cost_model`.
+
+    Attributes:
+        holdout_fraction: share of cycles held out for evaluation, in [0, 0.9].
+        seed: seed of the fit / held-out permutation.
+        robust: use the soft-L1 loss (see :mod:`calibration.lsq`).
+        min_cycles: fewest cycles accepted (all runs together).
+        overlap_h2d: value written into the fitted model (H2D overlapped with compute).
+        known_s_per_transfer: per-transfer latency (s) used when sizes do not identify it.
+        verify_target: ``"residual"`` or ``"verify_s"`` (see the module docstring).
+    """
+
+    holdout_fraction: float = 0.25
+    seed: int = 0
+    robust: bool = False
+    min_cycles: int = 16
+    overlap_h2d: bool = False
+    known_s_per_transfer: float | None = None
+    verify_target: str = "residual"
+
+    def __post_init__(self) -> None:
+        if self.verify_target not in VERIFY_TARGETS:
+            raise ValueError(
+                f"verify_target: expected one of {list(VERIFY_TARGETS)}, got {self.verify_target!r}"
+            )
+        if not 0.0 <= self.holdout_fraction <= 0.9:
+            raise ValueError(
+                f"holdout_fraction: expected a fraction in [0, 0.9], got {self.holdout_fraction}"
+            )
+        if self.min_cycles < 4:
+            raise ValueError(
+                f"min_cycles: expected >= 4 (cycles per fitted parameter), got {self.min_cycles}"
+            )
+        if self.known_s_per_transfer is not None and not (self.known_s_per_transfer >= 0):
+            raise ValueError(f"known_s_per_transfer: expected seconds >= 0, got {self.known_s_per_transfer}")
+
+
+@dataclass(frozen=True)
+class TermError:
+    """|% error| summary of one term on one split: samples, median, p90 (percent), R^2."""
+
+    num_samples: int
+    median_abs_pct_error: float
+    p90_abs_pct_error: float
+    r2: float
+
+    @classmethod
+    def of(cls, predicted: np.ndarray, measured: np.ndarray) -> TermError:
+        """Summary over rows with measured > 0 (a 0 s duration has no percentage error)."""
+        pred = np.asarray(predicted, dtype=np.float64)
+        meas = np.asarray(measured, dtype=np.float64)
+        keep = meas > 0
+        pred, meas = pred[keep], meas[keep]
+        if meas.size == 0:
+            return cls(0, float("nan"), float("nan"), float("nan"))
+        ape = 100.0 * np.abs(pred - meas) / meas
+        ss_tot = float(np.sum((meas - meas.mean()) ** 2))
+        r2 = (
+            1.0 - float(np.sum((meas - pred) ** 2)) / ss_tot if meas.size > 1 and ss_tot > 0 else float("nan")
+        )
+        return cls(int(meas.size), float(np.median(ape)), float(np.percentile(ape, 90)), r2)
+
+
+@dataclass(frozen=True)
+class CostFit:
+    """Outcome of :func:`fit_cost_model`.
+
+    Attributes:
+        model: the fitted :class:`CycleCostModel`.
+        errors: ``{term: {"fit": TermError, "heldout": TermError}}`` for terms ``draft``,
+            ``verify``, ``h2d_transfer``, ``h2d_cycle`` and ``cycle``.
+        h2d_identifiable: whether transfer sizes varied enough to separate latency and bandwidth.
+        num_cycles_fit, num_cycles_heldout, num_transfers_fit: split sizes.
+        notes: human-readable remarks (fallbacks taken).
+        bookkeeping_share: median over cycles of ``(model cycle - draft - h2d - verify_s) / model cycle``.
+        heldout_mask: bool[C] held-out cycles, in the order of the input table.
+    """
+
+    model: CycleCostModel
+    errors: dict[str, dict[str, TermError]]
+    h2d_identifiable: bool
+    num_cycles_fit: int
+    num_cycles_heldout: int
+    num_transfers_fit: int
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    bookkeeping_share: float = float("nan")
+    heldout_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able report."""
+        return {
+            "cost": self.model.to_dict(),
+            "errors": {t: {s: vars(e) for s, e in d.items()} for t, d in self.errors.items()},
+            "h2d_identifiable": self.h2d_identifiable,
+            "num_cycles_fit": self.num_cycles_fit,
+            "num_cycles_heldout": self.num_cycles_heldout,
+            "num_transfers_fit": self.num_transfers_fit,
+            "bookkeeping_share": self.bookkeeping_share,
+            "notes": list(self.notes),
+        }
+
+
+def _where(df: pd.DataFrame, row: int) -> str:
+    run = df["run"].iloc[row] if "run" in df.columns else "<table>"
+    return f"run {run}, request {df['request_id'].iloc[row]}, cycle {df['cycle_index'].iloc[row]}"
+
+
+def validate_cycles(cycles: pd.DataFrame, num_layers: int, label: str = "cycles") -> None:
+    """Check the columns the fit uses; raise :class:`CalibrationDataError` naming run and field.
+
+    Args:
+        cycles: cycles table (CycleRecord columns; an optional ``run`` column names the run).
+        num_layers: expected length ``L`` of the per-layer lists.
+        label: prefix of messages (e.g. the run directory) when there is no ``run`` column.
+
+    Raises:
+        CalibrationDataError: missing column, NaN / inf / negative duration, per-layer list of the
+            wrong length, negative counts.
+    """
+    missing = [c for c in CYCLE_COLUMNS if c not in cycles.columns]
+    if missing:
+        raise CalibrationDataError(f"{label}: cycles table lacks column(s) {missing}")
+    for col in CYCLE_TIME_COLUMNS + ("num_draft_levels", "num_nodes_verified", "context_len"):
+        values = cycles[col].to_numpy(dtype=np.float64)
+        bad = ~np.isfinite(values) | (values < 0)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise CalibrationDataError(
+                f"{label}: {_where(cycles, i)}: field {col!r} is {values[i]!r}; expected a finite value >= 0"
+            )
+    for col in ("layer_misses", "layer_h2d_bytes") + CYCLE_LAYER_TIME_COLUMNS:
+        if col not in cycles.columns:
+            continue
+        for i, value in enumerate(cycles[col]):
+            arr = np.asarray(value, dtype=np.float64)
+            if arr.shape != (num_layers,):
+                raise CalibrationDataError(
+                    f"{label}: {_where(cycles, i)}: field {col!r} has {arr.size} values; expected {num_layers} (one per layer)"
+                )
+            if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+                raise CalibrationDataError(
+                    f"{label}: {_where(cycles, i)}: field {col!r} holds NaN/inf or negative values"
+                )
+
+
+def validate_transfers(transfers: pd.DataFrame, label: str = "transfers") -> None:
+    """Check the transfers table (columns, finite non-negative bytes and seconds).
+
+    Raises:
+        CalibrationDataError: naming the run, the field and the row.
+    """
+    missing = [c for c in TRANSFER_COLUMNS if c not in transfers.columns]
+    if missing:
+        raise CalibrationDataError(f"{label}: transfers table lacks column(s) {missing}")
+    for col in ("bytes", "h2d_s"):
+        values = transfers[col].to_numpy(dtype=np.float64)
+        bad = ~np.isfinite(values) | (values < 0)
+        if bad.any():
+            i = int(np.argmax(bad))
+            run = transfers["run"].iloc[i] if "run" in transfers.columns else label
+            raise CalibrationDataError(
+                f"run {run}: transfers row {i}: field {col!r} is {values[i]!r}; expected a finite value >= 0"
+            )
+
+
+def split_cycles(num_cycles: int, holdout_fraction: float, seed: int) -> np.ndarray:
+    """Boolean mask of held-out cycles: ``round(fraction * n)`` of them, chosen by a seeded permutation.
+
+    Returns:
+        bool[num_cycles], True = held out.
+    """
+    rng = np.random.default_rng(seed)
+    mask = np.zeros(num_cycles, dtype=bool)
+    num_out = int(round(holdout_fraction * num_cycles))
+    mask[rng.permutation(num_cycles)[:num_out]] = True
+    return mask
+
+
+def _stack(column: pd.Series) -> np.ndarray:
+    return np.stack([np.asarray(v, dtype=np.float64) for v in column]) if len(column) else np.zeros((0, 0))
+
+
+def _cycle_keys(df: pd.DataFrame) -> pd.MultiIndex:
+    run = df["run"] if "run" in df.columns else pd.Series([""] * len(df), index=df.index)
+    return pd.MultiIndex.from_arrays(
+        [run.astype(str), df["request_id"].astype(int), df["cycle_index"].astype(int)]
+    )
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """A fitted host-to-device link: ``h2d_s = bytes / bytes_per_s + s_per_transfer`` per copy.
+
+    Attributes:
+        bytes_per_s: bandwidth (bytes/s; the *effective* one when not identifiable).
+        s_per_transfer: per-copy latency (s).
+        identifiable: whether copy sizes varied enough to separate the two.
+        num_samples: copies (or per-layer groups) used.
+        note: how the values were obtained.
+    """
+
+    bytes_per_s: float
+    s_per_transfer: float
+    identifiable: bool
+    num_samples: int
+    note: str
+
+
+def fit_link(
+    num_bytes: np.ndarray,
+    num_copies: np.ndarray,
+    seconds: np.ndarray,
+    *,
+    robust: bool = False,
+    known_s_per_transfer: float | None = None,
+) -> LinkFit:
+    """Fit bandwidth and per-copy latency from timed copies (or groups of copies).
+
+    Model: ``seconds = num_bytes / bytes_per_s + num_copies * s_per_transfer`` with both
+    coefficients >= 0 (:func:`calibration.lsq.fit_non_negative`). When bytes per copy vary by less
+    than 1 % (relative range), only their sum per copy is identifiable: latency is then
+    ``known_s_per_transfer`` (or 0) and the bandwidth absorbs the rest.
+
+    Args:
+        num_bytes, num_copies, seconds: float[n] per sample (one copy: ``num_copies = 1``).
+
+    Raises:
+        CalibrationDataError: fewer than 2 samples with ``seconds > 0`` or no positive bandwidth.
+    """
+    b = np.asarray(num_bytes, dtype=np.float64)
+    n = np.asarray(num_copies, dtype=np.float64)
+    s = np.asarray(seconds, dtype=np.float64)
+    keep = (s > 0) & (n > 0) & (b > 0)
+    b, n, s = b[keep], n[keep], s[keep]
+    if s.size < 2:
+        raise CalibrationDataError(
+            f"h2d: need >= 2 timed transfers to fit bandwidth (field 'h2d_s'), got {s.size}; "
+            "record with a cache smaller than the experts per layer"
+        )
+    per_copy = b / n
+    spread = float((per_copy.max() - per_copy.min()) / per_copy.mean())
+    if spread >= SIZE_SPREAD_IDENTIFIABLE:
+        fit = fit_non_negative(np.column_stack([b, n]), s, ("s_per_byte", "s_per_transfer"), robust=robust)
+        s_per_byte, latency = (float(c) for c in fit.coef)
+        if s_per_byte > 0:
+            return LinkFit(1.0 / s_per_byte, latency, True, int(s.size), "bandwidth and latency fitted")
+    latency = float(known_s_per_transfer or 0.0)
+    note = (
+        f"copy sizes do not vary (relative range {spread:.3g}); latency {latency:.3g} s "
+        + ("given" if known_s_per_transfer is not None else "assumed 0")
+        + ", bandwidth is the effective bandwidth"
+    )
+    rest = s - n * latency
+    if np.any(rest <= 0):
+        raise CalibrationDataError(
+            f"h2d: the given per-transfer latency {latency} s exceeds measured copy times (field 'h2d_s')"
+        )
+    fit = fit_non_negative(b[:, None], rest, ("s_per_byte",), robust=robust)
+    s_per_byte = float(fit.coef[0])
+    if s_per_byte <= 0:
+        raise CalibrationDataError("h2d: could not fit a positive bandwidth from field 'h2d_s'")
+    return LinkFit(1.0 / s_per_byte, latency, False, int(s.size), note)
+
+
+def _fit_h2d(cycles: pd.DataFrame, transfers: pd.DataFrame, opts: FitOptions, notes: list[str]) -> LinkFit:
+    """Link fit from the transfers table, or from per-layer cycle data when it is empty."""
+    if len(transfers):
+        b = transfers["bytes"].to_numpy(dtype=np.float64)
+        link = fit_link(
+            b,
+            np.ones_like(b),
+            transfers["h2d_s"].to_numpy(dtype=np.float64),
+            robust=opts.robust,
+            known_s_per_transfer=opts.known_s_per_transfer,
+        )
+        source = "transfers"
+    else:
+        b = _stack(cycles["layer_h2d_bytes"]).ravel()
+        n = _stack(cycles["layer_misses"]).ravel()
+        s = _stack(cycles["layer_h2d_s"]).ravel()
+        link = fit_link(b, n, s, robust=opts.robust, known_s_per_transfer=opts.known_s_per_transfer)
+        source = "per-layer cycle data (no transfers table)"
+    notes.append(f"h2d from {source}: {link.note}")
+    return link
+
+
+def model_cycle_s(cycles: pd.DataFrame) -> np.ndarray:
+    """float64[C] measured cycle time without the planner's decision: ``cycle_s - decision_s`` (null = 0)."""
+    cycle = cycles["cycle_s"].to_numpy(dtype=np.float64)
+    if "decision_s" not in cycles.columns:
+        return cycle
+    decision = pd.to_numeric(cycles["decision_s"], errors="coerce").fillna(0.0).to_numpy(dtype=np.float64)
+    return np.maximum(cycle - decision, 0.0)
+
+
+def verify_target_s(cycles: pd.DataFrame, target: str, overlap_h2d: bool) -> np.ndarray:
+    """float64[C] the durations the verify term is fitted on (see the module docstring)."""
+    if target == "verify_s" or overlap_h2d:
+        return cycles["verify_s"].to_numpy(dtype=np.float64)
+    rest = model_cycle_s(cycles) - cycles["draft_s"].to_numpy(dtype=np.float64)
+    return rest - cycles["h2d_s"].to_numpy(dtype=np.float64)
+
+
+def _fit_verify(cycles: pd.DataFrame, opts: FitOptions) -> tuple[float, float, float]:
+    y = verify_target_s(cycles, opts.verify_target, opts.overlap_h2d)
+    keep = y > 0
+    if keep.sum() < 3:
+        raise CalibrationDataError(
+            f"verify: need >= 3 cycles with a positive verify time (fields 'verify_s' / 'cycle_s'), got {int(keep.sum())}"
+        )
+    n = cycles["num_nodes_verified"].to_numpy(dtype=np.float64)
+    ctx = cycles["context_len"].to_numpy(dtype=np.float64)
+    design = np.column_stack([np.ones_like(n), n, ctx])[keep]
+    fit = fit_non_negative(
+        design,
+        y[keep],
+        ("verify_base_s", "verify_s_per_node", "verify_s_per_context_token"),
+        robust=opts.robust,
+    )
+    return tuple(float(c) for c in fit.coef)  # type: ignore[return-value]
+
+
+def _fit_draft(cycles: pd.DataFrame, opts: FitOptions, notes: list[str]) -> float:
+    lev = cycles["num_draft_levels"].to_numpy(dtype=np.float64)
+    y = cycles["draft_s"].to_numpy(dtype=np.float64)
+    keep = (lev > 0) & (y > 0)
+    if not keep.any():
+        notes.append("draft: no cycle drafted; draft_s_per_level set to 0")
+        return 0.0
+    fit = fit_non_negative(lev[keep, None], y[keep], ("draft_s_per_level",), robust=opts.robust)
+    return float(fit.coef[0])
+
+
+def predict_terms(model: CycleCostModel, cycles: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Per-cycle predictions of each term: ``draft``, ``verify``, ``h2d_cycle``, ``cycle`` (float64[C], s)."""
+    out: dict[str, list[float]] = {"draft": [], "verify": [], "h2d_cycle": [], "cycle": []}
+    for lev, n, ctx, misses in zip(
+        cycles["num_draft_levels"],
+        cycles["num_nodes_verified"],
+        cycles["context_len"],
+        cycles["layer_misses"],
+    ):
+        misses = np.asarray(misses, dtype=np.int64)
+        out["draft"].append(model.draft_s(int(lev)))
+        out["verify"].append(model.verify_s(int(n), int(ctx)))
+        out["h2d_cycle"].append(model.h2d_s(misses))
+        out["cycle"].append(model.cycle_s(int(lev), int(n), int(ctx), misses))
+    return {k: np.asarray(v, dtype=np.float64) for k, v in out.items()}
+
+
+def measured_terms(
+    cycles: pd.DataFrame, verify_target: str = "residual", overlap_h2d: bool = False
+) -> dict[str, np.ndarray]:
+    """Measured counterpart of :func:`predict_terms` (seconds), keyed the same way.
+
+    ``verify`` is the fitted verify target and ``cycle`` the model cycle (``cycle_s - decision_s``).
+    """
+    return {
+        "draft": cycles["draft_s"].to_numpy(dtype=np.float64),
+        "verify": verify_target_s(cycles, verify_target, overlap_h2d),
+        "h2d_cycle": cycles["h2d_s"].to_numpy(dtype=np.float64),
+        "cycle": model_cycle_s(cycles),
+    }
+
+
+def evaluate(
+    model: CycleCostModel, cycles: pd.DataFrame, transfers: pd.DataFrame, verify_target: str = "residual"
+) -> dict[str, TermError]:
+    """|% error| summary per term (and ``h2d_transfer`` per copy) of ``model`` on these rows."""
+    pred = (
+        predict_terms(model, cycles)
+        if len(cycles)
+        else {k: np.zeros(0) for k in ("draft", "verify", "h2d_cycle", "cycle")}
+    )
+    meas = (
+        measured_terms(cycles, verify_target, model.overlap_h2d)
+        if len(cycles)
+        else {k: np.zeros(0) for k in pred}
+    )
+    errors = {k: TermError.of(pred[k], meas[k]) for k in pred}
+    if len(transfers):
+        b = transfers["bytes"].to_numpy(dtype=np.float64)
+        t_pred = b / model.h2d_bytes_per_s + model.h2d_s_per_transfer
+        errors["h2d_transfer"] = TermError.of(t_pred, transfers["h2d_s"].to_numpy(dtype=np.float64))
+    else:
+        errors["h2d_transfer"] = TermError.of(np.zeros(0), np.zeros(0))
+    return errors
+
+
+def cycle_predictions(
+    model: CycleCostModel, cycles: pd.DataFrame, heldout_mask: np.ndarray, verify_target: str = "residual"
+) -> pd.DataFrame:
+    """One row per cycle: keys, split, and ``measured_<term>_s`` / ``predicted_<term>_s`` per term.
+
+    Terms: ``draft``, ``verify``, ``h2d_cycle``, ``cycle`` (model cycle, see module docstring).
+    """
+    keys = [
+        c for c in ("run", "request_id", "cycle_index", "policy", "num_nodes_verified") if c in cycles.columns
+    ]
+    out = cycles[keys].reset_index(drop=True).copy()
+    out["split"] = np.where(np.asarray(heldout_mask, dtype=bool), "heldout", "fit")
+    pred = predict_terms(model, cycles)
+    meas = measured_terms(cycles, verify_target, model.overlap_h2d)
+    for term in pred:
+        out[f"measured_{term}_s"] = meas[term]
+        out[f"predicted_{term}_s"] = pred[term]
+    return out
+
+
+def fit_cost_model(
+    cycles: pd.DataFrame,
+    transfers: pd.DataFrame | None,
+    *,
+    expert_bytes: int,
+    num_layers: int,
+    options: FitOptions | None = None,
+    source: str = "calibration.fit",
+) -> CostFit:
+    """Fit every term of the cost model and evaluate it on fit and held-out cycles.
+
+    Args:
+        cycles: cycles table(s) (CycleRecord columns, optional ``run`` column), C rows.
+        transfers: transfers table(s) or ``None`` / empty (then per-layer cycle data are used).
+        expert_bytes: bytes of one expert (manifest ``model.bytes_per_expert``).
+        num_layers: MoE layers L.
+        options: :class:`FitOptions`.
+        source: provenance string written in the model's ``source`` field.
+
+    Returns:
+        :class:`CostFit`.
+
+    Raises:
+        CalibrationDataError: too few cycles, bad values (run and field named), no H2D data.
+    """
+    opts = options or FitOptions()
+    transfers = transfers if transfers is not None else pd.DataFrame(columns=list(TRANSFER_COLUMNS))
+    validate_cycles(cycles, num_layers)
+    if len(transfers):
+        validate_transfers(transfers)
+    if len(cycles) < opts.min_cycles:
+        runs = sorted(set(cycles["run"])) if "run" in cycles.columns else []
+        raise CalibrationDataError(
+            f"{', '.join(map(str, runs)) or 'cycles'}: {len(cycles)} cycles recorded; "
+            f"need >= {opts.min_cycles} (flag --min-cycles) to fit and hold out"
+        )
+    cycles = cycles.reset_index(drop=True)
+    held = split_cycles(len(cycles), opts.holdout_fraction, opts.seed)
+    fit_cycles, held_cycles = cycles[~held], cycles[held]
+    if len(transfers):
+        held_keys = _cycle_keys(held_cycles)
+        t_held = _cycle_keys(transfers.reset_index(drop=True)).isin(held_keys)
+        transfers = transfers.reset_index(drop=True)
+        fit_transfers, held_transfers = transfers[~t_held], transfers[t_held]
+    else:
+        fit_transfers = held_transfers = transfers
+    notes: list[str] = []
+    link = _fit_h2d(fit_cycles, fit_transfers, opts, notes)
+    base, per_node, per_ctx = _fit_verify(fit_cycles, opts)
+    per_level = _fit_draft(fit_cycles, opts, notes)
+    model = CycleCostModel(
+        draft_s_per_level=per_level,
+        verify_base_s=base,
+        verify_s_per_node=per_node,
+        verify_s_per_context_token=per_ctx,
+        h2d_bytes_per_s=link.bytes_per_s,
+        h2d_s_per_transfer=link.s_per_transfer,
+        expert_bytes=int(expert_bytes),
+        num_layers=int(num_layers),
+        overlap_h2d=bool(opts.overlap_h2d),
+        source=source,
+    )
+    fit_err = evaluate(model, fit_cycles, fit_transfers, opts.verify_target)
+    held_err = evaluate(model, held_cycles, held_transfers, opts.verify_target)
+    model_cycle = model_cycle_s(cycles)
+    overhead = verify_target_s(cycles, "residual", False) - cycles["verify_s"].to_numpy(dtype=np.float64)
+    share = overhead[model_cycle > 0] / model_cycle[model_cycle > 0]
+    bookkeeping = float(np.median(share)) if share.size else float("nan")
+    errors = {term: {"fit": fit_err[term], "heldout": held_err[term]} for term in fit_err}
+    return CostFit(
+        model=model,
+        errors=errors,
+        h2d_identifiable=link.identifiable,
+        num_cycles_fit=len(fit_cycles),
+        num_cycles_heldout=len(held_cycles),
+        num_transfers_fit=len(fit_transfers),
+        notes=tuple(notes),
+        bookkeeping_share=bookkeeping,
+        heldout_mask=held,
+    )
+
+
+def worst_term(errors: dict[str, TermError]) -> str | None:
+    """Name of the component term (draft / verify / h2d_cycle) with the largest median |% error|."""
+    terms = {k: v.median_abs_pct_error for k, v in errors.items() if k in ("draft", "verify", "h2d_cycle")}
+    terms = {k: v for k, v in terms.items() if np.isfinite(v)}
+    return max(terms, key=terms.get) if terms else None
+
+
+__all__ = [
+    "CalibrationDataError",
+    "CostFit",
+    "FitOptions",
+    "LinkFit",
+    "fit_link",
+    "TermError",
+    "cycle_predictions",
+    "evaluate",
+    "model_cycle_s",
+    "verify_target_s",
+    "fit_cost_model",
+    "measured_terms",
+    "predict_terms",
+    "split_cycles",
+    "validate_cycles",
+    "validate_transfers",
+    "worst_term",
+]

@@ -1,0 +1,294 @@
+"""``python -m calibration.fit RUN_DIR [RUN_DIR ...] --out cost.json``: calibrate from recorded runs.
+
+Writes, in the folder of ``--out``:
+
+- ``cost.json`` (the ``--out`` path): the fitted :class:`specfit.cost.CycleCostModel`, read by the
+  planner, the live engine and the simulator (``CycleCostModel.load``).
+- ``cost_fit_report.json``: per term (draft, verify, H2D per cycle and per transfer) and for
+  whole cycles, median / p90 |% error| and R^2 on fit and held-out cycles, and the notes of the
+  fit (:mod:`calibration.costfit`).
+- ``cost_fit_cycles.csv``: per cycle, measured and predicted seconds of each term and its split.
+- from dense trees, when any run has them: ``acceptance.json`` (the
+  :class:`specfit.acceptance.AcceptanceCalibration` map), ``acceptance_reliability.csv`` and
+  ``predictor_tables.npz`` (:mod:`calibration.predictor_tables`).
+
+Exit status: 0 on success, 2 for a bad flag (named), 1 for bad or insufficient data (the message
+names the run and the field). The last stdout line is the JSON summary.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from calibration.acceptance_fit import AcceptanceDataError, fit_acceptance
+from calibration.costfit import (
+    VERIFY_TARGETS,
+    CalibrationDataError,
+    FitOptions,
+    cycle_predictions,
+    fit_cost_model,
+)
+from calibration.predictor_tables import fit_predictor_tables
+from calibration.runs import LoadedRuns, RunInputError, load_runs
+from specfit.cli import ArgumentParser, non_negative_float, positive_int, print_summary, run_main
+from specfit.units import s_to_us, us_to_s
+
+DEFAULT_OUT = "runs/calibration/cost.json"
+REPORT_NAME = "cost_fit_report.json"
+CYCLES_NAME = "cost_fit_cycles.csv"
+ACCEPTANCE_NAME = "acceptance.json"
+RELIABILITY_NAME = "acceptance_reliability.csv"
+PREDICTORS_NAME = "predictor_tables.npz"
+
+
+def _fraction(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 0.9], got {text!r}") from exc
+    if not 0.0 <= value <= 0.9:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 0.9], got {text!r}")
+    return value
+
+
+def build_parser() -> ArgumentParser:
+    """The CLI's parser (flags with units and defaults in ``--help``)."""
+    p = ArgumentParser(prog="python -m calibration.fit", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (policy and/or dense mode)"
+    )
+    p.add_argument("--out", default=DEFAULT_OUT, help="cost-model JSON to write; siblings go in its folder")
+    p.add_argument(
+        "--model", default=None, help="required manifest model.name of every run (unchecked if unset)"
+    )
+    p.add_argument(
+        "--holdout", type=_fraction, default=0.25, help="fraction of cycles held out for evaluation"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the fit / held-out split")
+    p.add_argument("--robust", action="store_true", help="soft-L1 robust loss instead of plain NNLS")
+    p.add_argument("--min-cycles", type=positive_int, default=16, help="fewest cycles accepted (count)")
+    p.add_argument(
+        "--overlap",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="overlap_h2d of the fitted model; auto = manifest config 'overlap_h2d' (false if absent)",
+    )
+    p.add_argument(
+        "--verify-target",
+        choices=VERIFY_TARGETS,
+        default="residual",
+        help="verify term fitted on cycle - draft - h2d - decision (residual) or on verify_s",
+    )
+    p.add_argument(
+        "--h2d-latency-us",
+        type=non_negative_float,
+        default=None,
+        help="per-transfer latency in microseconds, used when transfer sizes do not identify it",
+    )
+    p.add_argument(
+        "--h2d-table",
+        default=None,
+        help="JSON from `python -m calibration.h2d` giving the per-transfer latency (alternative to --h2d-latency-us)",
+    )
+    p.add_argument(
+        "--acceptance-bins", type=positive_int, default=20, help="knots of the acceptance map (count)"
+    )
+    p.add_argument(
+        "--min-token-count", type=positive_int, default=2, help="occurrences for a token-table entry (count)"
+    )
+    return p
+
+
+def latency_from_h2d_table(path: str, kinds: Sequence[str]) -> float:
+    """Per-transfer latency (s) from a ``calibration.h2d`` JSON: the first of ``kinds`` it has a fit for.
+
+    ``kinds`` are tried in order (the run's ``hardware.link_kind``, then ``hardware.h2d_memory``).
+
+    Raises:
+        ValueError: unreadable file, no ``fits`` object, or no entry for any of ``kinds`` (lists them).
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read H2D table: {exc}") from None
+    fits = data.get("fits") if isinstance(data, dict) else None
+    if not isinstance(fits, dict) or not fits:
+        raise ValueError(f"{path}: field 'fits' missing (expected the JSON written by calibration.h2d)")
+    memory_kind = next((k for k in kinds if k in fits), None)
+    if memory_kind is None:
+        raise ValueError(f"{path}: no fit for link kind {list(kinds)}; available: {sorted(fits)}")
+    value = fits[memory_kind].get("s_per_transfer")
+    if not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"{path}: field 'fits.{memory_kind}.s_per_transfer' must be seconds >= 0")
+    return float(value)
+
+
+def _overlap(flag: str, loaded: LoadedRuns) -> bool:
+    if flag != "auto":
+        return flag == "on"
+    return any(bool(m.config.get("overlap_h2d", False)) for m in loaded.manifests())
+
+
+def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
+    """Run the whole calibration for parsed ``args``; returns the summary dict.
+
+    Raises:
+        RunInputError, CalibrationDataError, AcceptanceDataError, ValueError: data problems.
+    """
+    loaded = load_runs(
+        tqdm(args.run_dirs, desc="runs", disable=len(args.run_dirs) < 3), expected_model=args.model
+    )
+    if len(loaded.cycles) == 0:
+        raise CalibrationDataError(
+            f"{', '.join(loaded.labels)}: the cycles table is empty; record cycles with `python -m live.record`"
+        )
+    latency = us_to_s(args.h2d_latency_us) if args.h2d_latency_us is not None else None
+    if args.h2d_table is not None:
+        hw = loaded.manifests()[0].hardware
+        latency = latency_from_h2d_table(args.h2d_table, [hw.link_kind, hw.h2d_memory])
+    options = FitOptions(
+        holdout_fraction=args.holdout,
+        seed=args.seed,
+        robust=args.robust,
+        min_cycles=args.min_cycles,
+        overlap_h2d=_overlap(args.overlap, loaded),
+        known_s_per_transfer=latency,
+        verify_target=args.verify_target,
+    )
+    out = Path(args.out)
+    folder = out.parent
+    fit = fit_cost_model(
+        loaded.cycles,
+        loaded.transfers,
+        expert_bytes=loaded.model.bytes_per_expert,
+        num_layers=loaded.model.num_layers,
+        options=options,
+        source=f"calibration.fit {' '.join(loaded.labels)}",
+    )
+    fit.model.save(out)
+    report = fit.to_dict()
+    report["runs"] = list(loaded.labels)
+    report["model"] = loaded.model.name
+    report["options"] = {k: getattr(options, k) for k in options.__dataclass_fields__}
+    cycle_predictions(
+        fit.model, loaded.cycles.reset_index(drop=True), fit.heldout_mask, options.verify_target
+    ).to_csv(folder / CYCLES_NAME, index=False)
+    summary: dict[str, Any] = {
+        "cost": str(out),
+        "num_cycles": len(loaded.cycles),
+        "cycle_heldout_median_pct": fit.errors["cycle"]["heldout"].median_abs_pct_error,
+        "cycle_heldout_p90_pct": fit.errors["cycle"]["heldout"].p90_abs_pct_error,
+        "h2d_bytes_per_s": fit.model.h2d_bytes_per_s,
+        "h2d_us_per_transfer": s_to_us(fit.model.h2d_s_per_transfer),
+        "h2d_identifiable": fit.h2d_identifiable,
+    }
+    dense = loaded.node_arrays()
+    if dense:
+        nodes = _nodes_frame(dense)
+        acc = fit_acceptance(
+            nodes, num_bins=args.acceptance_bins, seed=args.seed, source=f"calibration.fit {out}"
+        )
+        (folder / ACCEPTANCE_NAME).write_text(json.dumps(acc.calibration.to_dict(), indent=2) + "\n")
+        acc.reliability.to_csv(folder / RELIABILITY_NAME, index=False)
+        tables = fit_predictor_tables(
+            [a for _, a in dense], loaded.model.num_experts, min_token_count=args.min_token_count
+        )
+        tables.save(folder / PREDICTORS_NAME)
+        report["acceptance"] = {
+            "ece_draft": acc.ece_draft,
+            "ece_calibrated": acc.ece_calibrated,
+            "num_nodes_fit": acc.num_nodes_fit,
+            "num_nodes_eval": acc.num_nodes_eval,
+            "num_knots": int(acc.calibration.knots_x.size),
+        }
+        report["predictor_tables"] = {
+            "num_trees": tables.num_trees,
+            "num_tokens": int(tables.token_ids.size),
+            "max_nodes": int(tables.union_size.shape[1] - 1),
+        }
+        summary.update(
+            acceptance=str(folder / ACCEPTANCE_NAME), predictor_tables=str(folder / PREDICTORS_NAME)
+        )
+        summary["acceptance_ece_calibrated"] = acc.ece_calibrated
+    else:
+        report["notes"].append("no dense trees: acceptance map and predictor tables not fitted")
+    (folder / REPORT_NAME).write_text(json.dumps(_json_safe(report), indent=2, sort_keys=True) + "\n")
+    summary["report"] = str(folder / REPORT_NAME)
+    return summary
+
+
+def _nodes_frame(dense: list) -> Any:
+    """A nodes-like DataFrame (NODE_COLUMNS) from NodeArrays of several runs, tree keys made unique."""
+    import numpy as np
+    import pandas as pd
+
+    frames = []
+    for run_index, (_, na) in enumerate(dense):
+        sizes = na.tree_sizes
+        tree = np.repeat(np.arange(na.num_trees), sizes)
+        node_id = np.arange(len(na.parent)) - np.repeat(na.offsets[:-1], sizes)
+        frames.append(
+            pd.DataFrame(
+                {
+                    "request_id": np.full(len(tree), run_index),
+                    "position": tree,
+                    "node_id": node_id,
+                    "parent": na.parent,
+                    "depth": na.depth,
+                    "path_logprob": na.path_logprob,
+                    "accepted": na.accepted,
+                }
+            )
+        )
+    return pd.concat(frames, ignore_index=True)
+
+
+def _json_safe(obj: Any) -> Any:
+    import math
+
+    import numpy as np
+
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit status (see the module docstring)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.h2d_latency_us is not None and args.h2d_table is not None:
+        parser.fail("--h2d-table", "give either --h2d-table or --h2d-latency-us, not both")
+    if args.h2d_table is not None and not Path(args.h2d_table).is_file():
+        parser.fail("--h2d-table", f"no such file: {args.h2d_table}")
+    try:
+        summary = calibrate(args, parser)
+    except (RunInputError, CalibrationDataError, AcceptanceDataError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        print_summary({"ok": False, "error": str(exc)})
+        return 1
+    summary["ok"] = True
+    print(
+        f"cost model -> {summary['cost']}: held-out cycle error median {summary['cycle_heldout_median_pct']:.2f}% "
+        f"p90 {summary['cycle_heldout_p90_pct']:.2f}%"
+    )
+    print_summary(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,284 @@
+"""Load Hugging Face checkpoints from a local directory: safetensors only, no remote code.
+
+:func:`load_target` loads a Mixture-of-Experts causal LM of one of ``SUPPORTED_ARCHITECTURES``
+with transformers' own model classes (attention, norms, rotary embeddings and KV cache are
+upstream's), keeps the fused 3-D expert weights (``experts.gate_up_proj[E, 2I, H]``,
+``experts.down_proj[E, H, I]``, the transformers 5 layout) in host memory and puts every other
+weight on the device; :class:`live.offload.OffloadedMoE` then takes over the expert computation.
+:func:`load_draft` loads a small dense model (the draft) entirely on the device.
+
+Checks, each with an error that names the path and what was expected:
+the directory and its ``config.json`` exist; ``model_type`` is supported
+(:class:`UnsupportedArchitectureError` lists the supported ones); weights are ``*.safetensors``
+(pickle-based ``*.bin``/``*.pt`` checkpoints are refused, never unpickled); the config asks for no
+remote code. Everything loads with ``local_files_only=True``: nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+# model_type (config.json) -> transformers class name; all share the MoE block layout
+# `mlp.gate` (router returning (logits, top-k weights, top-k ids)) + `mlp.experts` (fused 3-D).
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+}
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+class UnsupportedArchitectureError(ValueError):
+    """The checkpoint's ``model_type`` is not one the offloaded runtime supports."""
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Shape of a loaded MoE model, for manifests and cache sizing.
+
+    ``num_layers``: MoE layers L (dense decoder layers are not counted); ``moe_layer_indices``:
+    their decoder-layer indices; ``num_experts`` E routed experts per layer; ``top_k`` K;
+    ``bytes_per_expert``: bytes of one routed expert's weights (gate, up and down) in the loaded
+    dtype; ``dtype``: e.g. ``"float32"``.
+    """
+
+    arch: str
+    num_layers: int
+    moe_layer_indices: tuple[int, ...]
+    num_experts: int
+    top_k: int
+    hidden_size: int
+    expert_intermediate_size: int
+    bytes_per_expert: int
+    vocab_size: int
+    dtype: str
+
+    def to_dict(self) -> dict:
+        """Plain JSON-ready dict."""
+        d = asdict(self)
+        d["moe_layer_indices"] = list(self.moe_layer_indices)
+        return d
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``"float32" | "bfloat16" | "float16"`` (or a torch dtype among those) -> torch dtype.
+
+    Raises ``ValueError`` naming the accepted names.
+    """
+    if isinstance(dtype, torch.dtype):
+        if dtype in DTYPES.values():
+            return dtype
+    elif dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+
+
+def read_checkpoint_config(path: str | Path) -> dict:
+    """Validate a checkpoint directory and return its parsed ``config.json``.
+
+    Raises:
+        FileNotFoundError: the directory or its config.json is missing.
+        ValueError: config.json is not a JSON object, asks for remote code (``auto_map``), or
+            the directory holds no ``*.safetensors`` file (a pickle-only checkpoint is refused).
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"{root}: checkpoint directory not found (expected a local Hugging Face model dir)"
+        )
+    config_path = root / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(
+            f"{config_path}: missing (a Hugging Face checkpoint directory needs config.json)"
+        )
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{config_path}: not valid JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path}: expected a JSON object")
+    if "auto_map" in config:
+        raise ValueError(
+            f"{config_path}: field 'auto_map' asks for remote code; refused (trust_remote_code=False)"
+        )
+    if not any(root.glob("*.safetensors")):
+        pickles = sorted(p.name for p in root.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+        found = f" (found pickle-based {', '.join(pickles)}: refused, never unpickled)" if pickles else ""
+        raise ValueError(f"{root}: no *.safetensors weights{found}; convert the checkpoint to safetensors")
+    return config
+
+
+def _check_target_arch(config: dict, path: Path) -> str:
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        supported = ", ".join(f"{k} ({v})" for k, v in SUPPORTED_ARCHITECTURES.items())
+        raise UnsupportedArchitectureError(
+            f"{path / 'config.json'}: model_type {model_type!r} is not supported by the offloaded MoE "
+            f"runtime; supported: {supported}"
+        )
+    return model_type
+
+
+def _from_pretrained(path: Path, dtype: torch.dtype, attn_implementation: str | None):
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {
+        "dtype": dtype,
+        "use_safetensors": True,
+        "trust_remote_code": False,
+        "local_files_only": True,
+    }
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def find_moe_blocks(model: torch.nn.Module) -> list[tuple[int, torch.nn.Module]]:
+    """``[(decoder_layer_index, moe_block), ...]`` for every decoder layer whose MLP is an MoE block.
+
+    An MoE block has a ``gate`` (router) and an ``experts`` module with fused 3-D
+    ``gate_up_proj[E, 2I, H]`` and ``down_proj[E, H, I]`` (transformers 5 layout), or an already
+    installed :class:`live.offload.OffloadedExperts`.
+    """
+    layers = getattr(getattr(model, "model", model), "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no decoder layers found at model.model.layers")
+    blocks = []
+    for index, layer in enumerate(layers):
+        mlp = getattr(layer, "mlp", None)
+        experts = getattr(mlp, "experts", None)
+        if experts is None or getattr(mlp, "gate", None) is None:
+            continue
+        if getattr(experts, "is_offloaded", False) or getattr(experts, "gate_up_proj", None) is not None:
+            blocks.append((index, mlp))
+    return blocks
+
+
+def describe_moe(model: torch.nn.Module) -> MoESpec:
+    """The :class:`MoESpec` of a loaded (or offloaded) MoE model.
+
+    Raises ``ValueError`` if the model has no MoE block.
+    """
+    blocks = find_moe_blocks(model)
+    if not blocks:
+        raise ValueError(f"{type(model).__name__}: no MoE layers (mlp.gate + mlp.experts) found")
+    experts = blocks[0][1].experts
+    gate = blocks[0][1].gate
+    if getattr(experts, "is_offloaded", False):
+        store = experts.store
+        gate_up_shape, down_shape, dtype = store.gate_up_shape, store.down_shape, store.dtype
+        num_experts = store.num_experts
+    else:
+        gate_up_shape = tuple(experts.gate_up_proj.shape[1:])
+        down_shape = tuple(experts.down_proj.shape[1:])
+        dtype = experts.gate_up_proj.dtype
+        num_experts = experts.gate_up_proj.shape[0]
+    element = torch.empty((), dtype=dtype).element_size()
+    bytes_per_expert = (gate_up_shape[0] * gate_up_shape[1] + down_shape[0] * down_shape[1]) * element
+    config = model.config
+    return MoESpec(
+        arch=str(config.model_type),
+        num_layers=len(blocks),
+        moe_layer_indices=tuple(i for i, _ in blocks),
+        num_experts=int(num_experts),
+        top_k=int(gate.top_k),
+        hidden_size=int(down_shape[0]),
+        expert_intermediate_size=int(down_shape[1]),
+        bytes_per_expert=int(bytes_per_expert),
+        vocab_size=int(config.vocab_size),
+        dtype=str(dtype).removeprefix("torch."),
+    )
+
+
+def _expert_module_ids(model: torch.nn.Module) -> set[int]:
+    return {id(block.experts) for _, block in find_moe_blocks(model)}
+
+
+def move_non_expert_weights(model: torch.nn.Module, device: str | torch.device) -> None:
+    """Move every parameter and buffer to ``device`` except the routed experts' fused weights.
+
+    Parameters are moved in place (``param.data``), so tied weights stay tied.
+    """
+    device = torch.device(device)
+    skip = _expert_module_ids(model)
+    for module in model.modules():
+        if id(module) in skip:
+            continue
+        for param in module._parameters.values():
+            if param is not None and param.device != device:
+                param.data = param.data.to(device)
+        for name, buf in module._buffers.items():
+            if buf is not None and buf.device != device:
+                module._buffers[name] = buf.to(device)
+
+
+def load_target(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "float32",
+    *,
+    experts_on_device: bool = False,
+    attn_implementation: str | None = None,
+):
+    """Load an MoE target model from a local checkpoint directory.
+
+    Args:
+        path: directory with config.json and ``*.safetensors`` (Hugging Face layout).
+        device: device for the non-expert weights (``"cpu"``, ``"cuda"``, ...).
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"`` (or the torch dtype).
+        experts_on_device: also put the expert weights on ``device`` (a resident reference
+            model); by default they stay in host (CPU) memory, ready for
+            ``live.offload.OffloadedMoE.install``.
+        attn_implementation: passed to transformers (e.g. ``"eager"``, ``"sdpa"``); default:
+            transformers' choice.
+
+    Returns:
+        The transformers ``*ForCausalLM`` model in eval mode, gradients off.
+
+    Raises:
+        FileNotFoundError, ValueError: see :func:`read_checkpoint_config`.
+        UnsupportedArchitectureError: ``model_type`` not in ``SUPPORTED_ARCHITECTURES``.
+    """
+    root = Path(path)
+    config = read_checkpoint_config(root)
+    _check_target_arch(config, root)
+    model = _from_pretrained(root, resolve_dtype(dtype), attn_implementation)
+    if not find_moe_blocks(model):
+        raise UnsupportedArchitectureError(f"{root}: no MoE layers found in the loaded model")
+    if experts_on_device:
+        model.to(device)
+    else:
+        move_non_expert_weights(model, device)
+    return model
+
+
+def load_draft(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "float32",
+    *,
+    attn_implementation: str | None = None,
+):
+    """Load a (dense) draft causal LM entirely onto ``device``; same checks as :func:`load_target`
+    except the architecture, which may be any causal LM that transformers implements natively.
+    """
+    root = Path(path)
+    read_checkpoint_config(root)
+    model = _from_pretrained(root, resolve_dtype(dtype), attn_implementation)
+    return model.to(device)

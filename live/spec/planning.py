@@ -1,0 +1,146 @@
+"""Live policy mode: the ``specfit`` tree policies choose the verified subtree of each cycle.
+
+For policy ``specfit`` the planner is asked after every draft level whether to keep drafting
+(``SpecFitPolicy.keep_drafting``), with the current expert-cache contents and the predicted
+experts of every draft node; then ``select`` returns the subtree to verify. ``chain`` and
+``topn`` draft the maximal tree and select from it. The planner's predictions (expected
+committed tokens, cycle seconds) and its decision seconds travel in :attr:`Choice.plan` to the
+cycle record, next to the measured values.
+
+Predictors available live (no trace tables needed):
+- ``recent``: every node gets the union of the experts of the last ``window`` target tokens;
+- ``token-table``: an online table learned during the run, token id -> the experts that token was
+  last routed to; unknown tokens fall back to ``recent``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from live.spec.draft import Drafter, TreeShape
+from live.spec.engine import Choice, ChooseState
+from live.spec.names import LIVE_PREDICTORS, PLANNED_POLICIES
+from live.spec.tree import TokenTree
+
+
+class PlannedChooser:
+    """A :class:`live.spec.engine.SubtreeChooser` driven by a ``specfit.policies`` tree policy.
+
+    Args:
+        drafter: grows the trees.
+        shape: maximal tree (depth, top-k, node budget).
+        policy: one of :data:`PLANNED_POLICIES` (``topn`` verifies ``shape.max_nodes - 1`` draft nodes).
+        predictor: one of :data:`LIVE_PREDICTORS`.
+        cost: ``specfit.cost.CycleCostModel`` used for the predictions.
+        num_experts: experts per MoE layer ``E``.
+        calibration: optional ``specfit.acceptance.AcceptanceCalibration``.
+        window: recent target tokens used by the predictors.
+
+    Raises:
+        ValueError: unknown policy or predictor (lists the valid ones).
+    """
+
+    def __init__(
+        self,
+        drafter: Drafter,
+        shape: TreeShape,
+        policy: str,
+        predictor: str,
+        cost,
+        num_experts: int,
+        *,
+        calibration=None,
+        window: int = 4,
+    ) -> None:
+        from specfit.policies import make_tree_policy
+        from specfit.predictors import make_predictor
+
+        if policy not in PLANNED_POLICIES:
+            raise ValueError(f"unknown planned policy {policy!r}; expected one of {list(PLANNED_POLICIES)}")
+        if predictor not in LIVE_PREDICTORS:
+            raise ValueError(f"unknown live predictor {predictor!r}; expected one of {list(LIVE_PREDICTORS)}")
+        kwargs = {"num_draft_nodes": shape.max_nodes - 1} if policy == "topn" else {}
+        self.name = policy
+        self.policy = make_tree_policy(policy, **kwargs)
+        self.predictor_name = predictor
+        self.recent = make_predictor("recent", window=window)
+        self.table: dict[int, np.ndarray] = {}
+        self.drafter, self.shape, self.cost = drafter, shape, cost
+        self.num_experts, self.calibration, self.window = int(num_experts), calibration, int(window)
+
+    def _learn(self, state: ChooseState, recent_bits: np.ndarray) -> None:
+        """Online token table: the routed tokens are ``committed[:-1]``, newest last."""
+        routed = list(state.committed[:-1])[-len(recent_bits) :] if len(recent_bits) else []
+        for tok, bits in zip(routed, recent_bits):
+            self.table[int(tok)] = bits
+
+    def _predict(self, tree, state: ChooseState, recent_bits: np.ndarray):
+        from specfit.predictors import PredictContext
+
+        num_layers = self.cost.num_layers
+        pctx = PredictContext(
+            tree=tree,
+            num_experts=self.num_experts,
+            num_layers=num_layers,
+            context_len=state.context_len,
+            recent_experts=recent_bits if len(recent_bits) else None,
+        )
+        base = self.recent.predict(pctx)
+        if self.predictor_name == "recent":
+            return base
+        from specfit.node_experts import NodeExperts
+
+        rows = [self.table.get(int(t), base.bits[i]) for i, t in enumerate(tree.token_ids)]
+        return NodeExperts(self.num_experts, bits=np.stack(rows).astype(np.uint64), source="token-table")
+
+    def _context(self, tree: TokenTree, levels: int, state: ChooseState, recent_bits: np.ndarray):
+        from specfit import bitsets
+        from specfit.acceptance import path_accept_probs
+        from specfit.context import PolicyContext
+
+        dtree = tree.to_draft_tree()
+        cached = state.cached_bits
+        if cached is None:
+            cached = bitsets.empty((self.cost.num_layers,), self.num_experts)
+        return PolicyContext(
+            tree=dtree,
+            accept_probs=path_accept_probs(dtree, self.calibration),
+            node_experts=self._predict(dtree, state, recent_bits),
+            cached_bits=np.asarray(cached, dtype=np.uint64),
+            cost=self.cost,
+            context_len=state.context_len,
+            num_levels=levels,
+        )
+
+    def choose(self, state: ChooseState) -> Choice:
+        """Draft (asking the planner after each level when it can stop drafting) and select the subtree."""
+        from specfit import bitsets
+
+        recent_bits = (
+            bitsets.pack(state.recent_experts, self.num_experts)
+            if len(state.recent_experts)
+            else np.zeros((0, self.cost.num_layers, bitsets.num_words(self.num_experts)), np.uint64)
+        )
+        if self.predictor_name == "token-table":
+            self._learn(state, recent_bits)
+        asked_s = 0.0
+
+        def keep_drafting(tree: TokenTree, levels: int) -> bool:
+            nonlocal asked_s
+            start = time.perf_counter()
+            ctx = self._context(tree, levels, state, recent_bits)
+            keep = self.policy.keep_drafting(ctx, self.shape.depth, self.shape.topk)
+            asked_s += time.perf_counter() - start
+            return keep
+
+        ask = keep_drafting if hasattr(self.policy, "keep_drafting") else None
+        draft = self.drafter.grow(state.committed, self.shape, ask)
+        start = time.perf_counter()
+        plan = self.policy.select(self._context(draft.tree, draft.num_levels, state, recent_bits))
+        decision_s = time.perf_counter() - start + asked_s
+        plan = dataclasses.replace(plan, decision_s=decision_s)
+        draft = dataclasses.replace(draft, draft_s=max(draft.draft_s - asked_s, 0.0))
+        return Choice(draft, np.asarray(plan.nodes, dtype=np.int64), plan)

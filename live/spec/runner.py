@@ -1,0 +1,92 @@
+"""A causal LM with its own KV cache, fed causally (committed tokens) or as a tree (draft nodes).
+
+Shared by the drafter and the verifier so both handle positions, masks and cache trimming the
+same way. Batch size 1. The model is any transformers ``*ForCausalLM`` (transformers 5 calls the
+cache argument ``cache``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from live.spec.attention import keep_cache_positions, tree_attention_mask
+
+
+class CachedLM:
+    """Wraps ``model`` (eval mode, no grad) with a ``DynamicCache`` that holds a committed prefix.
+
+    Attributes:
+        model: the causal LM.
+        cache: its ``DynamicCache``; ``cache_len`` entries.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model.eval()
+        self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
+        self.cache = DynamicCache(config=model.config)
+
+    @property
+    def cache_len(self) -> int:
+        """Number of tokens whose keys/values are in the cache."""
+        return int(self.cache.get_seq_length())
+
+    def reset(self) -> None:
+        """Drop the cache (a fresh one, so nothing leaks between generations)."""
+        self.cache = DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def _forward(self, token_ids: Sequence[int], position_ids: Sequence[int], mask: torch.Tensor | None):
+        ids = torch.as_tensor(np.asarray(token_ids, dtype=np.int64), device=self.device)[None]
+        pos = torch.as_tensor(np.asarray(position_ids, dtype=np.int64), device=self.device)[None]
+        out = self.model(
+            input_ids=ids, position_ids=pos, attention_mask=mask, cache=self.cache, use_cache=True
+        )
+        return out.logits[0].float()
+
+    def feed_causal(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Append ``token_ids`` after the cache with ordinary causal attention.
+
+        Returns:
+            float32 logits [T, V] (one row per fed token), on the model's device.
+        Raises:
+            ValueError: for an empty token list.
+        """
+        if len(token_ids) == 0:
+            raise ValueError("CachedLM.feed_causal: token_ids is empty")
+        start = self.cache_len
+        return self._forward(token_ids, range(start, start + len(token_ids)), None)
+
+    def feed_tree(
+        self,
+        token_ids: Sequence[int],
+        depths: Sequence[int],
+        root_position: int,
+        context_len: int,
+        slot_nodes: Sequence[int],
+        query_nodes: Sequence[int],
+        ancestors: np.ndarray,
+    ) -> torch.Tensor:
+        """Append tree nodes ``query_nodes`` (tokens ``token_ids``) with a tree attention mask.
+
+        Args:
+            token_ids, depths: the query nodes' tokens and depths (same order as ``query_nodes``).
+            root_position: position id of the root; a node's position id is ``root_position + depth``.
+            context_len: cache entries before the first tree slot (the committed context).
+            slot_nodes, query_nodes, ancestors: see :func:`live.spec.attention.tree_attention_mask`.
+
+        Returns:
+            float32 logits [len(query_nodes), V].
+        """
+        mask = tree_attention_mask(context_len, slot_nodes, query_nodes, ancestors, self.dtype, self.device)
+        positions = root_position + np.asarray(depths, dtype=np.int64)
+        return self._forward(token_ids, positions, mask)
+
+    def keep(self, prefix_len: int, extra_positions: Sequence[int]) -> None:
+        """Keep the first ``prefix_len`` entries and ``extra_positions``; see :func:`keep_cache_positions`."""
+        keep_cache_positions(self.cache, prefix_len, extra_positions)

@@ -1,0 +1,328 @@
+"""One ``python -m live.record`` run: load, offload, decode every prompt, write the trace.
+
+Kept apart from the argument parsing in :mod:`live.record` so tests and benchmarks can drive a
+run from a :class:`live.record.RecordConfig`. Errors a user can fix (a cache larger than the
+experts per layer, an empty prompt file, an unsupported architecture, missing tokenizer) raise
+:class:`SessionError` naming the flag; the CLI turns it into exit status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from live.spec.draft import ModelDrafter, TreeShape
+from live.spec.engine import AutoregressiveChooser, FullTreeChooser, SpecDecoder, SubtreeChooser
+from live.spec.recording import RunTotals, cycle_record, write_tree
+from live.spec.routing import RouterCapture
+from live.spec.verify import TreeVerifier
+
+
+class SessionError(Exception):
+    """A bad flag value found while opening a run; ``flag`` names it, ``message`` says what was expected."""
+
+    def __init__(self, flag: str, message: str) -> None:
+        super().__init__(f"{flag}: {message}")
+        self.flag = flag
+        self.message = message
+
+
+def _model_dirs(config) -> tuple[Path, Path | None]:
+    if config.model == "default" or config.draft == "default":
+        from live.assets import default_model_paths
+
+        try:
+            default_target, default_draft = default_model_paths()
+        except FileNotFoundError as exc:
+            raise SessionError("--model", str(exc)) from exc
+    target = default_target if config.model == "default" else Path(config.model)
+    draft = (
+        None if config.draft is None else (default_draft if config.draft == "default" else Path(config.draft))
+    )
+    return target, draft
+
+
+def _load_tokenizer(*dirs: Path | None):
+    from transformers import AutoTokenizer
+
+    for folder in dirs:
+        if folder is not None and (folder / "tokenizer.json").is_file():
+            return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    raise SessionError("--model", f"no tokenizer files (tokenizer.json) in {dirs[0]}")
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    eos = getattr(model.config, "eos_token_id", None)
+    ids = eos if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos])
+    if tokenizer.eos_token_id is not None:
+        ids = [*ids, tokenizer.eos_token_id]
+    return sorted({int(t) for t in ids})
+
+
+def _expert_frequency(model, prompt_ids: list[list[int]], num_experts: int) -> np.ndarray:
+    """float[L, E] expert counts over the prompts' tokens (for the static cache policy)."""
+    capture = RouterCapture(model)
+    counts = None
+    with torch.inference_mode():
+        for ids in prompt_ids:
+            model(input_ids=torch.tensor([ids], device=next(model.parameters()).device))
+            experts, _ = capture.take()
+            layer_counts = np.stack(
+                [
+                    np.bincount(experts[:, layer].ravel(), minlength=num_experts)
+                    for layer in range(experts.shape[1])
+                ]
+            )
+            counts = layer_counts if counts is None else counts + layer_counts
+    capture.close()
+    return counts.astype(np.float64)
+
+
+class RecordSession:
+    """A loaded engine plus the run directory writer; build with :meth:`open`, then :meth:`run`."""
+
+    def __init__(self) -> None:  # use open()
+        raise TypeError("use RecordSession.open(config)")
+
+    @classmethod
+    def open(cls, config) -> RecordSession:
+        """Load models, prompts and tokenizer, offload the experts, build the policy and the writer.
+
+        Raises:
+            SessionError: naming the flag whose value cannot work (see module docstring).
+        """
+        from live.loader import UnsupportedArchitectureError, describe_moe, load_draft, load_target
+        from live.offload import make_link, offload_model
+        from live.prompts import load_prompts
+
+        self = object.__new__(cls)
+        self.config = config
+        torch.manual_seed(config.seed)
+        target_dir, draft_dir = _model_dirs(config)
+        try:
+            prompts = load_prompts(config.prompts)
+        except (ValueError, FileNotFoundError) as exc:
+            raise SessionError("--prompts", str(exc)) from exc
+        self.prompts = prompts[: config.num_prompts]
+        try:
+            target = load_target(target_dir, config.device, config.dtype)
+        except UnsupportedArchitectureError as exc:
+            raise SessionError("--model", str(exc)) from exc
+        except (ValueError, FileNotFoundError) as exc:
+            raise SessionError("--model", str(exc)) from exc
+        self.tokenizer = _load_tokenizer(target_dir, draft_dir)
+        self.prompt_ids = [list(self.tokenizer.encode(p.text)) for p in self.prompts]
+        for i, ids in enumerate(self.prompt_ids):
+            if not ids:
+                raise SessionError("--prompts", f"prompt {i} ({self.prompts[i].source}) tokenizes to nothing")
+        spec = describe_moe(target)
+        cache_experts = config.cache_experts
+        if cache_experts is not None and cache_experts > spec.num_experts:
+            raise SessionError(
+                "--cache-experts",
+                f"expected 0..{spec.num_experts} (the experts per layer of this model), got {cache_experts}",
+            )
+        frequency = None
+        if config.cache_policy == "static":
+            frequency = _expert_frequency(target, self.prompt_ids, spec.num_experts)
+        try:
+            link = make_link(config.device, config.bandwidth_gb_per_s, config.latency_s)
+            self.offload = offload_model(
+                target,
+                cache_experts=cache_experts,
+                cache_policy=config.cache_policy,
+                link=link,
+                frequency=frequency,
+            )
+        except ValueError as exc:
+            raise SessionError("--cache-experts" if "cache" in str(exc) else "--device", str(exc)) from exc
+        self.spec = spec
+        self.verifier = TreeVerifier(target, eos_token_ids=_eos_ids(target, self.tokenizer))
+        self.drafter = None
+        if draft_dir is not None:
+            try:
+                self.drafter = ModelDrafter(load_draft(draft_dir, config.device, config.dtype))
+            except (ValueError, FileNotFoundError) as exc:
+                raise SessionError("--draft", str(exc)) from exc
+        self.shape = TreeShape(config.depth, config.topk, config.max_nodes)
+        self.decoder = SpecDecoder(self.verifier, self.drafter, stats=self.offload)
+        self.chooser = self._make_chooser()
+        self.target_dir, self.draft_dir = target_dir, draft_dir
+        self.writer = self._open_writer()
+        return self
+
+    def _make_chooser(self) -> SubtreeChooser:
+        config = self.config
+        if config.policy == "ar":
+            return AutoregressiveChooser()
+        if config.policy == "full":
+            return FullTreeChooser(self.drafter, self.shape)
+        from live.spec.planning import PlannedChooser
+
+        if config.cost is not None:
+            from specfit.cost import CycleCostModel
+
+            try:
+                cost = CycleCostModel.load(config.cost)
+            except (ValueError, OSError) as exc:
+                raise SessionError("--cost", str(exc)) from exc
+        else:
+            from live.spec.costs import estimate_cost_model
+
+            cost = estimate_cost_model(
+                self.verifier, self.drafter, self.offload, self.shape, self.prompt_ids[0]
+            )
+            self.offload.reset_cache()
+            self.offload.reset_stats()
+        self.cost = cost
+        try:
+            return PlannedChooser(
+                self.drafter, self.shape, config.policy, config.predictor, cost, self.spec.num_experts
+            )
+        except ValueError as exc:
+            raise SessionError("--policy", str(exc)) from exc
+
+    def _manifest(self):
+        from traces.schema import DraftSpec, HardwareSpec, Manifest, ModelSpec, RunConfig
+
+        config, spec, info = self.config, self.spec, self.offload.link.info
+        memory = "emulated" if info.kind == "cpu-emulated" else ("pinned" if info.pinned else "pageable")
+        model = ModelSpec(
+            name="default" if config.model == "default" else str(config.model),
+            architecture=type(self.verifier.lm.model).__name__,
+            num_layers=spec.num_layers,
+            num_experts=spec.num_experts,
+            top_k=spec.top_k,
+            hidden_size=spec.hidden_size,
+            expert_intermediate_size=spec.expert_intermediate_size,
+            dtype=spec.dtype,
+            bytes_per_expert=spec.bytes_per_expert,
+        )
+        hardware = HardwareSpec(
+            device_name=info.device,
+            link_kind=info.kind,
+            h2d_memory=memory,
+            emulated_bandwidth_bytes_per_s=info.bandwidth_bytes_per_s if memory == "emulated" else None,
+            emulated_s_per_transfer=info.latency_s if memory == "emulated" else None,
+        )
+        draft = DraftSpec(
+            model=str(self.config.draft or "none"),
+            tree_depth=max(config.depth, 1),
+            tree_topk=config.topk,
+            max_nodes=max(config.max_nodes, 2),
+        )
+        run = RunConfig(
+            mode=config.mode,
+            prompt_source=config.prompts,
+            tree_policy=config.policy if config.mode == "policy" else None,
+            cache_policy=config.cache_policy,
+            cache_capacity_per_layer=self.offload.capacity_per_layer,
+            predictor=config.predictor if config.policy == "specfit" else None,
+        )
+        from dataclasses import asdict
+
+        resolved = asdict(config) | {
+            "target_dir": str(self.target_dir),
+            "draft_dir": self.draft_dir and str(self.draft_dir),
+        }
+        if getattr(self, "cost", None) is not None:
+            resolved["cost_model"] = self.cost.to_dict()
+        return Manifest.create(
+            model, hardware, draft, run, seed=config.seed, command_line=sys.argv, config=resolved
+        )
+
+    def _open_writer(self):
+        from traces.writer import TraceWriter
+
+        try:
+            return TraceWriter(self.config.out, self._manifest(), resume=self.config.resume)
+        except (FileExistsError, FileNotFoundError, ValueError) as exc:
+            raise SessionError("--resume" if self.config.resume else "--out", str(exc)) from exc
+
+    def run(self, progress: bool = True) -> RunTotals:
+        """Decode every prompt not yet recorded; stream trees and cycles to the trace; return totals."""
+        from tqdm import tqdm
+
+        config = self.config
+        done = self.writer.recorded_request_ids()
+        todo = [i for i in range(len(self.prompts)) if i not in done]
+        totals = RunTotals()
+        dense = config.mode == "dense"
+        bar = tqdm(
+            total=len(todo) * config.max_new_tokens,
+            unit="tok",
+            desc=f"live.record {config.mode}",
+            disable=not progress,
+            file=sys.stderr,
+        )
+        try:
+            for request_id in todo:
+
+                def on_cycle(event, request_id=request_id):
+                    if dense:
+                        write_tree(self.writer, request_id, event)
+                    self.writer.add_cycle(cycle_record(request_id, event, config.policy))
+                    bar.update(len(event.committed))
+
+                ids = self.prompt_ids[request_id]
+                result = self.decoder.generate(
+                    ids, config.max_new_tokens, self.chooser, dense=dense, on_cycle=on_cycle
+                )
+                bar.update(config.max_new_tokens - len(result.generated_ids))
+                if len(result.prefill_expert_ids):  # a one-token prompt has no prefill forward
+                    self.writer.add_prefill(
+                        request_id, result.prefill_expert_ids, result.prefill_router_weights
+                    )
+                self.writer.add_request(
+                    request_id, ids, result.generated_ids, self.prompts[request_id].source
+                )
+                totals.add(result)
+            self.writer.close(complete=True)
+        except BaseException:
+            self.writer.close(complete=False)
+            raise
+        finally:
+            bar.close()
+        return totals
+
+    def write_summary(self, summary: dict[str, Any], config: dict[str, Any]) -> Path:
+        """Write ``summary.json`` (figures + resolved config) into the run directory."""
+        from live.record import dump_json
+
+        path = Path(self.config.out) / "summary.json"
+        dump_json(path, {"summary": summary, "config": config, "link": self.offload.link.info.to_dict()})
+        return path
+
+    def print_table(self, summary: dict[str, Any], stream=None) -> None:
+        """Human-readable summary table (stdout)."""
+        from specfit.units import bytes_to_gb
+
+        stream = stream or sys.stdout
+        busy = summary["expert_compute_s"] + summary["h2d_s"]
+        split = (
+            f"{summary['expert_compute_s'] / busy:.0%} / {summary['h2d_s'] / busy:.0%}" if busy > 0 else "-"
+        )
+        rows = [
+            ("run directory", summary["run_dir"]),
+            ("mode / policy", f"{summary['mode']} / {summary['policy']}"),
+            ("requests", summary["num_requests"]),
+            ("tokens generated", summary["num_tokens"]),
+            ("tokens/s (decode)", f"{summary['tokens_per_s']:.2f}"),
+            ("tau (committed per cycle)", f"{summary['tau']:.3f}"),
+            ("tau of the verified tree", f"{summary['full_tree_tau']:.3f}"),
+            ("mean nodes verified", f"{summary['mean_nodes_verified']:.2f}"),
+            ("expert cache hit rate", f"{summary['hit_rate']:.1%}"),
+            ("H2D GB", f"{bytes_to_gb(summary['h2d_bytes']):.4f}"),
+            (
+                "time: draft / verify / H2D s",
+                f"{summary['draft_s']:.2f} / {summary['verify_s']:.2f} / {summary['h2d_s']:.2f}",
+            ),
+            ("expert compute / H2D split", split),
+        ]
+        width = max(len(k) for k, _ in rows)
+        for key, value in rows:
+            stream.write(f"{key:<{width}}  {value}\n")

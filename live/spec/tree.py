@@ -1,0 +1,124 @@
+"""Token trees drafted by the live engine and their ancestor structure.
+
+The live engine keeps its own small tree record (:class:`TokenTree`) because it is built
+incrementally during drafting; :meth:`TokenTree.to_draft_tree` converts it to the project's
+canonical :class:`specfit.tree.DraftTree` (docs/contracts.md) at the edges (planner, trace writer).
+
+Conventions (DESIGN.md): node 0 is the root (the last committed token), ``parents[0] == -1``,
+parents precede children, ``depth[v] = depth[parent] + 1``, position id = ``root_position + depth``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TokenTree:
+    """A drafted token tree, nodes in creation (breadth-first) order.
+
+    Attributes (``N`` nodes):
+        token_ids: int64[N]; node 0 holds the root token.
+        parents: int64[N]; ``parents[0] == -1``, ``parents[v] < v``.
+        depths: int64[N]; 0 at the root.
+        draft_logprobs: float64[N]; log-prob of the node's token under the draft given its parent (0 at the root).
+        path_logprobs: float64[N]; sum of ``draft_logprobs`` along the root path (0 at the root).
+
+    Raises:
+        ValueError: naming the field and node when the arrays disagree in length or the parent
+            order is broken.
+    """
+
+    token_ids: np.ndarray
+    parents: np.ndarray
+    depths: np.ndarray
+    draft_logprobs: np.ndarray
+    path_logprobs: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        for name in ("parents", "depths", "draft_logprobs", "path_logprobs"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"TokenTree.{name}: expected {n} entries, got {len(getattr(self, name))}")
+        if n == 0:
+            raise ValueError("TokenTree.token_ids: a tree needs at least the root node")
+        if self.parents[0] != -1:
+            raise ValueError(f"TokenTree.parents[0]: expected -1 for the root, got {self.parents[0]}")
+        for v in range(1, n):
+            p = int(self.parents[v])
+            if not 0 <= p < v:
+                raise ValueError(f"TokenTree.parents[{v}]: expected a node id in [0, {v}), got {p}")
+            if self.depths[v] != self.depths[p] + 1:
+                raise ValueError(f"TokenTree.depths[{v}]: expected depth[parent]+1 = {self.depths[p] + 1}")
+
+    @classmethod
+    def from_parents(cls, token_ids: Any, parents: Any, draft_logprobs: Any) -> TokenTree:
+        """Build a tree from tokens, parents and per-node draft log-probs; derives depths and path log-probs."""
+        token_ids = np.asarray(token_ids, dtype=np.int64)
+        parents = np.asarray(parents, dtype=np.int64)
+        draft_logprobs = np.asarray(draft_logprobs, dtype=np.float64)
+        n = len(token_ids)
+        if len(parents) != n or len(draft_logprobs) != n:
+            raise ValueError(
+                f"TokenTree.from_parents: token_ids, parents and draft_logprobs need equal lengths, "
+                f"got {n}, {len(parents)}, {len(draft_logprobs)}"
+            )
+        depths = np.zeros(n, dtype=np.int64)
+        path = np.zeros(n, dtype=np.float64)
+        for v in range(1, n):
+            p = int(parents[v])
+            if not 0 <= p < v:
+                raise ValueError(f"TokenTree.parents[{v}]: expected a node id in [0, {v}), got {p}")
+            depths[v] = depths[p] + 1
+            path[v] = path[p] + draft_logprobs[v]
+        logprobs = draft_logprobs.copy()
+        logprobs[0] = 0.0
+        return cls(token_ids, parents, depths, logprobs, path)
+
+    @classmethod
+    def root_only(cls, token_id: int) -> TokenTree:
+        """The one-node tree used by autoregressive decoding."""
+        return cls.from_parents([token_id], [-1], [0.0])
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of nodes ``N`` including the root."""
+        return len(self.token_ids)
+
+    @property
+    def max_depth(self) -> int:
+        """Largest node depth (0 for a root-only tree)."""
+        return int(self.depths.max())
+
+    def children(self, v: int) -> np.ndarray:
+        """Node ids whose parent is ``v`` (int64, ascending)."""
+        return np.flatnonzero(self.parents == v)
+
+    def ancestor_matrix(self) -> np.ndarray:
+        """bool[N, N]; ``[a, v]`` is True when ``a`` is ``v`` or an ancestor of ``v``."""
+        n = self.num_nodes
+        anc = np.eye(n, dtype=bool)
+        for v in range(1, n):
+            anc[:, v] |= anc[:, self.parents[v]]
+        return anc
+
+    def path_to(self, v: int) -> list[int]:
+        """Node ids from the root to ``v`` inclusive."""
+        path = [int(v)]
+        while self.parents[path[-1]] >= 0:
+            path.append(int(self.parents[path[-1]]))
+        return path[::-1]
+
+    def is_ancestor_closed(self, nodes: Any) -> bool:
+        """True when ``nodes`` contains the root and the parent of each of its nodes."""
+        chosen = set(int(v) for v in nodes)
+        return 0 in chosen and all(v == 0 or int(self.parents[v]) in chosen for v in chosen)
+
+    def to_draft_tree(self) -> Any:
+        """The same tree as :class:`specfit.tree.DraftTree` (docs/contracts.md)."""
+        from specfit.tree import DraftTree
+
+        return DraftTree.from_parents(self.token_ids, self.parents, self.draft_logprobs)

@@ -1,0 +1,240 @@
+"""Sweep cells: one replay configuration each, identified by a hash of its content.
+
+A cell is a plain JSON-able :class:`CellSpec`; :func:`run_cell` (a top-level function, so process
+pools and Ray can ship it) opens the trace (once per worker process), builds the
+:class:`sim.config.SimConfig` and returns one tidy result row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sim.config import SimConfig, canonical_policy
+from specfit.cost import CycleCostModel
+from specfit.units import gb_per_s_to_bytes_per_s
+
+# result columns describing the cell (the rest are metrics); units in the names
+KEY_COLUMNS = (
+    "bandwidth_gb_per_s",
+    "cache_experts_per_layer",
+    "cache_policy",
+    "predictor",
+    "overlap",
+    "prefetch",
+    "policy",
+)
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    """One cell of a sweep (everything :func:`run_cell` needs; JSON-able).
+
+    Attributes:
+        trace_path: dense trace run directory.
+        cost: ``CycleCostModel.to_dict()`` of the sweep's base cost (expert bytes, compute, latency).
+        bandwidth_gb_per_s: H2D bandwidth of this cell (GB/s, 1 GB = 1e9 bytes).
+        cache_experts_per_layer: cache capacity (experts per layer); cache_fraction: of ``E``.
+        policy, cache_policy, predictor: names; overlap, prefetch: link modes.
+        engine, link_concurrency, decision_s, max_requests, max_positions, seed, acceptance:
+            see :class:`sim.config.SimConfig`.
+    """
+
+    trace_path: str
+    cost: dict
+    bandwidth_gb_per_s: float
+    cache_experts_per_layer: int
+    cache_fraction: float
+    policy: str
+    cache_policy: str = "lru"
+    predictor: str = "union-size"
+    overlap: bool = False
+    prefetch: bool = False
+    engine: str = "auto"
+    link_concurrency: int = 1
+    decision_s: float = 0.0
+    max_requests: int | None = None
+    max_positions: int | None = None
+    seed: int = 0
+    acceptance: dict | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-able)."""
+        return dataclasses.asdict(self)
+
+    @property
+    def cell_id(self) -> str:
+        """16 hex digits of the SHA-256 of the canonical JSON: same content, same id."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def sim_config(self, record_cycles: bool = False) -> SimConfig:
+        """The :class:`SimConfig` of this cell (cost at this cell's bandwidth)."""
+        cost = CycleCostModel.from_dict(self.cost, where="cell cost").with_bandwidth(
+            gb_per_s_to_bytes_per_s(self.bandwidth_gb_per_s)
+        )
+        return SimConfig(
+            cost=cost,
+            policy=self.policy,
+            cache_capacity_per_layer=self.cache_experts_per_layer,
+            cache_policy=self.cache_policy,
+            predictor=self.predictor,
+            overlap=self.overlap,
+            prefetch=self.prefetch,
+            engine=self.engine,
+            link_concurrency=self.link_concurrency,
+            decision_s=self.decision_s,
+            max_requests=self.max_requests,
+            max_positions=self.max_positions,
+            seed=self.seed,
+            record_cycles=record_cycles,
+            acceptance=self.acceptance,
+        )
+
+
+def parse_cache_sizes(items: Sequence[str], num_experts: int) -> list[tuple[int, float]]:
+    """Resolve ``--cache`` items to ``(experts per layer, fraction of E)``, in the given order.
+
+    An item with a ``.`` (``"0.25"``) or a ``%`` (``"25%"``) is a fraction of the ``num_experts``
+    experts per layer (rounded to the nearest count); otherwise it is a count (``"32"``).
+
+    Raises:
+        ValueError: not a number, a fraction outside (0, 1], a negative count or one above
+            ``num_experts``; the message names ``--cache`` and the item.
+    """
+    out: list[tuple[int, float]] = []
+    for raw in items:
+        text = str(raw).strip()
+        try:
+            if text.endswith("%"):
+                frac = float(text[:-1]) / 100.0
+                count = None
+            elif "." in text or "e" in text.lower():
+                frac, count = float(text), None
+            else:
+                count, frac = int(text), None
+        except ValueError:
+            raise ValueError(f"--cache: expected a count or a fraction, got {text!r}") from None
+        if count is None:
+            if not 0 < frac <= 1:
+                raise ValueError(f"--cache: a fraction must be in (0, 1], got {text!r}")
+            count = int(round(frac * num_experts))
+        if not 0 <= count <= num_experts:
+            raise ValueError(
+                f"--cache: {text!r} gives {count} experts per layer; the trace has {num_experts}"
+            )
+        out.append((count, count / num_experts))
+    return out
+
+
+def make_cells(
+    *,
+    trace_path: str,
+    cost: CycleCostModel,
+    bandwidths_gb_per_s: Sequence[float],
+    caches: Sequence[tuple[int, float]],
+    policies: Sequence[str],
+    cache_policies: Sequence[str] = ("lru",),
+    predictors: Sequence[str] = ("union-size",),
+    overlaps: Sequence[bool] = (False,),
+    prefetches: Sequence[bool] = (False,),
+    **common: Any,
+) -> list[CellSpec]:
+    """The Cartesian product of the sweep axes as cells (deterministic order, duplicates dropped)."""
+    cells, seen = [], set()
+    cost_dict = cost.to_dict()
+    for cache, bw, cpol, pred, ovl, pre, pol in itertools.product(
+        caches, bandwidths_gb_per_s, cache_policies, predictors, overlaps, prefetches, policies
+    ):
+        cell = CellSpec(
+            trace_path=str(trace_path),
+            cost=cost_dict,
+            bandwidth_gb_per_s=float(bw),
+            cache_experts_per_layer=int(cache[0]),
+            cache_fraction=float(cache[1]),
+            policy=canonical_policy(pol),
+            cache_policy=cpol,
+            predictor=pred,
+            overlap=bool(ovl),
+            prefetch=bool(pre),
+            **common,
+        )
+        if cell.cell_id not in seen:
+            seen.add(cell.cell_id)
+            cells.append(cell)
+    return cells
+
+
+_TRACES: dict[str, Any] = {}
+
+
+def _open_trace(path: str) -> Any:
+    """Open (once per process) the trace at ``path``; later cells reuse its decoded arrays."""
+    if path not in _TRACES:
+        from traces.reader import open_run
+
+        _TRACES[path] = open_run(path, validate=False)
+    return _TRACES[path]
+
+
+def run_cell(cell: dict[str, Any] | CellSpec, cycles_dir: str | None = None) -> dict[str, Any]:
+    """Replay one cell and return its tidy result row (cell keys + metrics + ``cell_id``).
+
+    Args:
+        cell: a :class:`CellSpec` or its dict.
+        cycles_dir: when given, the per-cycle records go to ``cycles_dir/<cell_id>.parquet``.
+
+    Raises:
+        ReplayError / ValueError: from :func:`sim.replay.replay_policy`.
+    """
+    from sim.replay import replay_policy
+
+    spec = cell if isinstance(cell, CellSpec) else CellSpec(**cell)
+    run = _open_trace(spec.trace_path)
+    result = replay_policy(run, spec.sim_config(record_cycles=cycles_dir is not None))
+    if cycles_dir is not None:
+        write_cycles(result.cycles, Path(cycles_dir) / f"{spec.cell_id}.parquet", run.manifest.model)
+    row: dict[str, Any] = {
+        "cell_id": spec.cell_id,
+        "bandwidth_gb_per_s": spec.bandwidth_gb_per_s,
+        "cache_experts_per_layer": spec.cache_experts_per_layer,
+        "cache_fraction": spec.cache_fraction,
+        "cache_policy": spec.cache_policy,
+        "predictor": spec.predictor,
+        "overlap": spec.overlap,
+        "prefetch": spec.prefetch,
+        "policy": spec.policy,
+    }
+    row.update(result.totals.to_dict())
+    return row
+
+
+def write_cycles(records: Sequence[Any], path: Path, model: Any) -> Path:
+    """Write cycle records as one Parquet file with the trace format's ``cycles`` schema (atomic).
+
+    Args:
+        records: ``traces.schema.CycleRecord`` list; path: output file; model: the trace's
+            ``ModelSpec`` (the schema builder's argument).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from traces.schema import arrow_schema
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [dataclasses.asdict(r) for r in records]
+    for r in rows:
+        for k, v in r.items():
+            if isinstance(v, tuple):
+                r[k] = list(v)
+    table = pa.Table.from_pylist(rows, schema=arrow_schema("cycles", model))
+    tmp = path.with_suffix(".parquet.tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(path)
+    return path

@@ -1,0 +1,145 @@
+"""Configuration of one simulated replay (:class:`SimConfig`) and the names it accepts."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from sim.engine import ENGINES
+from specfit.cost import CycleCostModel
+
+# CLI spellings -> specfit.policies names (issue 6: "autoregressive, top-N, SpecFit").
+POLICY_ALIASES = {
+    "autoregressive": "ar",
+    "ar": "ar",
+    "chain": "chain",
+    "top-n": "topn",
+    "topn": "topn",
+    "eagle": "topn",
+    "specfit": "specfit",
+    "cascade": "cascade",
+}
+DEFAULT_POLICIES = ("ar", "topn", "specfit")
+
+
+def canonical_policy(name: str) -> str:
+    """Map a policy spelling (``"autoregressive"``, ``"top-N"``, ``"SpecFit"``) to its specfit name.
+
+    Raises:
+        ValueError: unknown name, listing the accepted spellings.
+    """
+    key = str(name).strip().lower()
+    if key not in POLICY_ALIASES:
+        raise ValueError(f"policy: expected one of {sorted(POLICY_ALIASES)}, got {name!r}")
+    return POLICY_ALIASES[key]
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One replay configuration: tree policy, expert cache, predictor, link and cost model.
+
+    Attributes:
+        cost: the cycle cost model (bandwidth, expert bytes, compute costs); its ``num_layers``
+            must equal the trace's. Its ``overlap_h2d`` is replaced by ``overlap``.
+        policy: tree policy (any spelling accepted by :func:`canonical_policy`).
+        cache_capacity_per_layer: experts the device caches per layer (count, >= 0).
+        cache_policy: ``specfit.cache`` policy name (``"lru"``, ``"lfu"``, ``"static"``, ...).
+        predictor: ``specfit.predictors`` name used by the planner and by prefetch.
+        overlap: pipeline all demand copies of a cycle behind compute (see :mod:`sim.engine`).
+        prefetch: copy the predicted misses of the chosen subtree when it is chosen.
+        engine: ``"auto"``, ``"fast"`` or ``"simpy"`` (same results; fast needs concurrency 1).
+        link_concurrency: expert copies in flight at once (copy engines; the wire is shared).
+        decision_s: modelled planner time per cycle (s, >= 0). A constant rather than the
+            planner's measured wall time, so the same seed gives byte-identical results.
+        history_tokens: committed tokens whose experts the predictor sees (count, >= 1; 8 as
+            ``live.spec.engine``'s ``recent_window``).
+        max_requests, max_positions: replay at most this many requests / generated positions
+            per request (``None`` = all).
+        seed: seed for anything random (predictors that sample).
+        policy_options: extra keyword arguments for ``make_tree_policy`` as ``(name, value)`` pairs.
+        record_cycles: keep one :class:`traces.schema.CycleRecord` per cycle in the result.
+        acceptance: ``specfit.acceptance.AcceptanceCalibration.to_dict()`` (e.g. the
+            ``acceptance.json`` of ``calibration.fit``) mapping draft path probability to
+            acceptance for the planner, or ``None``: draft path probabilities as they are.
+
+    Raises:
+        ValueError: a bad field, naming it.
+    """
+
+    cost: CycleCostModel
+    policy: str = "specfit"
+    cache_capacity_per_layer: int = 32
+    cache_policy: str = "lru"
+    predictor: str = "union-size"
+    overlap: bool = False
+    prefetch: bool = False
+    engine: str = "auto"
+    link_concurrency: int = 1
+    decision_s: float = 0.0
+    history_tokens: int = 8
+    max_requests: int | None = None
+    max_positions: int | None = None
+    seed: int = 0
+    policy_options: tuple[tuple[str, Any], ...] = field(default=())
+    record_cycles: bool = True
+    acceptance: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cost, CycleCostModel):
+            raise ValueError(f"SimConfig.cost: expected a CycleCostModel, got {type(self.cost).__name__}")
+        object.__setattr__(self, "policy", canonical_policy(self.policy))
+        for name, minimum in (
+            ("cache_capacity_per_layer", 0),
+            ("link_concurrency", 1),
+            ("history_tokens", 1),
+            ("seed", 0),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"SimConfig.{name}: expected an integer >= {minimum}, got {value!r}")
+        for name in ("max_requests", "max_positions"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"SimConfig.{name}: expected an integer >= 1 or None, got {value!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"SimConfig.engine: expected one of {list(ENGINES)}, got {self.engine!r}")
+        if self.engine == "fast" and self.link_concurrency != 1:
+            raise ValueError("SimConfig.engine: 'fast' needs link_concurrency 1; use 'simpy' or 'auto'")
+        if not (isinstance(self.decision_s, (int, float)) and 0 <= self.decision_s < float("inf")):
+            raise ValueError(
+                f"SimConfig.decision_s: expected a finite number >= 0 (s), got {self.decision_s!r}"
+            )
+        if self.acceptance is not None:
+            from specfit.acceptance import AcceptanceCalibration
+
+            try:
+                AcceptanceCalibration.from_dict(self.acceptance)
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"SimConfig.acceptance: {exc}") from None
+        object.__setattr__(self, "policy_options", tuple((str(k), v) for k, v in self.policy_options))
+        if self.cost.overlap_h2d != self.overlap:
+            object.__setattr__(self, "cost", dataclasses.replace(self.cost, overlap_h2d=bool(self.overlap)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict (the cost model via its own ``to_dict``)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "cost"}
+        out["policy_options"] = [list(kv) for kv in self.policy_options]
+        out["cost"] = self.cost.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SimConfig:
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ValueError: unknown or bad field, naming it.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"SimConfig: unknown field(s) {unknown}; expected {sorted(names)}")
+        kwargs = dict(data)
+        kwargs["cost"] = CycleCostModel.from_dict(data["cost"], where="SimConfig.cost")
+        kwargs["policy_options"] = tuple(tuple(kv) for kv in data.get("policy_options", ()))
+        return cls(**kwargs)

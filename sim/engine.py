@@ -1,0 +1,381 @@
+"""Timeline of one verification cycle on two resources: the compute stream and the H2D link.
+
+The cache decisions of a cycle (which experts hit, which cross the link on demand, which are
+prefetched) do not depend on time, so :mod:`sim.replay` makes them first and hands the engine a
+:class:`CyclePlan`; the engine then places every phase on an integer-nanosecond clock. Integer
+nanoseconds make the event order exact: two events at the same instant compare equal instead of
+being reordered by float round-off, and the same input gives byte-identical output.
+
+Model (issue 6, "The discrete-event model"):
+
+* The compute stream runs the draft levels (``draft_ns``), then the planner (``decision_ns``, a
+  modelled constant), then the verification forward pass layer by layer. Layer ``l`` starts when
+  layer ``l-1`` is done AND every expert it needs is on the device; it then computes for
+  ``layer_compute_ns[l]``.
+* The H2D link is a FIFO copy stream (a CUDA copy stream: copies run in the order they were
+  enqueued). Each expert copy takes ``latency_ns`` (per-transfer dispatch cost) then ``wire_ns``
+  (``expert_bytes / bandwidth``). With ``concurrency = c > 1`` up to ``c`` copies are in flight:
+  their dispatch latencies overlap while the wire (the bandwidth) is shared, one copy at a time.
+* Demand misses of layer ``l``: without overlap they are enqueued when layer ``l`` is reached
+  (its router has run) and the compute stream blocks on them, so with an idle link the cycle is
+  exactly ``draft + decision + verify + sum_l misses_l * (latency + wire)``: the analytic formula
+  of ``specfit.cost.CycleCostModel.cycle_s`` (overlap off). With overlap on, the demand misses of
+  every layer are enqueued when verification starts, in layer order, so the copies of later
+  layers proceed while earlier layers compute: the exact pipelined value whose analytic bound is
+  ``draft + max(verify, h2d)``.
+* Prefetch: the predicted misses (``CyclePlan.prefetch``) are enqueued when the subtree is chosen
+  (after ``decision_ns``), before any demand copy. A prefetched expert is resident in the cache
+  from that instant but usable only once its copy arrives; copies still in flight at the end of
+  a cycle stay in flight into the next one (the engine keeps their arrival times).
+
+Two engines compute this timeline: :class:`SimPyEngine` (SimPy processes and resources; the
+reference, any ``concurrency``) and :class:`FastEngine` (the same FIFO recurrence written out,
+``concurrency == 1`` only, ~20x faster). ``tests/test_sim_engine.py`` checks they agree to the
+nanosecond.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import simpy
+
+ENGINES = ("auto", "fast", "simpy")
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """The H2D link of the simulator, in integer nanoseconds.
+
+    Attributes:
+        latency_ns: per-transfer dispatch latency (``CycleCostModel.h2d_s_per_transfer``), >= 0.
+        wire_ns: time one expert occupies the wire, ``expert_bytes / h2d_bytes_per_s``, >= 0.
+        concurrency: copies in flight at once (copy engines), >= 1; the wire is always shared.
+
+    Raises:
+        ValueError: negative times or ``concurrency < 1``, naming the field.
+    """
+
+    latency_ns: int
+    wire_ns: int
+    concurrency: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("latency_ns", "wire_ns"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"LinkSpec.{name}: expected an integer >= 0, got {value!r}")
+        if (
+            isinstance(self.concurrency, bool)
+            or not isinstance(self.concurrency, int)
+            or self.concurrency < 1
+        ):
+            raise ValueError(f"LinkSpec.concurrency: expected an integer >= 1, got {self.concurrency!r}")
+
+    @property
+    def transfer_ns(self) -> int:
+        """Duration of one expert copy on an idle link: ``latency_ns + wire_ns``."""
+        return self.latency_ns + self.wire_ns
+
+
+@dataclass(frozen=True)
+class CyclePlan:
+    """What one cycle does, decided before timing (see the module docstring).
+
+    Attributes:
+        draft_ns: drafting time on the compute stream (>= 0).
+        decision_ns: planner time after drafting, before verification (>= 0).
+        layer_compute_ns: ``L`` per-layer verification compute times.
+        hits: per layer, experts the layer needs that the cache already holds (some may still
+            be in flight from a prefetch; the engine knows which).
+        demand: per layer, experts the layer needs that must be copied on demand (misses).
+        prefetch: ``(layer, expert)`` copies enqueued at decision time, in this order.
+        overlap: enqueue all demand copies at verification start (True) or per layer (False).
+    """
+
+    draft_ns: int
+    decision_ns: int
+    layer_compute_ns: Sequence[int]
+    hits: Sequence[Sequence[int]]
+    demand: Sequence[Sequence[int]]
+    prefetch: Sequence[tuple[int, int]] = ()
+    overlap: bool = False
+
+    @property
+    def num_layers(self) -> int:
+        """``L``, the number of MoE layers."""
+        return len(self.layer_compute_ns)
+
+
+@dataclass(frozen=True)
+class CycleTiming:
+    """When each phase of one cycle ran (integer ns on the engine's clock).
+
+    Attributes:
+        start_ns, draft_end_ns, verify_start_ns, end_ns: cycle start, draft end, verification
+            start (= subtree chosen, prefetch enqueued) and end of the last layer.
+        layer_start_ns, layer_end_ns: ``L`` compute start/end per layer.
+        layer_h2d_ns: ``L``, summed duration of this cycle's copies for layer ``l`` (demand and
+            prefetch; with ``concurrency == 1`` this is the link time they occupied).
+        num_transfers: copies enqueued in this cycle (demand + prefetch).
+    """
+
+    start_ns: int
+    draft_end_ns: int
+    verify_start_ns: int
+    end_ns: int
+    layer_start_ns: tuple[int, ...]
+    layer_end_ns: tuple[int, ...]
+    layer_h2d_ns: tuple[int, ...]
+    num_transfers: int
+
+    @property
+    def cycle_ns(self) -> int:
+        """Wall time of the cycle, ``end_ns - start_ns``."""
+        return self.end_ns - self.start_ns
+
+    @property
+    def stall_ns(self) -> int:
+        """Time the compute stream waited for copies during verification."""
+        return sum(
+            s - e for s, e in zip(self.layer_start_ns, (self.verify_start_ns, *self.layer_end_ns[:-1]))
+        )
+
+
+def _check_plan(plan: CyclePlan) -> None:
+    n = plan.num_layers
+    if len(plan.hits) != n or len(plan.demand) != n:
+        raise ValueError(
+            f"CyclePlan: hits ({len(plan.hits)}) and demand ({len(plan.demand)}) need one entry per "
+            f"layer ({n})"
+        )
+    if min(plan.draft_ns, plan.decision_ns, *plan.layer_compute_ns, 0) < 0:
+        raise ValueError("CyclePlan: durations must be >= 0 ns")
+
+
+class _EngineBase:
+    """State shared by both engines: the link, the clock and in-flight prefetch arrivals."""
+
+    def __init__(self, link: LinkSpec, num_layers: int) -> None:
+        self.link = link
+        self.num_layers = int(num_layers)
+        # pending[l][e] = arrival time (ns) of a copy of expert e of layer l still in flight
+        self._pending: list[dict[int, int]] = [{} for _ in range(self.num_layers)]
+
+    def _purge(self, now_ns: int) -> None:
+        for layer_pending in self._pending:
+            if layer_pending:
+                for e in [e for e, t in layer_pending.items() if t <= now_ns]:
+                    del layer_pending[e]
+
+    def in_flight(self, layer: int) -> frozenset[int]:
+        """Experts of ``layer`` whose prefetch copy is still crossing the link at the current time."""
+        return frozenset(self._pending[layer])
+
+
+class FastEngine(_EngineBase):
+    """The cycle timeline as an explicit FIFO recurrence (``concurrency == 1`` only).
+
+    A single FIFO server with deterministic service ``transfer_ns``: a copy enqueued at ``t``
+    starts at ``max(t, link_free)`` and ends ``transfer_ns`` later. Layer ``l`` starts at
+    ``max(end of layer l-1, arrival of each expert it needs)``. Same results as
+    :class:`SimPyEngine` (tested), without the event-queue overhead.
+
+    Raises:
+        ValueError: ``link.concurrency != 1``.
+    """
+
+    def __init__(self, link: LinkSpec, num_layers: int, start_ns: int = 0) -> None:
+        if link.concurrency != 1:
+            raise ValueError(
+                f"FastEngine: link concurrency must be 1 (got {link.concurrency}); use SimPyEngine"
+            )
+        super().__init__(link, num_layers)
+        self.now_ns = int(start_ns)
+        self._link_free_ns = int(start_ns)
+
+    def run_cycle(self, plan: CyclePlan) -> CycleTiming:
+        """Place ``plan`` on the clock starting now; advance the clock to the cycle's end."""
+        _check_plan(plan)
+        if plan.num_layers != self.num_layers:
+            raise ValueError(f"CyclePlan: {plan.num_layers} layers, engine has {self.num_layers}")
+        t_ns = self.link.transfer_ns
+        start = self.now_ns
+        self._purge(start)
+        draft_end = start + int(plan.draft_ns)
+        verify_start = draft_end + int(plan.decision_ns)
+        layer_h2d = [0] * self.num_layers
+        link_free = self._link_free_ns
+        num_transfers = 0
+
+        for layer, expert in plan.prefetch:
+            link_free = max(verify_start, link_free) + t_ns
+            self._pending[layer][int(expert)] = link_free
+            layer_h2d[layer] += t_ns
+            num_transfers += 1
+
+        demand_arrival = [0] * self.num_layers
+        if plan.overlap:
+            for layer, experts in enumerate(plan.demand):
+                n = len(experts)
+                if n:
+                    link_free = max(verify_start, link_free) + n * t_ns
+                    demand_arrival[layer] = link_free
+                    layer_h2d[layer] += n * t_ns
+                    num_transfers += n
+
+        compute_free = verify_start
+        starts, ends = [], []
+        for layer in range(self.num_layers):
+            ready = compute_free
+            pending = self._pending[layer]
+            if pending:
+                for e in plan.hits[layer]:
+                    arrival = pending.get(int(e))
+                    if arrival is not None and arrival > ready:
+                        ready = arrival
+            n = len(plan.demand[layer])
+            if n and not plan.overlap:
+                link_free = max(compute_free, link_free) + n * t_ns
+                demand_arrival[layer] = link_free
+                layer_h2d[layer] += n * t_ns
+                num_transfers += n
+            ready = max(ready, demand_arrival[layer])
+            starts.append(ready)
+            compute_free = ready + int(plan.layer_compute_ns[layer])
+            ends.append(compute_free)
+
+        self._link_free_ns = link_free
+        self.now_ns = compute_free
+        self._purge(compute_free)
+        return CycleTiming(
+            start_ns=start,
+            draft_end_ns=draft_end,
+            verify_start_ns=verify_start,
+            end_ns=compute_free,
+            layer_start_ns=tuple(starts),
+            layer_end_ns=tuple(ends),
+            layer_h2d_ns=tuple(layer_h2d),
+            num_transfers=num_transfers,
+        )
+
+
+class SimPyEngine(_EngineBase):
+    """The cycle timeline as SimPy processes: the reference engine (any link concurrency).
+
+    Resources: ``concurrency`` copy-engine processes pull copy jobs from one FIFO
+    :class:`simpy.Store` (the copy stream); each waits its dispatch latency, then holds the
+    wire (a :class:`simpy.Resource` of capacity 1) for ``wire_ns``. The cycle process runs the
+    draft and decision timeouts, enqueues copies and, per layer, waits for all the layer's copies
+    (:class:`simpy.AllOf`) and for the previous layer before computing. The environment persists
+    across cycles, so copies still queued at a cycle's end delay the next cycle's copies.
+    """
+
+    def __init__(self, link: LinkSpec, num_layers: int, start_ns: int = 0) -> None:
+        super().__init__(link, num_layers)
+        self.env = simpy.Environment(initial_time=int(start_ns))
+        self._jobs = simpy.Store(self.env)
+        self._wire = simpy.Resource(self.env, capacity=1)
+        self._events: list[dict[int, simpy.Event]] = [{} for _ in range(self.num_layers)]
+        for _ in range(link.concurrency):
+            self.env.process(self._copy_engine())
+
+    @property
+    def now_ns(self) -> int:
+        """The engine's clock (ns)."""
+        return int(self.env.now)
+
+    def _copy_engine(self):  # SimPy process generator
+        while True:
+            layer, expert, done = yield self._jobs.get()
+            if self.link.latency_ns:
+                yield self.env.timeout(self.link.latency_ns)
+            with self._wire.request() as req:
+                yield req
+                if self.link.wire_ns:
+                    yield self.env.timeout(self.link.wire_ns)
+            done.succeed(int(self.env.now))
+
+    def _enqueue(self, layer: int, expert: int) -> simpy.Event:
+        done = self.env.event()
+        self._jobs.put((layer, int(expert), done))
+        return done
+
+    def _cycle(self, plan: CyclePlan, out: dict):  # SimPy process generator
+        env = self.env
+        out["start"] = int(env.now)
+        if plan.draft_ns:
+            yield env.timeout(int(plan.draft_ns))
+        out["draft_end"] = int(env.now)
+        if plan.decision_ns:
+            yield env.timeout(int(plan.decision_ns))
+        out["verify_start"] = int(env.now)
+        t_ns = self.link.transfer_ns
+        layer_h2d = [0] * self.num_layers
+        count = 0
+        for layer, expert in plan.prefetch:
+            event = self._enqueue(layer, expert)
+            self._events[layer][int(expert)] = event
+            layer_h2d[layer] += t_ns
+            count += 1
+        demand_events: list[list[simpy.Event]] = [[] for _ in range(self.num_layers)]
+        if plan.overlap:
+            for layer, experts in enumerate(plan.demand):
+                demand_events[layer] = [self._enqueue(layer, e) for e in experts]
+        starts, ends = [], []
+        for layer in range(self.num_layers):
+            if not plan.overlap:
+                demand_events[layer] = [self._enqueue(layer, e) for e in plan.demand[layer]]
+            n = len(plan.demand[layer])
+            layer_h2d[layer] += n * t_ns
+            count += n
+            waits = list(demand_events[layer])
+            pending = self._events[layer]
+            if pending:
+                waits += [pending[int(e)] for e in plan.hits[layer] if int(e) in pending]
+            waits = [w for w in waits if not w.processed]
+            if waits:
+                yield simpy.AllOf(env, waits)
+            starts.append(int(env.now))
+            if plan.layer_compute_ns[layer]:
+                yield env.timeout(int(plan.layer_compute_ns[layer]))
+            ends.append(int(env.now))
+        out.update(starts=starts, ends=ends, layer_h2d=layer_h2d, count=count)
+
+    def run_cycle(self, plan: CyclePlan) -> CycleTiming:
+        """Run ``plan`` from the current time; the clock ends at the cycle's last layer."""
+        _check_plan(plan)
+        if plan.num_layers != self.num_layers:
+            raise ValueError(f"CyclePlan: {plan.num_layers} layers, engine has {self.num_layers}")
+        for layer_events in self._events:  # forget arrived copies
+            for e in [e for e, ev in layer_events.items() if ev.processed]:
+                del layer_events[e]
+        out: dict = {}
+        proc = self.env.process(self._cycle(plan, out))
+        self.env.run(until=proc)
+        for layer, layer_events in enumerate(self._events):  # mirror for in_flight()
+            self._pending[layer] = {e: 0 for e, ev in layer_events.items() if not ev.triggered}
+        return CycleTiming(
+            start_ns=out["start"],
+            draft_end_ns=out["draft_end"],
+            verify_start_ns=out["verify_start"],
+            end_ns=int(self.env.now),
+            layer_start_ns=tuple(out["starts"]),
+            layer_end_ns=tuple(out["ends"]),
+            layer_h2d_ns=tuple(out["layer_h2d"]),
+            num_transfers=out["count"],
+        )
+
+
+def make_engine(name: str, link: LinkSpec, num_layers: int) -> FastEngine | SimPyEngine:
+    """Build an engine: ``"fast"``, ``"simpy"`` or ``"auto"`` (fast when ``concurrency == 1``).
+
+    Raises:
+        ValueError: unknown name (listing :data:`ENGINES`), or ``"fast"`` with concurrency > 1.
+    """
+    if name not in ENGINES:
+        raise ValueError(f"engine: expected one of {list(ENGINES)}, got {name!r}")
+    if name == "simpy" or (name == "auto" and link.concurrency > 1):
+        return SimPyEngine(link, num_layers)
+    return FastEngine(link, num_layers)

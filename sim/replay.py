@@ -1,0 +1,656 @@
+"""Replay one tree policy on a dense trace: :func:`replay_policy` (issue 6, "Replay of one policy").
+
+For every request of the trace:
+
+1. Prefill: the prompt's routing goes through the expert cache (one forward pass: one access per
+   layer with the union of the prompt's experts), so decode starts warm as it would live. Prefill
+   time is not part of decode throughput; the prefill's copies are counted apart.
+2. Decode, starting at generated position ``t = 0``: the recorded dense tree at ``t`` is the
+   drafted tree. The policy chooses ``S`` from it using the chosen expert predictor, the
+   simulated cache's contents and the cost model (SpecFit also decides after each draft level
+   whether to draft another, asked after each drafted level as ``live.spec`` does; every other
+   non-autoregressive policy pays the recorded tree's full depth, autoregressive none). The
+   recorded accepted flags give the committed length (deepest
+   path-accepted node of ``S``, plus the bonus token); the recorded true experts of ``S``'s nodes
+   drive the cache and the H2D link; :mod:`sim.engine` times the cycle; the next cycle starts at
+   ``t + committed``.
+
+Greedy verification is lossless, so the tokens committed by any policy are the request's greedy
+output: each cycle record carries ``committed_token_ids`` and their concatenation equals the
+trace's ``generated_token_ids`` (tested).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sim.config import SimConfig
+from sim.engine import CyclePlan, CycleTiming, LinkSpec, make_engine
+from specfit import bitsets
+from specfit.units import BYTES_PER_GB, ns_to_s, s_to_ns
+from traces.schema import CycleRecord
+
+# predictor tables fitted per trace run, shared by the replays of one process
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class ReplayError(ValueError):
+    """A trace that cannot be replayed (gap in the dense positions, layer mismatch, ...)."""
+
+
+@dataclass(frozen=True)
+class ReplayTotals:
+    """Totals of one replay (decode phase only; times in integer ns, exact sums).
+
+    Attributes:
+        num_requests, num_cycles: counts. num_committed: tokens committed (incl. bonus tokens).
+        num_accepted: accepted draft tokens. num_nodes_verified: sum of |S|.
+        decode_ns, draft_ns, verify_ns, h2d_ns, stall_ns: summed cycle wall time, draft,
+            verify compute, copy time and compute-stream stalls waiting for copies (ns).
+        cache_hits, cache_misses: expert accesses during decode.
+        h2d_bytes: bytes copied during decode (demand + prefetch); prefetch_bytes: of which
+            prefetched; num_transfers: expert copies during decode.
+        prefill_h2d_bytes: bytes copied while replaying the prompts (not in throughput).
+        predicted_committed: sum over cycles of the planner's E[committed] (NaN-free: 0 when absent).
+        num_stopped_early: requests whose replay stopped before their last generated token
+            because the dense trace had no tree at the next position.
+    """
+
+    num_requests: int = 0
+    num_cycles: int = 0
+    num_committed: int = 0
+    num_accepted: int = 0
+    num_nodes_verified: int = 0
+    decode_ns: int = 0
+    draft_ns: int = 0
+    verify_ns: int = 0
+    h2d_ns: int = 0
+    stall_ns: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    h2d_bytes: int = 0
+    prefetch_bytes: int = 0
+    num_transfers: int = 0
+    prefill_h2d_bytes: int = 0
+    predicted_committed: float = 0.0
+    num_stopped_early: int = 0
+
+    @property
+    def decode_s(self) -> float:
+        """Decode wall time (s)."""
+        return ns_to_s(self.decode_ns)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Committed tokens per second of decode (tokens/s); NaN without cycles."""
+        return self.num_committed / self.decode_s if self.decode_ns else float("nan")
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per cycle including the bonus token (EAGLE's convention)."""
+        return self.num_committed / self.num_cycles if self.num_cycles else float("nan")
+
+    @property
+    def hit_rate(self) -> float:
+        """Expert-cache hit rate during decode, hits / (hits + misses)."""
+        total = self.cache_hits + self.cache_misses
+        return self.cache_hits / total if total else float("nan")
+
+    @property
+    def h2d_gb(self) -> float:
+        """Decode H2D traffic in GB (1e9 bytes)."""
+        return self.h2d_bytes / BYTES_PER_GB
+
+    @property
+    def mean_nodes_verified(self) -> float:
+        """Mean |S| per cycle."""
+        return self.num_nodes_verified / self.num_cycles if self.num_cycles else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Counters and derived metrics, with units in the names (seconds, GB)."""
+        return {
+            "num_requests": self.num_requests,
+            "num_cycles": self.num_cycles,
+            "num_committed": self.num_committed,
+            "num_accepted": self.num_accepted,
+            "num_transfers": self.num_transfers,
+            "num_stopped_early": self.num_stopped_early,
+            "tokens_per_s": self.tokens_per_s,
+            "tau": self.tau,
+            "hit_rate": self.hit_rate,
+            "h2d_gb": self.h2d_gb,
+            "h2d_bytes": self.h2d_bytes,
+            "prefetch_bytes": self.prefetch_bytes,
+            "prefill_h2d_bytes": self.prefill_h2d_bytes,
+            "mean_nodes_verified": self.mean_nodes_verified,
+            "decode_s": self.decode_s,
+            "draft_s": ns_to_s(self.draft_ns),
+            "verify_s": ns_to_s(self.verify_ns),
+            "h2d_s": ns_to_s(self.h2d_ns),
+            "stall_s": ns_to_s(self.stall_ns),
+            "cache_hits": self.cache_hits,
+            "cache_misses": self.cache_misses,
+            "mean_predicted_committed": (
+                self.predicted_committed / self.num_cycles if self.num_cycles else float("nan")
+            ),
+        }
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """What :func:`replay_policy` returns: the config, per-cycle records and totals."""
+
+    config: SimConfig
+    totals: ReplayTotals
+    cycles: tuple[CycleRecord, ...] = field(default=())
+
+
+def split_ns(total_ns: int, parts: int) -> tuple[int, ...]:
+    """Split ``total_ns`` into ``parts`` integer pieces that differ by at most 1 and sum exactly.
+
+    Used for per-layer compute (``verify_s / L`` per layer, the cost model's ``layer_compute_s``)
+    so the simulated verify time equals the formula's to the nanosecond.
+    """
+    bounds = [(total_ns * i) // parts for i in range(parts + 1)]
+    return tuple(b - a for a, b in zip(bounds, bounds[1:]))
+
+
+def link_from_cost(cost: Any, concurrency: int = 1) -> LinkSpec:
+    """:class:`LinkSpec` of a cost model: latency = ``h2d_s_per_transfer``, wire = bytes / bandwidth.
+
+    ``latency_ns + wire_ns == s_to_ns(cost.transfer_s(1))`` exactly.
+    """
+    transfer_ns = s_to_ns(cost.transfer_s(1))
+    latency_ns = min(s_to_ns(cost.h2d_s_per_transfer), transfer_ns)
+    return LinkSpec(latency_ns=latency_ns, wire_ns=transfer_ns - latency_ns, concurrency=concurrency)
+
+
+def committed_path(tree: Any, path_ok: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+    """Node ids committed when ``nodes`` (ancestor-closed, contains 0) are verified.
+
+    Returns the path root -> deepest path-accepted node of ``nodes`` (ties: lowest id, which
+    greedy verification never meets since siblings carry distinct tokens), root first.
+    """
+    nodes = np.asarray(nodes, dtype=np.int64)
+    ok = nodes[path_ok[nodes]]
+    depths = tree.depths[ok]
+    deepest = int(ok[int(np.argmax(depths))])
+    path = [deepest]
+    while path[-1] != 0:
+        path.append(int(tree.parents[path[-1]]))
+    return np.asarray(path[::-1], dtype=np.int64)
+
+
+def _layer_sets(expert_ids: np.ndarray, nodes: np.ndarray, num_experts: int) -> list[np.ndarray]:
+    """Per layer, the sorted distinct experts the ``nodes`` route to (negative ids = padding).
+
+    Args:
+        expert_ids: int[N, L, K] routing of the tree's nodes; nodes: int[] node ids.
+
+    Returns:
+        ``L`` int64 arrays (ascending ids), via one boolean mask over all ``L * E`` keys.
+    """
+    ex = np.asarray(expert_ids[nodes], dtype=np.int64)  # [|S|, L, K]
+    num_layers = ex.shape[1]
+    keys = (np.arange(num_layers, dtype=np.int64)[None, :, None] * num_experts + ex)[ex >= 0]
+    mask = np.zeros(num_layers * num_experts, dtype=bool)
+    mask[keys] = True
+    mask = mask.reshape(num_layers, num_experts)
+    return [np.flatnonzero(row) for row in mask]
+
+
+def _load_specfit() -> dict[str, Any]:
+    """Import the specfit modules the replay drives (kept out of import time)."""
+    from specfit import acceptance, cache, policies, predictors
+
+    return {"acceptance": acceptance, "cache": cache, "policies": policies, "predictors": predictors}
+
+
+class _Replayer:
+    """State of one replay: the cache, policy, predictor and counters (one per call)."""
+
+    def __init__(self, trace_run: Any, config: SimConfig, modules: dict[str, Any]) -> None:
+        self.run = trace_run
+        self.config = config
+        self.mods = modules
+        model = trace_run.manifest.model
+        self.num_layers, self.num_experts = int(model.num_layers), int(model.num_experts)
+        self.cost = config.cost
+        if self.cost.num_layers != self.num_layers:
+            raise ReplayError(
+                f"cost model has num_layers={self.cost.num_layers} but the trace "
+                f"({trace_run.run_dir}) has {self.num_layers} MoE layers"
+            )
+        if config.cache_capacity_per_layer > self.num_experts:
+            raise ReplayError(
+                f"cache_capacity_per_layer={config.cache_capacity_per_layer} exceeds the trace's "
+                f"{self.num_experts} experts per layer"
+            )
+        self.arrays = trace_run.node_arrays()
+        self.path_ok = self.arrays.path_accepted()
+        self.link = link_from_cost(self.cost, config.link_concurrency)
+        self.expert_bytes = int(self.cost.expert_bytes)
+        self.calibration = None
+        if config.acceptance is not None:
+            self.calibration = modules["acceptance"].AcceptanceCalibration.from_dict(config.acceptance)
+        self.access_log: list[list[np.ndarray]] | None = None
+        self.cache = self._make_cache()
+        self.policy = modules["policies"].make_tree_policy(config.policy, **dict(config.policy_options))
+        self.predictor = modules["predictors"].make_predictor(config.predictor, **self._predictor_tables())
+        self.max_depth = int(trace_run.manifest.draft.tree_depth)
+        self.topk = int(trace_run.manifest.draft.tree_topk)
+        self.totals: dict[str, Any] = {f: 0 for f in ReplayTotals.__dataclass_fields__}
+        self.totals["predicted_committed"] = 0.0
+        self.records: list[CycleRecord] = []
+
+    # ---- setup ------------------------------------------------------------------------------
+    def _make_cache(self) -> Any:
+        kwargs: dict[str, Any] = {}
+        if self.config.cache_policy == "static":
+            kwargs["frequency"] = self._expert_frequency()
+        elif self.config.cache_policy == "belady":
+            kwargs["future"] = self._future_accesses()
+        return self.mods["cache"].make_expert_cache(
+            self.config.cache_policy,
+            self.num_layers,
+            self.num_experts,
+            self.config.cache_capacity_per_layer,
+            **kwargs,
+        )
+
+    def _expert_frequency(self) -> np.ndarray:
+        """float64[L, E] expert counts over the prompts' routing, for the "static" cache.
+
+        The same profile ``live.spec.session`` pins experts by (prompt tokens only; nothing of
+        the generated text is looked at).
+        """
+        freq = np.zeros((self.num_layers, self.num_experts), dtype=np.float64)
+        for rid in self._request_ids():
+            ex = self._prefill_ids(rid)
+            layer = np.broadcast_to(np.arange(self.num_layers)[None, :, None], ex.shape)
+            ok = ex >= 0
+            np.add.at(freq, (layer[ok], ex[ok]), 1.0)
+        return freq
+
+    def _predictor_tables(self) -> dict[str, Any]:
+        """:meth:`_fit_predictor_tables`, memoised per trace run (cells of a sweep share them)."""
+        key = (self.config.predictor, self.config.max_requests)
+        memo = _TABLES.setdefault(self.run, {})
+        if key not in memo:
+            memo[key] = self._fit_predictor_tables()
+        return memo[key]
+
+    def _fit_predictor_tables(self) -> dict[str, Any]:
+        """Tables of the table-driven predictors, fitted on what a live engine could know.
+
+        ``token-table``: fitted on the prompts' routing (prefill; seen before decoding starts).
+        ``union-size``: mean distinct experts of a tree's top-n nodes, measured over the trace's
+        own trees (an in-sample statistic of tree routing, no per-node information).
+        """
+        preds = self.mods["predictors"]
+        if self.config.predictor == "token-table":
+            tokens, experts = [], []
+            prompts = dict(zip(self.run.requests["request_id"], self.run.requests["prompt_token_ids"]))
+            for rid in self._request_ids():
+                if int(rid) in prompts:
+                    ex = self._prefill_ids(int(rid))
+                    tokens.append(np.asarray(prompts[int(rid)], dtype=np.int64)[: ex.shape[0]])
+                    experts.append(ex[: len(tokens[-1])])
+            if not tokens:
+                return {"table": {}}
+            return {
+                "table": preds.token_table_from_routing(
+                    np.concatenate(tokens), np.concatenate(experts), self.num_experts
+                )
+            }
+        if self.config.predictor == "union-size":
+            a = self.arrays
+            trees = [a.expert_ids[a.offsets[i] : a.offsets[i + 1]] for i in range(a.num_trees)]
+            probs = [np.exp(a.path_logprob[a.offsets[i] : a.offsets[i + 1]]) for i in range(a.num_trees)]
+            max_nodes = int(a.tree_sizes.max())
+            return {"union_size": preds.union_size_from_trees(trees, probs, self.num_experts, max_nodes)}
+        return {}
+
+    def _prefill_ids(self, request_id: int) -> np.ndarray:
+        """int64[T, L, K] prompt routing of ``request_id`` (empty when the trace has none)."""
+        try:
+            return self.run.prefill_experts(request_id).astype(np.int64)
+        except KeyError:
+            return np.zeros((0, self.num_layers, 1), dtype=np.int64)
+
+    def _future_accesses(self) -> list[list[np.ndarray]]:
+        """Per layer, the expert sets this replay will access, for Belady's MIN (an oracle bound).
+
+        The accesses depend on the policy's choices, which depend on the cache, so they are
+        taken from a first replay of the same configuration under LRU; where the Belady run
+        then chooses differently, its future is approximate (documented bound, not exact).
+        """
+        import dataclasses
+
+        first = _Replayer(
+            self.run, dataclasses.replace(self.config, cache_policy="lru", record_cycles=False), self.mods
+        )
+        first.access_log = [[] for _ in range(self.num_layers)]
+        first.replay()
+        return first.access_log
+
+    def _access(self, layer: int, ids: np.ndarray) -> Any:
+        """``cache.access`` that also logs the access (for the Belady first pass)."""
+        if self.access_log is not None:
+            self.access_log[layer].append(ids)
+        return self.cache.access(layer, ids)
+
+    def _request_ids(self) -> list[int]:
+        ids = [int(r) for r in np.unique(self.arrays.request_ids)]
+        return ids[: self.config.max_requests] if self.config.max_requests else ids
+
+    def _generated_lengths(self) -> dict[int, int]:
+        req = self.run.requests
+        return {int(r): len(g) for r, g in zip(req["request_id"], req["generated_token_ids"])}
+
+    # ---- replay -----------------------------------------------------------------------------
+    def replay(self, progress: Callable[[int], None] | None = None) -> ReplayResult:
+        lengths = self._generated_lengths()
+        for rid in self._request_ids():
+            self._replay_request(rid, lengths, progress)
+            self.totals["num_requests"] += 1
+        totals = ReplayTotals(**self.totals)
+        return ReplayResult(config=self.config, totals=totals, cycles=tuple(self.records))
+
+    def _prefill(self, request_id: int) -> np.ndarray:
+        """Warm the cache with the prompt's routing; return its experts int64[T, L, K]."""
+        ex = self._prefill_ids(request_id)
+        if ex.shape[0]:
+            layers = _layer_sets(ex, np.arange(ex.shape[0]), self.num_experts)
+            for layer, ids in enumerate(layers):
+                access = self._access(layer, ids)
+                self.totals["prefill_h2d_bytes"] += len(access.misses) * self.expert_bytes
+        return ex
+
+    def _trees(self, request_id: int) -> Iterator[int]:
+        idx = np.flatnonzero(self.arrays.request_ids == request_id)
+        return iter(idx[np.argsort(self.arrays.positions[idx], kind="stable")].tolist())
+
+    def _replay_request(
+        self, rid: int, lengths: dict[int, int], progress: Callable[[int], None] | None
+    ) -> None:
+        arrays = self.arrays
+        engine = make_engine(self.config.engine, self.link, self.num_layers)
+        prompt = self._prefill(rid)
+        history: deque[np.ndarray] = deque(maxlen=self.config.history_tokens)
+        if prompt.shape[0]:
+            for bits in bitsets.pack(prompt[-self.config.history_tokens :], self.num_experts):
+                history.append(bits)
+        limit = lengths.get(rid)
+        if limit is None:
+            limit = int(arrays.positions[arrays.request_ids == rid].max()) + 1
+        if self.config.max_positions:
+            limit = min(limit, self.config.max_positions)
+        position, cycle_index = 0, 0
+        for i in self._trees(rid):
+            tree_pos = int(arrays.positions[i])
+            if tree_pos < position:
+                continue
+            if tree_pos > position:
+                raise ReplayError(
+                    f"{self.run.run_dir}: request {rid}: no dense tree at position {position} "
+                    f"(next recorded position is {tree_pos})"
+                )
+            committed = self._cycle(i, rid, cycle_index, limit - position, engine, history)
+            position += committed
+            cycle_index += 1
+            if progress is not None:
+                progress(1)
+            if position >= limit:
+                break
+        if position < limit:
+            self.totals["num_stopped_early"] += 1
+
+    def _choose(
+        self, dense: Any, true_bits: np.ndarray | None, history: deque
+    ) -> tuple[Any, np.ndarray, int, Any]:
+        """Run the policy: (plan, chosen node ids in the recorded tree, draft levels, node experts)."""
+        mods, tree = self.mods, dense.tree
+        recent = (
+            np.stack(list(history))
+            if history
+            else np.zeros((0, self.num_layers, bitsets.num_words(self.num_experts)), np.uint64)
+        )
+        node_experts = self.predictor.predict(
+            mods["predictors"].PredictContext(
+                tree=tree,
+                num_experts=self.num_experts,
+                num_layers=self.num_layers,
+                context_len=dense.context_len,
+                recent_experts=recent,
+                true_experts=true_bits,
+            )
+        )
+        accept = mods["acceptance"].path_accept_probs(tree, self.calibration)
+        cached = self.cache.cached_bits()
+        policy_ctx = mods["policies"].PolicyContext
+
+        def context(levels: int) -> tuple[Any, np.ndarray]:
+            keep = np.flatnonzero(tree.depths <= levels)
+            if len(keep) == tree.num_nodes:
+                sub, ne, p = tree, node_experts, accept
+            else:
+                sub, p = tree.subtree(keep), accept[keep]
+                ne = node_experts if node_experts.bits is None else _restrict(node_experts, keep)
+            ctx = policy_ctx(
+                tree=sub,
+                accept_probs=p,
+                node_experts=ne,
+                cached_bits=cached,
+                cost=self.cost,
+                context_len=dense.context_len,
+                num_levels=levels,
+            )
+            return ctx, keep
+
+        depth = int(tree.max_depth)
+        if self.config.policy == "ar":
+            levels = 0
+        elif hasattr(self.policy, "keep_drafting"):
+            levels = min(1, depth)  # as live.spec: the rule is asked after each drafted level
+            while levels < depth and self.policy.keep_drafting(
+                context(levels)[0], max_depth=depth, topk=self.topk
+            ):
+                levels += 1
+        else:
+            levels = depth
+        ctx, keep = context(levels)
+        plan = self.policy.select(ctx)
+        nodes = np.sort(keep[np.asarray(plan.nodes, dtype=np.int64)])
+        return plan, nodes, levels, node_experts
+
+    def _prefetch(self, nodes: np.ndarray, node_experts: Any) -> list[tuple[int, int]]:
+        """Warm the cache with the predicted experts of ``nodes``; return the copies, in order.
+
+        Per layer, the predicted experts of ``nodes`` ranked by how many nodes share them (then
+        ascending id), at most the cache capacity, are made resident (``cache.warm``; the cached
+        ones among them are protected from eviction); those not cached before cross the link.
+        """
+        if node_experts.bits is None or self.config.cache_capacity_per_layer == 0:
+            return []  # union-size predictions name no experts
+        predicted = bitsets.unpack(node_experts.bits[nodes], self.num_experts)  # bool[|S|, L, E]
+        counts = np.asarray(predicted, dtype=np.int64).sum(axis=0)
+        copies: list[tuple[int, int]] = []
+        cap = self.config.cache_capacity_per_layer
+        for layer in range(self.num_layers):
+            wanted = np.flatnonzero(counts[layer])
+            if not len(wanted):
+                continue
+            order = np.lexsort((wanted, -counts[layer][wanted]))
+            chosen = np.sort(wanted[order[:cap]])
+            missing = [int(e) for e in chosen if not self.cache.contains(layer, int(e))]
+            self.cache.warm(layer, chosen)
+            copies += [(layer, e) for e in missing]
+        return copies
+
+    def _cycle(self, i: int, rid: int, cycle_index: int, remaining: int, engine: Any, history: deque) -> int:
+        dense = self.arrays.tree(i)
+        tree, cfg = dense.tree, self.config
+        true_ids = np.asarray(dense.expert_ids, dtype=np.int64)
+        true_bits = bitsets.pack(true_ids, self.num_experts) if cfg.predictor == "oracle" else None
+        plan, nodes, levels, node_experts = self._choose(dense, true_bits, history)
+        prefetch = self._prefetch(nodes, node_experts) if cfg.prefetch else []
+        needed = _layer_sets(true_ids, nodes, self.num_experts)
+        hits, demand = [], []
+        for layer, ids in enumerate(needed):
+            access = self._access(layer, ids)
+            hits.append(access.hits)
+            demand.append(access.misses)
+        verify_ns = s_to_ns(self.cost.verify_s(len(nodes), dense.context_len))
+        layer_compute = split_ns(verify_ns, self.num_layers)
+        timing = engine.run_cycle(
+            CyclePlan(
+                draft_ns=s_to_ns(self.cost.draft_s(levels)),
+                decision_ns=s_to_ns(cfg.decision_s),
+                layer_compute_ns=layer_compute,
+                hits=hits,
+                demand=demand,
+                prefetch=prefetch,
+                overlap=cfg.overlap,
+            )
+        )
+        offsets = self.arrays.offsets
+        path = committed_path(tree, self.path_ok[offsets[i] : offsets[i + 1]], nodes)
+        num_accepted = len(path) - 1
+        num_committed = min(num_accepted + 1, remaining)
+        tokens = [int(t) for t in tree.token_ids[path[1:]]] + [int(dense.target_tokens[path[-1]])]
+        for bits in bitsets.pack(true_ids[path], self.num_experts):
+            history.append(bits)
+        self._account(timing, plan, nodes, levels, hits, demand, prefetch, num_accepted, num_committed)
+        if cfg.record_cycles:
+            self.records.append(
+                self._record(
+                    rid,
+                    cycle_index,
+                    dense,
+                    timing,
+                    plan,
+                    nodes,
+                    levels,
+                    demand,
+                    hits,
+                    prefetch,
+                    layer_compute,
+                    num_accepted,
+                    num_committed,
+                    tokens[:num_committed],
+                )
+            )
+        return num_committed
+
+    def _account(
+        self,
+        timing: CycleTiming,
+        plan: Any,
+        nodes: np.ndarray,
+        levels: int,
+        hits: list,
+        demand: list,
+        prefetch: list,
+        num_accepted: int,
+        num_committed: int,
+    ) -> None:
+        t = self.totals
+        t["num_cycles"] += 1
+        t["num_committed"] += num_committed
+        t["num_accepted"] += num_accepted
+        t["num_nodes_verified"] += len(nodes)
+        t["decode_ns"] += timing.cycle_ns
+        t["draft_ns"] += timing.draft_end_ns - timing.start_ns
+        t["verify_ns"] += sum(e - s for s, e in zip(timing.layer_start_ns, timing.layer_end_ns))
+        t["h2d_ns"] += sum(timing.layer_h2d_ns)
+        t["stall_ns"] += timing.stall_ns
+        t["cache_hits"] += sum(len(h) for h in hits)
+        t["cache_misses"] += sum(len(d) for d in demand)
+        t["h2d_bytes"] += timing.num_transfers * self.expert_bytes
+        t["prefetch_bytes"] += len(prefetch) * self.expert_bytes
+        t["num_transfers"] += timing.num_transfers
+        t["predicted_committed"] += float(getattr(plan, "expected_committed", 0.0) or 0.0)
+
+    def _record(
+        self,
+        rid: int,
+        cycle_index: int,
+        dense: Any,
+        timing: CycleTiming,
+        plan: Any,
+        nodes: np.ndarray,
+        levels: int,
+        demand: list,
+        hits: list,
+        prefetch: list,
+        layer_compute: tuple,
+        num_accepted: int,
+        num_committed: int,
+        tokens: list,
+    ) -> CycleRecord:
+        per_layer_copies = [len(d) for d in demand]
+        for layer, _ in prefetch:
+            per_layer_copies[layer] += 1
+        return CycleRecord(
+            request_id=int(rid),
+            cycle_index=int(cycle_index),
+            position=int(dense.position),
+            context_len=int(dense.context_len),
+            policy=self.config.policy,
+            num_draft_levels=int(levels),
+            num_nodes_verified=len(nodes),
+            verified_nodes=[int(v) for v in nodes],
+            num_accepted=int(num_accepted),
+            num_committed=int(num_committed),
+            draft_s=ns_to_s(timing.draft_end_ns - timing.start_ns),
+            verify_s=ns_to_s(sum(layer_compute)),
+            h2d_s=ns_to_s(sum(timing.layer_h2d_ns)),
+            cycle_s=ns_to_s(timing.cycle_ns),
+            layer_misses=[len(d) for d in demand],
+            layer_h2d_bytes=[n * self.expert_bytes for n in per_layer_copies],
+            layer_h2d_s=[ns_to_s(x) for x in timing.layer_h2d_ns],
+            layer_compute_s=[ns_to_s(x) for x in layer_compute],
+            cache_hits=sum(len(h) for h in hits),
+            cache_misses=sum(len(d) for d in demand),
+            predicted_expected_committed=float(plan.expected_committed),
+            predicted_cycle_s=float(plan.predicted_cycle_s),
+            decision_s=float(self.config.decision_s),
+            committed_token_ids=list(tokens),
+        )
+
+
+def _restrict(node_experts: Any, keep: np.ndarray) -> Any:
+    """``NodeExperts`` of the nodes ``keep`` only (per-node mode)."""
+    import dataclasses
+
+    return dataclasses.replace(node_experts, bits=node_experts.bits[keep])
+
+
+def replay_policy(
+    trace_run: Any, config: SimConfig, *, progress: Callable[[int], None] | None = None
+) -> ReplayResult:
+    """Replay one policy configuration on a dense trace.
+
+    Args:
+        trace_run: a ``traces.reader.TraceRun`` of a dense run (``open_run(path)``).
+        config: the replay configuration (policy, cache, predictor, link, cost model).
+        progress: called with 1 after each simulated cycle (for progress bars).
+
+    Returns:
+        :class:`ReplayResult` with one ``traces.schema.CycleRecord`` per cycle (when
+        ``config.record_cycles``) and the totals.
+
+    Raises:
+        ReplayError: the cost model's layer count differs from the trace's, the cache is larger
+            than the experts per layer, or the dense trace lacks the tree at a position the
+            replay reaches.
+        ValueError: unknown policy, cache policy or predictor name (from ``specfit``).
+    """
+    return _Replayer(trace_run, config, _load_specfit()).replay(progress)

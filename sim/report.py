@@ -1,0 +1,147 @@
+"""Sweep results: the tidy table, speedups, the SpecFit check, the printed table and figures.
+
+One row per cell (units in column names). ``speedup_vs_ar`` / ``speedup_vs_topn`` divide a row's
+``tokens_per_s`` by that of the autoregressive / top-N row of the same cell (same bandwidth,
+cache size, cache policy, predictor, overlap and prefetch). ``specfit_below_baseline`` flags
+SpecFit rows whose throughput is below ``max(ar, topn)`` of their cell (issue 6, "Checks on
+results"): SpecFit maximises the PREDICTED ratio E[committed] / T_cycle each cycle, with
+predicted acceptance and predicted experts; the replay realises the recorded acceptance and the
+true experts, and its cache state diverges from the planner's view, so a cell can fall below a
+baseline when those predictions are off. :data:`CHECK_NOTE` says so under the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.cells import KEY_COLUMNS
+
+GROUP_COLUMNS = tuple(c for c in KEY_COLUMNS if c != "policy")
+POLICY_ORDER = ("ar", "chain", "topn", "cascade", "specfit")
+CHECK_TOLERANCE = 1e-9  # relative: equal throughputs (e.g. both choose the root only) pass
+CHECK_NOTE = (
+    "! = SpecFit below max(autoregressive, top-N) in this cell. SpecFit maximises the PREDICTED "
+    "throughput of each cycle: acceptance predicted from draft probabilities (or the calibration "
+    "given), experts from the chosen predictor, the cache as it stands, and the draft levels it "
+    "already paid for (its stopping rule decides level by level; autoregressive never drafts). The "
+    "replay realises the recorded acceptance and the true experts, so where those predictions are "
+    "off, or its choices leave a different cache for later cycles, its realised throughput can fall "
+    "below a baseline; mean predicted vs realised committed tokens are in the results "
+    "(mean_predicted_committed, tau)."
+)
+TABLE_COLUMNS = (
+    ("cache_experts_per_layer", "cache", "{:d}"),
+    ("bandwidth_gb_per_s", "GB/s", "{:g}"),
+    ("policy", "policy", "{}"),
+    ("tokens_per_s", "tok/s", "{:.1f}"),
+    ("tau", "tau", "{:.2f}"),
+    ("mean_nodes_verified", "|S|", "{:.1f}"),
+    ("hit_rate", "hit", "{:.3f}"),
+    ("h2d_gb", "H2D GB", "{:.2f}"),
+    ("speedup_vs_ar", "x AR", "{:.3f}"),
+    ("speedup_vs_topn", "x top-N", "{:.3f}"),
+)
+
+
+def results_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """Tidy results sorted by the cell keys, with speedups and the SpecFit check added.
+
+    Args:
+        rows: result rows of :func:`sim.cells.run_cell`.
+
+    Returns:
+        DataFrame, one row per cell; adds ``speedup_vs_ar``, ``speedup_vs_topn`` (NaN where the
+        cell has no such baseline) and ``specfit_below_baseline`` (bool; False off SpecFit rows).
+    """
+    df = pd.DataFrame(list(rows))
+    if df.empty:
+        return df
+    leading = [c for c in ("cell_id", *KEY_COLUMNS, "cache_fraction") if c in df.columns]
+    df = df[leading + sorted(c for c in df.columns if c not in leading)]  # same order fresh or resumed
+    order = {p: i for i, p in enumerate(POLICY_ORDER)}
+    df["_policy_rank"] = df["policy"].map(lambda p: order.get(p, len(order)))
+    df = df.sort_values([*GROUP_COLUMNS, "_policy_rank", "policy"], kind="mergesort").drop(
+        columns="_policy_rank"
+    )
+    df = df.reset_index(drop=True)
+    for base in ("ar", "topn"):
+        ref = df[df["policy"] == base][[*GROUP_COLUMNS, "tokens_per_s"]].rename(
+            columns={"tokens_per_s": f"_{base}_tps"}
+        )
+        df = df.merge(ref, on=list(GROUP_COLUMNS), how="left")
+        df[f"speedup_vs_{base}"] = df["tokens_per_s"] / df[f"_{base}_tps"]
+    best = df[["_ar_tps", "_topn_tps"]].max(axis=1, skipna=True)
+    below = (df["policy"] == "specfit") & (df["tokens_per_s"] < best * (1 - CHECK_TOLERANCE))
+    df["specfit_below_baseline"] = below.fillna(False).astype(bool)
+    return df.drop(columns=["_ar_tps", "_topn_tps"])
+
+
+def format_table(df: pd.DataFrame, header: Sequence[str] = ()) -> str:
+    """Fixed-width text table, one row per cell; extra key columns appear when they vary.
+
+    SpecFit rows failing the check end in ``!`` and :data:`CHECK_NOTE` follows the table.
+    """
+    columns = list(TABLE_COLUMNS)
+    for key in ("cache_policy", "predictor", "overlap", "prefetch"):
+        if key in df and df[key].nunique() > 1:
+            columns.insert(2, (key, key, "{}"))
+    lines = list(header)
+    cells = []
+    for _, row in df.iterrows():
+        out = []
+        for name, _, fmt in columns:
+            value = row.get(name)
+            if value is None or (isinstance(value, float) and np.isnan(value)):
+                out.append("-")
+            else:
+                out.append(fmt.format(int(value) if fmt == "{:d}" else value))
+        out.append("!" if bool(row.get("specfit_below_baseline", False)) else "")
+        cells.append(out)
+    titles = [title for _, title, _ in columns] + [""]
+    widths = [max(len(t), *(len(c[i]) for c in cells)) if cells else len(t) for i, t in enumerate(titles)]
+    lines.append("  ".join(t.rjust(w) for t, w in zip(titles, widths)).rstrip())
+    lines.append("  ".join("-" * w for w in widths[:-1]))
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    if df.get("specfit_below_baseline", pd.Series(dtype=bool)).any():
+        lines.append(CHECK_NOTE)
+    return "\n".join(lines)
+
+
+def plot_throughput(df: pd.DataFrame, path: Path, title: str = "") -> Path:
+    """PNG: tokens/s against bandwidth, one line per policy (and varied key), one panel per cache size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    caches = sorted(df["cache_experts_per_layer"].unique())
+    varied = [k for k in ("cache_policy", "predictor", "overlap", "prefetch") if df[k].nunique() > 1]
+    fig, axes = plt.subplots(1, len(caches), figsize=(4.2 * len(caches), 3.6), squeeze=False, sharey=True)
+    for ax, cache in zip(axes[0], caches):
+        part = df[df["cache_experts_per_layer"] == cache]
+        for label_keys, series in part.groupby(["policy", *varied], sort=False):
+            keys = label_keys if isinstance(label_keys, tuple) else (label_keys,)
+            label = " ".join(
+                f"{k}={v}" if i else str(v) for i, (k, v) in enumerate(zip(["policy", *varied], keys))
+            )
+            series = series.sort_values("bandwidth_gb_per_s")
+            ax.plot(series["bandwidth_gb_per_s"], series["tokens_per_s"], marker="o", label=label)
+        frac = part["cache_fraction"].iloc[0]
+        ax.set_title(f"cache {int(cache)} experts/layer ({frac:.0%})")
+        ax.set_xlabel("H2D bandwidth (GB/s)")
+        ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("tokens/s")
+    axes[0][-1].legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

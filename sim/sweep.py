@@ -1,0 +1,453 @@
+"""``python -m sim.sweep``: replay a dense trace across bandwidths, cache sizes and policies.
+
+The default answers one question: the trace's routing and acceptance, replayed with each expert
+priced at a real model's size (Qwen3-30B-A3B, 9,437,184 bytes) and with the draft/verify compute
+costs of a named hardware preset (:mod:`sim.presets`, sources stated), at each H2D bandwidth.
+``--cost`` replaces the preset with a calibrated cost JSON (``python -m calibration.fit``).
+
+Outputs under ``--out`` (default ``runs/sim/sweep-<hash of the sweep>``, so re-running the same
+command resumes): ``cells/<cell_id>.json`` (one per finished cell, written as it finishes),
+``results.parquet`` and ``results.csv`` (one tidy row per cell), ``table.txt``,
+``throughput_vs_bandwidth.png`` and ``sweep.json`` (resolved config, command line, versions,
+seed). The last stdout line is a JSON summary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.cells import CellSpec, make_cells, parse_cache_sizes
+from sim.config import DEFAULT_POLICIES, canonical_policy
+from sim.executors import EXECUTORS, run_cells
+from sim.presets import DEFAULT_COST, preset_names, resolve_cost
+from sim.report import format_table, plot_throughput, results_frame
+from sim.traceselect import SyntheticSpec, resolve_trace
+from specfit.cli import (
+    ArgumentParser,
+    comma_list,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    print_summary,
+    run_main,
+)
+from specfit.units import bytes_to_gb, us_to_s
+
+DEFAULT_MODEL_SHAPE = "qwen3-30b-a3b"
+MODES = {"off": (False,), "on": (True,), "both": (False, True)}
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Atomic JSON write (temp file + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, sort_keys=True, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def _load_done(cells_dir: Path, wanted: set[str]) -> dict[str, dict[str, Any]]:
+    """Finished cells already on disk (``cells/<id>.json``) among ``wanted``; unreadable ones are redone."""
+    done = {}
+    if cells_dir.is_dir():
+        for path in sorted(cells_dir.glob("*.json")):
+            if path.stem in wanted:
+                try:
+                    done[path.stem] = json.loads(path.read_text())
+                except (OSError, json.JSONDecodeError):
+                    continue
+    return done
+
+
+def run_sweep(
+    cells: Sequence[CellSpec],
+    out_dir: str | Path,
+    *,
+    executor: str = "local",
+    jobs: int = 1,
+    ray_address: str | None = None,
+    per_cycle: bool = False,
+    progress: bool = True,
+) -> tuple[pd.DataFrame, int, int]:
+    """Run the cells not yet finished under ``out_dir`` and return the full results table.
+
+    Each finished cell is written at once to ``out_dir/cells/<cell_id>.json``; a re-run with the
+    same ``out_dir`` skips those (resumable). Rows go through JSON either way, so fresh and
+    resumed sweeps give identical tables.
+
+    Args:
+        cells: from :func:`sim.cells.make_cells`.
+        out_dir: sweep directory.
+        executor: ``"local"`` (process pool of ``jobs``) or ``"ray"`` (``ray_address`` or a
+            local Ray instance with ``jobs`` CPUs).
+        per_cycle: also write each cell's cycle records to ``out_dir/cycles/<cell_id>.parquet``.
+        progress: show a progress bar over cells (stderr).
+
+    Returns:
+        ``(results, cells_run, cells_skipped)``; results as :func:`sim.report.results_frame`.
+
+    Raises:
+        ValueError: bad executor or jobs; errors of the replay itself propagate.
+    """
+    from tqdm import tqdm
+
+    out = Path(out_dir)
+    cells_dir = out / "cells"
+    done = _load_done(cells_dir, {c.cell_id for c in cells})
+    todo = [c for c in cells if c.cell_id not in done]
+    bar = tqdm(
+        total=len(cells), initial=len(cells) - len(todo), desc="cells", unit="cell", disable=not progress
+    )
+
+    def on_result(cell: CellSpec, row: dict[str, Any]) -> None:
+        _write_json(cells_dir / f"{cell.cell_id}.json", row)
+        done[cell.cell_id] = json.loads(json.dumps(row, sort_keys=True))  # exactly what a resume reads
+        bar.update(1)
+
+    try:
+        run_cells(
+            todo,
+            on_result,
+            executor=executor,
+            jobs=jobs,
+            ray_address=ray_address,
+            cycles_dir=str(out / "cycles") if per_cycle else None,
+        )
+    finally:
+        bar.close()
+    rows = [done[c.cell_id] for c in cells]
+    return results_frame(rows), len(todo), len(cells) - len(todo)
+
+
+def build_parser() -> ArgumentParser:
+    """The ``python -m sim.sweep`` argument parser."""
+    p = ArgumentParser(prog="python -m sim.sweep", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--bandwidth",
+        type=comma_list(positive_float),
+        default=[16.0, 32.0, 64.0],
+        help="H2D bandwidths, GB/s (1 GB = 1e9 bytes), comma-separated",
+    )
+    p.add_argument(
+        "--cache",
+        type=comma_list(str),
+        default=["0.125", "0.25", "0.5"],
+        help="expert-cache sizes per layer: counts (32) or fractions of the experts per layer "
+        "(0.25 or 25%%), comma-separated",
+    )
+    p.add_argument(
+        "--policy",
+        type=comma_list(str),
+        default=list(DEFAULT_POLICIES),
+        help="tree policies: autoregressive|ar, chain, top-n|topn, specfit, cascade",
+    )
+    p.add_argument("--cache-policy", type=comma_list(str), default=["lru"], help="expert-cache policies")
+    p.add_argument(
+        "--predictor",
+        type=comma_list(str),
+        default=["union-size"],
+        help="expert predictors used by the planner (and by prefetch): oracle, recent, token-table, "
+        "union-size (expected distinct experts per node count, measured on the trace)",
+    )
+    p.add_argument(
+        "--overlap",
+        choices=sorted(MODES),
+        default="off",
+        help="pipeline a cycle's expert copies behind compute",
+    )
+    p.add_argument(
+        "--prefetch",
+        choices=sorted(MODES),
+        default="off",
+        help="copy the predicted misses when the subtree is chosen",
+    )
+    p.add_argument(
+        "--cost",
+        default=DEFAULT_COST,
+        help=f"named hardware preset COMPUTE[+LINK] ({', '.join(preset_names())}) or a calibrated cost JSON",
+    )
+    p.add_argument(
+        "--acceptance",
+        default="auto",
+        help="acceptance calibration for the planner: an acceptance.json of calibration.fit, 'draft' "
+        "(draft path probabilities as they are) or 'auto' (the acceptance.json beside a --cost file, "
+        "else draft)",
+    )
+    size = p.add_mutually_exclusive_group()
+    size.add_argument(
+        "--model-shape",
+        default=None,
+        help=f"price transfers at this model's expert size (default {DEFAULT_MODEL_SHAPE} for "
+        "a preset cost, the file's own for a cost JSON)",
+    )
+    size.add_argument("--expert-bytes", type=positive_int, default=None, help="bytes per expert (bytes)")
+    p.add_argument(
+        "--transfer-latency-us",
+        type=non_negative_float,
+        default=None,
+        help="per-transfer H2D latency, microseconds (default: the cost's)",
+    )
+    p.add_argument(
+        "--link-concurrency", type=positive_int, default=1, help="expert copies in flight at once (count)"
+    )
+    p.add_argument(
+        "--decision-us",
+        type=non_negative_float,
+        default=0.0,
+        help="modelled planner time per cycle, microseconds",
+    )
+    p.add_argument(
+        "--engine",
+        choices=["auto", "fast", "simpy"],
+        default="auto",
+        help="timeline engine (same results; fast needs link concurrency 1)",
+    )
+    p.add_argument(
+        "--trace",
+        default="auto",
+        help="dense trace: auto (shipped sample, else synthetic), sample, synthetic[:SHAPE], or a "
+        "run directory",
+    )
+    p.add_argument(
+        "--synthetic-requests",
+        type=positive_int,
+        default=SyntheticSpec.num_requests,
+        help="requests of a generated synthetic trace (count)",
+    )
+    p.add_argument(
+        "--synthetic-positions",
+        type=positive_int,
+        default=SyntheticSpec.positions_per_request,
+        help="positions per request of a generated synthetic trace (tokens)",
+    )
+    p.add_argument(
+        "--max-requests", type=positive_int, default=None, help="replay at most this many requests"
+    )
+    p.add_argument(
+        "--max-positions",
+        type=positive_int,
+        default=None,
+        help="replay at most this many generated tokens per request",
+    )
+    p.add_argument(
+        "--out", default=None, help="sweep directory (default runs/sim/sweep-<hash>; re-run resumes)"
+    )
+    p.add_argument("--jobs", type=positive_int, default=min(2, os.cpu_count() or 1), help="worker processes")
+    p.add_argument("--executor", choices=list(EXECUTORS), default="local", help="where cells run")
+    p.add_argument(
+        "--ray-address", default=None, help="Ray cluster address for --executor ray (default: local)"
+    )
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed (synthetic trace, predictors)")
+    p.add_argument("--per-cycle", action="store_true", help="also write each cell's cycle records (cycles/)")
+    p.add_argument("--no-figures", action="store_true", help="skip the PNG figure")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _check_names(parser: ArgumentParser, args: Any) -> list[str]:
+    """Validate policy / cache-policy / predictor names against specfit; return canonical policies."""
+    try:
+        policies = [canonical_policy(p) for p in args.policy]
+    except ValueError as exc:
+        parser.fail("--policy", str(exc))
+    from specfit import cache, predictors
+
+    valid_cache = tuple(getattr(cache, "CACHE_POLICIES", ()))
+    for name in args.cache_policy:
+        if valid_cache and name not in valid_cache:
+            parser.fail("--cache-policy", f"expected one of {list(valid_cache)}, got {name!r}")
+    valid_pred = tuple(getattr(predictors, "PREDICTORS", ()))
+    for name in args.predictor:
+        if valid_pred and name not in valid_pred:
+            parser.fail("--predictor", f"expected one of {list(valid_pred)}, got {name!r}")
+    return policies
+
+
+def _resolve_acceptance(parser: ArgumentParser, spec: str, cost_spec: str) -> dict[str, Any] | None:
+    """``--acceptance`` -> an ``AcceptanceCalibration`` dict, or ``None`` for draft probabilities."""
+    if spec == "draft":
+        return None
+    if spec == "auto":
+        sibling = Path(cost_spec).parent / "acceptance.json"
+        if not (cost_spec.endswith(".json") and sibling.is_file()):
+            return None
+        spec = str(sibling)
+    from specfit.acceptance import AcceptanceCalibration
+
+    try:
+        data = json.loads(Path(spec).read_text())
+        return AcceptanceCalibration.from_dict(data).to_dict()
+    except (OSError, json.JSONDecodeError, ValueError, TypeError, AttributeError) as exc:
+        parser.fail("--acceptance", f"{spec}: expected 'draft', 'auto' or an acceptance JSON file: {exc}")
+    return None
+
+
+def _resolve_cost(parser: ArgumentParser, args: Any, num_layers: int) -> tuple[Any, str]:
+    """The sweep's base cost model and the name of the expert size it prices transfers at."""
+    import dataclasses
+
+    from specfit.shapes import get_model_shape
+
+    expert_bytes, size_name = args.expert_bytes, "custom" if args.expert_bytes else None
+    if args.model_shape is not None:
+        try:
+            expert_bytes, size_name = get_model_shape(args.model_shape).bytes_per_expert, args.model_shape
+        except ValueError as exc:
+            parser.fail("--model-shape", str(exc))
+    try:
+        cost = resolve_cost(
+            args.cost,
+            num_layers=num_layers,
+            expert_bytes=expert_bytes,
+            default_expert_bytes=get_model_shape(DEFAULT_MODEL_SHAPE).bytes_per_expert,
+        )
+    except ValueError as exc:
+        parser.fail("--cost", str(exc))
+    if size_name is None:
+        size_name = "the cost file's" if args.cost.endswith(".json") else DEFAULT_MODEL_SHAPE
+    if args.transfer_latency_us is not None:
+        cost = dataclasses.replace(cost, h2d_s_per_transfer=us_to_s(args.transfer_latency_us))
+    return cost, size_name
+
+
+def _build_cells(
+    parser: ArgumentParser, args: Any, policies: list[str]
+) -> tuple[list[CellSpec], list[str], Path]:
+    """Resolve trace, cost, acceptance and cache sizes; return (cells, header lines, trace path)."""
+    synthetic = SyntheticSpec(
+        num_requests=args.synthetic_requests, positions_per_request=args.synthetic_positions, seed=args.seed
+    )
+    from traces.errors import TraceError
+    from traces.reader import open_run
+
+    try:
+        trace_path, trace_desc = resolve_trace(args.trace, synthetic=synthetic, root=Path("runs/sim/traces"))
+        model = open_run(trace_path).manifest.model
+    except (ValueError, TraceError) as exc:
+        parser.fail("--trace", str(exc))
+    cost, size_name = _resolve_cost(parser, args, model.num_layers)
+    acceptance = _resolve_acceptance(parser, args.acceptance, args.cost)
+    try:
+        caches = parse_cache_sizes(args.cache, model.num_experts)
+    except ValueError as exc:
+        parser.fail("--cache", str(exc).removeprefix("--cache: "))
+    if args.engine == "fast" and args.link_concurrency != 1:
+        parser.fail("--engine", "fast needs --link-concurrency 1")
+    cells = make_cells(
+        trace_path=str(Path(trace_path).resolve()),
+        cost=cost,
+        bandwidths_gb_per_s=args.bandwidth,
+        caches=caches,
+        policies=policies,
+        cache_policies=args.cache_policy,
+        predictors=args.predictor,
+        overlaps=MODES[args.overlap],
+        prefetches=MODES[args.prefetch],
+        engine=args.engine,
+        link_concurrency=args.link_concurrency,
+        decision_s=us_to_s(args.decision_us),
+        max_requests=args.max_requests,
+        max_positions=args.max_positions,
+        seed=args.seed,
+        acceptance=acceptance,
+    )
+    accept = "draft path probabilities (uncalibrated)" if acceptance is None else acceptance["source"]
+    header = [
+        f"trace: {trace_desc}",
+        f"model shape: {size_name} expert size, {cost.expert_bytes:,} bytes/expert; routing of the trace's "
+        f"model {model.name} ({model.num_layers} layers x {model.num_experts} experts, top-{model.top_k})",
+        f"cost: {cost.source}",
+        f"planner: predictor {', '.join(args.predictor)}; acceptance {accept}",
+    ]
+    return cells, header, Path(trace_path)
+
+
+def _write_results(
+    results: pd.DataFrame, out: Path, header: list[str], figures: bool
+) -> tuple[str, list[str]]:
+    """Write results.parquet/.csv, table.txt and the figure; return (table text, file names)."""
+    results.to_parquet(out / "results.parquet", index=False)
+    results.to_csv(out / "results.csv", index=False)
+    table = format_table(results, header)
+    (out / "table.txt").write_text(table + "\n")
+    files = ["results.parquet", "results.csv", "table.txt", "sweep.json"]
+    if figures:
+        plot_throughput(results, out / "throughput_vs_bandwidth.png", title=header[0][:140])
+        files.append("throughput_vs_bandwidth.png")
+    return table, files
+
+
+def _min_or_none(values: pd.Series) -> float | None:
+    return float(values.min()) if len(values) else None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the sweep CLI; returns the exit status (2 on bad flags, 1 if a replay fails)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    policies = _check_names(parser, args)
+    cells, header, trace_path = _build_cells(parser, args, policies)
+    sweep_id = hashlib.sha256("".join(sorted(c.cell_id for c in cells)).encode()).hexdigest()[:12]
+    out = Path(args.out) if args.out else Path("runs/sim") / f"sweep-{sweep_id}"
+    from traces.schema import software_versions
+
+    _write_json(
+        out / "sweep.json",
+        {
+            "command_line": [sys.executable, "-m", "sim.sweep", *(sys.argv[1:] if argv is None else argv)],
+            "args": vars(args),
+            "trace": str(trace_path),
+            "header": header,
+            "seed": args.seed,
+            "software": software_versions(),
+            "cells": [c.to_dict() | {"cell_id": c.cell_id} for c in cells],
+        },
+    )
+    try:
+        results, num_run, num_skipped = run_sweep(
+            cells,
+            out,
+            executor=args.executor,
+            jobs=args.jobs,
+            ray_address=args.ray_address,
+            per_cycle=args.per_cycle,
+            progress=not args.no_progress,
+        )
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    table, files = _write_results(results, out, header, figures=not args.no_figures)
+    print(table)
+    specfit_rows = results[results["policy"] == "specfit"]
+    print_summary(
+        {
+            "out": str(out),
+            "files": files,
+            "num_cells": len(cells),
+            "cells_run": num_run,
+            "cells_skipped": num_skipped,
+            "specfit_below_baseline": int(results["specfit_below_baseline"].sum()),
+            "specfit_min_speedup_vs_ar": _min_or_none(specfit_rows["speedup_vs_ar"]),
+            "specfit_min_speedup_vs_topn": _min_or_none(specfit_rows["speedup_vs_topn"]),
+            "max_tokens_per_s": float(results["tokens_per_s"].max()),
+            "total_h2d_gb": bytes_to_gb(float(results["h2d_bytes"].sum())),
+            "trace": str(trace_path),
+            "expert_bytes": int(cells[0].cost["expert_bytes"]),
+            "wall_s": round(time.perf_counter() - started, 3),
+        }
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

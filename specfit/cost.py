@@ -1,0 +1,288 @@
+"""THE cycle cost model of the project: one verification cycle's duration, in seconds.
+
+    T_cycle = T_draft(levels) + T_verify(nodes, context) + T_h2d(misses)          (no overlap)
+    T_cycle = T_draft(levels) + max(T_verify, T_h2d)                              (overlap_h2d)
+    T_draft  = draft_s_per_level * levels
+    T_verify = verify_base_s + verify_s_per_node * nodes + verify_s_per_context_token * context_len
+    T_h2d    = sum over layers of misses_l * (expert_bytes / h2d_bytes_per_s + h2d_s_per_transfer)
+
+This is the cost of the SpecFit paper's objective (arXiv 2610.15417, abstract: throughput =
+E[committed] / T_cycle with an expert-coverage H2D term), with a per-transfer latency term
+because measured offloading engines are dispatch-bound (shared/data/reference-figures.md).
+The overlapped form is the analytic bound (transfers hidden behind compute as far as the totals
+allow); the simulator gives the exact pipelined value. Calibration fits the parameters and writes
+the JSON read by :meth:`CycleCostModel.load`; the planner, the simulator and the live engine all
+use this one object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specfit.units import gb_per_s_to_bytes_per_s
+
+COST_MODEL_FORMAT = "specfit.CycleCostModel"
+COST_MODEL_VERSION = 1
+
+# field -> unit written beside it in JSON; load() rejects a file that states another unit.
+FIELD_UNITS: dict[str, str] = {
+    "draft_s_per_level": "s/level",
+    "verify_base_s": "s",
+    "verify_s_per_node": "s/node",
+    "verify_s_per_context_token": "s/token",
+    "h2d_bytes_per_s": "bytes/s",
+    "h2d_s_per_transfer": "s/transfer",
+    "expert_bytes": "bytes",
+    "num_layers": "count",
+    "overlap_h2d": "bool",
+    "source": "text",
+}
+_FLOAT_FIELDS = (
+    "draft_s_per_level",
+    "verify_base_s",
+    "verify_s_per_node",
+    "verify_s_per_context_token",
+    "h2d_bytes_per_s",
+    "h2d_s_per_transfer",
+)
+
+
+@dataclass(frozen=True)
+class CycleCostModel:
+    """Parameters of the cycle cost, SI units (see the module docstring for the formula).
+
+    Attributes:
+        draft_s_per_level: seconds to draft one tree level (s).
+        verify_base_s: fixed seconds of one target forward (s).
+        verify_s_per_node: extra target-forward seconds per verified node (s).
+        verify_s_per_context_token: extra seconds per context token (attention over the KV cache) (s).
+        h2d_bytes_per_s: host-to-device bandwidth (bytes/s, > 0; ``math.inf`` = free bytes).
+        h2d_s_per_transfer: fixed latency per expert transfer (s).
+        expert_bytes: bytes of one expert (bytes).
+        num_layers: MoE layers ``L`` (count, > 0).
+        overlap_h2d: whether transfers overlap the verify compute (analytic bound, see module doc).
+        source: where the parameters come from (free text, e.g. a calibration path).
+
+    Raises:
+        ValueError: a negative or non-finite time, a non-positive bandwidth or layer count; the
+            message names the field.
+    """
+
+    draft_s_per_level: float
+    verify_base_s: float
+    verify_s_per_node: float
+    verify_s_per_context_token: float
+    h2d_bytes_per_s: float
+    h2d_s_per_transfer: float
+    expert_bytes: int
+    num_layers: int
+    overlap_h2d: bool = False
+    source: str = "manual"
+
+    def __post_init__(self) -> None:
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+                raise ValueError(
+                    f"CycleCostModel.{name}: expected a number ({FIELD_UNITS[name]}), got {value!r}"
+                )
+            value = float(value)
+            if name == "h2d_bytes_per_s":
+                if not value > 0:
+                    raise ValueError(f"CycleCostModel.{name}: expected > 0 bytes/s, got {value!r}")
+            elif not (math.isfinite(value) and value >= 0):
+                raise ValueError(
+                    f"CycleCostModel.{name}: expected a finite number >= 0 ({FIELD_UNITS[name]}), got {value!r}"
+                )
+            object.__setattr__(self, name, value)
+        for name, minimum in (("expert_bytes", 0), ("num_layers", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or int(value) != value or value < minimum:
+                raise ValueError(f"CycleCostModel.{name}: expected an integer >= {minimum}, got {value!r}")
+            object.__setattr__(self, name, int(value))
+        if not isinstance(self.overlap_h2d, (bool, np.bool_)):
+            raise ValueError(f"CycleCostModel.overlap_h2d: expected true/false, got {self.overlap_h2d!r}")
+        object.__setattr__(self, "overlap_h2d", bool(self.overlap_h2d))
+        object.__setattr__(self, "source", str(self.source))
+
+    # ---- the formula -------------------------------------------------------------------------
+    @property
+    def s_per_miss(self) -> float:
+        """Seconds one expert transfer costs, ``expert_bytes / h2d_bytes_per_s + h2d_s_per_transfer``."""
+        return self.expert_bytes / self.h2d_bytes_per_s + self.h2d_s_per_transfer
+
+    def draft_s(self, num_levels: int) -> float:
+        """Draft time for ``num_levels`` levels (s)."""
+        return self.draft_s_per_level * float(num_levels)
+
+    def verify_s(self, num_nodes: int, context_len: int) -> float:
+        """Target forward time verifying ``num_nodes`` nodes over ``context_len`` tokens (s)."""
+        return (
+            self.verify_base_s
+            + self.verify_s_per_node * float(num_nodes)
+            + self.verify_s_per_context_token * float(context_len)
+        )
+
+    def layer_compute_s(self, num_nodes: int, context_len: int) -> float:
+        """Compute time of one MoE layer, ``verify_s / num_layers`` (s)."""
+        return self.verify_s(num_nodes, context_len) / self.num_layers
+
+    def transfer_s(self, num_experts: float = 1) -> float:
+        """Time to move ``num_experts`` experts host -> device, each paying latency + bytes (s)."""
+        return float(num_experts) * self.s_per_miss
+
+    def h2d_s(self, misses_per_layer: Any) -> float:
+        """Total H2D time for ``misses_per_layer`` (int[L], or a scalar total) expert misses (s).
+
+        Raises:
+            ValueError: a negative miss count, or an array whose length is not ``num_layers``.
+        """
+        misses = np.asarray(misses_per_layer)
+        if misses.ndim == 1 and misses.shape[0] != self.num_layers:
+            raise ValueError(f"misses_per_layer: expected {self.num_layers} layers, got {misses.shape[0]}")
+        if misses.ndim > 1:
+            raise ValueError(f"misses_per_layer: expected int[L] or a scalar, got shape {misses.shape}")
+        if np.any(misses < 0):
+            raise ValueError("misses_per_layer: expected counts >= 0")
+        return self.transfer_s(float(misses.sum()))
+
+    def combine_s(self, draft_s: Any, verify_s: Any, h2d_s: Any) -> Any:
+        """Cycle time from phase times: ``draft + verify + h2d`` or ``draft + max(verify, h2d)``.
+
+        Scalars give a float; numpy arrays broadcast (element-wise maximum).
+        """
+        if self.overlap_h2d:
+            both = np.maximum(verify_s, h2d_s)
+            return float(draft_s + both) if np.ndim(both) == 0 and np.ndim(draft_s) == 0 else draft_s + both
+        return draft_s + verify_s + h2d_s
+
+    def cycle_s_total(self, num_levels: Any, num_nodes: Any, context_len: Any, total_misses: Any) -> Any:
+        """Cycle time from the TOTAL miss count over layers (s); arrays broadcast (vectorised callers)."""
+        verify = self.verify_base_s + self.verify_s_per_node * np.asarray(num_nodes, dtype=np.float64)
+        verify = verify + self.verify_s_per_context_token * np.asarray(context_len, dtype=np.float64)
+        h2d = self.s_per_miss * np.asarray(total_misses, dtype=np.float64)
+        out = self.combine_s(self.draft_s_per_level * np.asarray(num_levels, dtype=np.float64), verify, h2d)
+        return float(out) if np.ndim(out) == 0 else out
+
+    def cycle_s(self, num_levels: int, num_nodes: int, context_len: int, misses_per_layer: Any) -> float:
+        """Predicted cycle time (s); see the module docstring for both forms."""
+        return self.combine_s(
+            self.draft_s(num_levels), self.verify_s(num_nodes, context_len), self.h2d_s(misses_per_layer)
+        )
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def with_bandwidth(self, bytes_per_s: float) -> CycleCostModel:
+        """Copy with ``h2d_bytes_per_s`` replaced."""
+        return dataclasses.replace(self, h2d_bytes_per_s=bytes_per_s)
+
+    def with_expert_bytes(self, num_bytes: int) -> CycleCostModel:
+        """Copy with ``expert_bytes`` replaced."""
+        return dataclasses.replace(self, expert_bytes=num_bytes)
+
+    @classmethod
+    def for_shape(
+        cls,
+        shape: Any,
+        *,
+        bandwidth_gb_per_s: float = 25.0,
+        h2d_s_per_transfer: float = 10e-6,
+        draft_s_per_level: float = 2e-3,
+        verify_base_s: float = 20e-3,
+        verify_s_per_node: float = 0.2e-3,
+        verify_s_per_context_token: float = 0.0,
+        overlap_h2d: bool = False,
+    ) -> CycleCostModel:
+        """A preset for a :class:`specfit.shapes.ModelShape` (timings are placeholders to be calibrated).
+
+        ``bandwidth_gb_per_s`` is in GB/s (1 GB = 1e9 bytes), converted via :mod:`specfit.units`.
+        """
+        return cls(
+            draft_s_per_level=draft_s_per_level,
+            verify_base_s=verify_base_s,
+            verify_s_per_node=verify_s_per_node,
+            verify_s_per_context_token=verify_s_per_context_token,
+            h2d_bytes_per_s=gb_per_s_to_bytes_per_s(bandwidth_gb_per_s),
+            h2d_s_per_transfer=h2d_s_per_transfer,
+            expert_bytes=shape.bytes_per_expert,
+            num_layers=shape.num_layers,
+            overlap_h2d=overlap_h2d,
+            source=f"preset:{shape.name}",
+        )
+
+    # ---- JSON ----------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict: the fields, their ``units`` and the format tag (``inf`` as the string "inf")."""
+        out: dict[str, Any] = {"format": COST_MODEL_FORMAT, "version": COST_MODEL_VERSION}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = "inf" if isinstance(value, float) and math.isinf(value) else value
+        out["units"] = dict(FIELD_UNITS)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "cost model") -> CycleCostModel:
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ValueError: wrong format tag, missing or unknown field, a stated unit differing from
+                :data:`FIELD_UNITS`, or a bad value; the message names ``where`` and the field.
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        if data.get("format", COST_MODEL_FORMAT) != COST_MODEL_FORMAT:
+            raise ValueError(
+                f"{where}: field 'format': expected {COST_MODEL_FORMAT!r}, got {data.get('format')!r}"
+            )
+        units = data.get("units", {})
+        if not isinstance(units, dict):
+            raise ValueError(f"{where}: field 'units': expected an object mapping field -> unit")
+        for name, unit in units.items():
+            if name in FIELD_UNITS and unit != FIELD_UNITS[name]:
+                raise ValueError(
+                    f"{where}: field {name!r}: unit {unit!r} not supported, expected {FIELD_UNITS[name]!r}"
+                )
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(names) - {"format", "version", "units"})
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {unknown}; expected {names}")
+        required = [n for n in names if n not in ("overlap_h2d", "source")]
+        missing = [n for n in required if n not in data]
+        if missing:
+            raise ValueError(f"{where}: missing field(s) {missing}")
+        kwargs = {n: data[n] for n in names if n in data}
+        if kwargs.get("h2d_bytes_per_s") == "inf":
+            kwargs["h2d_bytes_per_s"] = math.inf
+        try:
+            return cls(**kwargs)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+
+    def save(self, path: str | Path) -> Path:
+        """Write the JSON file (parent folders created) and return its path."""
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        return out
+
+    @classmethod
+    def load(cls, path: str | Path) -> CycleCostModel:
+        """Read a JSON file written by :meth:`save` (or by calibration).
+
+        Raises:
+            ValueError: unreadable file, invalid JSON or a bad field (the message names the file).
+        """
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except OSError as exc:
+            raise ValueError(f"{p}: cannot read cost model: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{p}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        return cls.from_dict(data, where=str(p))

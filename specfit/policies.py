@@ -1,0 +1,225 @@
+"""Tree policies behind one interface: ``policy.select(ctx: PolicyContext) -> Plan``.
+
+* ``ar``: autoregressive, root only (no speculation; plain decoding).
+* ``chain``: the greedy path, following the most probable child ``k`` times (single-sequence
+  speculative decoding: Leviathan et al. 2023, Chen et al. 2023).
+* ``topn``: the ``num_draft_nodes`` non-root nodes of highest path probability plus the root
+  (EAGLE-2 reranking, Li et al. 2024, kept by EAGLE-3; ancestor-closed since P never increases
+  along a path, ties broken by smaller id, which a parent always has).
+* ``specfit``: the exact throughput-optimal subtree (:func:`specfit.planner.plan_exact`;
+  SpecFit, arXiv 2610.15417) plus the stopping rule :meth:`SpecFitPolicy.keep_drafting`.
+* ``cascade``: a utility gate in the spirit of Cascade's utility-driven speculation for MoE:
+  take an inner tree policy's plan (``topn`` by default) only when its predicted throughput beats
+  autoregressive decoding, else fall back to the root alone.
+
+Autoregressive plans, and the cascade fallback, are scored without draft time (the engine skips
+drafting when it does not speculate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+
+from specfit.context import Plan, PolicyContext, make_plan
+from specfit.planner import plan_exact
+
+TREE_POLICIES: tuple[str, ...] = ("ar", "chain", "topn", "specfit", "cascade")
+
+
+class TreePolicy:
+    """Base class: ``name`` and ``select(ctx) -> Plan``."""
+
+    name = "base"
+
+    def select(self, ctx: PolicyContext) -> Plan:  # pragma: no cover - interface
+        """Choose the verified subtree for ``ctx``."""
+        raise NotImplementedError
+
+
+class AutoregressivePolicy(TreePolicy):
+    """Root only: one token per cycle, no drafting (scored with ``num_levels = 0``)."""
+
+    name = "ar"
+
+    def select(self, ctx: PolicyContext) -> Plan:
+        """Plan ``[0]`` scored without draft time."""
+        started = time.perf_counter()
+        no_draft = dataclasses.replace(ctx, num_levels=0) if ctx.num_levels else ctx
+        return make_plan(no_draft, np.zeros(1, dtype=np.int64), self.name, time.perf_counter() - started, 1)
+
+
+class ChainPolicy(TreePolicy):
+    """The greedy path: from the root follow the child of highest P (ties: smaller id).
+
+    Args:
+        max_length: draft nodes kept on the path (``None``: until a leaf).
+
+    Raises:
+        ValueError: ``max_length`` < 0.
+    """
+
+    name = "chain"
+
+    def __init__(self, max_length: int | None = None) -> None:
+        if max_length is not None and int(max_length) < 0:
+            raise ValueError(f"chain policy: max_length must be >= 0, got {max_length}")
+        self.max_length = None if max_length is None else int(max_length)
+
+    def select(self, ctx: PolicyContext) -> Plan:
+        """Plan along the greedy path."""
+        started = time.perf_counter()
+        nodes, v = [0], 0
+        p = ctx.accept_probs
+        while self.max_length is None or len(nodes) <= self.max_length:
+            kids = ctx.tree.children(v)
+            if kids.size == 0:
+                break
+            v = int(kids[np.argmax(p[kids])])  # argmax keeps the first (smallest id) on ties
+            nodes.append(v)
+        return make_plan(ctx, np.asarray(nodes), self.name, time.perf_counter() - started, len(nodes))
+
+
+def top_n_nodes(accept_probs: np.ndarray, num_draft_nodes: int) -> np.ndarray:
+    """Root plus the ``num_draft_nodes`` non-root nodes of highest P (ties: smaller id), sorted.
+
+    Ancestor-closed whenever P never increases from parent to child (parents have smaller ids).
+    """
+    p = np.asarray(accept_probs, dtype=np.float64)
+    order = np.lexsort((np.arange(p.shape[0]), -p))
+    order = order[order != 0][: max(0, int(num_draft_nodes))]
+    return np.sort(np.concatenate(([0], order))).astype(np.int64)
+
+
+class TopNPolicy(TreePolicy):
+    """EAGLE-2/3 reranking: the root plus the top ``num_draft_nodes`` nodes by path probability.
+
+    Args:
+        num_draft_nodes: draft tokens verified besides the root (EAGLE-3 default 60).
+
+    Raises:
+        ValueError: ``num_draft_nodes`` < 0.
+    """
+
+    name = "topn"
+
+    def __init__(self, num_draft_nodes: int = 60) -> None:
+        if int(num_draft_nodes) < 0:
+            raise ValueError(f"topn policy: num_draft_nodes must be >= 0, got {num_draft_nodes}")
+        self.num_draft_nodes = int(num_draft_nodes)
+
+    def select(self, ctx: PolicyContext) -> Plan:
+        """Plan of the top-N nodes."""
+        started = time.perf_counter()
+        nodes = top_n_nodes(ctx.accept_probs, self.num_draft_nodes)
+        return make_plan(ctx, nodes, self.name, time.perf_counter() - started, 1)
+
+
+def _max_level_mass(ctx: PolicyContext, topk: int | None) -> float:
+    """Sum of P over the deepest level's nodes (only the ``topk`` largest when given)."""
+    deepest = ctx.tree.nodes_at_depth(ctx.tree.max_depth)
+    mass = np.sort(ctx.accept_probs[deepest])[::-1]
+    if topk is not None:
+        mass = mass[: int(topk)]
+    return float(mass.sum())
+
+
+class SpecFitPolicy(TreePolicy):
+    """SpecFit: exact throughput-optimal subtree, and when to stop drafting.
+
+    ``select`` runs :func:`specfit.planner.plan_exact`.
+    """
+
+    name = "specfit"
+
+    def select(self, ctx: PolicyContext) -> Plan:
+        """The exact optimum (see :mod:`specfit.planner`)."""
+        return plan_exact(ctx)
+
+    def keep_drafting(self, ctx: PolicyContext, max_depth: int, topk: int | None = None) -> bool:
+        """Stopping rule, called after each drafted level: True if another level could pay.
+
+        Let ``R*`` be the best predicted throughput on the current tree (``ctx.num_levels``
+        levels drafted) and ``Q`` the total P of the deepest level (only its ``topk`` most likely
+        nodes when the drafter expands the ``topk`` best frontier nodes, EAGLE-2's beam; ``None``
+        = all). Every later level adds at most ``Q`` to E[committed] (a child's acceptance
+        excludes its siblings', so a parent's children sum to at most its P, and P never
+        increases downwards) and costs at least ``draft_s_per_level + verify_s_per_node`` (one
+        more draft step and at least one more verified node; H2D >= 0). For any subtree S,
+        ``(G + kQ) / (T + k*delta) <= R*`` whenever ``G / T <= R*`` and ``Q <= R* * delta``, so
+        drafting stops when ``Q <= R* * (draft_s_per_level + verify_s_per_node)`` or the tree
+        reached ``max_depth``; otherwise it continues.
+
+        Raises:
+            ValueError: ``max_depth`` < 0 or ``topk`` < 1.
+        """
+        if int(max_depth) < 0:
+            raise ValueError(f"keep_drafting: max_depth must be >= 0, got {max_depth}")
+        if topk is not None and int(topk) < 1:
+            raise ValueError(f"keep_drafting: topk must be >= 1 or None, got {topk}")
+        if ctx.tree.max_depth >= int(max_depth):
+            return False
+        best = plan_exact(ctx).predicted_tokens_per_s
+        delta_s = ctx.cost.draft_s_per_level + ctx.cost.verify_s_per_node
+        return _max_level_mass(ctx, topk) > best * delta_s
+
+
+class CascadePolicy(TreePolicy):
+    """Utility gate: the inner policy's plan if its predicted throughput beats AR, else root only.
+
+    Args:
+        inner: ``"topn"`` (default) or ``"chain"``; ``inner_kwargs`` go to its constructor.
+        margin: relative margin the tree must win by (0 = any gain).
+
+    Raises:
+        ValueError: unknown inner policy or negative margin.
+    """
+
+    name = "cascade"
+
+    def __init__(self, inner: str = "topn", margin: float = 0.0, **inner_kwargs: Any) -> None:
+        if inner not in ("topn", "chain"):
+            raise ValueError(f"cascade policy: inner must be 'topn' or 'chain', got {inner!r}")
+        if float(margin) < 0:
+            raise ValueError(f"cascade policy: margin must be >= 0, got {margin}")
+        self.inner = make_tree_policy(inner, **inner_kwargs)
+        self.margin = float(margin)
+        self._ar = AutoregressivePolicy()
+
+    def select(self, ctx: PolicyContext) -> Plan:
+        """Inner plan when it predicts more tokens/s than AR by ``margin``, else the AR plan."""
+        started = time.perf_counter()
+        tree_plan = self.inner.select(ctx)
+        ar_plan = self._ar.select(ctx)
+        chosen = tree_plan
+        if tree_plan.predicted_tokens_per_s <= ar_plan.predicted_tokens_per_s * (1.0 + self.margin):
+            chosen = ar_plan
+        return dataclasses.replace(
+            chosen, policy=self.name, decision_s=time.perf_counter() - started, nodes_explored=2
+        )
+
+
+_POLICIES = {
+    "ar": AutoregressivePolicy,
+    "chain": ChainPolicy,
+    "topn": TopNPolicy,
+    "specfit": SpecFitPolicy,
+    "cascade": CascadePolicy,
+}
+
+
+def make_tree_policy(name: str, **kwargs: Any) -> TreePolicy:
+    """Build a tree policy by name (one of :data:`TREE_POLICIES`) with its keyword arguments.
+
+    Raises:
+        ValueError: unknown name (lists the valid ones) or bad arguments.
+    """
+    if name not in _POLICIES:
+        raise ValueError(f"unknown tree policy {name!r}; expected one of {list(TREE_POLICIES)}")
+    try:
+        return _POLICIES[name](**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"tree policy {name!r}: bad arguments {sorted(kwargs)}: {exc}") from None

@@ -1,0 +1,35 @@
+"""Shared pytest fixtures. Tiny random checkpoint factories live in tests/live_fixtures.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``tiny_checkpoint(arch) -> Path``: a tiny random MoE checkpoint, written once per session.
+
+    Needs torch and transformers (imported lazily, so packages without them are unaffected).
+    """
+    root = tmp_path_factory.mktemp("tiny-checkpoints")
+    made: dict[str, Path] = {}
+
+    def make(arch: str = "qwen3_moe") -> Path:
+        if arch not in made:
+            from live_fixtures import make_tiny_checkpoint
+
+            made[arch] = make_tiny_checkpoint(root, arch)
+        return made[arch]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny dense draft checkpoint sharing the tiny vocabulary."""
+    from live_fixtures import make_tiny_draft
+
+    return make_tiny_draft(tmp_path_factory.mktemp("tiny-draft"))

@@ -1,0 +1,76 @@
+"""Acceptance calibration map and reliability table from dense-trace nodes (calibration.acceptance_fit)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibration.acceptance_fit import AcceptanceDataError, fit_acceptance, path_accepted
+
+
+def _chain_nodes(num_trees: int, depth: int, seed: int) -> pd.DataFrame:
+    """Chains whose true local acceptance is sqrt(draft prob): true path acceptance = sqrt(draft path prob)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for t in range(num_trees):
+        logp = 0.0
+        for d in range(depth + 1):
+            if d == 0:
+                rows.append((0, t, 0, -1, 0, 0.0, True))
+                continue
+            q = rng.uniform(0.3, 0.95)
+            logp += np.log(q)
+            rows.append((0, t, d, d - 1, d, logp, bool(rng.random() < np.sqrt(q))))
+    return pd.DataFrame(
+        rows, columns=["request_id", "position", "node_id", "parent", "depth", "path_logprob", "accepted"]
+    )
+
+
+def test_path_accepted_requires_all_ancestors() -> None:
+    # root, 1 (rejected), 2 child of 1 (locally accepted), 3 child of root (accepted), 4 child of 3
+    nodes = pd.DataFrame(
+        {
+            "request_id": [0] * 5,
+            "position": [0] * 5,
+            "node_id": [0, 1, 2, 3, 4],
+            "parent": [-1, 0, 1, 0, 3],
+            "depth": [0, 1, 2, 1, 2],
+            "path_logprob": [0.0, -0.1, -0.3, -1.0, -1.5],
+            "accepted": [True, False, True, True, True],
+        }
+    )
+    prob, ok, tree = path_accepted(nodes)
+    np.testing.assert_array_equal(ok, [True, False, False, True, True])
+    np.testing.assert_allclose(prob, np.exp([0.0, -0.1, -0.3, -1.0, -1.5]))
+    np.testing.assert_array_equal(tree, 0)
+
+
+def test_isotonic_map_recovers_sqrt_relation() -> None:
+    fit = fit_acceptance(_chain_nodes(1500, 4, seed=0), num_bins=20, seed=0)
+    cal = fit.calibration
+    assert np.all(np.diff(cal.knots_y) >= 0)
+    for x in (0.1, 0.25, 0.5):
+        assert cal.apply(np.array([x]))[0] == pytest.approx(np.sqrt(x), abs=0.05)
+    assert fit.ece_calibrated < 0.06
+    assert fit.ece_draft > 0.15  # the draft is under-confident by construction
+    table = fit.reliability
+    assert int(table["num_nodes"].sum()) == fit.num_nodes_eval == 375 * 4
+    assert list(table.columns) == [
+        "bin_lo",
+        "bin_hi",
+        "num_nodes",
+        "mean_draft_prob",
+        "mean_calibrated_prob",
+        "observed_accept_rate",
+    ]
+
+
+def test_acceptance_errors_name_the_field() -> None:
+    nodes = _chain_nodes(10, 3, seed=1)
+    with pytest.raises(AcceptanceDataError, match="accepted"):
+        fit_acceptance(nodes.drop(columns=["accepted"]))
+    bad = nodes.copy()
+    bad.loc[3, "path_logprob"] = np.nan
+    with pytest.raises(AcceptanceDataError, match="path_logprob"):
+        fit_acceptance(bad)
+    with pytest.raises(AcceptanceDataError, match="need >= 20"):
+        fit_acceptance(_chain_nodes(3, 2, seed=1))

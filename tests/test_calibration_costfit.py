@@ -1,0 +1,188 @@
+"""Cost-model fitting recovers known parameters from noisy synthetic cycles (calibration.costfit)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibration.costfit import (
+    CalibrationDataError,
+    FitOptions,
+    fit_cost_model,
+    fit_link,
+    split_cycles,
+    worst_term,
+)
+from calibration.lsq import fit_non_negative
+from calibration.synthetic import synthetic_size_sweep, synthetic_tables
+from specfit.cost import CycleCostModel
+
+TRUTH = CycleCostModel(
+    draft_s_per_level=1.5e-3,
+    verify_base_s=12e-3,
+    verify_s_per_node=0.25e-3,
+    verify_s_per_context_token=4e-6,
+    h2d_bytes_per_s=8e9,
+    h2d_s_per_transfer=30e-6,
+    expert_bytes=4_000_000,
+    num_layers=6,
+)
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / abs(b)
+
+
+@pytest.fixture(scope="module")
+def tables() -> tuple[pd.DataFrame, pd.DataFrame]:
+    return synthetic_tables(TRUTH, num_cycles=400, noise_rel=0.01, seed=3)
+
+
+def test_nnls_exact_on_noiseless_data() -> None:
+    rng = np.random.default_rng(0)
+    a = np.column_stack([np.ones(50), rng.uniform(1, 60, 50)])
+    y = a @ np.array([0.01, 2e-4])
+    fit = fit_non_negative(a, y, ("base", "slope"))
+    np.testing.assert_allclose(fit.coef, [0.01, 2e-4], rtol=1e-6)
+    # a negative true slope is clipped to 0, never returned negative
+    fit = fit_non_negative(a, 0.05 - 1e-5 * a[:, 1], ("base", "slope"))
+    assert fit.coef.min() >= 0.0
+
+
+def test_fit_recovers_known_parameters_within_2_percent(tables) -> None:
+    cycles, transfers = tables
+    result = fit_cost_model(
+        cycles,
+        transfers,
+        expert_bytes=TRUTH.expert_bytes,
+        num_layers=TRUTH.num_layers,
+        options=FitOptions(seed=1, known_s_per_transfer=TRUTH.h2d_s_per_transfer),
+    )
+    m = result.model
+    for name in (
+        "draft_s_per_level",
+        "verify_base_s",
+        "verify_s_per_node",
+        "verify_s_per_context_token",
+        "h2d_bytes_per_s",
+    ):
+        assert _rel(getattr(m, name), getattr(TRUTH, name)) < 0.02, name
+    assert m.h2d_s_per_transfer == TRUTH.h2d_s_per_transfer
+    assert _rel(m.s_per_miss, TRUTH.s_per_miss) < 0.02
+    assert not result.h2d_identifiable  # one expert per copy: latency vs bandwidth not separable
+    assert result.num_cycles_heldout == 100 and result.num_cycles_fit == 300
+    cyc = result.errors["cycle"]["heldout"]
+    assert cyc.num_samples == 100
+    assert cyc.median_abs_pct_error < 2.0 and cyc.p90_abs_pct_error < 5.0
+    assert cyc.r2 > 0.98
+
+
+def test_without_known_latency_effective_bandwidth_predicts_the_same(tables) -> None:
+    cycles, transfers = tables
+    result = fit_cost_model(cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=TRUTH.num_layers)
+    assert result.model.h2d_s_per_transfer == 0.0
+    assert _rel(result.model.s_per_miss, TRUTH.s_per_miss) < 0.02
+    assert any("effective bandwidth" in n for n in result.notes)
+
+
+def test_fit_from_per_layer_data_when_no_transfers(tables) -> None:
+    cycles, _ = tables
+    result = fit_cost_model(cycles, None, expert_bytes=TRUTH.expert_bytes, num_layers=TRUTH.num_layers)
+    assert _rel(result.model.s_per_miss, TRUTH.s_per_miss) < 0.02
+    assert result.errors["h2d_transfer"]["fit"].num_samples == 0
+
+
+def test_link_fit_separates_bandwidth_and_latency_on_size_sweep() -> None:
+    sweep = synthetic_size_sweep(12e9, 15e-6, noise_rel=0.01, seed=2)
+    b = sweep["bytes"].to_numpy()
+    link = fit_link(b, np.ones_like(b), sweep["h2d_s"].to_numpy())
+    assert link.identifiable
+    assert _rel(link.bytes_per_s, 12e9) < 0.02
+    assert _rel(link.s_per_transfer, 15e-6) < 0.02
+
+
+def test_robust_fit_resists_outliers(tables) -> None:
+    cycles, transfers = tables
+    bad = cycles.copy()
+    idx = bad.index[::10]
+    bad.loc[idx, "cycle_s"] += 4.0 * bad.loc[idx, "verify_s"]  # 10% of cycles hit by a stall
+    bad.loc[idx, "verify_s"] *= 5.0
+    plain = fit_cost_model(bad, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=TRUTH.num_layers)
+    robust = fit_cost_model(
+        bad,
+        transfers,
+        expert_bytes=TRUTH.expert_bytes,
+        num_layers=TRUTH.num_layers,
+        options=FitOptions(robust=True),
+    )
+    err_plain = _rel(plain.model.verify_s(24, 500), TRUTH.verify_s(24, 500))
+    err_robust = _rel(robust.model.verify_s(24, 500), TRUTH.verify_s(24, 500))
+    assert err_robust < 0.005
+    assert err_plain > 3 * err_robust
+
+
+def test_split_is_deterministic_by_seed() -> None:
+    a, b, c = split_cycles(40, 0.25, 7), split_cycles(40, 0.25, 7), split_cycles(40, 0.25, 8)
+    assert a.sum() == 10
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_errors_name_run_and_field(tables) -> None:
+    cycles, transfers = tables
+    cycles = cycles.assign(run="runs/r1")
+    bad = cycles.copy()
+    bad.loc[5, "verify_s"] = np.nan
+    with pytest.raises(CalibrationDataError, match=r"run runs/r1, request 5, cycle 0: field 'verify_s'"):
+        fit_cost_model(bad, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=TRUTH.num_layers)
+    bad = cycles.copy()
+    bad.loc[2, "draft_s"] = -1.0
+    with pytest.raises(CalibrationDataError, match="'draft_s'"):
+        fit_cost_model(bad, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=TRUTH.num_layers)
+    with pytest.raises(CalibrationDataError, match=r"lacks column\(s\) \['h2d_s'\]"):
+        fit_cost_model(
+            cycles.drop(columns=["h2d_s"]),
+            transfers,
+            expert_bytes=TRUTH.expert_bytes,
+            num_layers=TRUTH.num_layers,
+        )
+    with pytest.raises(CalibrationDataError, match=r"runs/r1: 5 cycles.*--min-cycles"):
+        fit_cost_model(
+            cycles.head(5), transfers, expert_bytes=TRUTH.expert_bytes, num_layers=TRUTH.num_layers
+        )
+    with pytest.raises(CalibrationDataError, match="expected 7"):
+        fit_cost_model(cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=7)
+    bad_t = transfers.assign(run="runs/r1")
+    bad_t.loc[0, "h2d_s"] = np.inf
+    with pytest.raises(CalibrationDataError, match=r"runs/r1: transfers row 0: field 'h2d_s'"):
+        fit_cost_model(cycles, bad_t, expert_bytes=TRUTH.expert_bytes, num_layers=TRUTH.num_layers)
+
+
+def test_worst_term_names_the_off_term(tables) -> None:
+    cycles, transfers = tables
+    result = fit_cost_model(cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=TRUTH.num_layers)
+    from calibration.costfit import evaluate
+
+    skewed = cycles.copy()
+    skewed["draft_s"] *= 1.3
+    assert worst_term(evaluate(result.model, skewed, transfers)) == "draft"
+
+
+def test_residual_verify_absorbs_bookkeeping_and_excludes_decision(tables) -> None:
+    cycles, transfers = tables
+    c = cycles.copy()
+    c["decision_s"] = 0.5e-3
+    c["cycle_s"] = c["cycle_s"] + 1e-3 + c["decision_s"]  # 1 ms bookkeeping + planner time
+    kw = dict(expert_bytes=TRUTH.expert_bytes, num_layers=TRUTH.num_layers)
+    res = fit_cost_model(c, transfers, **kw)
+    assert res.model.verify_base_s == pytest.approx(TRUTH.verify_base_s + 1e-3, rel=0.03)
+    assert res.errors["cycle"]["heldout"].median_abs_pct_error < 2.0
+    assert res.bookkeeping_share > 0.01
+    raw = fit_cost_model(c, transfers, **kw, options=FitOptions(verify_target="verify_s"))
+    assert raw.model.verify_base_s == pytest.approx(TRUTH.verify_base_s, rel=0.03)
+    # without the bookkeeping term whole cycles are under-predicted
+    assert (
+        raw.errors["cycle"]["heldout"].median_abs_pct_error
+        > res.errors["cycle"]["heldout"].median_abs_pct_error
+    )
+    with pytest.raises(ValueError, match="verify_target"):
+        FitOptions(verify_target="nope")

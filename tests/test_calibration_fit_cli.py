@@ -1,0 +1,140 @@
+"""`python -m calibration.fit` end to end on runs written through traces.writer."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calibration import fit as fit_cli
+from calibration.predictor_tables import PredictorTables
+from calibration.synthetic import write_synthetic_cycles_run
+from specfit.acceptance import AcceptanceCalibration
+from specfit.cost import CycleCostModel
+from specfit.shapes import ModelShape
+from traces.synthetic import generate_dense_trace
+
+SHAPE = ModelShape(
+    name="tiny-moe",
+    num_layers=4,
+    num_experts=16,
+    top_k=2,
+    hidden_size=64,
+    expert_intermediate_size=32,
+    bytes_per_expert=2_000_000,
+)
+TRUTH = CycleCostModel(
+    draft_s_per_level=2e-3,
+    verify_base_s=8e-3,
+    verify_s_per_node=0.3e-3,
+    verify_s_per_context_token=2e-6,
+    h2d_bytes_per_s=5e9,
+    h2d_s_per_transfer=40e-6,
+    expert_bytes=SHAPE.bytes_per_expert,
+    num_layers=SHAPE.num_layers,
+)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("calib-runs")
+    policy = write_synthetic_cycles_run(root / "policy", SHAPE, TRUTH, num_cycles=240, noise_rel=0.01, seed=5)
+    dense = generate_dense_trace(
+        root / "dense",
+        SHAPE,
+        num_requests=2,
+        positions_per_request=40,
+        prompt_len=8,
+        tree_depth=4,
+        tree_topk=3,
+        max_nodes=16,
+        vocab_size=50,
+        seed=1,
+    )
+    return policy, dense
+
+
+def _last_json(capsys: pytest.CaptureFixture[str]) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_fit_cli_writes_cost_acceptance_and_tables(runs, tmp_path, capsys) -> None:
+    policy, dense = runs
+    out = tmp_path / "calib" / "cost.json"
+    rc = fit_cli.main(
+        [str(policy), str(dense), "--out", str(out), "--h2d-latency-us", "40", "--model", "tiny-moe"]
+    )
+    summary = _last_json(capsys)
+    assert rc == 0, summary
+    assert summary["ok"] is True
+    model = CycleCostModel.load(out)
+    for name in ("draft_s_per_level", "verify_s_per_node", "h2d_bytes_per_s"):
+        assert abs(getattr(model, name) / getattr(TRUTH, name) - 1) < 0.02, name
+    assert model.h2d_s_per_transfer == pytest.approx(40e-6)
+    assert summary["cycle_heldout_median_pct"] < 2.0
+    report = json.loads((out.parent / fit_cli.REPORT_NAME).read_text())
+    assert report["num_cycles_heldout"] == 60
+    assert set(report["errors"]) == {"draft", "verify", "h2d_cycle", "h2d_transfer", "cycle"}
+    assert report["errors"]["cycle"]["heldout"]["p90_abs_pct_error"] < 5.0
+    cal = AcceptanceCalibration.from_dict(json.loads((out.parent / fit_cli.ACCEPTANCE_NAME).read_text()))
+    assert np.all(np.diff(cal.knots_y) >= 0) and cal.knots_x.size >= 2
+    assert (out.parent / fit_cli.RELIABILITY_NAME).read_text().startswith("bin_lo,")
+    tables = PredictorTables.load(out.parent / fit_cli.PREDICTORS_NAME)
+    assert tables.num_trees == 80
+    assert tables.union_size.shape == (4, 17)
+    assert np.all(np.diff(tables.union_size, axis=1) >= 0)
+    assert tables.union_size[:, 1] == pytest.approx(np.full(4, 2.0))  # one node routes to top-2
+    np.testing.assert_allclose(tables.layer_frequency.sum(axis=1), 2.0)
+    assert tables.token_bits.shape == (tables.token_ids.size, 4, 1) and tables.token_ids.size > 0
+    from specfit.predictors import make_predictor
+
+    assert make_predictor("token-table", **tables.predictor_kwargs("token-table")).name == "token-table"
+    make_predictor("union-size", **tables.predictor_kwargs("union-size"))
+    rows = (out.parent / fit_cli.CYCLES_NAME).read_text().splitlines()
+    assert len(rows) == 241 and "predicted_cycle_s" in rows[0]
+
+
+def test_fit_cli_rejects_other_model(runs, tmp_path, capsys) -> None:
+    policy, _ = runs
+    rc = fit_cli.main([str(policy), "--out", str(tmp_path / "c.json"), "--model", "qwen3-30b-a3b"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert str(policy) in err and "model.name" in err and "qwen3-30b-a3b" in err
+
+
+def test_fit_cli_too_few_cycles_and_missing_dir(runs, tmp_path, capsys) -> None:
+    policy, _ = runs
+    rc = fit_cli.main([str(policy), "--out", str(tmp_path / "c.json"), "--min-cycles", "1000"])
+    assert rc == 1 and "--min-cycles" in capsys.readouterr().err
+    rc = fit_cli.main([str(tmp_path / "nope"), "--out", str(tmp_path / "c.json")])
+    assert rc == 1 and "not a directory" in capsys.readouterr().err
+
+
+def test_fit_cli_dense_only_run_has_no_cycles(runs, tmp_path, capsys) -> None:
+    _, dense = runs
+    rc = fit_cli.main([str(dense), "--out", str(tmp_path / "c.json")])
+    assert rc == 1 and "cycles table is empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "flag"),
+    [
+        (["--holdout", "2"], "--holdout"),
+        (["--min-cycles", "0"], "--min-cycles"),
+        (["--h2d-table", "x.json"], "--h2d-table"),
+    ],
+)
+def test_fit_cli_bad_flags_exit_2(runs, flags, flag, capsys) -> None:
+    policy, _ = runs
+    with pytest.raises(SystemExit) as exc:
+        fit_cli.main([str(policy), *flags])
+    assert exc.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_fit_cli_help_lists_units(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        fit_cli.main(["--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "microseconds" in text and "default: 0.25" in text

@@ -1,0 +1,142 @@
+"""live.h2d: the emulated link's timing, real copies, link kinds; the CUDA path (GPU only)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from live.h2d import LINK_KINDS, H2DLink
+from live.offload import make_link
+
+MB = 1_000_000
+
+
+def _pairs(num_transfers: int, num_bytes: int):
+    n = num_bytes // 4
+    return [[(torch.empty(n), torch.full((n,), float(i)))] for i in range(num_transfers)]
+
+
+def test_emulated_one_mb_at_one_gb_per_s_takes_at_least_one_ms():
+    link = make_link("cpu", bandwidth_gb_per_s=1.0)
+    transfers = _pairs(1, MB)
+    started = time.perf_counter()
+    fetch = link.fetch(transfers)
+    elapsed_s = time.perf_counter() - started
+    assert fetch.num_bytes == MB and fetch.num_transfers == 1
+    assert fetch.seconds() >= 1e-3
+    assert elapsed_s >= 1e-3
+    assert fetch.seconds() < 0.25  # loose: a shared 2-core machine
+    assert link.transfer_s(MB) == pytest.approx(1e-3)
+
+
+def test_emulated_latency_is_paid_per_transfer():
+    link = H2DLink("cpu", bandwidth_bytes_per_s=1e12, latency_s=2e-3)
+    fetch = link.fetch(_pairs(5, 4096))
+    assert fetch.seconds() >= 5 * 2e-3
+    assert fetch.seconds() < 0.5
+    assert link.kind == "cpu-emulated" and link.info.latency_s == 2e-3
+
+
+def test_memcpy_link_copies_data_and_is_described():
+    link = H2DLink("cpu")
+    transfers = _pairs(3, 4096)
+    fetch = link.fetch(transfers)
+    for i, transfer in enumerate(transfers):
+        dst, src = transfer[0]
+        assert torch.equal(dst, src) and dst.data_ptr() != src.data_ptr() and dst[0] == i
+    assert fetch.num_bytes == 3 * 4096 and fetch.seconds() >= 0
+    assert link.kind == "cpu-memcpy" and link.kind in LINK_KINDS
+    assert link.info.to_dict() == {
+        "device": "cpu",
+        "kind": "cpu-memcpy",
+        "bandwidth_bytes_per_s": None,
+        "latency_s": 0.0,
+        "pinned": False,
+    }
+    empty = link.fetch([])
+    assert empty.num_bytes == 0 and empty.seconds() == 0.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"bandwidth_bytes_per_s": 0.0}, "bandwidth_bytes_per_s"),
+        ({"bandwidth_bytes_per_s": -5.0}, "bandwidth_bytes_per_s"),
+        ({"bandwidth_bytes_per_s": float("inf")}, "bandwidth_bytes_per_s"),
+        ({"latency_s": -1.0}, "latency_s"),
+    ],
+)
+def test_bad_link_parameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        H2DLink("cpu", **kwargs)
+
+
+def test_bad_device_is_named():
+    with pytest.raises(ValueError, match="device"):
+        H2DLink("meta")
+    with pytest.raises(ValueError, match="only available with device 'cpu'|CUDA is not available"):
+        H2DLink("cuda", bandwidth_bytes_per_s=1e9)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA path
+# ---------------------------------------------------------------------------------------------
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_link_pins_and_times_with_events():
+    link = H2DLink("cuda")
+    host = link.prepare_host(torch.randn(64, 1024, 1024))  # 256 MiB
+    assert host.is_pinned() and link.kind == "cuda-pinned"
+    dst = torch.empty_like(host, device=link.device)
+    fetch = link.fetch([[(dst[i], host[i])] for i in range(64)])
+    seconds = fetch.seconds()
+    assert torch.equal(dst.cpu(), host)
+    assert seconds > 0
+    assert fetch.num_bytes / seconds > 1e9  # any PCIe/NVLink link beats 1 GB/s pinned
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_pageable_fallback_is_said_once(monkeypatch):
+    link = H2DLink("cuda")
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError("pinning refused")
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", refuse)
+    with pytest.warns(RuntimeWarning, match="pageable"):
+        a = link.prepare_host(torch.randn(8))
+    b = link.prepare_host(torch.randn(8))  # no second warning: kind already pageable
+    assert not a.is_pinned() and not b.is_pinned()
+    assert link.kind == "cuda-pageable"
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_offloaded_equals_resident(tiny_checkpoint):
+    from live_fixtures import make_cache
+
+    from live.loader import describe_moe, load_target
+    from live.offload import OffloadedMoE
+
+    path = tiny_checkpoint("qwen3_moe")
+    resident = load_target(path, "cuda", experts_on_device=True)
+    model = load_target(path, "cuda")
+    spec = describe_moe(model)
+    engine = OffloadedMoE.install(
+        model, make_cache("lru", spec.num_layers, spec.num_experts, 3), H2DLink("cuda")
+    )
+    prompt = torch.tensor([[5, 17, 42, 8, 90, 33, 61, 7]], device="cuda")
+    with torch.no_grad():
+        want = resident(prompt).logits
+        engine.begin_forward()
+        got = model(prompt).logits
+        stats = engine.end_forward()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert stats.misses > 0 and stats.h2d_s > 0 and stats.compute_s > 0
+    assert engine.h2d_link.kind == "cuda-pinned"

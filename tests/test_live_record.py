@@ -1,0 +1,170 @@
+"""`python -m live.record`: flags, bad values, dense and policy runs, resume (tiny random checkpoints)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from live_fixtures import TINY_VOCAB_SIZE, make_tiny_checkpoint, make_tiny_draft
+
+from live.record import main
+
+pytest.importorskip("traces.writer")
+from traces.reader import open_run  # noqa: E402
+
+PROMPT_LINES = ["w5 w9 w33 w12", "w7", "w40 w41 w42 w43 w44 w45 w46 w47 w48"]
+
+
+def _save_tokenizer(folder) -> None:
+    """A word-level tokenizer over the tiny vocabulary ('w4'..'w95'), so the CLI can tokenize text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3} | {f"w{i}": i for i in range(4, TINY_VOCAB_SIZE)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>", pad_token="<pad>"
+    )
+    fast.save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("record")
+    target, draft = make_tiny_checkpoint(root, "qwen3_moe"), make_tiny_draft(root)
+    _save_tokenizer(target)
+    _save_tokenizer(draft)
+    prompts = root / "prompts.txt"
+    prompts.write_text("\n".join(PROMPT_LINES) + "\n")
+    return {"target": str(target), "draft": str(draft), "prompts": str(prompts), "root": root}
+
+
+def _args(tiny, out, *extra):
+    return [
+        "--model", tiny["target"], "--draft", tiny["draft"], "--prompts", tiny["prompts"],
+        "--max-new-tokens", "8", "--depth", "3", "--topk", "2", "--max-nodes", "7",
+        "--cache-experts", "6", "--out", str(out), *extra,
+    ]  # fmt: skip
+
+
+def _last_json(capsys) -> dict:
+    lines = capsys.readouterr().out.strip().splitlines()
+    return json.loads(lines[-1])
+
+
+def test_help_lists_units_and_defaults(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for needle in (
+        "--bandwidth",
+        "GB/s",
+        "--cache-experts",
+        "--max-new-tokens",
+        "(default: 32)",
+        "--resume",
+        "us)",
+    ):
+        assert needle in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--bandwidth", "0"], "--bandwidth"),
+        (["--bandwidth", "-2"], "--bandwidth"),
+        (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--prompts", "/nonexistent/prompts.txt"], "--prompts"),
+        (["--model", "/nonexistent/model"], "--model"),
+        (["--policy", "bogus"], "--policy"),
+        (["--resume"], "--resume"),
+    ],
+)
+def test_bad_values_exit_2_naming_the_flag(capsys, argv, flag):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_cache_larger_than_experts_and_empty_prompt_file_exit_2(tiny, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(_args(tiny, tmp_path / "a") + ["--cache-experts", "17"])
+    assert exc.value.code == 2 and "--cache-experts" in capsys.readouterr().err
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    with pytest.raises(SystemExit) as exc:
+        main(_args(tiny, tmp_path / "b") + ["--prompts", str(empty)])
+    assert exc.value.code == 2 and "--prompts" in capsys.readouterr().err
+
+
+def test_dense_run_writes_a_valid_trace(tiny, tmp_path, capsys):
+    out = tmp_path / "dense"
+    assert main(_args(tiny, out, "--bandwidth", "2")) == 0
+    summary = _last_json(capsys)
+    assert summary["num_requests"] == 3 and summary["num_tokens"] == 24 and summary["tau"] == 1.0
+    assert summary["h2d_bytes"] > 0 and 0 <= summary["hit_rate"] <= 1
+    assert json.loads((out / "summary.json").read_text())["summary"]["num_tokens"] == 24
+    run = open_run(out)
+    assert run.manifest.complete and run.manifest.run.mode == "dense"
+    trees = list(run.iter_trees())
+    assert len(trees) == 24  # one tree per committed position
+    accepted_lengths = []
+    for t in trees:
+        assert t.tree.num_nodes == 7 and t.expert_ids.shape == (7, 2, 4)
+        path_ok = t.accepted.copy()
+        for v in range(1, t.tree.num_nodes):
+            path_ok[v] &= path_ok[t.tree.parents[v]]
+        accepted_lengths.append(int(t.tree.depths[path_ok].max()))
+    # the cycle's num_accepted is the accepted path length of the whole tree
+    assert run.cycles.sort_values(["request_id", "position"])["num_accepted"].tolist() == accepted_lengths
+    generated = {int(r.request_id): list(r.generated_token_ids) for r in run.requests.itertuples()}
+    # the committed token at each position is the target's greedy token at the tree's root
+    by_request = {}
+    for t in trees:
+        by_request.setdefault(t.request_id, []).append(int(t.target_tokens[0]))
+    assert by_request == generated
+    assert len(run.cycles) == 24 and (run.cycles["num_committed"] == 1).all()
+
+
+@pytest.fixture(scope="module")
+def dense_run(tiny):
+    out = tiny["root"] / "dense-reference"
+    main(_args(tiny, out))
+    return out
+
+
+@pytest.mark.parametrize("policy", ["specfit", "topn", "chain", "ar"])
+def test_policy_runs_are_lossless(tiny, dense_run, tmp_path, capsys, policy):
+    dense = dense_run
+    capsys.readouterr()
+    out = tmp_path / policy
+    assert main(_args(tiny, out, "--mode", "policy", "--policy", policy, "--bandwidth", "1")) == 0
+    summary = _last_json(capsys)
+    assert summary["policy"] == policy and summary["num_tokens"] == 24
+    want = open_run(dense).requests.sort_values("request_id")["generated_token_ids"].map(list).tolist()
+    run = open_run(out)
+    got = run.requests.sort_values("request_id")["generated_token_ids"].map(list).tolist()
+    assert got == want
+    cycles = run.cycles
+    if policy in ("specfit", "topn", "chain"):
+        assert (
+            cycles["predicted_cycle_s"].notna().all() and (cycles["predicted_expected_committed"] >= 1).all()
+        )
+    assert (cycles["num_committed"] == cycles["num_accepted"] + 1).sum() >= len(cycles) - 3
+
+
+def test_resume_skips_finished_prompts(tiny, tmp_path, capsys):
+    out = tmp_path / "resume"
+    main(_args(tiny, out, "--num-prompts", "1"))
+    first = _last_json(capsys)
+    assert first["num_requests"] == 1
+    main(_args(tiny, out, "--num-prompts", "3", "--resume"))
+    second = _last_json(capsys)
+    assert second["num_requests"] == 2
+    run = open_run(out)
+    assert sorted(run.requests["request_id"].tolist()) == [0, 1, 2]
+    assert np.array_equal(np.sort(run.cycles["request_id"].unique()), [0, 1, 2])

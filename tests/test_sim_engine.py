@@ -1,0 +1,126 @@
+"""sim.engine: the cycle timeline on the compute stream and the FIFO H2D link."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim.engine import CyclePlan, FastEngine, LinkSpec, SimPyEngine, make_engine
+
+LINK = LinkSpec(latency_ns=10_000, wire_ns=290_000)  # 9.4 MB expert at ~32 GB/s + 10 us
+
+
+def _random_plan(rng: np.random.Generator, num_layers: int, *, overlap: bool, prefetch: bool) -> CyclePlan:
+    hits, demand, pre = [], [], []
+    for layer in range(num_layers):
+        experts = rng.permutation(32)[: rng.integers(0, 12)]
+        cut = rng.integers(0, len(experts) + 1)
+        hits.append(tuple(int(e) for e in experts[:cut]))
+        demand.append(tuple(int(e) for e in experts[cut:]))
+        if prefetch:
+            pre += [(layer, int(e)) for e in rng.permutation(np.arange(32, 40))[: rng.integers(0, 3)]]
+            # a prefetched expert that the layer then needs: counted as a hit that must arrive
+            if pre and pre[-1][0] == layer and rng.random() < 0.7:
+                hits[-1] = (*hits[-1], pre[-1][1])
+    return CyclePlan(
+        draft_ns=int(rng.integers(0, 5_000_000)),
+        decision_ns=int(rng.integers(0, 50_000)),
+        layer_compute_ns=tuple(int(x) for x in rng.integers(50_000, 400_000, num_layers)),
+        hits=tuple(hits),
+        demand=tuple(demand),
+        prefetch=tuple(pre),
+        overlap=overlap,
+    )
+
+
+def test_serial_cycle_equals_the_analytic_formula_exactly() -> None:
+    plan = CyclePlan(
+        draft_ns=3_000_000,
+        decision_ns=0,
+        layer_compute_ns=(100_000, 200_000, 300_000),
+        hits=((1, 2), (), (5,)),
+        demand=((3,), (0, 4, 7), ()),
+    )
+    for engine in (FastEngine(LINK, 3), SimPyEngine(LINK, 3)):
+        timing = engine.run_cycle(plan)
+        assert timing.cycle_ns == 3_000_000 + 600_000 + 4 * 300_000
+        assert timing.layer_h2d_ns == (300_000, 900_000, 0)
+        assert timing.layer_start_ns == (3_300_000, 4_300_000, 4_500_000)
+        assert timing.stall_ns == 4 * 300_000
+        assert timing.num_transfers == 4
+
+
+def test_overlap_pipelines_transfers_of_later_layers_behind_compute() -> None:
+    # layer 0 computes 1 ms while layer 1's two copies (0.6 ms) proceed: no stall for layer 1
+    plan = CyclePlan(0, 0, (1_000_000, 1_000_000), hits=((), ()), demand=((), (1, 2)), overlap=True)
+    serial = CyclePlan(0, 0, (1_000_000, 1_000_000), hits=((), ()), demand=((), (1, 2)), overlap=False)
+    for cls in (FastEngine, SimPyEngine):
+        assert cls(LINK, 2).run_cycle(plan).cycle_ns == 2_000_000
+        assert cls(LINK, 2).run_cycle(serial).cycle_ns == 2_600_000
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_fast_engine_matches_simpy_to_the_nanosecond(overlap: bool, prefetch: bool) -> None:
+    rng = np.random.default_rng(7)
+    fast, ref = FastEngine(LINK, 6), SimPyEngine(LINK, 6)
+    for _ in range(30):  # persistent state: prefetch copies still in flight cross cycle boundaries
+        plan = _random_plan(rng, 6, overlap=overlap, prefetch=prefetch)
+        a, b = fast.run_cycle(plan), ref.run_cycle(plan)
+        assert a == b
+        assert fast.now_ns == ref.now_ns
+
+
+def test_overlapped_cycle_lies_between_the_bound_and_the_serial_value() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        plan = _random_plan(rng, 8, overlap=True, prefetch=False)
+        serial = CyclePlan(**{**plan.__dict__, "overlap": False})
+        t_over = FastEngine(LINK, 8).run_cycle(plan).cycle_ns
+        t_serial = FastEngine(LINK, 8).run_cycle(serial).cycle_ns
+        h2d = sum(len(d) for d in plan.demand) * LINK.transfer_ns
+        verify = sum(plan.layer_compute_ns)
+        bound = plan.draft_ns + plan.decision_ns + max(verify, h2d)
+        assert bound <= t_over <= t_serial
+        assert t_serial == plan.draft_ns + plan.decision_ns + verify + h2d
+
+
+def test_prefetched_expert_is_usable_only_after_its_copy_arrives() -> None:
+    plan = CyclePlan(
+        draft_ns=0,
+        decision_ns=0,
+        layer_compute_ns=(100,),
+        hits=((9,),),  # expert 9 is resident (prefetched) but still crossing
+        demand=((),),
+        prefetch=((0, 9), (0, 8)),
+    )
+    for cls in (FastEngine, SimPyEngine):
+        engine = cls(LINK, 1)
+        timing = engine.run_cycle(plan)
+        assert timing.layer_start_ns == (LINK.transfer_ns,)
+        # expert 8 (not needed) is still in flight at the cycle's end and delays the next copies
+        assert engine.in_flight(0) == frozenset({8})
+        nxt = engine.run_cycle(CyclePlan(0, 0, (100,), hits=((),), demand=((3,),)))
+        assert nxt.layer_start_ns == (3 * LINK.transfer_ns,)
+
+
+def test_concurrent_copies_overlap_latency_but_share_the_wire() -> None:
+    link = LinkSpec(latency_ns=1_000, wire_ns=4_000, concurrency=2)
+    plan = CyclePlan(0, 0, (0,), hits=((),), demand=((1, 2, 3),))
+    timing = SimPyEngine(link, 1).run_cycle(plan)
+    # engine A: lat 0-1k, wire 1k-5k; engine B: lat 0-1k, wire 5k-9k; A: lat 5k-6k, wire 9k-13k
+    assert timing.cycle_ns == 13_000
+    assert SimPyEngine(LinkSpec(1_000, 4_000), 1).run_cycle(plan).cycle_ns == 15_000
+
+
+def test_bad_inputs_raise_clear_errors() -> None:
+    with pytest.raises(ValueError, match="LinkSpec.wire_ns"):
+        LinkSpec(latency_ns=0, wire_ns=-1)
+    with pytest.raises(ValueError, match="concurrency"):
+        FastEngine(LinkSpec(0, 1, concurrency=2), 1)
+    with pytest.raises(ValueError, match="engine: expected one of"):
+        make_engine("warp", LINK, 1)
+    with pytest.raises(ValueError, match="one entry per layer"):
+        FastEngine(LINK, 2).run_cycle(CyclePlan(0, 0, (1, 1), hits=((),), demand=((), ())))
+    assert isinstance(make_engine("auto", LinkSpec(0, 1, concurrency=2), 1), SimPyEngine)
+    assert isinstance(make_engine("auto", LINK, 1), FastEngine)

@@ -1,0 +1,247 @@
+"""sim.replay: one policy replayed on a small synthetic dense trace."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from sim.config import SimConfig
+from sim.replay import ReplayError, committed_path, link_from_cost, replay_policy, split_ns
+from specfit.cost import CycleCostModel
+from specfit.shapes import ModelShape
+from specfit.units import s_to_ns
+from traces.reader import open_run
+from traces.synthetic import generate_dense_trace
+
+SHAPE = ModelShape(
+    "tiny",
+    num_layers=4,
+    num_experts=16,
+    top_k=2,
+    hidden_size=64,
+    expert_intermediate_size=32,
+    bytes_per_expert=12_288,
+)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory):
+    path = generate_dense_trace(
+        tmp_path_factory.mktemp("sim-replay") / "tiny",
+        SHAPE,
+        num_requests=2,
+        positions_per_request=24,
+        prompt_len=8,
+        tree_depth=4,
+        tree_topk=3,
+        max_nodes=16,
+        seed=3,
+    )
+    return open_run(path)
+
+
+def _cost(**kw) -> CycleCostModel:
+    base = dict(
+        draft_s_per_level=1e-3,
+        verify_base_s=4e-3,
+        verify_s_per_node=2e-5,
+        verify_s_per_context_token=1e-7,
+        h2d_bytes_per_s=16e9,
+        h2d_s_per_transfer=1e-5,
+        expert_bytes=9_437_184,
+        num_layers=SHAPE.num_layers,
+    )
+    return CycleCostModel(**{**base, **kw})
+
+
+def _tokens(result, request_id: int) -> list[int]:
+    return [t for c in result.cycles if c.request_id == request_id for t in c.committed_token_ids]
+
+
+@pytest.mark.parametrize("policy", ["ar", "chain", "topn", "specfit", "cascade"])
+def test_every_policy_commits_exactly_the_greedy_output(run, policy: str) -> None:
+    result = replay_policy(run, SimConfig(cost=_cost(), policy=policy, cache_capacity_per_layer=4))
+    generated = dict(zip(run.requests["request_id"], run.requests["generated_token_ids"]))
+    for rid in (0, 1):
+        tokens = _tokens(result, rid)
+        assert len(tokens) >= 24  # the last tree sits at position 23
+        assert tokens == list(generated[rid][: len(tokens)])
+    positions = [c.position for c in result.cycles if c.request_id == 0]
+    commits = [c.num_committed for c in result.cycles if c.request_id == 0]
+    assert positions == list(np.cumsum([0, *commits[:-1]]))
+    assert result.totals.num_committed == sum(c.num_committed for c in result.cycles)
+    if policy == "ar":
+        assert result.totals.tau == 1.0 and all(c.num_draft_levels == 0 for c in result.cycles)
+
+
+def test_serial_cycle_equals_the_cost_formula_and_oracle_prediction(run) -> None:
+    cost = _cost()
+    result = replay_policy(
+        run, SimConfig(cost=cost, policy="specfit", predictor="oracle", cache_capacity_per_layer=6)
+    )
+    transfer_ns = s_to_ns(cost.transfer_s(1))
+    for c in result.cycles:
+        verify_ns = s_to_ns(cost.verify_s(c.num_nodes_verified, c.context_len))
+        expected_ns = (
+            s_to_ns(cost.draft_s(c.num_draft_levels)) + verify_ns + sum(c.layer_misses) * transfer_ns
+        )
+        assert s_to_ns(c.cycle_s) == expected_ns
+        formula = cost.cycle_s(c.num_draft_levels, c.num_nodes_verified, c.context_len, c.layer_misses)
+        assert c.cycle_s == pytest.approx(formula, abs=(sum(c.layer_misses) + 3) * 1e-9)
+        # the oracle planner sees the true experts and the same cache: its prediction is exact
+        assert c.predicted_cycle_s == pytest.approx(c.cycle_s, abs=(sum(c.layer_misses) + 3) * 1e-9)
+        assert c.cache_misses == sum(c.layer_misses)
+        assert c.layer_h2d_bytes == [m * cost.expert_bytes for m in c.layer_misses]
+
+
+def test_totals_are_consistent_with_the_cycles(run) -> None:
+    result = replay_policy(run, SimConfig(cost=_cost(), policy="topn", cache_capacity_per_layer=4))
+    t, cycles = result.totals, result.cycles
+    assert t.num_cycles == len(cycles)
+    assert t.decode_s == pytest.approx(sum(c.cycle_s for c in cycles))
+    assert t.tokens_per_s == pytest.approx(t.num_committed / t.decode_s)
+    assert t.tau == pytest.approx(np.mean([c.num_committed for c in cycles]))
+    hits, misses = sum(c.cache_hits for c in cycles), sum(c.cache_misses for c in cycles)
+    assert t.hit_rate == pytest.approx(hits / (hits + misses))
+    assert t.h2d_bytes == sum(sum(c.layer_h2d_bytes) for c in cycles)
+    assert t.prefill_h2d_bytes > 0 and 0 < t.hit_rate < 1
+    assert t.to_dict()["h2d_gb"] == pytest.approx(t.h2d_bytes / 1e9)
+
+
+def test_same_config_same_result_and_bandwidth_monotone(run) -> None:
+    config = SimConfig(
+        cost=_cost(),
+        policy="specfit",
+        cache_capacity_per_layer=4,
+        overlap=True,
+        prefetch=True,
+        predictor="recent",
+    )
+    a, b = replay_policy(run, config), replay_policy(run, config)
+    assert a.totals == b.totals and a.cycles == b.cycles
+    slow = replay_policy(run, dataclasses.replace(config, cost=_cost(h2d_bytes_per_s=4e9), policy="topn"))
+    fast = replay_policy(run, dataclasses.replace(config, cost=_cost(h2d_bytes_per_s=64e9), policy="topn"))
+    assert fast.totals.tokens_per_s > slow.totals.tokens_per_s
+    assert fast.totals.num_committed == slow.totals.num_committed  # same plans: topn ignores costs
+
+
+def test_overlap_never_slower_and_simpy_engine_agrees(run) -> None:
+    serial = replay_policy(run, SimConfig(cost=_cost(), policy="topn", cache_capacity_per_layer=4))
+    over = replay_policy(
+        run, SimConfig(cost=_cost(), policy="topn", cache_capacity_per_layer=4, overlap=True)
+    )
+    assert over.totals.decode_ns <= serial.totals.decode_ns
+    assert over.totals.cache_misses == serial.totals.cache_misses  # timing never changes cache decisions
+    for c in over.cycles:
+        bound = c.draft_s + max(c.verify_s, c.h2d_s)
+        assert bound - 1e-9 <= c.cycle_s <= c.draft_s + c.verify_s + c.h2d_s + 1e-9
+    ref = replay_policy(
+        run,
+        SimConfig(
+            cost=_cost(),
+            policy="topn",
+            cache_capacity_per_layer=4,
+            overlap=True,
+            prefetch=True,
+            predictor="recent",
+            engine="simpy",
+        ),
+    )
+    fast = replay_policy(
+        run,
+        SimConfig(
+            cost=_cost(),
+            policy="topn",
+            cache_capacity_per_layer=4,
+            overlap=True,
+            prefetch=True,
+            predictor="recent",
+            engine="fast",
+        ),
+    )
+    assert ref.totals == fast.totals
+
+
+def test_prefetch_with_the_oracle_moves_copies_off_the_critical_path(run) -> None:
+    base = SimConfig(cost=_cost(), policy="topn", predictor="oracle", cache_capacity_per_layer=14)
+    plain = replay_policy(run, base)
+    pre = replay_policy(run, dataclasses.replace(base, prefetch=True))
+    assert pre.totals.prefetch_bytes > 0
+    assert pre.totals.cache_hits > plain.totals.cache_hits
+    assert pre.totals.stall_ns < plain.totals.stall_ns
+
+
+def test_cache_policies_and_capacity(run) -> None:
+    rates = {}
+    for policy in ("lru", "lfu", "static", "belady"):
+        result = replay_policy(
+            run, SimConfig(cost=_cost(), policy="ar", cache_policy=policy, cache_capacity_per_layer=4)
+        )
+        rates[policy] = result.totals.hit_rate
+    assert (
+        rates["belady"] >= max(rates["lru"], rates["lfu"]) - 1e-12
+    )  # the oracle bound (same accesses under AR)
+    full = replay_policy(
+        run, SimConfig(cost=_cost(), policy="ar", cache_capacity_per_layer=SHAPE.num_experts)
+    )
+    none = replay_policy(run, SimConfig(cost=_cost(), policy="ar", cache_capacity_per_layer=0))
+    assert none.totals.hit_rate == 0.0
+    assert full.totals.hit_rate > rates["lru"]
+
+
+def test_link_concurrency_runs_on_simpy_and_helps(run) -> None:
+    one = replay_policy(run, SimConfig(cost=_cost(), policy="topn", cache_capacity_per_layer=2))
+    two = replay_policy(
+        run, SimConfig(cost=_cost(), policy="topn", cache_capacity_per_layer=2, link_concurrency=2)
+    )
+    assert two.totals.decode_ns < one.totals.decode_ns
+
+
+def test_helpers() -> None:
+    assert split_ns(10, 3) == (3, 3, 4) and sum(split_ns(123_456_789, 48)) == 123_456_789
+    link = link_from_cost(_cost())
+    assert link.transfer_ns == s_to_ns(_cost().transfer_s(1)) and link.latency_ns == 10_000
+
+    class Tree:
+        parents = np.array([-1, 0, 0, 1, 3])
+        depths = np.array([0, 1, 1, 2, 3])
+
+    ok = np.array([True, True, False, True, False])
+    assert committed_path(Tree, ok, np.array([0, 1, 2, 3, 4])).tolist() == [0, 1, 3]
+    assert committed_path(Tree, ok, np.array([0, 2])).tolist() == [0]
+
+
+def test_bad_configs_raise_clear_errors(run) -> None:
+    with pytest.raises(ReplayError, match="num_layers=48 but the trace"):
+        replay_policy(run, SimConfig(cost=_cost(num_layers=48)))
+    with pytest.raises(ReplayError, match="exceeds the trace's 16 experts"):
+        replay_policy(run, SimConfig(cost=_cost(), cache_capacity_per_layer=17))
+    with pytest.raises(ValueError, match="policy: expected one of"):
+        SimConfig(cost=_cost(), policy="greedy")
+    with pytest.raises(ValueError, match="unknown expert predictor"):
+        replay_policy(run, SimConfig(cost=_cost(), predictor="psychic", cache_capacity_per_layer=4))
+    with pytest.raises(ValueError, match="SimConfig.link_concurrency"):
+        SimConfig(cost=_cost(), link_concurrency=0)
+    with pytest.raises(ValueError, match="SimConfig.acceptance"):
+        SimConfig(cost=_cost(), acceptance={"knots_x": [0.5, 0.2], "knots_y": [0, 1]})
+
+
+def test_config_roundtrip_and_limits(run) -> None:
+    config = SimConfig(
+        cost=_cost(),
+        policy="top-N",
+        max_positions=5,
+        max_requests=1,
+        cache_capacity_per_layer=4,
+        acceptance={"knots_x": [0.0, 1.0], "knots_y": [0.0, 0.5]},
+    )
+    assert config.policy == "topn"
+    assert SimConfig.from_dict(config.to_dict()) == config
+    result = replay_policy(run, config)
+    assert result.totals.num_requests == 1
+    assert sum(c.num_committed for c in result.cycles) == 5
+    assert all(c.predicted_expected_committed <= 1 + 0.5 * 15 for c in result.cycles)
+    assert not math.isnan(result.totals.tokens_per_s)

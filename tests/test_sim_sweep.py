@@ -1,0 +1,258 @@
+"""sim.sweep: the CLI, resumability, determinism and the executors (local pool, Ray)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from sim.cells import make_cells, parse_cache_sizes
+from sim.presets import cost_from_preset
+from sim.sweep import main, run_sweep
+from specfit.shapes import ModelShape
+from traces.synthetic import generate_dense_trace
+
+SHAPE = ModelShape(
+    "tiny",
+    num_layers=4,
+    num_experts=16,
+    top_k=2,
+    hidden_size=64,
+    expert_intermediate_size=32,
+    bytes_per_expert=12_288,
+)
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = generate_dense_trace(
+        tmp_path_factory.mktemp("sim-sweep") / "tiny",
+        SHAPE,
+        num_requests=2,
+        positions_per_request=16,
+        prompt_len=8,
+        tree_depth=3,
+        tree_topk=3,
+        max_nodes=12,
+        seed=5,
+    )
+    return str(path)
+
+
+def _cells(trace: str):
+    cost = cost_from_preset("qwen3-30b-a3b-2gpu", expert_bytes=9_437_184, num_layers=SHAPE.num_layers)
+    return make_cells(
+        trace_path=trace,
+        cost=cost,
+        bandwidths_gb_per_s=[16, 64],
+        caches=parse_cache_sizes(["0.25", "8"], SHAPE.num_experts),
+        policies=["ar", "topn", "specfit"],
+    )
+
+
+def _last_json(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_cli_runs_writes_tidy_results_and_resumes(trace: str, tmp_path, capsys) -> None:
+    out = tmp_path / "sweep"
+    argv = [
+        "--trace",
+        trace,
+        "--bandwidth",
+        "16,64",
+        "--cache",
+        "0.25,8",
+        "--out",
+        str(out),
+        "--jobs",
+        "1",
+        "--no-progress",
+    ]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    summary = _last_json(printed)
+    assert summary["num_cells"] == 12 and summary["cells_run"] == 12 and summary["cells_skipped"] == 0
+    assert summary["expert_bytes"] == 9_437_184
+    lines = printed.splitlines()
+    assert (
+        lines[0].startswith("trace: trace ")
+        and "model shape: qwen3-30b-a3b expert size, 9,437,184 bytes/expert" in lines[1]
+    )
+    assert lines[2].startswith("cost: preset qwen3-30b-a3b-2gpu+pcie5-x16")
+    df = pd.read_parquet(out / "results.parquet")
+    assert len(df) == 12
+    for column in (
+        "bandwidth_gb_per_s",
+        "cache_experts_per_layer",
+        "policy",
+        "tokens_per_s",
+        "tau",
+        "hit_rate",
+        "h2d_gb",
+        "speedup_vs_ar",
+        "speedup_vs_topn",
+        "specfit_below_baseline",
+    ):
+        assert column in df.columns
+    assert set(df["cache_experts_per_layer"]) == {4, 8}
+    assert (df.loc[df["policy"] == "ar", "speedup_vs_ar"] == 1.0).all()
+    assert (df.loc[df["policy"] == "ar", "tau"] == 1.0).all()
+    assert pd.read_csv(out / "results.csv").shape == df.shape
+    assert (out / "throughput_vs_bandwidth.png").stat().st_size > 1000
+    assert len(list((out / "cells").glob("*.json"))) == 12
+    first = (out / "results.parquet").read_bytes(), (out / "results.csv").read_bytes()
+
+    # resume: drop two finished cells; the re-run redoes only those, results byte-identical
+    for path in sorted((out / "cells").glob("*.json"))[:2]:
+        path.unlink()
+    assert main(argv) == 0
+    again = _last_json(capsys.readouterr().out)
+    assert again["cells_run"] == 2 and again["cells_skipped"] == 10
+    assert ((out / "results.parquet").read_bytes(), (out / "results.csv").read_bytes()) == first
+
+    # a fresh directory with the same seed: byte-identical too
+    other = tmp_path / "other"
+    assert main([*argv[:-5], "--out", str(other), "--jobs", "2", "--no-progress", "--no-figures"]) == 0
+    capsys.readouterr()
+    assert (other / "results.csv").read_bytes() == first[1]
+
+
+def test_help_lists_flags_with_units_and_defaults(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for flag in (
+        "--bandwidth",
+        "--cache",
+        "--policy",
+        "--cache-policy",
+        "--predictor",
+        "--overlap",
+        "--prefetch",
+        "--cost",
+        "--expert-bytes",
+        "--model-shape",
+        "--trace",
+        "--out",
+        "--jobs",
+        "--executor",
+        "--ray-address",
+        "--seed",
+    ):
+        assert flag in text
+    assert "GB/s (1 GB = 1e9 bytes)" in text and "default: [16.0, 32.0, 64.0]" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--bandwidth", "fast"], "--bandwidth"),
+        (["--bandwidth", "-3"], "--bandwidth"),
+        (["--policy", "greedy"], "--policy"),
+        (["--cache-policy", "fifo"], "--cache-policy"),
+        (["--predictor", "psychic"], "--predictor"),
+        (["--executor", "slurm"], "--executor"),
+        (["--cache", "2.5"], "--cache"),
+        (["--cache", "99"], "--cache"),
+        (["--cost", "tpu-v9"], "--cost"),
+        (["--model-shape", "gpt-5"], "--model-shape"),
+        (["--acceptance", "/nonexistent.json"], "--acceptance"),
+        (["--trace", "/nonexistent-trace"], "--trace"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(trace: str, argv: list[str], flag: str, capsys, tmp_path) -> None:
+    full = ["--trace", trace, "--out", str(tmp_path / "x"), "--no-progress", *argv]
+    with pytest.raises(SystemExit) as exc:
+        main(full)
+    assert exc.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_expert_bytes_and_cost_file(trace: str, tmp_path, capsys) -> None:
+    cost = cost_from_preset("qwen3-30b-a3b-2gpu", expert_bytes=1_000, num_layers=SHAPE.num_layers)
+    cost_path = cost.save(tmp_path / "cal" / "cost.json")
+    (tmp_path / "cal" / "acceptance.json").write_text(
+        json.dumps({"knots_x": [0.0, 1.0], "knots_y": [0.0, 0.5], "source": "test-fit"})
+    )
+    base = [
+        "--trace",
+        trace,
+        "--bandwidth",
+        "16",
+        "--cache",
+        "4",
+        "--policy",
+        "ar,topn",
+        "--no-progress",
+        "--no-figures",
+        "--jobs",
+        "1",
+    ]
+    assert main([*base, "--cost", str(cost_path), "--out", str(tmp_path / "a")]) == 0
+    printed = capsys.readouterr().out
+    assert _last_json(printed)["expert_bytes"] == 1_000 and "acceptance test-fit" in printed
+    assert main([*base, "--expert-bytes", "352321536", "--out", str(tmp_path / "b")]) == 0
+    assert _last_json(capsys.readouterr().out)["expert_bytes"] == 352_321_536
+    small = pd.read_parquet(tmp_path / "a" / "results.parquet")
+    big = pd.read_parquet(tmp_path / "b" / "results.parquet")
+    assert (big["tokens_per_s"].to_numpy() < small["tokens_per_s"].to_numpy()).all()
+
+
+def test_local_pool_equals_in_process(trace: str, tmp_path) -> None:
+    cells = _cells(trace)
+    one, _, _ = run_sweep(cells, tmp_path / "one", jobs=1, progress=False)
+    two, run, skipped = run_sweep(cells, tmp_path / "two", jobs=2, progress=False)
+    assert (run, skipped) == (12, 0)
+    pd.testing.assert_frame_equal(one, two)
+
+
+@pytest.mark.slow
+def test_ray_executor_equals_local(trace: str, tmp_path) -> None:
+    pytest.importorskip("ray")
+    cells = _cells(trace)[:6]
+    local, _, _ = run_sweep(cells, tmp_path / "local", jobs=1, progress=False)
+    remote, run, _ = run_sweep(cells, tmp_path / "ray", executor="ray", jobs=2, progress=False)
+    assert run == 6
+    pd.testing.assert_frame_equal(local, remote)
+
+
+def test_per_cycle_records_use_the_trace_cycles_schema(trace: str, tmp_path, capsys) -> None:
+    from traces.reader import read_manifest, read_part
+
+    out = tmp_path / "pc"
+    argv = [
+        "--trace",
+        trace,
+        "--bandwidth",
+        "32",
+        "--cache",
+        "4",
+        "--policy",
+        "specfit",
+        "--overlap",
+        "both",
+        "--prefetch",
+        "on",
+        "--predictor",
+        "recent",
+        "--per-cycle",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--no-figures",
+        "--jobs",
+        "1",
+    ]
+    assert main(argv) == 0
+    capsys.readouterr()
+    results = pd.read_parquet(out / "results.parquet")
+    assert len(results) == 2 and set(results["overlap"]) == {False, True}
+    for _, row in results.iterrows():
+        table = read_part(out / "cycles" / f"{row['cell_id']}.parquet", "cycles", read_manifest(trace))
+        cycles = table.to_pandas()
+        assert len(cycles) == row["num_cycles"]
+        assert cycles["num_committed"].sum() == row["num_committed"]
+        assert cycles["cycle_s"].sum() == pytest.approx(row["decode_s"])

@@ -1,0 +1,230 @@
+"""DraftTree, bitsets, the cost model, model shapes and the acceptance estimate."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specfit import bitsets
+from specfit.acceptance import AcceptanceCalibration, path_accept_probs
+from specfit.cost import CycleCostModel
+from specfit.shapes import MODEL_SHAPES, get_model_shape
+from specfit.tree import DraftTree
+from specfit.units import gb_per_s_to_bytes_per_s, s_to_ms
+
+
+# ---- DraftTree ------------------------------------------------------------------------------
+def _tree() -> DraftTree:
+    return DraftTree.from_parents([9, 4, 5, 6, 7], [-1, 0, 0, 1, 1], np.log([1.0, 0.5, 0.25, 0.5, 0.1]))
+
+
+def test_tree_derives_depths_and_path_logprobs() -> None:
+    tree = _tree()
+    assert tree.depths.tolist() == [0, 1, 1, 2, 2]
+    assert np.allclose(tree.path_probs, [1.0, 0.5, 0.25, 0.25, 0.05])
+    assert tree.num_nodes == 5 and tree.num_nodes() == 5
+    assert tree.max_depth == 2 and tree.max_depth() == 2
+    assert tree.children(1).tolist() == [3, 4] and tree.children(3).tolist() == []
+    assert tree.ancestors(4).tolist() == [1, 0] and tree.ancestors(0).tolist() == []
+    assert tree.nodes_at_depth(1).tolist() == [1, 2]
+    assert tree.is_ancestor_closed([0, 1, 4]) and not tree.is_ancestor_closed([0, 4])
+    assert not tree.is_ancestor_closed([]) and not tree.is_ancestor_closed([1])
+    sub = tree.subtree([4, 0, 1])
+    assert sub.parents.tolist() == [-1, 0, 1] and sub.token_ids.tolist() == [9, 4, 7]
+    assert np.allclose(sub.path_logprobs, tree.path_logprobs[[0, 1, 4]])
+    with pytest.raises(ValueError, match="ancestor-closed"):
+        tree.subtree([0, 3])
+    with pytest.raises(ValueError, match="node 7 out of range"):
+        tree.children(7)
+    with pytest.raises(ValueError, match="read-only"):
+        tree.parents[1] = 3
+
+
+@pytest.mark.parametrize(
+    ("parents", "logprobs", "match"),
+    [
+        ([0, 0], None, "node 0 is the root"),
+        ([-1, 1], None, "node 1 has parent 1"),
+        ([-1, 0, 3, 0], None, "node 2 has parent 3"),
+        ([-1, 0], [0.0, 0.5], "log-probability <= 0"),
+        ([-1, 0], [0.0, float("nan")], "not finite"),
+        ([-1, 0], [-0.1, -0.1], "root"),
+    ],
+)
+def test_tree_validation_names_field_and_node(parents, logprobs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        DraftTree.from_parents(np.zeros(len(parents)), parents, logprobs)
+
+
+def test_tree_constructor_checks_depths_and_paths() -> None:
+    good = _tree()
+    with pytest.raises(ValueError, match="DraftTree.depths: node 3"):
+        DraftTree(good.token_ids, good.parents, [0, 1, 1, 1, 2], good.draft_logprobs, good.path_logprobs)
+    with pytest.raises(ValueError, match="DraftTree.path_logprobs: node 2"):
+        DraftTree(
+            good.token_ids,
+            good.parents,
+            good.depths,
+            good.draft_logprobs,
+            good.path_logprobs + [0, 0, 0.1, 0, 0],
+        )
+    with pytest.raises(ValueError, match="parents: expected length 4"):
+        DraftTree(good.token_ids[:4], good.parents, good.depths, good.draft_logprobs, good.path_logprobs)
+    with pytest.raises(ValueError, match="at least the root"):
+        DraftTree.from_parents([], [])
+
+
+# ---- bitsets --------------------------------------------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 200), st.lists(st.lists(st.integers(-1, 199), max_size=10), min_size=1, max_size=6))
+def test_bitsets_match_python_sets(num_experts, rows) -> None:
+    width = max(1, max(len(r) for r in rows))
+    ids = np.full((len(rows), width), -1)
+    for i, r in enumerate(rows):
+        r = [e % num_experts if e >= 0 else -1 for e in r]
+        ids[i, : len(r)] = r
+    bits = bitsets.pack(ids, num_experts)
+    sets = [{int(e) for e in row if e >= 0} for row in ids]
+    assert bits.shape == (len(rows), bitsets.num_words(num_experts)) and bits.dtype == np.uint64
+    assert bitsets.popcount(bits).tolist() == [len(s) for s in sets]
+    flags = bitsets.unpack(bits, num_experts)
+    assert [set(np.flatnonzero(f).tolist()) for f in flags] == sets
+    assert set(bitsets.to_ids(bitsets.union(bits, axis=0), num_experts).tolist()) == set().union(*sets)
+    diff = bitsets.difference(bits[0], bits[-1])
+    assert set(bitsets.to_ids(diff, num_experts).tolist()) == sets[0] - sets[-1]
+    inter = bitsets.intersection(bits[0], bits[-1])
+    assert set(bitsets.to_ids(inter, num_experts).tolist()) == sets[0] & sets[-1]
+
+
+def test_bitsets_layout_and_errors() -> None:
+    bits = bitsets.pack(np.array([0, 63, 64, 127]), 128)
+    assert bits.tolist() == [(1 << 63) | 1, (1 << 63) | 1]
+    assert bitsets.num_words(1) == 1 and bitsets.num_words(64) == 1 and bitsets.num_words(65) == 2
+    with pytest.raises(ValueError, match="out of range"):
+        bitsets.pack(np.array([8]), 8)
+    with pytest.raises(ValueError, match="word"):
+        bitsets.union(bits, axis=-1)
+    with pytest.raises(ValueError, match="num_experts"):
+        bitsets.num_words(0)
+
+
+# ---- cost model -----------------------------------------------------------------------------
+def _cost(**kw) -> CycleCostModel:
+    base = {
+        "draft_s_per_level": 0.002,
+        "verify_base_s": 0.02,
+        "verify_s_per_node": 0.001,
+        "verify_s_per_context_token": 1e-6,
+        "h2d_bytes_per_s": 10e9,
+        "h2d_s_per_transfer": 1e-5,
+        "expert_bytes": 10_000_000,
+        "num_layers": 3,
+    }
+    base.update(kw)
+    return CycleCostModel(**base)
+
+
+def test_cost_formula_values() -> None:
+    cost = _cost()
+    assert cost.transfer_s() == pytest.approx(1e-3 + 1e-5)
+    assert cost.transfer_s(3) == pytest.approx(3 * 1.01e-3)
+    assert cost.draft_s(4) == pytest.approx(0.008)
+    assert cost.verify_s(10, 1000) == pytest.approx(0.02 + 0.01 + 0.001)
+    assert cost.layer_compute_s(10, 1000) == pytest.approx(0.031 / 3)
+    assert cost.h2d_s([1, 0, 2]) == pytest.approx(3 * 1.01e-3)
+    assert cost.cycle_s(4, 10, 1000, [1, 0, 2]) == pytest.approx(0.008 + 0.031 + 0.00303)
+    over = _cost(overlap_h2d=True)
+    assert over.cycle_s(4, 10, 1000, [1, 0, 2]) == pytest.approx(0.008 + 0.031)
+    assert over.cycle_s(4, 10, 1000, [40, 0, 0]) == pytest.approx(0.008 + 40 * 1.01e-3)
+    assert cost.with_bandwidth(20e9).transfer_s() == pytest.approx(0.5e-3 + 1e-5)
+    assert cost.with_expert_bytes(0).transfer_s() == pytest.approx(1e-5)
+    with pytest.raises(ValueError, match="3 layers"):
+        cost.h2d_s([1, 2])
+
+
+def test_reference_unit_check_mixtral_expert_at_32_gb_per_s() -> None:
+    shape = get_model_shape("Mixtral-8x7B")
+    assert shape.bytes_per_expert == 352_321_536
+    cost = CycleCostModel.for_shape(shape, bandwidth_gb_per_s=32, h2d_s_per_transfer=0.0)
+    assert s_to_ms(cost.transfer_s()) == pytest.approx(11.01, abs=0.005)
+    assert cost.h2d_bytes_per_s == gb_per_s_to_bytes_per_s(32)
+
+
+def test_model_shapes_from_reference_figures() -> None:
+    expected = {
+        "qwen3-30b-a3b": (48, 128, 8, 9_437_184),
+        "mixtral-8x7b": (32, 8, 2, 352_321_536),
+        "olmoe-1b-7b": (16, 64, 8, 12_582_912),
+        "deepseek-v2-lite": (26, 64, 6, 17_301_504),
+    }
+    for name, (layers, experts, k, nbytes) in expected.items():
+        s = MODEL_SHAPES[name]
+        assert (s.num_layers, s.num_experts, s.top_k, s.bytes_per_expert) == (layers, experts, k, nbytes)
+    with pytest.raises(ValueError, match="qwen3-30b-a3b"):
+        get_model_shape("gpt-4")
+
+
+def test_cost_json_round_trip_and_errors(tmp_path) -> None:
+    cost = _cost(overlap_h2d=True, source="calibration:run1")
+    path = cost.save(tmp_path / "sub" / "cost.json")
+    assert CycleCostModel.load(path) == cost
+    free = _cost(h2d_bytes_per_s=math.inf)
+    assert CycleCostModel.from_dict(json.loads(json.dumps(free.to_dict()))) == free
+    data = cost.to_dict()
+    data["units"]["h2d_bytes_per_s"] = "GB/s"
+    (tmp_path / "bad_unit.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="bad_unit.json.*h2d_bytes_per_s.*GB/s"):
+        CycleCostModel.load(tmp_path / "bad_unit.json")
+    data = cost.to_dict()
+    data["verify_base_s"] = -1
+    with pytest.raises(ValueError, match="verify_base_s"):
+        CycleCostModel.from_dict(data)
+    data = cost.to_dict()
+    del data["num_layers"]
+    with pytest.raises(ValueError, match="missing field.*num_layers"):
+        CycleCostModel.from_dict(data)
+    data = cost.to_dict()
+    data["bandwidth"] = 3
+    with pytest.raises(ValueError, match="unknown field.*bandwidth"):
+        CycleCostModel.from_dict(data)
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(ValueError, match="broken.json: invalid JSON"):
+        CycleCostModel.load(tmp_path / "broken.json")
+    with pytest.raises(ValueError, match="h2d_bytes_per_s"):
+        _cost(h2d_bytes_per_s=0)
+    with pytest.raises(ValueError, match="num_layers"):
+        _cost(num_layers=0)
+
+
+# ---- acceptance -----------------------------------------------------------------------------
+def test_path_accept_probs_identity_and_calibrated() -> None:
+    tree = _tree()
+    assert np.allclose(path_accept_probs(tree), [1.0, 0.5, 0.25, 0.25, 0.05])
+    cal = AcceptanceCalibration(knots_x=[0.0, 0.5, 1.0], knots_y=[0.1, 0.6, 0.9])
+    p = path_accept_probs(tree, cal)
+    assert p[0] == 1.0
+    assert np.allclose(p[1:], [0.6, 0.35, 0.35, 0.15])
+    for v in range(1, tree.num_nodes):
+        assert p[v] <= p[tree.parents[v]]
+    assert AcceptanceCalibration.from_dict(cal.to_dict()).apply(0.25) == pytest.approx(0.35)
+    assert AcceptanceCalibration.identity().apply(np.array([0.3]))[0] == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize(
+    ("x", "y", "match"),
+    [
+        ([0.0, 0.5], [0.2, 0.1], "non-decreasing"),
+        ([0.5, 0.5], [0.1, 0.2], "strictly increasing"),
+        ([0.0, 1.5], [0.1, 0.2], "knots_x"),
+        ([0.0], [0.1, 0.2], "knots_y"),
+        ([], [], "at least one"),
+    ],
+)
+def test_calibration_validation(x, y, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        AcceptanceCalibration(knots_x=x, knots_y=y)

@@ -1,0 +1,200 @@
+"""SpecFit exact search vs brute force, min-cut/Dinkelbach, golden cases and properties."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specfit import bitsets
+from specfit.context import PolicyContext, evaluate_nodes
+from specfit.cost import CycleCostModel
+from specfit.node_experts import NodeExperts
+from specfit.planner import iter_closed_subtrees, plan_brute_force, plan_exact, plan_mincut
+from specfit.policies import top_n_nodes
+from specfit.shapes import get_model_shape
+from specfit.synthetic import random_context, random_small_context
+from specfit.tree import DraftTree
+
+GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "data" / "planner_cases.jsonl.gz"
+REL = 1e-9
+
+
+def _value(ctx: PolicyContext, nodes: np.ndarray) -> float:
+    gain, cycle, _ = evaluate_nodes(ctx, nodes)
+    return gain / cycle
+
+
+def _check_plan(ctx: PolicyContext, plan) -> None:
+    nodes = plan.nodes
+    assert nodes[0] == 0
+    assert np.all(np.diff(nodes) > 0)
+    assert ctx.tree.is_ancestor_closed(nodes)
+    assert plan.predicted_tokens_per_s == pytest.approx(_value(ctx, nodes), rel=1e-12)
+
+
+small_problem = st.tuples(
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 14),
+    st.integers(1, 3),
+    st.sampled_from([4, 8, 70]),
+    st.booleans(),
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(small_problem)
+def test_exact_matches_brute_force(params) -> None:
+    seed, n, layers, experts, overlap = params
+    ctx = random_small_context(
+        np.random.default_rng(seed), n, num_layers=layers, num_experts=experts, overlap_h2d=overlap
+    )
+    exact = plan_exact(ctx)
+    brute = plan_brute_force(ctx)
+    _check_plan(ctx, exact)
+    assert exact.predicted_tokens_per_s == pytest.approx(brute.predicted_tokens_per_s, rel=REL)
+    assert np.array_equal(plan_exact(ctx).nodes, exact.nodes)  # deterministic
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 14), st.booleans())
+def test_free_h2d_equals_best_top_n(seed, n, overlap) -> None:
+    ctx = random_small_context(np.random.default_rng(seed), n, overlap_h2d=overlap)
+    free = dataclasses.replace(
+        ctx, cost=dataclasses.replace(ctx.cost, h2d_s_per_transfer=0.0, expert_bytes=0)
+    )
+    best_top_n = max(_value(free, top_n_nodes(free.accept_probs, k)) for k in range(n))
+    assert plan_exact(free).predicted_tokens_per_s == pytest.approx(best_top_n, rel=REL)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 14), st.floats(1.0, 100.0), st.booleans())
+def test_more_bandwidth_never_lowers_throughput(seed, n, factor, overlap) -> None:
+    ctx = random_small_context(np.random.default_rng(seed), n, overlap_h2d=overlap)
+    faster = dataclasses.replace(ctx, cost=ctx.cost.with_bandwidth(ctx.cost.h2d_bytes_per_s * factor))
+    slow, fast = plan_exact(ctx), plan_exact(faster)
+    assert fast.predicted_tokens_per_s >= slow.predicted_tokens_per_s * (1 - REL)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 12))
+def test_union_size_mode_matches_brute_force(seed, n) -> None:
+    rng = np.random.default_rng(seed)
+    ctx = random_small_context(rng, n, num_layers=2)
+    grow = np.sort(rng.uniform(0, 3, size=(2, 14)), axis=1).cumsum(axis=1)
+    sizes = np.concatenate((np.zeros((2, 1)), grow), axis=1)
+    ne = NodeExperts(ctx.node_experts.num_experts, union_size=sizes, source="union-size")
+    ctx = dataclasses.replace(ctx, node_experts=ne)
+    exact, brute = plan_exact(ctx), plan_brute_force(ctx)
+    _check_plan(ctx, exact)
+    assert exact.predicted_tokens_per_s == pytest.approx(brute.predicted_tokens_per_s, rel=REL)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(15, 30))
+def test_exact_matches_mincut_dinkelbach_on_larger_trees(seed, n) -> None:
+    ctx = random_small_context(np.random.default_rng(seed), n, num_layers=2, num_experts=16)
+    exact, ref = plan_exact(ctx), plan_mincut(ctx)
+    _check_plan(ctx, ref)
+    assert exact.predicted_tokens_per_s == pytest.approx(ref.predicted_tokens_per_s, rel=1e-7)
+    assert exact.predicted_tokens_per_s >= ref.predicted_tokens_per_s * (1 - 1e-9)
+
+
+def test_real_shape_trees_agree_with_mincut() -> None:
+    shape = get_model_shape("olmoe-1b-7b")
+    rng = np.random.default_rng(7)
+    for bandwidth in (4.0, 64.0, 1000.0):
+        cost = CycleCostModel.for_shape(shape, bandwidth_gb_per_s=bandwidth)
+        ctx = random_context(rng, shape, 24, cost, cache_fraction=0.6)
+        exact = plan_exact(ctx)
+        assert exact.predicted_tokens_per_s == pytest.approx(
+            plan_mincut(ctx).predicted_tokens_per_s, rel=1e-7
+        )
+
+
+def test_root_only_tree_and_dominant_transfer_cost() -> None:
+    tree = DraftTree.from_parents([5, 6, 7], [-1, 0, 1], np.log([1.0, 0.9, 0.9]))
+    bits = bitsets.pack(np.array([[[0]], [[1]], [[2]]]), 4)
+    cost = CycleCostModel(0.0, 1.0, 0.0, 0.0, 1.0, 100.0, 0, 1)  # a miss costs 100 s
+    ctx = PolicyContext(
+        tree, np.array([1.0, 0.9, 0.81]), NodeExperts(4, bits=bits), bitsets.empty((1,), 4), cost
+    )
+    plan = plan_exact(ctx)
+    assert plan.nodes.tolist() == [0]
+    assert plan.predicted_cycle_s == pytest.approx(101.0)  # the root's own miss
+    cached = bitsets.pack(np.array([[0, 1, 2]]), 4)
+    plan = plan_exact(dataclasses.replace(ctx, cached_bits=cached))  # everything cached: take all
+    assert plan.nodes.tolist() == [0, 1, 2]
+    assert plan.expected_committed == pytest.approx(2.71)
+
+
+def test_shared_experts_make_a_pair_worth_it() -> None:
+    # Two siblings share one expensive expert: each alone is not worth it, both together are.
+    tree = DraftTree.from_parents([0, 1, 2], [-1, 0, 0], np.log([1.0, 0.5, 0.5]))
+    bits = bitsets.pack(np.array([[[-1]], [[3]], [[3]]]), 4)
+    cost = CycleCostModel(0.0, 1.0, 0.0, 0.0, 1.0, 1.2, 0, 1)
+    ctx = PolicyContext(
+        tree, np.array([1.0, 0.5, 0.5]), NodeExperts(4, bits=bits), bitsets.empty((1,), 4), cost
+    )
+    # root: 1/1 = 1; one child: 1.5/2.2 = 0.68; both: 2/2.2 = 0.91 -> root only is best here
+    assert plan_exact(ctx).nodes.tolist() == [0]
+    cheaper = dataclasses.replace(ctx, cost=dataclasses.replace(cost, h2d_s_per_transfer=0.8))
+    # one child: 1.5/1.8 = 0.83; both: 2/1.8 = 1.11 > 1
+    assert plan_exact(cheaper).nodes.tolist() == [0, 1, 2]
+
+
+def test_closed_subtree_enumeration_counts() -> None:
+    assert len(iter_closed_subtrees(np.array([-1, 0, 0]))) == 4  # {0}, {0,1}, {0,2}, {0,1,2}
+    assert len(iter_closed_subtrees(np.array([-1, 0, 1, 2]))) == 4  # chain: prefixes
+    star = np.array([-1] + [0] * 5)
+    assert len(iter_closed_subtrees(star)) == 32
+
+
+def test_brute_force_refuses_large_trees() -> None:
+    ctx = random_small_context(np.random.default_rng(0), 30)
+    with pytest.raises(ValueError, match="too many"):
+        plan_brute_force(ctx)
+
+
+def _golden_context(case: dict) -> PolicyContext:
+    num_experts = case["num_experts"]
+    parents = case["parent"]
+    n, num_layers = len(parents), len(case["cache"])
+    width = max(1, max(len(ex) for node in case["experts"] for ex in node))
+    ids = np.full((n, num_layers, width), -1)
+    for v, node in enumerate(case["experts"]):
+        for layer, ex in enumerate(node):
+            ids[v, layer, : len(ex)] = ex
+    cache_width = max(1, max(len(c) for c in case["cache"]))
+    cache = np.full((num_layers, cache_width), -1)
+    for layer, ex in enumerate(case["cache"]):
+        cache[layer, : len(ex)] = ex
+    c = case["cost"]
+    # README mapping: base -> verify_base_s, per-node -> verify_s_per_node, per-miss -> transfer latency
+    cost = CycleCostModel(0.0, c["base_s"], c["per_node_s"], 0.0, 1.0, c["per_miss_s"], 0, num_layers)
+    return PolicyContext(
+        tree=DraftTree.from_parents(np.zeros(n, dtype=np.int64), parents),
+        accept_probs=np.asarray(case["path_prob"], dtype=np.float64),
+        node_experts=NodeExperts(num_experts, bits=bitsets.pack(ids, num_experts)),
+        cached_bits=bitsets.pack(cache, num_experts),
+        cost=cost,
+    )
+
+
+@pytest.mark.skipif(not GOLDEN.exists(), reason="shared/data/planner_cases.jsonl.gz not present")
+def test_golden_cases() -> None:
+    with gzip.open(GOLDEN, "rt") as fh:
+        cases = [json.loads(line) for line in fh]
+    assert len(cases) >= 400
+    for i, case in enumerate(cases):
+        ctx = _golden_context(case)
+        plan = plan_exact(ctx)
+        _check_plan(ctx, plan)
+        assert plan.predicted_tokens_per_s == pytest.approx(case["best_ratio"], rel=REL), f"case {i}"
+        assert _value(ctx, np.asarray(case["best_subtree"])) == pytest.approx(case["best_ratio"], rel=REL)

@@ -1,0 +1,149 @@
+"""Baseline tree policies, the cascade gate and SpecFit's stopping rule."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specfit import bitsets
+from specfit.context import PolicyContext
+from specfit.cost import CycleCostModel
+from specfit.node_experts import NodeExperts
+from specfit.planner import plan_exact
+from specfit.policies import TREE_POLICIES, make_tree_policy, top_n_nodes
+from specfit.synthetic import random_small_context
+from specfit.tree import DraftTree
+
+
+def _ctx(per_miss_s: float = 0.0, num_levels: int = 2, draft_s: float = 0.0) -> PolicyContext:
+    #        0
+    #      /   \
+    #     1     2        P: 1: .6, 2: .3
+    #    / \     \
+    #   3   4     5      P: 3: .42, 4: .12, 5: .27
+    probs = [1.0, 0.6, 0.3, 0.42, 0.12, 0.27]
+    parents = [-1, 0, 0, 1, 1, 2]
+    draft = np.log([1.0, 0.6, 0.3, 0.7, 0.2, 0.9])
+    tree = DraftTree.from_parents(np.arange(6), parents, draft)
+    ids = np.arange(6).reshape(6, 1, 1)
+    cost = CycleCostModel(draft_s, 1.0, 0.1, 0.0, 1.0, per_miss_s, 0, 1)
+    return PolicyContext(
+        tree,
+        np.asarray(probs),
+        NodeExperts(8, bits=bitsets.pack(ids, 8)),
+        bitsets.empty((1,), 8),
+        cost,
+        0,
+        num_levels,
+    )
+
+
+def test_policy_names_and_unknown_name() -> None:
+    assert TREE_POLICIES == ("ar", "chain", "topn", "specfit", "cascade")
+    with pytest.raises(ValueError, match="expected one of"):
+        make_tree_policy("eagle")
+    with pytest.raises(ValueError, match="bad arguments"):
+        make_tree_policy("topn", depth=3)
+
+
+def test_autoregressive_is_root_only_without_draft_time() -> None:
+    ctx = _ctx(draft_s=0.5)
+    plan = make_tree_policy("ar").select(ctx)
+    assert plan.nodes.tolist() == [0]
+    assert plan.expected_committed == 1.0
+    assert plan.predicted_cycle_s == pytest.approx(1.1 + 0.0)  # base + one node, no drafting
+
+
+def test_chain_follows_the_greedy_path() -> None:
+    ctx = _ctx()
+    assert make_tree_policy("chain").select(ctx).nodes.tolist() == [0, 1, 3]
+    assert make_tree_policy("chain", max_length=1).select(ctx).nodes.tolist() == [0, 1]
+    plan = make_tree_policy("chain", max_length=0).select(ctx)
+    assert plan.nodes.tolist() == [0]
+
+
+def test_top_n_is_ancestor_closed_reranking() -> None:
+    ctx = _ctx()
+    plan = make_tree_policy("topn", num_draft_nodes=3).select(ctx)
+    assert plan.nodes.tolist() == [0, 1, 2, 3]  # .6, .42, .3
+    assert plan.expected_committed == pytest.approx(1 + 0.6 + 0.42 + 0.3)
+    assert plan.predicted_cycle_s == pytest.approx(1.0 + 0.1 * 4)
+    assert top_n_nodes(np.array([1.0, 0.5, 0.5, 0.5]), 2).tolist() == [0, 1, 2]  # ties: smaller id
+
+
+def test_cascade_gate_falls_back_when_speculation_does_not_pay() -> None:
+    cheap, dear = _ctx(per_miss_s=0.0), _ctx(per_miss_s=5.0)
+    gate = make_tree_policy("cascade", num_draft_nodes=5)
+    assert gate.select(cheap).nodes.tolist() == [0, 1, 2, 3, 4, 5]
+    fallback = gate.select(dear)
+    assert fallback.nodes.tolist() == [0]
+    assert fallback.policy == "cascade"
+    topn = make_tree_policy("topn", num_draft_nodes=5).select(dear)
+    assert fallback.predicted_tokens_per_s > topn.predicted_tokens_per_s
+
+
+def test_specfit_beats_or_ties_every_baseline() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        ctx = random_small_context(rng, 12)
+        best = make_tree_policy("specfit").select(ctx).predicted_tokens_per_s
+        for name in ("chain", "topn"):
+            assert best >= make_tree_policy(name).select(ctx).predicted_tokens_per_s * (1 - 1e-12)
+
+
+def test_keep_drafting_rule_on_a_hand_case() -> None:
+    ctx = _ctx(num_levels=2, draft_s=0.05)
+    policy = make_tree_policy("specfit")
+    best = plan_exact(ctx).predicted_tokens_per_s
+    deepest_mass = 0.42 + 0.12 + 0.27
+    delta = 0.05 + 0.1
+    assert (deepest_mass > best * delta) == policy.keep_drafting(ctx, max_depth=5)
+    assert policy.keep_drafting(ctx, max_depth=5) is True  # 0.81 > ~0.75 * 0.15
+    assert policy.keep_drafting(ctx, max_depth=2) is False  # depth limit reached
+    # only the top-1 frontier node is expanded: mass .42 vs best*delta
+    assert policy.keep_drafting(ctx, max_depth=5, topk=1) == (0.42 > best * delta)
+    slow_draft = dataclasses.replace(ctx, cost=dataclasses.replace(ctx.cost, draft_s_per_level=10.0))
+    assert policy.keep_drafting(slow_draft, max_depth=5) is False
+    with pytest.raises(ValueError, match="topk"):
+        policy.keep_drafting(ctx, max_depth=5, topk=0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(2, 13), st.integers(1, 4))
+def test_stopping_rule_never_stops_before_a_better_tree(seed, n, cut_depth) -> None:
+    """If the rule says stop at depth d, no subtree of the deeper tree beats the best at depth d."""
+    full = random_small_context(np.random.default_rng(seed), n, sibling_mass=True)
+    tree = full.tree
+    if tree.max_depth <= cut_depth:
+        return
+    keep = np.flatnonzero(tree.depths <= cut_depth)
+    shallow = PolicyContext(
+        tree=tree.subtree(keep),
+        accept_probs=full.accept_probs[keep],
+        node_experts=NodeExperts(full.node_experts.num_experts, bits=full.node_experts.bits[keep]),
+        cached_bits=full.cached_bits,
+        cost=full.cost,
+        context_len=full.context_len,
+        num_levels=cut_depth,
+    )
+    if not make_tree_policy("specfit").keep_drafting(shallow, max_depth=100):
+        deeper = plan_exact(full).predicted_tokens_per_s
+        assert deeper <= plan_exact(shallow).predicted_tokens_per_s * (1 + 1e-9)
+
+
+def test_policy_context_validation_names_the_field() -> None:
+    ctx = _ctx()
+    with pytest.raises(ValueError, match="node 3 has P=0.7 above its parent"):
+        dataclasses.replace(ctx, accept_probs=np.array([1.0, 0.6, 0.3, 0.7, 0.1, 0.2]))
+    with pytest.raises(ValueError, match="P\\(root\\) must be 1"):
+        dataclasses.replace(ctx, accept_probs=np.array([0.9, 0.6, 0.3, 0.4, 0.1, 0.2]))
+    with pytest.raises(ValueError, match="accept_probs: expected float\\[6\\]"):
+        dataclasses.replace(ctx, accept_probs=np.ones(5))
+    with pytest.raises(ValueError, match="cached_bits"):
+        dataclasses.replace(ctx, cached_bits=np.zeros((2, 1), dtype=np.uint64))
+    with pytest.raises(ValueError, match="num_levels"):
+        dataclasses.replace(ctx, num_levels=-1)

@@ -1,0 +1,124 @@
+"""Summary statistics of a trace run, for ``python -m traces.inspect`` and quick checks.
+
+Conventions (DESIGN.md): tau counts the bonus token (mean tokens committed per verification);
+per-depth acceptance is conditional, accepted(d) / reached(d). "Full-tree" figures are those of
+verifying the whole recorded dense tree at every position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+
+from specfit import bitsets
+from traces.reader import NodeArrays, TraceRun
+
+DEFAULT_UNION_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+_UNION_CHUNK_TREES = 256
+
+
+def accepted_lengths(arrays: NodeArrays) -> np.ndarray:
+    """int64[T]: accepted draft tokens per tree when the whole tree is verified (deepest
+    node whose whole path is accepted; 0 when no child of the root is accepted)."""
+    if arrays.num_trees == 0:
+        return np.zeros(0, dtype=np.int64)
+    depth = np.where(arrays.path_accepted(), arrays.depth, 0)
+    return np.maximum.reduceat(depth, arrays.offsets[:-1]).astype(np.int64)
+
+
+def depth_acceptance(accepted_len: np.ndarray, max_depth: int) -> list[float]:
+    """Conditional acceptance per depth ``d = 1..max_depth``: P(len >= d | len >= d-1); NaN if unreached."""
+    out = []
+    for d in range(1, max_depth + 1):
+        reached = int((accepted_len >= d - 1).sum())
+        out.append(float((accepted_len >= d).sum() / reached) if reached else float("nan"))
+    return out
+
+
+def expert_union_growth(
+    arrays: NodeArrays, num_experts: int, sizes: Sequence[int] = DEFAULT_UNION_SIZES
+) -> dict[int, float]:
+    """Mean distinct experts per layer touched by the ``n`` most likely nodes of a tree.
+
+    For each tree the nodes are ranked by path log-prob (descending, ties by node id; an
+    ancestor-closed prefix, since path probabilities never increase along a path); for each
+    ``n`` in ``sizes`` the union of the first ``n`` nodes' experts is counted per layer and
+    averaged over layers and over the trees with at least ``n`` nodes.
+
+    Returns:
+        ``{n: mean distinct experts per layer}`` for the ``n`` some tree reaches.
+    """
+    sizes_arr = np.asarray(sorted(set(int(s) for s in sizes if int(s) >= 1)), dtype=np.int64)
+    tree_sizes = arrays.tree_sizes
+    if arrays.num_trees == 0 or sizes_arr.size == 0:
+        return {}
+    max_n = int(tree_sizes.max())
+    sizes_arr = sizes_arr[sizes_arr <= max_n]
+    totals = np.zeros(len(sizes_arr))
+    counts = np.zeros(len(sizes_arr))
+    tree_of_row = np.repeat(np.arange(arrays.num_trees), tree_sizes)
+    local = np.arange(len(tree_of_row)) - arrays.offsets[tree_of_row]
+    order = np.lexsort((local, -arrays.path_logprob, tree_of_row))
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order)) - arrays.offsets[tree_of_row[order]]  # trees stay contiguous
+    num_layers = arrays.expert_ids.shape[1]
+    words = bitsets.num_words(num_experts)
+    for lo in range(0, arrays.num_trees, _UNION_CHUNK_TREES):
+        hi = min(arrays.num_trees, lo + _UNION_CHUNK_TREES)
+        rows = np.arange(arrays.offsets[lo], arrays.offsets[hi])
+        padded = np.zeros((hi - lo, max_n, num_layers, words), dtype=np.uint64)
+        padded[tree_of_row[rows] - lo, rank[rows]] = bitsets.pack(arrays.expert_ids[rows], num_experts)
+        cumulative = np.bitwise_or.accumulate(padded, axis=1)
+        counts_per = bitsets.popcount(cumulative).mean(axis=2)  # [trees, max_n]
+        for i, n in enumerate(sizes_arr):
+            has = tree_sizes[lo:hi] >= n
+            totals[i] += counts_per[has, n - 1].sum()
+            counts[i] += has.sum()
+    return {int(n): float(totals[i] / counts[i]) for i, n in enumerate(sizes_arr) if counts[i]}
+
+
+def summarize(run: TraceRun, union_sizes: Sequence[int] = DEFAULT_UNION_SIZES) -> dict[str, Any]:
+    """Headline figures of a run as a JSON-able dict.
+
+    Keys: ``num_requests`` (finished), ``num_unfinished_requests``, ``num_prefill_tokens``,
+    ``num_trees`` (dense positions), ``num_nodes``, ``mean_nodes_per_tree``, ``full_tree_tau``
+    (mean 1 + accepted length), ``depth_acceptance`` (list, depth 1..max), ``expert_union``
+    (``{n: distinct experts per layer}``), ``num_cycles``, ``cycle_tau`` (mean committed per
+    executed cycle), ``cache_hit_rate``, ``h2d_bytes`` (sum over cycles), ``num_transfers``,
+    ``transfer_bytes``, ``complete``.
+    """
+    model = run.manifest.model
+    arrays = run.node_arrays()
+    acc_len = accepted_lengths(arrays)
+    max_depth = int(arrays.depth.max(initial=0))
+    cycles = run.arrow("cycles")
+    hits = int(pc.sum(cycles.column("cache_hits")).as_py() or 0)
+    misses = int(pc.sum(cycles.column("cache_misses")).as_py() or 0)
+    h2d_bytes = pc.sum(pc.list_flatten(cycles.column("layer_h2d_bytes"))).as_py() or 0
+    transfers = run.arrow("transfers")
+    return {
+        "run_dir": str(run.run_dir),
+        "complete": run.complete,
+        "mode": run.manifest.run.mode,
+        "model": model.name,
+        "num_requests": len(run.request_ids),
+        "num_unfinished_requests": len(run.unfinished_request_ids),
+        "num_prefill_tokens": run.num_rows("prefill"),
+        "num_trees": arrays.num_trees,
+        "num_nodes": len(arrays.parent),
+        "mean_nodes_per_tree": float(arrays.tree_sizes.mean()) if arrays.num_trees else float("nan"),
+        "full_tree_tau": float(1 + acc_len.mean()) if arrays.num_trees else float("nan"),
+        "depth_acceptance": depth_acceptance(acc_len, max_depth),
+        "expert_union": expert_union_growth(arrays, model.num_experts, union_sizes),
+        "num_cycles": cycles.num_rows,
+        "cycle_tau": float(pc.mean(cycles.column("num_committed")).as_py())
+        if cycles.num_rows
+        else float("nan"),
+        "cache_hit_rate": hits / (hits + misses) if hits + misses else float("nan"),
+        "h2d_bytes": int(h2d_bytes),
+        "num_transfers": transfers.num_rows,
+        "transfer_bytes": int(pc.sum(transfers.column("bytes")).as_py() or 0),
+    }

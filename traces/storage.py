@@ -1,0 +1,70 @@
+"""Files of a run directory: part naming, atomic writes of parts and of the manifest.
+
+Atomicity: every file is written to a hidden ``.<name>.tmp`` sibling and moved into place with
+``os.replace`` (atomic on POSIX), so readers only ever see complete files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from traces.schema import MANIFEST_FILE, Manifest
+
+PART_PATTERN = re.compile(r"^part-(\d{5,})\.parquet$")
+ZSTD_LEVEL = 3
+
+
+def part_path(run_dir: Path, table: str, index: int) -> Path:
+    """Path of part ``index`` of ``table``: ``run_dir/table/part-00007.parquet``."""
+    return Path(run_dir) / table / f"part-{index:05d}.parquet"
+
+
+def list_parts(run_dir: Path, table: str) -> list[tuple[int, Path]]:
+    """Complete parts of ``table`` as ``(index, path)`` sorted by index (temp files ignored)."""
+    folder = Path(run_dir) / table
+    if not folder.is_dir():
+        return []
+    parts = []
+    for path in folder.iterdir():
+        match = PART_PATTERN.match(path.name)
+        if match:
+            parts.append((int(match.group(1)), path))
+    return sorted(parts)
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, fsync: bool = False) -> None:
+    """Write ``data`` to ``path`` via a hidden temp file and ``os.replace`` (atomic on POSIX)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        if fsync:
+            handle.flush()
+            os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def write_manifest(run_dir: Path, manifest: Manifest, *, fsync: bool = False) -> None:
+    """Atomically (re)write ``run_dir/manifest.json``."""
+    text = json.dumps(manifest.to_dict(), indent=2, default=str) + "\n"  # str(): Paths in config
+    atomic_write_bytes(Path(run_dir) / MANIFEST_FILE, text.encode(), fsync=fsync)
+
+
+def write_part(
+    path: Path, table: pa.Table, *, compression_level: int = ZSTD_LEVEL, fsync: bool = False
+) -> None:
+    """Atomically write one Parquet part (zstd; dictionary encoding, which packs expert ids to
+    ``ceil(log2 E)`` bits before compression: measured by ``benchmarks/trace_size.py``)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp, compression="zstd", compression_level=compression_level, use_dictionary=True)
+    if fsync:
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,230 @@
+"""Value checks of trace format v1 on numpy arrays, shared by the writer and the reader.
+
+Every check returns the first :class:`Violation` (row index into the arrays it was given and a
+message) or ``None``. The writer turns a violation into ``ValueError`` naming the argument; the
+reader maps the row back to its Parquet part and raises :class:`traces.errors.TraceError`.
+All checks are vectorised (no per-row Python loops), so validating a real-shape trace of
+tens of thousands of nodes x 384 expert slots takes well under a second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# float32 storage of log-probs: path_logprob is checked against parent + draft within this.
+LOGPROB_ATOL = 1e-3
+LOGPROB_RTOL = 1e-4
+
+
+@dataclass(frozen=True)
+class Violation:
+    """The first bad row found by a check: ``row`` indexes the checked arrays."""
+
+    row: int
+    message: str
+
+
+def first_true(mask: np.ndarray) -> int | None:
+    """Index of the first true entry of a 1-D mask, or ``None``."""
+    hits = np.flatnonzero(mask)
+    return int(hits[0]) if hits.size else None
+
+
+def check_range(
+    values: np.ndarray, name: str, low: float | None = None, high: float | None = None
+) -> Violation | None:
+    """First row whose value is non-finite, ``< low`` or ``>= high`` (``values``: shape ``[R]``)."""
+    values = np.asarray(values)
+    if values.dtype.kind == "f":
+        row = first_true(~np.isfinite(values))
+        if row is not None:
+            return Violation(row, f"{name} is {values[row]}, expected a finite number")
+    if low is not None:
+        row = first_true(values < low)
+        if row is not None:
+            return Violation(row, f"{name} {values[row]} < {low}")
+    if high is not None:
+        row = first_true(values >= high)
+        if row is not None:
+            return Violation(row, f"{name} {values[row]} >= {high}")
+    return None
+
+
+def check_expert_ids(expert_ids: np.ndarray, num_experts: int, top_k: int) -> Violation | None:
+    """Expert ids ``[R, L*K]`` (or ``[R, L, K]``): each in ``0..E-1`` and distinct within a layer."""
+    ids = np.asarray(expert_ids)
+    rows = ids.reshape(ids.shape[0], -1, top_k) if ids.size else ids.reshape(0, 1, top_k)
+    bad = (rows < 0) | (rows >= num_experts)
+    row = first_true(bad.any(axis=(1, 2)))
+    if row is not None:
+        layer, slot = np.argwhere(bad[row])[0]
+        value = int(rows[row, layer, slot])
+        limit = f">= experts per layer {num_experts}" if value >= num_experts else "< 0"
+        return Violation(row, f"expert id {value} {limit} (layer {layer}, slot {slot})")
+    if top_k > 1:
+        ordered = np.sort(rows, axis=2)
+        dup = (ordered[:, :, 1:] == ordered[:, :, :-1]).any(axis=2)
+        row = first_true(dup.any(axis=1))
+        if row is not None:
+            layer = int(np.flatnonzero(dup[row])[0])
+            return Violation(row, f"expert ids repeat within layer {layer}: {rows[row, layer].tolist()}")
+    return None
+
+
+def check_router_weights(router_weights: np.ndarray) -> Violation | None:
+    """Router weights ``[R, ...]``: finite and ``>= 0``."""
+    w = np.asarray(router_weights)
+    flat = w.reshape(w.shape[0], -1)
+    row = first_true((~np.isfinite(flat) | (flat < 0)).any(axis=1))
+    if row is not None:
+        value = flat[row][~np.isfinite(flat[row]) | (flat[row] < 0)][0]
+        return Violation(row, f"router weight {value} is not a finite number >= 0")
+    return None
+
+
+def tree_starts(request_id: np.ndarray, position: np.ndarray) -> np.ndarray:
+    """Row index where each tree begins (a tree = a run of rows with one ``(request, position)``)."""
+    n = len(request_id)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    change = np.ones(n, dtype=bool)
+    change[1:] = (request_id[1:] != request_id[:-1]) | (position[1:] != position[:-1])
+    return np.flatnonzero(change)
+
+
+def check_trees(
+    request_id: np.ndarray,
+    position: np.ndarray,
+    node_id: np.ndarray,
+    parent: np.ndarray,
+    depth: np.ndarray,
+    token_id: np.ndarray,
+    target_token: np.ndarray,
+    accepted: np.ndarray,
+    draft_logprob: np.ndarray,
+    path_logprob: np.ndarray,
+) -> Violation | None:
+    """Structure of the dense trees in flat node rows (all arrays shape ``[R]``).
+
+    A tree is a contiguous run of rows sharing ``(request_id, position)``; its rows are its nodes
+    ``0..N-1`` in order. Checks: node ids in order, exactly one root (node 0, parent -1),
+    ``parent < node_id`` (parents precede children: no orphans), ``depth = parent depth + 1``,
+    ``accepted == (token_id == target_token[parent])`` (true at the root), log-probs ``<= 0``,
+    zero at the root and ``path = parent path + draft`` (DESIGN.md's tree conventions), and no
+    ``(request, position)`` twice.
+    """
+    n = len(node_id)
+    if n == 0:
+        return None
+    starts = tree_starts(request_id, position)
+    sizes = np.diff(np.append(starts, n))
+    start_of_row = np.repeat(starts, sizes)
+    local = np.arange(n) - start_of_row
+    key = "tree (request {}, position {})"
+
+    def where(row: int) -> str:
+        return key.format(int(request_id[row]), int(position[row]))
+
+    row = first_true(node_id != local)
+    if row is not None and node_id[row] == 0:
+        return Violation(
+            row,
+            f"{where(row)}: node_id 0 again at row {int(local[row])} of the tree: the tree appears twice "
+            "(one tree per request and position)",
+        )
+    if row is not None:
+        return Violation(
+            row,
+            f"{where(row)}: node_id {int(node_id[row])}, expected {int(local[row])} "
+            "(a tree's rows are its nodes 0..N-1 in order)",
+        )
+    is_root = local == 0
+    row = first_true(is_root & (parent != -1))
+    if row is not None:
+        return Violation(row, f"{where(row)}: root (node 0) has parent {int(parent[row])}, expected -1")
+    row = first_true(~is_root & (parent == -1))
+    if row is not None:
+        return Violation(
+            row, f"{where(row)}: node {int(node_id[row])} is a second root; exactly one root per tree"
+        )
+    row = first_true(~is_root & ((parent < 0) | (parent >= node_id)))
+    if row is not None:
+        return Violation(
+            row,
+            f"{where(row)}: orphan node {int(node_id[row])}: parent {int(parent[row])} is not an earlier node "
+            "(expected 0 <= parent < node id)",
+        )
+    parent_row = np.where(is_root, np.arange(n), start_of_row + parent)
+    expected_depth = np.where(is_root, 0, depth[parent_row] + 1)
+    row = first_true(depth != expected_depth)
+    if row is not None:
+        return Violation(
+            row,
+            f"{where(row)}: node {int(node_id[row])} depth {int(depth[row])}, expected {int(expected_depth[row])} "
+            "(parent depth + 1)",
+        )
+    expected_accept = np.where(is_root, True, token_id == target_token[parent_row])
+    row = first_true(accepted.astype(bool) != expected_accept)
+    if row is not None:
+        return Violation(
+            row,
+            f"{where(row)}: node {int(node_id[row])} accepted={bool(accepted[row])}, expected "
+            f"{bool(expected_accept[row])} (token_id == target_token of the parent; true at the root)",
+        )
+    for name, values in (("draft_logprob", draft_logprob), ("path_logprob", path_logprob)):
+        bad = ~np.isfinite(values) | (values > LOGPROB_ATOL) | (is_root & (values != 0))
+        row = first_true(bad)
+        if row is not None:
+            return Violation(
+                row, f"{where(row)}: {name} {float(values[row])} must be finite, <= 0 and 0 at the root"
+            )
+    expected_path = np.where(is_root, 0.0, path_logprob[parent_row].astype(np.float64) + draft_logprob)
+    tol = LOGPROB_ATOL + LOGPROB_RTOL * np.abs(expected_path)
+    row = first_true(np.abs(path_logprob - expected_path) > tol)
+    if row is not None:
+        return Violation(
+            row,
+            f"{where(row)}: path_logprob {float(path_logprob[row])}, expected parent path + draft_logprob = "
+            f"{float(expected_path[row])}",
+        )
+    keys = np.stack([request_id[starts].astype(np.int64), position[starts].astype(np.int64)], axis=1)
+    order = np.lexsort((np.arange(len(starts)), keys[:, 1], keys[:, 0]))
+    sorted_keys = keys[order]
+    dup = np.flatnonzero((sorted_keys[1:] == sorted_keys[:-1]).all(axis=1))
+    if dup.size:
+        row = int(starts[order[dup[0] + 1]])
+        return Violation(row, f"{where(row)} appears twice (one tree per request and position)")
+    return None
+
+
+def check_list_lengths(lengths: np.ndarray, expected: np.ndarray | int, name: str) -> Violation | None:
+    """First row whose list column ``name`` has a length other than ``expected`` (scalar or ``[R]``)."""
+    expected = np.broadcast_to(np.asarray(expected), lengths.shape)
+    row = first_true(lengths != expected)
+    if row is not None:
+        return Violation(row, f"{name} has {int(lengths[row])} values, expected {int(expected[row])}")
+    return None
+
+
+def check_unique(keys: list[np.ndarray], names: str) -> Violation | None:
+    """First row whose key (tuple of columns) repeats an earlier row."""
+    if not keys or len(keys[0]) == 0:
+        return None
+    order = np.lexsort([np.arange(len(keys[0]))] + [k for k in reversed(keys)])
+    stacked = np.stack([k[order] for k in keys], axis=1)
+    dup = np.flatnonzero((stacked[1:] == stacked[:-1]).all(axis=1))
+    if dup.size:
+        row = int(order[dup[0] + 1])
+        values = ", ".join(str(int(k[row])) for k in keys)
+        return Violation(row, f"duplicate {names} ({values})")
+    return None
+
+
+def first_violation(*checks: Violation | None) -> Violation | None:
+    """The first non-``None`` of already computed checks."""
+    for check in checks:
+        if check is not None:
+            return check
+    return None

@@ -1,0 +1,460 @@
+"""Streaming writer of trace format v1 (see docs/trace-format.md).
+
+Rows are buffered per table and written as complete Parquet part files
+(``<table>/part-00000.parquet``, ...): each part is written to a hidden ``.tmp`` file and then
+``os.replace``-d into place, so a process killed at any moment (SIGKILL included) leaves only
+complete, readable parts. ``manifest.json`` is written the same way, first with
+``complete: false`` and again by ``close(complete=True)``.
+
+Order of a request's rows: write its trees/prefill/cycles/transfers as they happen and call
+:meth:`TraceWriter.add_request` when the request is finished. The ``requests`` table is always
+flushed after every other table, so a request row on disk means all its rows are on disk.
+Re-opening with ``resume=True`` keeps finished requests, drops the rows of unfinished ones
+(their parts are rewritten atomically), continues the part numbering, and
+:meth:`TraceWriter.recorded_request_ids` tells the caller which requests to skip.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from traces import validate as V
+from traces.schema import MANIFEST_FILE, TABLE_NAMES, CycleRecord, Manifest, arrow_schema, utc_now_iso
+from traces.storage import ZSTD_LEVEL, list_parts, part_path, write_manifest, write_part
+
+
+def _as_int_array(name: str, values: Any, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.size == 0:
+        arr = arr.astype(np.int64)
+    if arr.dtype.kind not in "iub":
+        raise ValueError(f"{name}: expected integers, got dtype {arr.dtype}")
+    if shape is not None and arr.shape != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {arr.shape}")
+    return arr.astype(np.int64, copy=False)
+
+
+def _as_float_array(name: str, values: Any, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    arr = np.asarray(values, dtype=np.float64)
+    if shape is not None and arr.shape != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {arr.shape}")
+    return arr
+
+
+class TraceWriter:
+    """Append-only writer of one run directory.
+
+    Args:
+        run_dir: the run directory; created if missing. Must be empty (or absent) unless
+            ``resume`` is true.
+        manifest: the run's :class:`~traces.schema.Manifest` (``complete`` is managed here).
+        resume: re-open an existing run: its model spec must equal ``manifest.model``; the
+            stored manifest (creation time, command line, seed) is kept with the resume time
+            appended to ``resumed_at``; rows of unfinished requests are dropped.
+        flush_every_rows: buffered rows of one table that trigger writing a part.
+        flush_every_s: seconds since the last flush after which the next ``add_*`` flushes
+            everything (bounds what a killed process loses).
+        compression_level: zstd level of the parts.
+        fsync: fsync each part and the manifest (durability across power loss; not needed to
+            survive SIGKILL).
+
+    Raises:
+        FileExistsError: ``run_dir`` holds files and ``resume`` is false.
+        FileNotFoundError: ``resume`` is true and there is no ``manifest.json``.
+        ValueError: on resume, a model spec that differs from the stored one (naming the field).
+        traces.errors.TraceError: on resume, existing parts that do not validate.
+
+    Input errors of the ``add_*`` methods raise ``ValueError`` naming the argument and row.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        manifest: Manifest,
+        *,
+        resume: bool = False,
+        flush_every_rows: int = 8192,
+        flush_every_s: float = 30.0,
+        compression_level: int = ZSTD_LEVEL,
+        fsync: bool = False,
+    ) -> None:
+        if flush_every_rows <= 0:
+            raise ValueError(f"flush_every_rows: expected > 0, got {flush_every_rows}")
+        self.run_dir = Path(run_dir)
+        self.flush_every_rows = int(flush_every_rows)
+        self.flush_every_s = float(flush_every_s)
+        self.compression_level = int(compression_level)
+        self.fsync = bool(fsync)
+        self._buffers: dict[str, list[pa.RecordBatch]] = {t: [] for t in TABLE_NAMES}
+        self._buffered_rows = dict.fromkeys(TABLE_NAMES, 0)
+        self._next_part = dict.fromkeys(TABLE_NAMES, 0)
+        self._request_ids: set[int] = set()
+        self._tree_keys: set[tuple[int, int]] = set()  # (request_id, position) of written trees
+        self._cycle_keys: set[tuple[int, int]] = set()  # (request_id, cycle_index) of written cycles
+        self._closed = False
+        self.dropped_rows: dict[str, int] = dict.fromkeys(TABLE_NAMES, 0)
+        if resume:
+            manifest = self._resume(manifest)
+        else:
+            self._create()
+            manifest = manifest.replace(complete=False)
+        self.manifest = manifest
+        self._schemas = {t: arrow_schema(t, manifest.model) for t in TABLE_NAMES}
+        model = manifest.model
+        self._num_layers, self._num_experts, self._top_k = model.num_layers, model.num_experts, model.top_k
+        write_manifest(self.run_dir, self.manifest, fsync=self.fsync)
+        self._last_flush_at = time.monotonic()
+
+    # ----------------------------------------------------------------------------- setup
+    def _create(self) -> None:
+        if self.run_dir.exists() and any(self.run_dir.iterdir()):
+            raise FileExistsError(
+                f"{self.run_dir}: run directory is not empty; pass resume=True to continue it or choose a new one"
+            )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        for table in TABLE_NAMES:
+            (self.run_dir / table).mkdir(exist_ok=True)
+
+    def _resume(self, manifest: Manifest) -> Manifest:
+        from traces.reader import read_manifest, read_part
+
+        if not (self.run_dir / MANIFEST_FILE).is_file():
+            raise FileNotFoundError(f"{self.run_dir / MANIFEST_FILE}: no manifest to resume from")
+        stored = read_manifest(self.run_dir)
+        if stored.model != manifest.model:
+            diff = [
+                f"{name}: stored {getattr(stored.model, name)!r}, given {getattr(manifest.model, name)!r}"
+                for name in stored.model.__dataclass_fields__
+                if getattr(stored.model, name) != getattr(manifest.model, name)
+            ]
+            raise ValueError(f"{self.run_dir}: cannot resume, manifest.model differs ({'; '.join(diff)})")
+        for table in TABLE_NAMES:
+            folder = self.run_dir / table
+            folder.mkdir(exist_ok=True)
+            for tmp in folder.glob(".*.tmp"):
+                tmp.unlink()
+        for _, path in list_parts(self.run_dir, "requests"):
+            ids = read_part(path, "requests", stored).column("request_id").to_numpy()
+            self._request_ids.update(int(r) for r in ids)
+        keep = pa.array(sorted(self._request_ids), type=pa.int64())
+        for table in TABLE_NAMES:
+            parts = list_parts(self.run_dir, table)
+            self._next_part[table] = parts[-1][0] + 1 if parts else 0
+            if table == "requests":
+                continue
+            for _, path in parts:
+                part = read_part(path, table, stored)
+                mask = pc.is_in(part.column("request_id"), value_set=keep)
+                num_kept = pc.sum(mask).as_py() or 0
+                self._remember_keys(table, part.filter(mask))
+                if num_kept == part.num_rows:
+                    continue
+                self.dropped_rows[table] += part.num_rows - num_kept
+                if num_kept == 0:
+                    path.unlink()
+                else:
+                    write_part(
+                        path, part.filter(mask), compression_level=self.compression_level, fsync=self.fsync
+                    )
+        return stored.replace(complete=False, resumed_at=(*stored.resumed_at, utc_now_iso()))
+
+    def _remember_keys(self, table: str, part: pa.Table) -> None:
+        second = {"nodes": "position", "cycles": "cycle_index"}.get(table)
+        if second is None:
+            return
+        keys = self._tree_keys if table == "nodes" else self._cycle_keys
+        pairs = zip(part.column("request_id").to_pylist(), part.column(second).to_pylist())
+        keys.update(pairs)
+
+    # ----------------------------------------------------------------------------- queries
+    def recorded_request_ids(self) -> set[int]:
+        """Request ids whose ``requests`` row was added (finished requests, including resumed ones)."""
+        return set(self._request_ids)
+
+    @property
+    def rows_buffered(self) -> dict[str, int]:
+        """Rows waiting in memory per table."""
+        return dict(self._buffered_rows)
+
+    # ----------------------------------------------------------------------------- appends
+    def _append(self, table: str, columns: dict[str, Any]) -> None:
+        if self._closed:
+            raise ValueError(f"{self.run_dir}: writer is closed")
+        try:
+            batch = pa.RecordBatch.from_pydict(columns, schema=self._schemas[table])
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+            raise ValueError(
+                f"{table}: value does not fit the column type of trace format v1: {exc}"
+            ) from exc
+        self._buffers[table].append(batch)
+        self._buffered_rows[table] += batch.num_rows
+        if self._buffered_rows[table] >= self.flush_every_rows:
+            if table == "requests":
+                self.flush()
+            else:
+                self._flush_table(table)
+        if time.monotonic() - self._last_flush_at >= self.flush_every_s:
+            self.flush()
+
+    def _expert_columns(
+        self, name: str, expert_ids: Any, router_weights: Any, rows: int
+    ) -> dict[str, pa.Array]:
+        shape = (rows, self._num_layers, self._top_k)
+        ids = _as_int_array(f"{name}: expert_ids", expert_ids, shape)
+        weights = _as_float_array(f"{name}: router_weights", router_weights, shape)
+        for check, label in (
+            (V.check_expert_ids(ids, self._num_experts, self._top_k), "expert_ids"),
+            (V.check_router_weights(weights), "router_weights"),
+        ):
+            if check is not None:
+                raise ValueError(f"{name}: {label} row {check.row}: {check.message}")
+        slots = self._num_layers * self._top_k
+        id_type = self._schemas["nodes"].field("expert_ids").type.value_type
+        ids_arr = pa.array(ids.reshape(-1).astype(id_type.to_pandas_dtype()), type=id_type)
+        w_arr = pa.array(weights.reshape(-1).astype(np.float16), type=pa.float16())
+        return {
+            "expert_ids": pa.FixedSizeListArray.from_arrays(ids_arr, slots),
+            "router_weights": pa.FixedSizeListArray.from_arrays(w_arr, slots),
+        }
+
+    def add_request(
+        self,
+        request_id: int,
+        prompt_token_ids: Sequence[int],
+        generated_token_ids: Sequence[int],
+        source: str,
+    ) -> None:
+        """Record a finished request (call it last for that request; ids unique in the run)."""
+        request_id = int(request_id)
+        if request_id in self._request_ids:
+            raise ValueError(f"add_request: request_id {request_id} already recorded")
+        prompt = _as_int_array("add_request: prompt_token_ids", prompt_token_ids)
+        generated = _as_int_array("add_request: generated_token_ids", generated_token_ids)
+        for name, arr in (("prompt_token_ids", prompt), ("generated_token_ids", generated)):
+            if arr.ndim != 1 or (arr.size and arr.min() < 0):
+                raise ValueError(f"add_request: {name}: expected a 1-D list of token ids >= 0")
+        self._request_ids.add(request_id)
+        self._append(
+            "requests",
+            {
+                "request_id": [request_id],
+                "prompt_token_ids": [prompt.tolist()],
+                "generated_token_ids": [generated.tolist()],
+                "source": [str(source)],
+            },
+        )
+
+    def add_prefill(self, request_id: int, expert_ids: Any, router_weights: Any) -> None:
+        """Prefill routing of one request: ``expert_ids``/``router_weights`` shape ``[T, L, K]``,
+        one row per prompt token in order.
+
+        Raises:
+            ValueError: wrong shapes, an expert id outside ``0..E-1`` or a bad weight.
+        """
+        if np.ndim(expert_ids) != 3:
+            raise ValueError(f"add_prefill: expert_ids: expected shape [T, L, K], got {np.shape(expert_ids)}")
+        num_tokens = int(np.shape(expert_ids)[0])
+        columns: dict[str, Any] = self._expert_columns("add_prefill", expert_ids, router_weights, num_tokens)
+        columns["request_id"] = np.full(num_tokens, int(request_id), dtype=np.int64)
+        columns["token_index"] = np.arange(num_tokens, dtype=np.int32)
+        self._append("prefill", columns)
+
+    def add_tree(
+        self,
+        request_id: int,
+        position: int,
+        context_len: int,
+        tree: Any,
+        target_tokens: Any,
+        accepted: Any,
+        expert_ids: Any,
+        router_weights: Any,
+    ) -> None:
+        """One dense tree: every node of ``tree`` (a ``specfit.tree.DraftTree``) with its routing.
+
+        Args:
+            request_id, position, context_len: see docs/contracts.md (``position`` = generated
+                tokens committed when drafted; ``context_len`` = prompt length + position).
+            tree: ``DraftTree`` with ``N`` nodes (token_ids, parents, depths, draft/path log-probs).
+            target_tokens: ``int[N]``, the target's greedy token after each node.
+            accepted: ``bool[N]``, ``token_ids[v] == target_tokens[parent[v]]``, true at the root.
+            expert_ids: ``int[N, L, K]`` in ``0..E-1``; router_weights: ``float[N, L, K]``.
+
+        Raises:
+            ValueError: wrong shapes or values, naming the argument and node.
+        """
+        n = len(tree.token_ids)
+        self.add_node_rows(
+            request_id=np.full(n, int(request_id)),
+            position=np.full(n, int(position)),
+            context_len=np.full(n, int(context_len)),
+            node_id=np.arange(n),
+            parent=tree.parents,
+            depth=tree.depths,
+            token_id=tree.token_ids,
+            draft_logprob=tree.draft_logprobs,
+            path_logprob=tree.path_logprobs,
+            target_token=target_tokens,
+            accepted=accepted,
+            expert_ids=expert_ids,
+            router_weights=router_weights,
+        )
+
+    def add_node_rows(self, **columns: Any) -> None:
+        """Bulk form of :meth:`add_tree`: flat ``[R]`` arrays of many whole trees (``[R, L, K]`` for
+        ``expert_ids``/``router_weights``), keyword per ``nodes`` column (docs/trace-format.md).
+
+        Raises:
+            ValueError: a missing/extra column, wrong shape, or a tree that breaks the format.
+        """
+        names = [spec.name for spec in self._schemas["nodes"]]
+        missing = sorted(set(names) - set(columns))
+        extra = sorted(set(columns) - set(names))
+        if missing or extra:
+            raise ValueError(f"add_node_rows: missing columns {missing}, unknown columns {extra}")
+        rows = len(np.asarray(columns["node_id"]))
+        arrays: dict[str, Any] = {}
+        for name in names:
+            if name in ("expert_ids", "router_weights"):
+                continue
+            if name in ("draft_logprob", "path_logprob"):
+                arrays[name] = _as_float_array(f"add_tree: {name}", columns[name], (rows,))
+            else:
+                arrays[name] = _as_int_array(f"add_tree: {name}", columns[name], (rows,))
+        check = V.check_range(arrays["position"], "position", 0) or V.check_range(
+            arrays["context_len"], "context_len", 0
+        )
+        check = check or V.check_trees(**{k: v for k, v in arrays.items() if k != "context_len"})
+        if check is not None:
+            raise ValueError(f"add_tree: row {check.row}: {check.message}")
+        starts = V.tree_starts(arrays["request_id"], arrays["position"])
+        keys = list(zip(arrays["request_id"][starts].tolist(), arrays["position"][starts].tolist()))
+        seen = [key for key in keys if key in self._tree_keys]
+        if seen:
+            raise ValueError(f"add_tree: tree (request {seen[0][0]}, position {seen[0][1]}) already recorded")
+        arrays["accepted"] = arrays["accepted"].astype(bool)
+        arrays.update(
+            self._expert_columns("add_tree", columns["expert_ids"], columns["router_weights"], rows)
+        )
+        self._append("nodes", arrays)
+        self._tree_keys.update(keys)
+
+    def add_cycle(self, record: CycleRecord) -> None:
+        """One executed verification cycle (:class:`~traces.schema.CycleRecord`).
+
+        Raises:
+            ValueError: per-layer lists not of length ``L`` or ``verified_nodes`` not of length
+                ``num_nodes_verified``.
+        """
+        num_layers = self._num_layers
+        row: dict[str, list[Any]] = {}
+        for spec in self._schemas["cycles"]:
+            value = getattr(record, spec.name)
+            if spec.name.startswith("layer_"):
+                value = np.asarray(value).tolist()
+                if len(value) != num_layers:
+                    raise ValueError(
+                        f"add_cycle: {spec.name}: expected {num_layers} values (one per layer), got {len(value)}"
+                    )
+            elif spec.name in ("verified_nodes", "committed_token_ids"):
+                value = np.asarray(value, dtype=np.int64).tolist()
+            row[spec.name] = [value]
+        if len(row["verified_nodes"][0]) != record.num_nodes_verified:
+            raise ValueError(
+                f"add_cycle: verified_nodes has {len(row['verified_nodes'][0])} ids, "
+                f"num_nodes_verified is {record.num_nodes_verified}"
+            )
+        key = (int(record.request_id), int(record.cycle_index))
+        if key in self._cycle_keys:
+            raise ValueError(f"add_cycle: cycle (request {key[0]}, cycle_index {key[1]}) already recorded")
+        self._append("cycles", row)
+        self._cycle_keys.add(key)
+
+    def add_transfers(
+        self,
+        request_id: int,
+        cycle_index: int,
+        layers: Any,
+        experts: Any,
+        num_bytes: Any,
+        h2d_s: Any,
+    ) -> None:
+        """Per-transfer H2D timings of one cycle: ``layers``, ``experts``, ``num_bytes`` (scalar or
+        ``[M]``, bytes) and ``h2d_s`` (``[M]``, seconds).
+
+        Raises:
+            ValueError: lengths differ, or a layer/expert out of range.
+        """
+        layer_arr = _as_int_array("add_transfers: layers", layers)
+        count = layer_arr.shape[0] if layer_arr.ndim == 1 else -1
+        expert_arr = _as_int_array("add_transfers: experts", experts, (count,))
+        bytes_arr = _as_int_array("add_transfers: num_bytes", np.broadcast_to(num_bytes, (count,)), (count,))
+        h2d_arr = _as_float_array("add_transfers: h2d_s", h2d_s, (count,))
+        for name, arr, high in (
+            ("layers", layer_arr, self._num_layers),
+            ("experts", expert_arr, self._num_experts),
+            ("num_bytes", bytes_arr, None),
+            ("h2d_s", h2d_arr, None),
+        ):
+            check = V.check_range(arr, name, 0, high)
+            if check is not None:
+                raise ValueError(f"add_transfers: row {check.row}: {check.message}")
+        self._append(
+            "transfers",
+            {
+                "request_id": np.full(count, int(request_id), dtype=np.int64),
+                "cycle_index": np.full(count, int(cycle_index), dtype=np.int32),
+                "layer": layer_arr,
+                "expert": expert_arr,
+                "bytes": bytes_arr,
+                "h2d_s": h2d_arr,
+            },
+        )
+
+    # ----------------------------------------------------------------------------- flushing
+    def _flush_table(self, table: str) -> None:
+        batches = self._buffers[table]
+        if not batches:
+            return
+        data = pa.Table.from_batches(batches, schema=self._schemas[table])
+        index = self._next_part[table]
+        write_part(
+            part_path(self.run_dir, table, index),
+            data,
+            compression_level=self.compression_level,
+            fsync=self.fsync,
+        )
+        self._next_part[table] = index + 1
+        self._buffers[table] = []
+        self._buffered_rows[table] = 0
+
+    def flush(self) -> None:
+        """Write every buffered row as new parts (``requests`` last)."""
+        for table in TABLE_NAMES:
+            if table != "requests":
+                self._flush_table(table)
+        self._flush_table("requests")
+        self._last_flush_at = time.monotonic()
+
+    def close(self, complete: bool = True) -> None:
+        """Flush and rewrite the manifest with ``complete``; idempotent."""
+        if self._closed:
+            return
+        self.flush()
+        self.manifest = self.manifest.replace(complete=bool(complete))
+        write_manifest(self.run_dir, self.manifest, fsync=self.fsync)
+        self._closed = True
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close(complete=exc_type is None)
