@@ -128,6 +128,12 @@ def build_parser() -> ArgumentParser:
         "--min-cycles", type=positive_int, default=8, help="fewest cycles to fit a cost model (count)"
     )
     p.add_argument("--seed", type=int, default=0, help="seed (live runs and fit split)")
+    p.add_argument(
+        "--torch-threads",
+        type=positive_int,
+        default=1,
+        help="torch intra-op threads of the live runs (count); 1 keeps CPU timings steady on a shared machine",
+    )
     p.add_argument("--out", default=None, help="output folder (default runs/validate/<UTC time>)")
     return p
 
@@ -400,6 +406,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out or Path("runs") / "validate" / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     )
     out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.torch_threads)
     validator = Validator(args, out)
     try:
         table, summary = validator.run()
@@ -407,6 +417,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         print_summary({"ok": False, "error": str(exc), "out": str(out)})
         return 1
+    finally:
+        torch.set_num_threads(threads)
     figs = write_outputs(out, table, summary, validator.per_cycle)
     cols = [
         "bandwidth_gb_per_s",

@@ -91,7 +91,8 @@ def build_parser() -> ArgumentParser:
         "--h2d-latency-us",
         type=non_negative_float,
         default=None,
-        help="per-transfer latency in microseconds, used when transfer sizes do not identify it",
+        help="per-transfer latency in microseconds, used when transfer sizes do not identify it "
+        "(unset: the emulated link's latency from the manifests, else 0)",
     )
     p.add_argument(
         "--h2d-table",
@@ -131,6 +132,23 @@ def latency_from_h2d_table(path: str, kinds: Sequence[str]) -> float:
     return float(value)
 
 
+def emulated_latency_s(loaded: LoadedRuns) -> float | None:
+    """The per-transfer latency (s) of an emulated link, when every run used one with the same value.
+
+    An emulated link's latency is part of its definition (``live.record --latency-us``), recorded
+    in ``manifest.hardware.emulated_s_per_transfer``; a real link's is not, so ``None`` then.
+    """
+    values = {
+        m.hardware.emulated_s_per_transfer for m in loaded.manifests() if m.hardware.h2d_memory == "emulated"
+    }
+    if len(values) != 1 or len([m for m in loaded.manifests() if m.hardware.h2d_memory == "emulated"]) != len(
+        loaded.runs
+    ):
+        return None
+    value = values.pop()
+    return None if value is None else float(value)
+
+
 def _overlap(flag: str, loaded: LoadedRuns) -> bool:
     if flag != "auto":
         return flag == "on"
@@ -154,6 +172,8 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
     if args.h2d_table is not None:
         hw = loaded.manifests()[0].hardware
         latency = latency_from_h2d_table(args.h2d_table, [hw.link_kind, hw.h2d_memory])
+    if latency is None:
+        latency = emulated_latency_s(loaded)
     options = FitOptions(
         holdout_fraction=args.holdout,
         seed=args.seed,

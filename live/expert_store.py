@@ -182,7 +182,9 @@ class DeviceExpertPool:
             gate_up, down = self.persistent[layer]
         else:
             if len(self._scratch_used) >= self.num_scratch:
-                self._grow_scratch(max(2 * self.num_scratch, len(self._scratch_used) + 1))
+                raise RuntimeError(
+                    f"layer {layer}: scratch slots exhausted ({self.num_scratch}); call reserve_scratch first"
+                )
             slot = len(self._scratch_used)
             self._scratch_used[int(expert)] = slot
             gate_up, down = self.scratch
@@ -191,12 +193,19 @@ class DeviceExpertPool:
             (down[slot], self.store.down[layer][expert]),
         ]
 
-    def _grow_scratch(self, num_slots: int) -> None:
-        gate_up, down = self._allocate(num_slots)
-        used = len(self._scratch_used)
-        gate_up[:used].copy_(self.scratch[0][:used])
-        down[:used].copy_(self.scratch[1][:used])
-        self.scratch = (gate_up, down)
+    def reserve_scratch(self, num_slots: int) -> None:
+        """Make at least ``num_slots`` scratch slots available to the layer about to be placed.
+
+        Call before any :meth:`place` of the layer (copy pairs returned earlier would point into
+        the old tensors). Growth doubles the scratch; on CUDA it synchronises first so that no
+        queued copy or kernel still uses the released memory.
+        """
+        if self._scratch_used:
+            raise RuntimeError("reserve_scratch: call before placing the layer's transient experts")
+        if num_slots > self.num_scratch:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.scratch = self._allocate(max(num_slots, 2 * self.num_scratch))
 
     def _persistent_lut(self, layer: int, device: torch.device) -> torch.Tensor:
         table = self._lut[layer]

@@ -550,27 +550,27 @@ class OffloadedMoE:
             state.weights[layer].append(top_k_weights.detach())
         if layer == 0:
             state.num_tokens += int(ids_np.shape[0])
-        union = np.unique(ids_np)
-        access = self.cache.access(layer, union)
+        access = self.cache.access(layer, ids_np)  # the policy deduplicates: U_l = union of ids
         state.hits[layer] += len(access.hits)
         state.misses[layer] += len(access.misses)
         state.evictions[layer] += len(access.evicted)
         pool = self.pool
         if len(access.evicted):
             pool.release(layer, access.evicted)
-        transfers = []
-        for e in np.asarray(access.misses).tolist():
-            if pool.slot_of[layer, e] >= 0:  # policy says miss but the slot is filled: re-fetch
-                pool.release(layer, (e,))
-            keep = bool(self.cache.contains(layer, e))
-            if keep and not pool.has_free_slot(layer):
-                self._sync_layer_slots_only(layer)
-            transfers.append(pool.place(layer, e, persistent=keep))
+        misses = np.asarray(access.misses, dtype=np.int64).tolist()
         hits = np.asarray(access.hits, dtype=np.int64)
-        for e in hits[pool.slot_of[layer, hits] < 0].tolist():
-            # cached by the policy (e.g. warmed outside the engine) but not in the pool: fetch
-            keep = bool(self.cache.contains(layer, e)) and pool.has_free_slot(layer)
-            transfers.append(pool.place(layer, e, persistent=keep))
+        # hits the policy caches but the pool lacks (warmed outside the engine) are fetched too
+        to_fetch = misses + hits[pool.slot_of[layer, hits] < 0].tolist()
+        transfers = []
+        if to_fetch:
+            keep = [bool(self.cache.contains(layer, e)) for e in to_fetch]
+            pool.reserve_scratch(keep.count(False))
+            for e, kept in zip(to_fetch, keep):
+                if pool.slot_of[layer, e] >= 0:  # policy says miss but the slot is filled: refill
+                    pool.release(layer, (e,))
+                if kept and not pool.has_free_slot(layer):
+                    self._sync_layer_slots_only(layer)
+                transfers.append(pool.place(layer, e, persistent=kept))
         if transfers:
             state.fetches[layer].append(self.link.fetch(transfers))
         return pool.views(layer, top_k_index, top_k_weights)

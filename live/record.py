@@ -61,6 +61,7 @@ class RecordConfig:
     device: str
     dtype: str
     seed: int
+    threads: int
     out: str
     resume: bool
     cost: str | None
@@ -116,6 +117,9 @@ def build_parser() -> ArgumentParser:
         "--device", default="cpu", help="device of the non-expert weights and expert cache (cpu, cuda)"
     )
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model weight dtype")
+    p.add_argument(
+        "--threads", type=non_negative_int, default=0, help="torch CPU threads (count); 0 = torch's default"
+    )
     p.add_argument("--seed", type=non_negative_int, default=0, help="random seed (torch)")
     p.add_argument("--out", default=None, help="run directory; default: runs/<UTC timestamp>")
     p.add_argument(
@@ -177,6 +181,7 @@ def resolve_config(args: Any, parser: ArgumentParser) -> RecordConfig:
         device=args.device,
         dtype=args.dtype,
         seed=args.seed,
+        threads=args.threads,
         out=out,
         resume=bool(args.resume),
         cost=args.cost,

@@ -180,24 +180,18 @@ class ExpertCache:
         ptr[e] = i
         return float(uses[i]) if i < len(uses) else _NEVER
 
-    def _victim(self, layer: int, current: set[int], incoming: int) -> int | None:
-        """The cached expert to evict for ``incoming`` (None: keep ``incoming`` transient)."""
-        cached = self._cached[layer]
-        if self.policy == "lru":
-            for e in cached:  # oldest first; current entries were moved to the end
-                return None if e in current else e
-            return None
-        candidates = [e for e in cached if e not in current]
-        if not candidates:
-            return None
+    def _eviction_order(self, layer: int, current: set[int]) -> list[int]:
+        """Evictable cached experts (not in ``current``), first to evict first (LFU / Belady).
+
+        Their keys cannot change during one access (only current experts are touched), so the
+        order is computed once per access.
+        """
+        candidates = [e for e in self._cached[layer] if e not in current]
         if self.policy == "lfu":
             freq, tick = self._freq[layer], self._tick[layer]
-            return min(candidates, key=lambda e: (freq.get(e, 0), tick.get(e, -1), e))
-        step = self._step[layer]  # belady
-        worst = max(candidates, key=lambda e: (self._next_use(layer, e, step), e))
-        if self._next_use(layer, worst, step) <= self._next_use(layer, incoming, step):
-            return None  # bypass: the incoming expert is needed later than every cached one
-        return worst
+            return sorted(candidates, key=lambda e: (freq.get(e, 0), tick.get(e, -1), e))
+        step = self._step[layer]  # belady: farthest next use first, ties: larger id first
+        return sorted(candidates, key=lambda e: (self._next_use(layer, e, step), e), reverse=True)
 
     def _touch(self, layer: int, ids: list[int], hits: list[int]) -> None:
         cached = self._cached[layer]
@@ -220,20 +214,31 @@ class ExpertCache:
         return ids
 
     def _admit(self, layer: int, ids: list[int], misses: list[int]) -> list[int]:
-        """Insert misses where the policy allows; returns the evicted ids."""
+        """Insert misses (ascending) where the policy allows; returns the evicted ids."""
         evicted: list[int] = []
-        if self.policy == "static":
+        cap = self._cap[layer]
+        if self.policy == "static" or cap == 0:
             return evicted
         current = set(ids)
         cached = self._cached[layer]
-        cap = self._cap[layer]
+        order: list[int] | None = None
         for e in misses:
             if len(cached) >= cap:
-                if cap == 0:
-                    break
-                victim = self._victim(layer, current, e)
-                if victim is None:
-                    continue
+                if self.policy == "lru":
+                    victim = next(iter(cached))  # oldest; current entries were moved to the end
+                    if victim in current:
+                        break  # every cached expert is in use by this access
+                else:
+                    if order is None:
+                        order = self._eviction_order(layer, current)
+                    if not order:
+                        break
+                    victim = order[0]
+                    if self.policy == "belady":
+                        step = self._step[layer]
+                        if self._next_use(layer, victim, step) <= self._next_use(layer, e, step):
+                            continue  # bypass: needed later than every evictable expert
+                    order.pop(0)
                 self._remove(layer, victim)
                 evicted.append(victim)
             self._insert(layer, e)

@@ -1,5 +1,6 @@
 """`python -m calibration.fit` end to end on runs written through traces.writer."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -138,3 +139,27 @@ def test_fit_cli_help_lists_units(capsys) -> None:
     assert exc.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "microseconds" in text and "default: 0.25" in text
+
+
+def test_fit_cli_takes_latency_of_an_emulated_link(runs, tmp_path, capsys) -> None:
+    policy, _ = runs  # written with an emulated link of 5 GB/s and 40 us per transfer
+    out = tmp_path / "cost.json"
+    assert fit_cli.main([str(policy), "--out", str(out)]) == 0
+    model = CycleCostModel.load(out)
+    assert model.h2d_s_per_transfer == pytest.approx(40e-6)
+    assert abs(model.h2d_bytes_per_s / 5e9 - 1) < 0.02
+
+
+def test_runs_of_different_models_are_refused(runs, tmp_path, capsys) -> None:
+    policy, _ = runs
+    other_shape = ModelShape(
+        name="tiny-moe", num_layers=3, num_experts=16, top_k=2, hidden_size=64, expert_intermediate_size=32,
+        bytes_per_expert=2_000_000,
+    )  # fmt: skip
+    other_cost = dataclasses.replace(TRUTH, num_layers=3)
+    other = write_synthetic_cycles_run(
+        tmp_path / "other", other_shape, other_cost, num_cycles=20, noise_rel=0.0, seed=0
+    )
+    rc = fit_cli.main([str(policy), str(other), "--out", str(tmp_path / "c.json")])
+    err = capsys.readouterr().err
+    assert rc == 1 and "model.num_layers" in err and str(other) in err

@@ -201,3 +201,63 @@ def test_bad_capacity_and_double_install(tiny_checkpoint):
         OffloadedMoE.install(model, make_cache("lru", 2, 16, 4))
     with pytest.raises(ValueError, match="--bandwidth"):
         make_link("cpu", 0.0)
+
+
+def test_generate_runs_on_the_offloaded_model(tiny_checkpoint):
+    path = tiny_checkpoint("qwen2_moe")
+    resident = load_target(path, experts_on_device=True)
+    model, engine = _offloaded(path, capacity=4)
+    kwargs = {"max_new_tokens": 5, "min_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        want = resident.generate(PROMPT, attention_mask=torch.ones_like(PROMPT), **kwargs)
+        got = model.generate(PROMPT, attention_mask=torch.ones_like(PROMPT), **kwargs)
+    assert torch.equal(got, want)
+    assert engine.total_stats.num_forwards == 5  # one auto-bracketed forward per token
+    assert engine.total_stats.num_tokens == PROMPT.shape[1] + 4
+
+
+@pytest.mark.parametrize("policy", ["lfu", "static"])
+def test_other_policies_match_their_replay(tiny_checkpoint, policy):
+    pytest.importorskip("specfit.cache")
+    from live.offload import offload_model
+
+    frequency = np.tile(np.arange(16, dtype=np.float64)[::-1], (2, 1))  # static keeps experts 0..5
+    model = load_target(tiny_checkpoint("qwen3_moe"))
+    engine = offload_model(model, cache_experts=6, cache_policy=policy, frequency=frequency)
+    if policy == "static":
+        np.testing.assert_array_equal(engine.pool.resident(0), np.arange(6))
+        assert engine.warm_bytes == 2 * 6 * engine.bytes_per_expert
+    replay = engine.cache.copy()
+    _, stats, routing = _greedy(model, engine, PROMPT, steps=4)
+    for forward_stats, (ids, _) in zip(stats, routing):
+        for layer in range(engine.num_layers):
+            access = replay.access(layer, ids[:, layer])
+            assert forward_stats.layer_misses[layer] == len(access.misses)
+            assert forward_stats.layer_hits[layer] == len(access.hits)
+    if policy == "static":
+        assert sum(s.evictions for s in stats) == 0
+        np.testing.assert_array_equal(engine.pool.resident(1), np.arange(6))
+
+
+def test_offload_model_flag_errors(tiny_checkpoint):
+    from live.offload import offload_model
+
+    model = load_target(tiny_checkpoint("qwen3_moe"))
+    with pytest.raises(ValueError, match="--cache-policy: expected one of lru, lfu, static"):
+        offload_model(model, cache_policy="fifo")
+    with pytest.raises(ValueError, match="--cache-policy static: needs expert frequencies"):
+        offload_model(model, cache_policy="static")
+    with pytest.raises(ValueError, match="--cache-experts"):
+        offload_model(model, cache_experts=99)
+
+
+def test_bfloat16_offloaded_close_to_resident(tiny_checkpoint):
+    path = tiny_checkpoint("olmoe")
+    resident = load_target(path, dtype="bfloat16", experts_on_device=True)
+    model = load_target(path, dtype="bfloat16")
+    engine = OffloadedMoE.install(model, make_cache("lru", 2, 16, 3))
+    with torch.no_grad():
+        want = resident(PROMPT).logits.float()
+        got = model(PROMPT).logits.float()
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    assert engine.bytes_per_expert == 3 * 32 * 16 * 2

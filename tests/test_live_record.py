@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from live_fixtures import TINY_VOCAB_SIZE, make_tiny_checkpoint, make_tiny_draft
 
 from live.record import main
@@ -14,6 +15,15 @@ pytest.importorskip("traces.writer")
 from traces.reader import open_run  # noqa: E402
 
 PROMPT_LINES = ["w5 w9 w33 w12", "w7", "w40 w41 w42 w43 w44 w45 w46 w47 w48"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """Tiny shapes run fastest single-threaded; avoids thread oversubscription on a shared CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def _save_tokenizer(folder) -> None:

@@ -18,6 +18,15 @@ from live.spec.verify import TreeVerifier
 PROMPT = [5, 9, 33, 12, 40, 7]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """Tiny shapes run fastest single-threaded; avoids thread oversubscription on a shared CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _load(path):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     return model.eval()

@@ -145,6 +145,12 @@ def test_cost_formula_values() -> None:
     assert cost.with_expert_bytes(0).transfer_s() == pytest.approx(1e-5)
     with pytest.raises(ValueError, match="3 layers"):
         cost.h2d_s([1, 2])
+    for model in (cost, over):
+        batch = model.cycle_s_total(4, np.array([1, 10]), 1000, np.array([3, 40]))
+        assert batch.tolist() == pytest.approx(
+            [model.cycle_s(4, 1, 1000, [3, 0, 0]), model.cycle_s(4, 10, 1000, [40, 0, 0])]
+        )
+        assert isinstance(model.cycle_s_total(4, 10, 1000, 3), float)
 
 
 def test_reference_unit_check_mixtral_expert_at_32_gb_per_s() -> None:

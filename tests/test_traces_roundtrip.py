@@ -87,7 +87,8 @@ def test_real_shape_synthetic_round_trip(tmp_path, shape_name, stored):
         seed=3,
     )
     run = open_run(out)
-    assert run.complete and run.manifest.model.num_layers == shape.num_layers
+    assert run.complete and run.manifest.model.to_shape() == shape
+    assert run.manifest.run.mode == "dense" and run.manifest.draft.max_nodes == 16
     assert run.arrow("nodes").schema.field("expert_ids").type.value_type == stored
     trees = list(run.iter_trees())
     assert [(t.request_id, t.position) for t in trees] == [(r, p) for r in range(2) for p in range(6)]

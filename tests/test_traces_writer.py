@@ -96,6 +96,7 @@ def test_resume_drops_unfinished_requests_and_continues(tmp_path):
     assert before.unfinished_request_ids.tolist() == [2] and not before.complete
     with TraceWriter(run_dir, small_manifest(), resume=True) as writer:
         assert writer.recorded_request_ids() == {0, 1}
+        assert writer.recorded_positions(1) == {0, 1} and writer.recorded_positions(2) == set()
         assert writer.dropped_rows["nodes"] == 12 and writer.dropped_rows["cycles"] == 1
         rng = np.random.default_rng(2)
         generated = np.arange(20, 30)

@@ -50,6 +50,7 @@ _ROWS = (
     ("h2d_bytes", "H2D bytes (cycles)"),
     ("num_transfers", "H2D transfers"),
     ("transfer_bytes", "H2D bytes (transfers)"),
+    ("bytes_on_disk", "run size on disk (bytes)"),
 )
 
 

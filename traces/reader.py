@@ -201,6 +201,8 @@ def _convert_column(
                 check = V.check_router_weights(matrix)
         if check is not None:
             raise TraceError(path, table, check.row, check.message)
+        if column.type == target.type:
+            return column
         value_type = target.type.value_type
         flat = pa.array(values.astype(value_type.to_pandas_dtype()), type=value_type)
         return pa.chunked_array([pa.FixedSizeListArray.from_arrays(flat, slots)])

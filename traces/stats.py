@@ -88,7 +88,7 @@ def summarize(run: TraceRun, union_sizes: Sequence[int] = DEFAULT_UNION_SIZES) -
     (mean 1 + accepted length), ``depth_acceptance`` (list, depth 1..max), ``expert_union``
     (``{n: distinct experts per layer}``), ``num_cycles``, ``cycle_tau`` (mean committed per
     executed cycle), ``cache_hit_rate``, ``h2d_bytes`` (sum over cycles), ``num_transfers``,
-    ``transfer_bytes``, ``complete``.
+    ``transfer_bytes``, ``bytes_on_disk`` (all files of the run), ``complete``.
     """
     model = run.manifest.model
     arrays = run.node_arrays()
@@ -121,4 +121,5 @@ def summarize(run: TraceRun, union_sizes: Sequence[int] = DEFAULT_UNION_SIZES) -
         "h2d_bytes": int(h2d_bytes),
         "num_transfers": transfers.num_rows,
         "transfer_bytes": int(pc.sum(transfers.column("bytes")).as_py() or 0),
+        "bytes_on_disk": sum(p.stat().st_size for p in run.run_dir.rglob("*") if p.is_file()),
     }

@@ -183,7 +183,7 @@ def _route(log_pop: np.ndarray, latent: np.ndarray, top_k: int) -> tuple[np.ndar
     """
     logits = latent
     logits += log_pop[None]  # in place: the caller's latent is scratch
-    top = np.argpartition(-logits, top_k - 1, axis=-1)[..., :top_k]
+    top = np.argpartition(logits, -top_k, axis=-1)[..., -top_k:]
     top_logits = np.take_along_axis(logits, top, axis=-1)
     order = np.argsort(-top_logits, axis=-1, kind="stable")
     top = np.take_along_axis(top, order, axis=-1)

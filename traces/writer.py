@@ -179,6 +179,10 @@ class TraceWriter:
         """Request ids whose ``requests`` row was added (finished requests, including resumed ones)."""
         return set(self._request_ids)
 
+    def recorded_positions(self, request_id: int) -> set[int]:
+        """Positions of the dense trees of ``request_id`` written so far (on resume: those kept)."""
+        return {pos for rid, pos in self._tree_keys if rid == int(request_id)}
+
     @property
     def rows_buffered(self) -> dict[str, int]:
         """Rows waiting in memory per table."""

@@ -1,11 +1,14 @@
 """Draft-tree growth (EAGLE-2 / EAGLE-3 dynamic tree) with a small draft language model.
 
-Algorithm (EAGLE-2, Li et al. 2024, "dynamic draft trees"): the root is the last committed token.
-Level by level, every frontier node proposes its ``topk`` most likely next tokens under the draft;
-among all those candidates the level keeps the ``topk`` best by path probability (the product of
-draft probabilities from the root), and never more than the remaining node budget
-(``max_nodes`` including the root). Growth stops at ``depth`` levels, when the budget is spent,
-or when the ``keep_drafting`` callback (the SpecFit stopping rule) says so.
+Algorithm (EAGLE-2, Li et al. 2024, "dynamic draft trees", expansion then reranking): the root is
+the last committed token. Level by level, each of the ``topk`` frontier nodes proposes its
+``topk`` most likely next tokens under the draft; all of them become candidate nodes, and the
+``topk`` candidates of the new level with the highest path probability (product of draft
+probabilities from the root) form the next frontier (a beam). After every level the tree is the
+``max_nodes - 1`` candidates with the highest path probability plus the root; because a child's
+path probability never exceeds its parent's (ties broken by creation order), that set is
+ancestor-closed. Growth stops after ``depth`` levels or when the ``keep_drafting`` callback (the
+SpecFit stopping rule) says so.
 
 :class:`Drafter` is the interface the decode loops use, so an EAGLE-3 head (which drafts from the
 target's hidden states) can later replace :class:`ModelDrafter`.
@@ -18,11 +21,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 from torch import nn
 
 from live.spec.runner import CachedLM
-from live.spec.tree import TokenTree
+from live.spec.tree import TokenTree, ancestor_matrix
 
 KeepDrafting = Callable[[TokenTree, int], bool]
 """``keep_drafting(tree_so_far, num_levels) -> bool``; called after each drafted level."""
@@ -34,8 +38,8 @@ class TreeShape:
 
     Attributes:
         depth: maximum number of draft levels (tree depth), >= 0.
-        topk: children proposed per frontier node, and frontier width kept per level, >= 1.
-        max_nodes: total node budget including the root, >= 1.
+        topk: children proposed per expanded node, and nodes expanded per level (beam width), >= 1.
+        max_nodes: nodes kept in the tree including the root (best path probabilities), >= 1.
     """
 
     depth: int = 5
@@ -81,24 +85,41 @@ class Drafter(Protocol):
         """After a commit: ``path_nodes`` (non-root node ids of the last tree, root to leaf) were committed."""
 
 
+def _rerank(parents: list[int], path: list[float], depths: list[int], max_nodes: int) -> np.ndarray:
+    """Candidate ids of the best ``max_nodes`` (root included), in (depth, creation) order."""
+    order = sorted(range(1, len(parents)), key=lambda v: (-path[v], v))[: max_nodes - 1]
+    return np.asarray(sorted([0, *order], key=lambda v: (depths[v], v)), dtype=np.int64)
+
+
 class ModelDrafter:
     """:class:`Drafter` backed by a small causal LM that shares the target's tokenizer.
 
     The draft's KV cache holds a prefix of the committed tokens; ``grow`` feeds the missing
-    committed tokens causally, then one forward per level with a tree attention mask. ``accept``
-    keeps only the accepted path's entries (KV trimming), so the next ``grow`` feeds only what is new.
+    committed tokens causally, then one forward per level (the frontier) with a tree attention
+    mask. ``accept`` keeps only the accepted path's entries (KV trimming), so the next ``grow``
+    feeds only what is new.
     """
 
     def __init__(self, model: nn.Module) -> None:
         self.lm = CachedLM(model)
-        self._slots: list[int] = []
+        self._slots: list[int] = []  # candidate ids in the draft cache after the context, cache order
+        self._tree_to_cand: np.ndarray = np.zeros(1, np.int64)
         self._context_len = 0
 
     def reset(self) -> None:
         """Drop the draft cache."""
         self.lm.reset()
         self._slots = []
+        self._tree_to_cand = np.zeros(1, np.int64)
         self._context_len = 0
+
+    def _tree(self, tokens, parents, logps, path, depths, max_nodes) -> TokenTree:
+        keep = _rerank(parents, path, depths, max_nodes)
+        index = {int(c): i for i, c in enumerate(keep)}
+        self._tree_to_cand = keep
+        return TokenTree.from_parents(
+            [tokens[c] for c in keep], [-1] + [index[parents[c]] for c in keep[1:]], [logps[c] for c in keep]
+        )
 
     def grow(
         self, committed: Sequence[int], shape: TreeShape, keep_drafting: KeepDrafting | None = None
@@ -108,7 +129,7 @@ class ModelDrafter:
         Args:
             committed: every committed token id so far (prompt then generated), at least one.
             shape: depth, top-k and node budget.
-            keep_drafting: optional stopping rule called after each level with the tree so far.
+            keep_drafting: optional stopping rule called after each level (except the last) with the tree so far.
 
         Returns:
             :class:`DraftResult`; draft log-probs are natural-log probabilities under the draft.
@@ -119,11 +140,13 @@ class ModelDrafter:
         n = len(committed)
         if n == 0:
             raise ValueError("ModelDrafter.grow: committed is empty (need at least the root token)")
-        tokens, parents, logps = [int(committed[-1])], [-1], [0.0]
-        path_logp = [0.0]
-        depths = [0]
+        tokens, parents, logps, path, depths = [int(committed[-1])], [-1], [0.0], [0.0], [0]
+        self._slots = []
+        self._context_len = n
         if shape.depth == 0 or shape.max_nodes == 1:
-            return DraftResult(TokenTree.from_parents(tokens, parents, logps), 0, time.perf_counter() - start)
+            return DraftResult(
+                self._tree(tokens, parents, logps, path, depths, 1), 0, time.perf_counter() - start
+            )
         if self.lm.cache_len > n:
             raise ValueError(
                 f"ModelDrafter.grow: draft cache holds {self.lm.cache_len} tokens but only {n} committed"
@@ -131,36 +154,31 @@ class ModelDrafter:
         if self.lm.cache_len == n:  # the root itself is cached: re-feed it to get its next-token logits
             self.lm.keep(n - 1, [])
         logits = self.lm.feed_causal(list(committed[self.lm.cache_len :]))[-1:]
-        self._context_len = n
-        self._slots = []
         frontier = [0]
         levels = 0
-        while levels < shape.depth and len(tokens) < shape.max_nodes:
-            logprobs = torch.log_softmax(logits, dim=-1)
-            top_lp, top_id = torch.topk(logprobs, min(shape.topk, logprobs.shape[-1]), dim=-1)
-            top_lp, top_id = top_lp.cpu().numpy(), top_id.cpu().numpy()
-            cands = [
-                (path_logp[p] + float(top_lp[i, j]), p, int(top_id[i, j]), float(top_lp[i, j]))
-                for i, p in enumerate(frontier)
-                for j in range(top_lp.shape[1])
-            ]
-            order = sorted(range(len(cands)), key=lambda c: (-cands[c][0], c))
-            keep = order[: min(shape.topk, shape.max_nodes - len(tokens))]
-            frontier = []
-            for c in sorted(keep):
-                path, parent, tok, lp = cands[c]
-                frontier.append(len(tokens))
-                tokens.append(tok)
-                parents.append(parent)
-                logps.append(lp)
-                path_logp.append(path)
-                depths.append(depths[parent] + 1)
+        while True:
+            top_lp, top_id = torch.topk(
+                torch.log_softmax(logits, dim=-1), min(shape.topk, logits.shape[-1]), dim=-1
+            )
+            top_lp, top_id = top_lp.cpu().numpy().astype(np.float64), top_id.cpu().numpy()
+            level = []
+            for i, parent in enumerate(frontier):
+                for j in range(top_lp.shape[1]):
+                    level.append(len(tokens))
+                    tokens.append(int(top_id[i, j]))
+                    parents.append(parent)
+                    logps.append(float(top_lp[i, j]))
+                    path.append(path[parent] + float(top_lp[i, j]))
+                    depths.append(depths[parent] + 1)
             levels += 1
-            tree = TokenTree.from_parents(tokens, parents, logps)
-            if levels >= shape.depth or len(tokens) >= shape.max_nodes:
+            tree = self._tree(tokens, parents, logps, path, depths, shape.max_nodes)
+            if levels >= shape.depth or (keep_drafting is not None and not keep_drafting(tree, levels)):
                 break
-            if keep_drafting is not None and not keep_drafting(tree, levels):
-                break
+            frontier = sorted(level, key=lambda v: (-path[v], v))[: shape.topk]
+            if len(self._tree_to_cand) == shape.max_nodes and path[frontier[0]] < min(
+                path[c] for c in self._tree_to_cand
+            ):
+                break  # no child of the new frontier could enter the full tree: more levels cannot change it
             self._slots.extend(frontier)
             logits = self.lm.feed_tree(
                 [tokens[v] for v in frontier],
@@ -169,17 +187,20 @@ class ModelDrafter:
                 context_len=n,
                 slot_nodes=self._slots,
                 query_nodes=frontier,
-                ancestors=tree.ancestor_matrix(),
+                ancestors=ancestor_matrix(parents),
             )
-        tree = TokenTree.from_parents(tokens, parents, logps)
         return DraftResult(tree, levels, time.perf_counter() - start)
 
     def accept(self, path_nodes: Sequence[int]) -> None:
-        """Keep the committed context plus the cached entries of the accepted path's leading nodes."""
+        """Keep the committed context plus the cached entries of the accepted path's leading nodes.
+
+        ``path_nodes`` are node ids of the tree returned by the last :meth:`grow`.
+        """
         kept = []
         for v in path_nodes:
-            if v not in self._slots:
+            cand = int(self._tree_to_cand[v])
+            if cand not in self._slots:
                 break
-            kept.append(self._context_len + self._slots.index(v))
+            kept.append(self._context_len + self._slots.index(cand))
         self.lm.keep(self._context_len, kept)
         self._slots = []

@@ -102,6 +102,8 @@ class RecordSession:
         self = object.__new__(cls)
         self.config = config
         torch.manual_seed(config.seed)
+        if config.threads > 0:
+            torch.set_num_threads(config.threads)
         target_dir, draft_dir = _model_dirs(config)
         try:
             prompts = load_prompts(config.prompts)

@@ -16,6 +16,15 @@ from typing import Any
 import numpy as np
 
 
+def ancestor_matrix(parents: Any) -> np.ndarray:
+    """bool[N, N] from parent ids (``parents[0] == -1``, parents precede children); ``[a, v]``: a is v or an ancestor."""
+    n = len(parents)
+    anc = np.eye(n, dtype=bool)
+    for v in range(1, n):
+        anc[:, v] |= anc[:, int(parents[v])]
+    return anc
+
+
 @dataclass(frozen=True)
 class TokenTree:
     """A drafted token tree, nodes in creation (breadth-first) order.
@@ -99,11 +108,7 @@ class TokenTree:
 
     def ancestor_matrix(self) -> np.ndarray:
         """bool[N, N]; ``[a, v]`` is True when ``a`` is ``v`` or an ancestor of ``v``."""
-        n = self.num_nodes
-        anc = np.eye(n, dtype=bool)
-        for v in range(1, n):
-            anc[:, v] |= anc[:, self.parents[v]]
-        return anc
+        return ancestor_matrix(self.parents)
 
     def path_to(self, v: int) -> list[int]:
         """Node ids from the root to ``v`` inclusive."""

@@ -1,0 +1,49 @@
+"""Smoke test of benchmarks/planner.py: runs, writes its JSON, ends with the summary line."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "planner.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("planner_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_planner_benchmark_smoke(tmp_path, capsys) -> None:
+    bench = _load()
+    out = tmp_path / "planner.json"
+    rc = bench.main(
+        [
+            "--nodes",
+            "8,12",
+            "--trees",
+            "4",
+            "--model-shape",
+            "olmoe-1b-7b",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(summary) >= {"n8", "n12", "target_met_cpu", "target_met_wall"}
+    assert summary["n8"]["trees"] == 4 and summary["n12"]["nodes_explored_max"] >= 1
+    assert summary["n12"]["p50_ms"] > 0
+    assert json.loads(out.read_text())["n8"] == summary["n8"]
+
+
+def test_planner_benchmark_bad_flag_exits_2(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        _load().main(["--trees", "-1"])
+    assert exc.value.code == 2
+    assert "--trees" in capsys.readouterr().err
