@@ -258,3 +258,40 @@ def time_split(split: pd.DataFrame, path: Path, max_bars: int = 24) -> Path | No
     ax.legend(fontsize=7, loc="lower right")
     ax.tick_params(axis="y", labelsize=7)
     return _save(fig, path)
+
+
+def sim_vs_live_throughput(table: pd.DataFrame, path: Path) -> Path | None:
+    """Simulated against live tokens/s per validation cell (``fidelity.csv`` rows), with a +/- 2 % band."""
+    if table.empty:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for policy, g in table.groupby("policy"):
+        ax.scatter(g["live_tokens_per_s"], g["sim_tokens_per_s"], color=_color(policy), label=policy)
+    lo = float(table[["live_tokens_per_s", "sim_tokens_per_s"]].min().min())
+    hi = float(table[["live_tokens_per_s", "sim_tokens_per_s"]].max().max())
+    xs = np.array([lo, hi])
+    ax.plot(xs, xs, "k-", lw=1)
+    ax.fill_between(xs, xs * 0.98, xs * 1.02, color="gray", alpha=0.2, label="+/- 2 %")
+    ax.set_xlabel("live throughput (tokens/s)")
+    ax.set_ylabel("simulated throughput (tokens/s)")
+    ax.set_title("Simulated vs live throughput per cell")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def cycle_error_distribution(errors: pd.DataFrame, path: Path) -> Path | None:
+    """Histogram of per-cycle cost-model errors (%) per policy, with the 2 % and 5 % targets marked."""
+    if errors.empty:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for policy, g in errors.groupby("policy"):
+        ax.hist(g["cycle_error_pct"], bins=40, alpha=0.5, color=_color(policy), label=policy)
+    for x in (-5, -2, 2, 5):
+        ax.axvline(x, color="k", lw=0.6, ls=":" if abs(x) == 5 else "--")
+    ax.set_xlabel("per-cycle error of the cost model (%, predicted - measured)")
+    ax.set_ylabel("cycles")
+    ax.set_title("Per-cycle predicted vs measured cycle time")
+    ax.legend(fontsize=7)
+    return _save(fig, path)

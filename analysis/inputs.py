@@ -5,7 +5,8 @@ Recognised directories (by their files):
 - trace run (``manifest.json``; dense and/or policy cycles), read with ``traces.reader.open_run``;
 - sim sweep (``results.parquet`` or ``results.csv`` of ``python -m sim.sweep``);
 - calibration folder (``cost_fit_cycles.csv`` of ``python -m calibration.fit``);
-- validation folder (``fidelity.csv`` of ``python -m analysis.validate``).
+- validation folder (``fidelity.csv`` of ``python -m analysis.validate``; the dense and live runs it
+  recorded under ``live/`` are read too).
 
 Everything is reduced to a few long-format tables (:class:`ReportData`), one row per
 (source, configuration), so each figure reads one table.
@@ -13,6 +14,7 @@ Everything is reduced to a few long-format tables (:class:`ReportData`), one row
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +54,8 @@ class ReportData:
         dense: ``(label, NodeArrays, num_experts)`` of dense runs.
         run_summaries: ``(label, metrics.cycle_summary dict)`` of recorded runs with cycles.
         fidelity: the rows of validation folders.
+        fit_errors: per-term cost-fit errors of calibration folders (``cost_fit_report.json``):
+            ``label, term, split, num_samples, median_abs_pct_error, p90_abs_pct_error, r2``.
         inputs: ``(path, kind)`` of every input.
     """
 
@@ -62,6 +66,7 @@ class ReportData:
     dense: list = field(default_factory=list)
     run_summaries: list = field(default_factory=list)
     fidelity: pd.DataFrame = field(default_factory=pd.DataFrame)
+    fit_errors: pd.DataFrame = field(default_factory=pd.DataFrame)
     inputs: list = field(default_factory=list)
 
     def _add(self, name: str, rows: pd.DataFrame) -> None:
@@ -127,7 +132,7 @@ def _add_sweep(data: ReportData, path: Path) -> None:
         data._add("time_split", split)
 
 
-def _add_trace(data: ReportData, path: Path) -> None:
+def _add_trace(data: ReportData, path: Path, include_rates: bool = True) -> None:
     from traces.reader import open_run
 
     try:
@@ -154,16 +159,10 @@ def _add_trace(data: ReportData, path: Path) -> None:
         "cache_experts_per_layer": cache,
         "policy": policy,
     }
-    data._add("throughput", pd.DataFrame([{**row, "tokens_per_s": summary["tokens_per_s"]}]))
-    data._add(
-        "hit_rates",
-        pd.DataFrame(
-            [
-                {k: row[k] for k in ("label", "source", "cache_experts_per_layer", "policy")}
-                | {"hit_rate": summary["hit_rate"]}
-            ]
-        ),
-    )
+    if include_rates:  # a validate folder's fidelity.csv already holds these
+        data._add("throughput", pd.DataFrame([{**row, "tokens_per_s": summary["tokens_per_s"]}]))
+        hit = {k: row[k] for k in ("label", "source", "cache_experts_per_layer", "policy")}
+        data._add("hit_rates", pd.DataFrame([{**hit, "hit_rate": summary["hit_rate"]}]))
     draft, verify, h2d = (float(cycles[c].sum()) for c in ("draft_s", "verify_s", "h2d_s"))
     other = max(float(cycles["cycle_s"].sum()) - draft - verify - h2d, 0.0)
     data._add(
@@ -190,6 +189,13 @@ def _add_trace(data: ReportData, path: Path) -> None:
 
 def _add_calibration(data: ReportData, path: Path) -> None:
     df = pd.read_csv(path / "cost_fit_cycles.csv")
+    report_path = path / "cost_fit_report.json"
+    if report_path.is_file():
+        try:
+            report = json.loads(report_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ReportInputError(f"{report_path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        data._add("fit_errors", _fit_error_rows(path.name, report))
     need = ("predicted_cycle_s", "measured_cycle_s")
     if any(c not in df.columns for c in need):
         raise ReportInputError(f"{path}/cost_fit_cycles.csv: lacks columns {list(need)}")
@@ -206,8 +212,20 @@ def _add_calibration(data: ReportData, path: Path) -> None:
     )
 
 
+def _fit_error_rows(label: str, report: dict) -> pd.DataFrame:
+    rows = [
+        {"label": label, "term": term, "split": split, **summary}
+        for term, splits in report.get("errors", {}).items()
+        for split, summary in splits.items()
+    ]
+    return pd.DataFrame(rows)
+
+
 def _add_validate(data: ReportData, path: Path) -> None:
+    """fidelity.csv rows, plus the dense and live runs the validation recorded (``live/*``)."""
     df = pd.read_csv(path / "fidelity.csv")
+    for run_dir in sorted((path / "live").glob("*/manifest.json")):
+        _add_trace(data, run_dir.parent, include_rates=False)
     data.fidelity = pd.concat([data.fidelity, df.assign(label=path.name)], ignore_index=True)
     for source in ("live", "sim"):
         col = f"{source}_tokens_per_s"

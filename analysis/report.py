@@ -117,6 +117,10 @@ def write_report(data: ReportData, out_dir: Path, title: str) -> tuple[Path, dic
         lines.append("No configuration where the full tree is slower than autoregressive decoding.\n")
     else:
         lines.append("_No throughput data in the inputs._\n")
+    if len(data.fit_errors):
+        lines.append("## Cost-model fit (calibration)\n")
+        lines.append("Per term, |% error| of the fitted cost model on fit and held-out cycles.\n")
+        lines.append(markdown_table(data.fit_errors))
     if len(data.fidelity):
         lines.append("## Simulator vs live fidelity\n")
         lines.append(markdown_table(data.fidelity))

@@ -40,7 +40,8 @@ import pandas as pd
 from tqdm import tqdm
 
 from analysis import fidelity
-from calibration.costfit import CalibrationDataError, FitOptions, fit_cost_model
+from calibration.checks import CalibrationDataError
+from calibration.costfit import WEIGHTINGS, FitOptions, fit_cost_model
 from specfit.cli import (
     ArgumentParser,
     comma_list,
@@ -55,6 +56,8 @@ from specfit.units import gb_per_s_to_bytes_per_s, us_to_s
 
 GRID_POLICIES = ("ar", "topn", "specfit")
 COST_FREE_POLICIES = ("ar", "topn")  # their choices do not depend on the cost model
+SIM_PREDICTOR = "recent"  # the expert predictor both sides use (live.record --predictor)
+SIM_CACHE_POLICY = "lru"
 
 
 class ValidationError(RuntimeError):
@@ -96,7 +99,10 @@ def build_parser() -> ArgumentParser:
         "--max-new-tokens", type=positive_int, default=24, help="tokens generated per prompt (count)"
     )
     p.add_argument(
-        "--bandwidth", type=comma_list(positive_float), default=[1.0, 8.0], help="emulated H2D GB/s list"
+        "--bandwidth",
+        type=comma_list(positive_float),
+        default=[1.0, 8.0],
+        help="emulated H2D bandwidths in GB/s (CPU); on a GPU one value, a label of the real link",
     )
     p.add_argument(
         "--latency-us", type=non_negative_float, default=20.0, help="emulated per-transfer latency (us)"
@@ -127,6 +133,12 @@ def build_parser() -> ArgumentParser:
     p.add_argument(
         "--min-cycles", type=positive_int, default=8, help="fewest cycles to fit a cost model (count)"
     )
+    p.add_argument(
+        "--weighting",
+        choices=WEIGHTINGS,
+        default="absolute",
+        help="cost-fit residuals: relative or absolute (absolute suits a busy shared CPU); see calibration.lsq",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed (live runs and fit split)")
     p.add_argument(
         "--torch-threads",
@@ -142,7 +154,7 @@ def _live_record(argv: list[str], log: Path) -> None:
     """Run ``live.record.main(argv)`` in this process, its stdout into ``log``.
 
     Raises:
-        ValidationError: non-zero exit (the log's tail is in the message).
+        ValidationError: non-zero exit or an exception inside the live engine (the command is named).
     """
     from live.record import main as record_main
 
@@ -152,6 +164,10 @@ def _live_record(argv: list[str], log: Path) -> None:
             code = record_main(argv)
         except SystemExit as exc:  # argparse/SessionError: exit 2
             code = int(exc.code or 0)
+        except Exception as exc:  # the live engine failed: name the run, keep the cause
+            raise ValidationError(
+                f"live.record {' '.join(argv)} failed: {type(exc).__name__}: {exc}; log: {log}"
+            ) from exc
     if code != 0:
         raise ValidationError(f"live.record {' '.join(argv)} exited {code}; see {log}")
 
@@ -196,6 +212,7 @@ class Validator:
         if (path / "manifest.json").is_file() and read_manifest(path).complete:
             return path
         argv = [*self._common(), "--mode", "policy", "--policy", cell.policy]
+        argv += ["--predictor", SIM_PREDICTOR, "--cache-policy", SIM_CACHE_POLICY]
         argv += ["--cache-experts", str(cell.cache_experts_per_layer), "--out", str(path)]
         argv += self._link_flags(cell.bandwidth_gb_per_s)
         if cost_path is not None:
@@ -215,15 +232,20 @@ class Validator:
             return cost, path
         from calibration.runs import load_runs
 
-        loaded = load_runs(runs)
+        try:
+            loaded = load_runs(runs)
+        except ValueError as exc:
+            raise CalibrationDataError(str(exc)) from None
         options = FitOptions(
             min_cycles=self.args.min_cycles,
             seed=self.args.seed,
             known_s_per_transfer=us_to_s(self.args.latency_us) if emulated else None,
+            weighting=self.args.weighting,
         )
+        cycles, transfers, _ = loaded.cost_fit_tables()
         fit = fit_cost_model(
-            loaded.cycles,
-            loaded.transfers,
+            cycles,
+            transfers,
             expert_bytes=model.bytes_per_expert,
             num_layers=model.num_layers,
             options=options,
@@ -244,8 +266,8 @@ class Validator:
             cost=cost,
             policy=cell.policy,
             cache_capacity_per_layer=cell.cache_experts_per_layer,
-            cache_policy="lru",
-            predictor="recent",
+            cache_policy=SIM_CACHE_POLICY,
+            predictor=SIM_PREDICTOR,
             decision_s=decision_s,
             seed=self.args.seed,
             record_cycles=True,
@@ -289,20 +311,21 @@ class Validator:
         bar = tqdm(total=total, desc="cells", unit="cell", disable=not progress, file=sys.stderr)
         rows = []
         for bw in self.args.bandwidth:
-            first = [Cell(bw, c, p) for p in policies if p in COST_FREE_POLICIES for c in caches]
+            cost = cost_path = None
+            if self.args.cost is not None:
+                cost, cost_path = self.cost_for(bw, [], model)
             live_paths = {}
-            for cell in first:
-                live_paths[cell] = self.run_live(
-                    cell, None if self.args.cost is None else Path(self.args.cost)
-                )
-            fit_runs = list(live_paths.values())
-            if not fit_runs:  # only planned policies asked: record an ar run to calibrate from
-                extra = Cell(bw, caches[0], "ar")
-                fit_runs = [self.run_live(extra, None)]
-            try:
-                cost, cost_path = self.cost_for(bw, fit_runs, model)
-            except CalibrationDataError as exc:
-                raise ValidationError(f"bandwidth {bw:g} GB/s: cost fit failed: {exc}") from None
+            for cell in (Cell(bw, c, p) for p in policies if p in COST_FREE_POLICIES for c in caches):
+                live_paths[cell] = self.run_live(cell, cost_path)
+            if cost is None:
+                # only planned policies asked: record the cost-free ones at one cache size to calibrate from
+                fit_runs = list(live_paths.values()) or [
+                    self.run_live(Cell(bw, caches[0], p), None) for p in COST_FREE_POLICIES
+                ]
+                try:
+                    cost, cost_path = self.cost_for(bw, fit_runs, model)
+                except CalibrationDataError as exc:
+                    raise ValidationError(f"bandwidth {bw:g} GB/s: cost fit failed: {exc}") from None
             for cell in (Cell(bw, c, p) for p in policies if p not in COST_FREE_POLICIES for c in caches):
                 live_paths[cell] = self.run_live(cell, cost_path)
             for cell, path in live_paths.items():
@@ -326,8 +349,8 @@ def write_outputs(
     errors.to_csv(out / "cycle_errors.csv", index=False)
     fig_dir = out / "figures"
     paths = [
-        _plot_sim_vs_live(table, fig_dir / "sim_vs_live_throughput.png"),
-        _plot_cycle_errors(errors, fig_dir / "cycle_error_distribution.png"),
+        figures.sim_vs_live_throughput(table, fig_dir / "sim_vs_live_throughput.png"),
+        figures.cycle_error_distribution(errors, fig_dir / "cycle_error_distribution.png"),
     ]
     tp = pd.concat(
         [
@@ -352,45 +375,6 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def _plot_sim_vs_live(table: pd.DataFrame, path: Path) -> Path | None:
-    if table.empty:
-        return None
-    from analysis.figures import _color, _pyplot, _save
-
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5, 5))
-    for policy, g in table.groupby("policy"):
-        ax.scatter(g["live_tokens_per_s"], g["sim_tokens_per_s"], color=_color(policy), label=policy)
-    lo = float(table[["live_tokens_per_s", "sim_tokens_per_s"]].min().min())
-    hi = float(table[["live_tokens_per_s", "sim_tokens_per_s"]].max().max())
-    xs = np.array([lo, hi])
-    ax.plot(xs, xs, "k-", lw=1)
-    ax.fill_between(xs, xs * 0.98, xs * 1.02, color="gray", alpha=0.2, label="+/- 2 %")
-    ax.set_xlabel("live throughput (tokens/s)")
-    ax.set_ylabel("simulated throughput (tokens/s)")
-    ax.set_title("Simulated vs live throughput per cell")
-    ax.legend(fontsize=7)
-    return _save(fig, path)
-
-
-def _plot_cycle_errors(errors: pd.DataFrame, path: Path) -> Path | None:
-    if errors.empty:
-        return None
-    from analysis.figures import _color, _pyplot, _save
-
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for policy, g in errors.groupby("policy"):
-        ax.hist(g["cycle_error_pct"], bins=40, alpha=0.5, color=_color(policy), label=policy)
-    for x in (-5, -2, 2, 5):
-        ax.axvline(x, color="k", lw=0.6, ls=":" if abs(x) == 5 else "--")
-    ax.set_xlabel("per-cycle error of the cost model (%, predicted - measured)")
-    ax.set_ylabel("cycles")
-    ax.set_title("Per-cycle predicted vs measured cycle time")
-    ax.legend(fontsize=7)
-    return _save(fig, path)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point (see the module docstring)."""
     parser = build_parser()
@@ -400,6 +384,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.fail("--policies", f"expected names from {list(GRID_POLICIES)}, got {bad}")
     if args.cost is not None and not Path(args.cost).is_file():
         parser.fail("--cost", f"no such file: {args.cost}")
+    if not args.device.startswith("cpu") and len(args.bandwidth) > 1:
+        parser.fail(
+            "--bandwidth", "on a GPU the real link is measured: give one value (it only labels the cells)"
+        )
     if args.model != "default" and not Path(args.model).is_dir():
         parser.fail("--model", f"{args.model!r} is not a checkpoint directory (or 'default')")
     out = Path(

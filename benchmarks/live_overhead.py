@@ -12,7 +12,8 @@ time of each:
   and the router top-k ids/weights fetched with ``last_routing`` (what ``live.record`` does).
 
 Figures: ``offload_vs_generate`` (aim <= 1.10), ``recording_overhead`` = offload+record / offload - 1
-(aim <= 0.05), and whether all four produce the same tokens. Each is given on wall time and on
+(aim <= 0.05), whether all four produce the same tokens, and the H2D bandwidth the engine's link
+reaches (one transfer per expert) against one plain bulk copy of the same host memory. Each is given on wall time and on
 process CPU time (``*_cpu``), the latter being less disturbed by other load on a shared machine;
 best of ``--repeats`` interleaved runs after one warm-up run of each. Usage::
 
@@ -135,20 +136,72 @@ def _timed(fn: Callable[[], list[int]]) -> tuple[float, float, list[int]]:
     return time.perf_counter() - wall0, time.process_time() - cpu0, tokens
 
 
+def measure_h2d(link, store, repeats: int) -> dict[str, float]:
+    """H2D bandwidth of the engine's link (one transfer per expert, every expert of every layer)
+    against one plain bulk copy per layer tensor of the same host memory (pinned on CUDA).
+
+    Returns GB/s (1 GB = 1e9 bytes), best of ``repeats``.
+    """
+    from specfit.units import bytes_per_s_to_gb_per_s
+
+    dst = [
+        (torch.empty_like(g, device=link.device), torch.empty_like(d, device=link.device))
+        for g, d in zip(store.gate_up, store.down)
+    ]
+    transfers = [
+        [(dg[e], store.gate_up[layer][e]), (dd[e], store.down[layer][e])]
+        for layer, (dg, dd) in enumerate(dst)
+        for e in range(store.num_experts)
+    ]
+    link_s = plain_s = float("inf")
+    for _ in range(repeats):
+        link_s = min(link_s, link.fetch(transfers).seconds())
+        if link.device.type == "cuda":
+            torch.cuda.synchronize(link.device)
+        started = time.perf_counter()
+        for (dg, dd), g, d in zip(dst, store.gate_up, store.down):
+            dg.copy_(g, non_blocking=True)
+            dd.copy_(d, non_blocking=True)
+        if link.device.type == "cuda":
+            torch.cuda.synchronize(link.device)
+        plain_s = min(plain_s, time.perf_counter() - started)
+    total = store.total_bytes
+    return {
+        "h2d_link_gb_per_s": bytes_per_s_to_gb_per_s(total / link_s),
+        "h2d_plain_copy_gb_per_s": bytes_per_s_to_gb_per_s(total / plain_s),
+        "h2d_link_vs_plain": plain_s / link_s,
+        "h2d_bytes_measured": total,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print a table and the JSON summary line. Returns 0."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     from tqdm import tqdm
 
     from live.h2d import H2DLink
-    from live.loader import describe_moe, load_target
+    from live.loader import check_device, describe_moe, load_target, read_checkpoint_config
     from live.offload import offload_model
+
+    try:
+        check_device(args.device)
+    except ValueError as exc:
+        parser.fail("--device", str(exc))
+    if args.model is not None:
+        try:
+            read_checkpoint_config(args.model)
+        except (ValueError, FileNotFoundError) as exc:
+            parser.fail("--model", str(exc))
 
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         path, source = _resolve_model(args.model, Path(tmp))
-        resident = load_target(path, args.device, args.dtype, experts_on_device=True)
+        try:
+            resident = load_target(path, args.device, args.dtype, experts_on_device=True)
+        except ValueError as exc:  # e.g. an unsupported architecture
+            parser.fail("--model", str(exc))
         offloaded = load_target(path, args.device, args.dtype)
     spec = describe_moe(resident)
     engine = offload_model(
@@ -182,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             best[name] = min(best[name], wall_s)
             best_cpu[name] = min(best_cpu[name], cpu_s)
     same_tokens = all(t == tokens["generate"] for t in tokens.values())
+    h2d = measure_h2d(engine.link, engine.store, args.repeats)
     stats = engine.total_stats
     summary = {
         "benchmark": "live_overhead",
@@ -204,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "offload_vs_plain": best["offload"] / best["plain"],
         "recording_overhead": best["offload+record"] / best["offload"] - 1.0,
         "same_tokens": same_tokens,
+        "h2d_link_kind": engine.h2d_link.kind,
+        **h2d,
         "cache_misses_after_warm": stats.misses,
         "aim_offload_vs_generate_max": 1.10,
         "aim_recording_overhead_max": 0.05,
@@ -217,6 +273,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{summary['offload_vs_generate_cpu']:.3f} CPU (aim <= 1.10); recording overhead = "
         f"{100 * summary['recording_overhead']:.1f}% wall, {100 * summary['recording_overhead_cpu']:.1f}% CPU "
         f"(aim <= 5%); same tokens: {same_tokens}"
+    )
+    print(
+        f"H2D ({engine.h2d_link.kind}): link {h2d['h2d_link_gb_per_s']:.2f} GB/s per-expert transfers, "
+        f"plain bulk copy {h2d['h2d_plain_copy_gb_per_s']:.2f} GB/s ({h2d['h2d_link_vs_plain']:.2f}x)"
     )
     print_summary(summary)
     return 0

@@ -8,12 +8,15 @@
    2,000-position trace on 2 worker processes (aim: < 30 s);
 3. parallel efficiency, ``T(1 worker) / (2 * T(2 workers))`` (aim: >= 80%).
 
-The trace is generated once under ``runs/bench/`` and reused. Prints the figures, then one JSON
-line (last line of stdout).
+The trace is generated once under ``runs/bench/`` and reused. CPU seconds (this process and its
+workers) are printed beside wall times: on a shared machine the wall-clock efficiency mostly
+measures contention, the CPU ratio the parallel overhead. Prints the figures, then one JSON line
+(last line of stdout).
 """
 
 from __future__ import annotations
 
+import resource
 import shutil
 import sys
 import tempfile
@@ -33,6 +36,35 @@ from traces.reader import open_run
 AIM_CYCLES_PER_S = 5000.0
 AIM_SWEEP_S = 30.0
 AIM_EFFICIENCY = 0.8
+
+
+def _cpu_s() -> float:
+    """CPU seconds used so far by this process and its finished children (user + system)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _engine_cycles_per_s(num_layers: int, num_cycles: int = 2000) -> dict[str, float]:
+    """Cycles/s of the timeline engines alone (no cache, predictor or planner) on random plans."""
+    import numpy as np
+
+    from sim.engine import CyclePlan, FastEngine, LinkSpec, SimPyEngine
+
+    rng = np.random.default_rng(0)
+    plans = []
+    for _ in range(200):
+        hits = [tuple(int(e) for e in rng.choice(128, 30, replace=False)) for _ in range(num_layers)]
+        demand = [tuple(int(e) for e in rng.choice(128, 10, replace=False)) for _ in range(num_layers)]
+        plans.append(CyclePlan(12_000_000, 0, (100_000,) * num_layers, hits, demand, overlap=False))
+    rates = {}
+    for name, cls in (("fast", FastEngine), ("simpy", SimPyEngine)):
+        engine = cls(LinkSpec(10_000, 171_585), num_layers)
+        count = num_cycles if name == "fast" else num_cycles // 10
+        t0 = time.perf_counter()
+        for i in range(count):
+            engine.run_cycle(plans[i % len(plans)])
+        rates[name] = count / (time.perf_counter() - t0)
+    return rates
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -83,6 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"cycles/s/core {policy:>8}: {per_policy[policy]:8.0f}  ({result.totals.num_cycles} cycles in {elapsed:.2f} s)"
         )
     all_cycles_per_s = min(per_policy.values())
+    engine_rates = _engine_cycles_per_s(model.num_layers)
+    for name, rate in engine_rates.items():
+        print(f"timeline engine only {name:>6}: {rate:8.0f} cycles/s (48-layer plans, ~10 misses/layer)")
 
     cells = make_cells(
         trace_path=str(Path(path).resolve()),
@@ -91,16 +126,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         caches=parse_cache_sizes(args.cache, model.num_experts),
         policies=["ar", "topn", "specfit"],
     )
-    times = {}
+    times, cpu = {}, {}
     for jobs in (2,) if args.skip_serial else (2, 1):
         out = Path(tempfile.mkdtemp(prefix=f"sim-bench-{jobs}-"))
         try:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _cpu_s()
             run_sweep(cells, out, jobs=jobs, progress=sys.stderr.isatty())
-            times[jobs] = time.perf_counter() - t0
+            times[jobs], cpu[jobs] = time.perf_counter() - t0, _cpu_s() - c0
         finally:
             shutil.rmtree(out, ignore_errors=True)
-        print(f"{len(cells)}-cell sweep on {jobs} worker(s): {times[jobs]:.1f} s")
+        print(f"{len(cells)}-cell sweep on {jobs} worker(s): {times[jobs]:.1f} s wall, {cpu[jobs]:.1f} s CPU")
     efficiency = times[1] / (2 * times[2]) if 1 in times else None
     if efficiency is not None:
         print(f"parallel efficiency 1 -> 2 workers: {efficiency:.0%}")
@@ -112,11 +147,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         {
             "cycles_per_s_per_core": per_policy,
             "min_cycles_per_s_per_core": all_cycles_per_s,
+            "engine_only_cycles_per_s": engine_rates,
             "sweep_cells": len(cells),
             "sweep_positions": args.requests * args.positions,
             "sweep_s_2_workers": times[2],
             "sweep_s_1_worker": times.get(1),
             "parallel_efficiency": efficiency,
+            "sweep_cpu_s_2_workers": cpu[2],
+            "sweep_cpu_s_1_worker": cpu.get(1),
             "meets_cycles_aim": all_cycles_per_s >= AIM_CYCLES_PER_S,
             "meets_sweep_aim": times[2] < AIM_SWEEP_S,
             "meets_efficiency_aim": None if efficiency is None else efficiency >= AIM_EFFICIENCY,

@@ -1,7 +1,8 @@
 """Fit :class:`specfit.cost.CycleCostModel` from recorded cycles and transfers (pandas tables).
 
 Each term of the cost formula (DESIGN.md) is fitted on its own measured duration with
-non-negative least squares on relative residuals (:mod:`calibration.lsq`):
+non-negative least squares (:mod:`calibration.lsq`; residuals in seconds by default, relative with
+``weighting="relative"``; the link fit always relative):
 
 =============  ===========================================  ==========================================
 term           model                                        data
@@ -46,32 +47,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from calibration.checks import (
+    TRANSFER_COLUMNS,
+    CalibrationDataError,
+    validate_cycles,
+    validate_transfers,
+)
+from calibration.link import LinkFit, fit_link
 from calibration.lsq import fit_non_negative
 from specfit.cost import CycleCostModel
 
-CYCLE_COLUMNS = (
-    "request_id",
-    "cycle_index",
-    "context_len",
-    "num_draft_levels",
-    "num_nodes_verified",
-    "draft_s",
-    "verify_s",
-    "h2d_s",
-    "cycle_s",
-    "layer_misses",
-    "layer_h2d_bytes",
-    "layer_h2d_s",
-)
-CYCLE_TIME_COLUMNS = ("draft_s", "verify_s", "h2d_s", "cycle_s")
-CYCLE_LAYER_TIME_COLUMNS = ("layer_h2d_s", "layer_compute_s")
-TRANSFER_COLUMNS = ("request_id", "cycle_index", "bytes", "h2d_s")
 VERIFY_TARGETS = ("residual", "verify_s")
-SIZE_SPREAD_IDENTIFIABLE = 0.01  # relative spread of transfer sizes needed to separate latency and bandwidth
-
-
-class CalibrationDataError(ValueError):
-    """Bad or insufficient calibration data; the message names the run and the field."""
+WEIGHTINGS = ("relative", "absolute")
 
 
 @dataclass(frozen=True)
@@ -86,6 +73,7 @@ class FitOptions:
         overlap_h2d: value written into the fitted model (H2D overlapped with compute).
         known_s_per_transfer: per-transfer latency (s) used when sizes do not identify it.
         verify_target: ``"residual"`` or ``"verify_s"`` (see the module docstring).
+        weighting: ``"relative"`` or ``"absolute"`` residuals (see :mod:`calibration.lsq`).
     """
 
     holdout_fraction: float = 0.25
@@ -95,8 +83,15 @@ class FitOptions:
     overlap_h2d: bool = False
     known_s_per_transfer: float | None = None
     verify_target: str = "residual"
+    weighting: str = "absolute"
+
+    def lsq_kwargs(self) -> dict[str, bool]:
+        """Keyword arguments of :func:`calibration.lsq.fit_non_negative` for these options."""
+        return {"robust": self.robust, "relative": self.weighting == "relative"}
 
     def __post_init__(self) -> None:
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting: expected one of {list(WEIGHTINGS)}, got {self.weighting!r}")
         if self.verify_target not in VERIFY_TARGETS:
             raise ValueError(
                 f"verify_target: expected one of {list(VERIFY_TARGETS)}, got {self.verify_target!r}"
@@ -178,69 +173,6 @@ class CostFit:
         }
 
 
-def _where(df: pd.DataFrame, row: int) -> str:
-    run = df["run"].iloc[row] if "run" in df.columns else "<table>"
-    return f"run {run}, request {df['request_id'].iloc[row]}, cycle {df['cycle_index'].iloc[row]}"
-
-
-def validate_cycles(cycles: pd.DataFrame, num_layers: int, label: str = "cycles") -> None:
-    """Check the columns the fit uses; raise :class:`CalibrationDataError` naming run and field.
-
-    Args:
-        cycles: cycles table (CycleRecord columns; an optional ``run`` column names the run).
-        num_layers: expected length ``L`` of the per-layer lists.
-        label: prefix of messages (e.g. the run directory) when there is no ``run`` column.
-
-    Raises:
-        CalibrationDataError: missing column, NaN / inf / negative duration, per-layer list of the
-            wrong length, negative counts.
-    """
-    missing = [c for c in CYCLE_COLUMNS if c not in cycles.columns]
-    if missing:
-        raise CalibrationDataError(f"{label}: cycles table lacks column(s) {missing}")
-    for col in CYCLE_TIME_COLUMNS + ("num_draft_levels", "num_nodes_verified", "context_len"):
-        values = cycles[col].to_numpy(dtype=np.float64)
-        bad = ~np.isfinite(values) | (values < 0)
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise CalibrationDataError(
-                f"{label}: {_where(cycles, i)}: field {col!r} is {values[i]!r}; expected a finite value >= 0"
-            )
-    for col in ("layer_misses", "layer_h2d_bytes") + CYCLE_LAYER_TIME_COLUMNS:
-        if col not in cycles.columns:
-            continue
-        for i, value in enumerate(cycles[col]):
-            arr = np.asarray(value, dtype=np.float64)
-            if arr.shape != (num_layers,):
-                raise CalibrationDataError(
-                    f"{label}: {_where(cycles, i)}: field {col!r} has {arr.size} values; expected {num_layers} (one per layer)"
-                )
-            if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-                raise CalibrationDataError(
-                    f"{label}: {_where(cycles, i)}: field {col!r} holds NaN/inf or negative values"
-                )
-
-
-def validate_transfers(transfers: pd.DataFrame, label: str = "transfers") -> None:
-    """Check the transfers table (columns, finite non-negative bytes and seconds).
-
-    Raises:
-        CalibrationDataError: naming the run, the field and the row.
-    """
-    missing = [c for c in TRANSFER_COLUMNS if c not in transfers.columns]
-    if missing:
-        raise CalibrationDataError(f"{label}: transfers table lacks column(s) {missing}")
-    for col in ("bytes", "h2d_s"):
-        values = transfers[col].to_numpy(dtype=np.float64)
-        bad = ~np.isfinite(values) | (values < 0)
-        if bad.any():
-            i = int(np.argmax(bad))
-            run = transfers["run"].iloc[i] if "run" in transfers.columns else label
-            raise CalibrationDataError(
-                f"run {run}: transfers row {i}: field {col!r} is {values[i]!r}; expected a finite value >= 0"
-            )
-
-
 def split_cycles(num_cycles: int, holdout_fraction: float, seed: int) -> np.ndarray:
     """Boolean mask of held-out cycles: ``round(fraction * n)`` of them, chosen by a seeded permutation.
 
@@ -263,81 +195,6 @@ def _cycle_keys(df: pd.DataFrame) -> pd.MultiIndex:
     return pd.MultiIndex.from_arrays(
         [run.astype(str), df["request_id"].astype(int), df["cycle_index"].astype(int)]
     )
-
-
-@dataclass(frozen=True)
-class LinkFit:
-    """A fitted host-to-device link: ``h2d_s = bytes / bytes_per_s + s_per_transfer`` per copy.
-
-    Attributes:
-        bytes_per_s: bandwidth (bytes/s; the *effective* one when not identifiable).
-        s_per_transfer: per-copy latency (s).
-        identifiable: whether copy sizes varied enough to separate the two.
-        num_samples: copies (or per-layer groups) used.
-        note: how the values were obtained.
-    """
-
-    bytes_per_s: float
-    s_per_transfer: float
-    identifiable: bool
-    num_samples: int
-    note: str
-
-
-def fit_link(
-    num_bytes: np.ndarray,
-    num_copies: np.ndarray,
-    seconds: np.ndarray,
-    *,
-    robust: bool = False,
-    known_s_per_transfer: float | None = None,
-) -> LinkFit:
-    """Fit bandwidth and per-copy latency from timed copies (or groups of copies).
-
-    Model: ``seconds = num_bytes / bytes_per_s + num_copies * s_per_transfer`` with both
-    coefficients >= 0 (:func:`calibration.lsq.fit_non_negative`). When bytes per copy vary by less
-    than 1 % (relative range), only their sum per copy is identifiable: latency is then
-    ``known_s_per_transfer`` (or 0) and the bandwidth absorbs the rest.
-
-    Args:
-        num_bytes, num_copies, seconds: float[n] per sample (one copy: ``num_copies = 1``).
-
-    Raises:
-        CalibrationDataError: fewer than 2 samples with ``seconds > 0`` or no positive bandwidth.
-    """
-    b = np.asarray(num_bytes, dtype=np.float64)
-    n = np.asarray(num_copies, dtype=np.float64)
-    s = np.asarray(seconds, dtype=np.float64)
-    keep = (s > 0) & (n > 0) & (b > 0)
-    b, n, s = b[keep], n[keep], s[keep]
-    if s.size < 2:
-        raise CalibrationDataError(
-            f"h2d: need >= 2 timed transfers to fit bandwidth (field 'h2d_s'), got {s.size}; "
-            "record with a cache smaller than the experts per layer"
-        )
-    per_copy = b / n
-    spread = float((per_copy.max() - per_copy.min()) / per_copy.mean())
-    if spread >= SIZE_SPREAD_IDENTIFIABLE:
-        fit = fit_non_negative(np.column_stack([b, n]), s, ("s_per_byte", "s_per_transfer"), robust=robust)
-        s_per_byte, latency = (float(c) for c in fit.coef)
-        if s_per_byte > 0:
-            return LinkFit(1.0 / s_per_byte, latency, True, int(s.size), "bandwidth and latency fitted")
-    latency = float(known_s_per_transfer or 0.0)
-    note = (
-        f"copy sizes do not vary (relative range {spread:.3g}); latency {latency:.3g} s "
-        + ("given" if known_s_per_transfer is not None else "assumed 0")
-        + ", bandwidth is the effective bandwidth"
-    )
-    rest = s - n * latency
-    if np.any(rest <= 0):
-        raise CalibrationDataError(
-            f"h2d: the given per-transfer latency {latency} s exceeds measured copy times (field 'h2d_s')"
-        )
-    fit = fit_non_negative(b[:, None], rest, ("s_per_byte",), robust=robust)
-    s_per_byte = float(fit.coef[0])
-    if s_per_byte <= 0:
-        raise CalibrationDataError("h2d: could not fit a positive bandwidth from field 'h2d_s'")
-    return LinkFit(1.0 / s_per_byte, latency, False, int(s.size), note)
 
 
 def _fit_h2d(cycles: pd.DataFrame, transfers: pd.DataFrame, opts: FitOptions, notes: list[str]) -> LinkFit:
@@ -393,7 +250,7 @@ def _fit_verify(cycles: pd.DataFrame, opts: FitOptions) -> tuple[float, float, f
         design,
         y[keep],
         ("verify_base_s", "verify_s_per_node", "verify_s_per_context_token"),
-        robust=opts.robust,
+        **opts.lsq_kwargs(),
     )
     return tuple(float(c) for c in fit.coef)  # type: ignore[return-value]
 
@@ -405,7 +262,7 @@ def _fit_draft(cycles: pd.DataFrame, opts: FitOptions, notes: list[str]) -> floa
     if not keep.any():
         notes.append("draft: no cycle drafted; draft_s_per_level set to 0")
         return 0.0
-    fit = fit_non_negative(lev[keep, None], y[keep], ("draft_s_per_level",), robust=opts.robust)
+    fit = fit_non_negative(lev[keep, None], y[keep], ("draft_s_per_level",), **opts.lsq_kwargs())
     return float(fit.coef[0])
 
 
@@ -575,21 +432,16 @@ def worst_term(errors: dict[str, TermError]) -> str | None:
 
 
 __all__ = [
-    "CalibrationDataError",
     "CostFit",
     "FitOptions",
-    "LinkFit",
-    "fit_link",
     "TermError",
     "cycle_predictions",
     "evaluate",
-    "model_cycle_s",
-    "verify_target_s",
     "fit_cost_model",
     "measured_terms",
+    "model_cycle_s",
     "predict_terms",
     "split_cycles",
-    "validate_cycles",
-    "validate_transfers",
+    "verify_target_s",
     "worst_term",
 ]

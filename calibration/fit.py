@@ -27,13 +27,8 @@ from typing import Any
 from tqdm import tqdm
 
 from calibration.acceptance_fit import AcceptanceDataError, fit_acceptance
-from calibration.costfit import (
-    VERIFY_TARGETS,
-    CalibrationDataError,
-    FitOptions,
-    cycle_predictions,
-    fit_cost_model,
-)
+from calibration.checks import CalibrationDataError
+from calibration.costfit import VERIFY_TARGETS, WEIGHTINGS, FitOptions, cycle_predictions, fit_cost_model
 from calibration.predictor_tables import fit_predictor_tables
 from calibration.runs import LoadedRuns, RunInputError, load_runs
 from specfit.cli import ArgumentParser, non_negative_float, positive_int, print_summary, run_main
@@ -88,6 +83,12 @@ def build_parser() -> ArgumentParser:
         help="verify term fitted on cycle - draft - h2d - decision (residual) or on verify_s",
     )
     p.add_argument(
+        "--weighting",
+        choices=WEIGHTINGS,
+        default="absolute",
+        help="least-squares residuals: relative (percent-like) or absolute (seconds); see calibration.lsq",
+    )
+    p.add_argument(
         "--h2d-latency-us",
         type=non_negative_float,
         default=None,
@@ -132,21 +133,17 @@ def latency_from_h2d_table(path: str, kinds: Sequence[str]) -> float:
     return float(value)
 
 
-def emulated_latency_s(loaded: LoadedRuns) -> float | None:
-    """The per-transfer latency (s) of an emulated link, when every run used one with the same value.
+def emulated_latency_s(loaded: LoadedRuns, labels: Sequence[str]) -> float | None:
+    """The per-transfer latency (s) of the emulated link the runs ``labels`` share, else ``None``.
 
     An emulated link's latency is part of its definition (``live.record --latency-us``), recorded
     in ``manifest.hardware.emulated_s_per_transfer``; a real link's is not, so ``None`` then.
+    (:meth:`LoadedRuns.cost_fit_tables` has checked that these runs share one link.)
     """
-    values = {
-        m.hardware.emulated_s_per_transfer for m in loaded.manifests() if m.hardware.h2d_memory == "emulated"
-    }
-    if len(values) != 1 or len([m for m in loaded.manifests() if m.hardware.h2d_memory == "emulated"]) != len(
-        loaded.runs
-    ):
+    hw = dict(zip(loaded.labels, loaded.runs))[labels[0]].manifest.hardware
+    if hw.h2d_memory != "emulated" or hw.emulated_s_per_transfer is None:
         return None
-    value = values.pop()
-    return None if value is None else float(value)
+    return float(hw.emulated_s_per_transfer)
 
 
 def _overlap(flag: str, loaded: LoadedRuns) -> bool:
@@ -164,16 +161,17 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
     loaded = load_runs(
         tqdm(args.run_dirs, desc="runs", disable=len(args.run_dirs) < 3), expected_model=args.model
     )
-    if len(loaded.cycles) == 0:
+    cycles, transfers, cost_labels = loaded.cost_fit_tables()
+    if len(cycles) == 0:
         raise CalibrationDataError(
-            f"{', '.join(loaded.labels)}: the cycles table is empty; record cycles with `python -m live.record`"
+            f"{', '.join(cost_labels)}: the cycles table is empty; record cycles with `python -m live.record`"
         )
     latency = us_to_s(args.h2d_latency_us) if args.h2d_latency_us is not None else None
     if args.h2d_table is not None:
         hw = loaded.manifests()[0].hardware
         latency = latency_from_h2d_table(args.h2d_table, [hw.link_kind, hw.h2d_memory])
     if latency is None:
-        latency = emulated_latency_s(loaded)
+        latency = emulated_latency_s(loaded, cost_labels)
     options = FitOptions(
         holdout_fraction=args.holdout,
         seed=args.seed,
@@ -182,28 +180,30 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
         overlap_h2d=_overlap(args.overlap, loaded),
         known_s_per_transfer=latency,
         verify_target=args.verify_target,
+        weighting=args.weighting,
     )
     out = Path(args.out)
     folder = out.parent
     fit = fit_cost_model(
-        loaded.cycles,
-        loaded.transfers,
+        cycles,
+        transfers,
         expert_bytes=loaded.model.bytes_per_expert,
         num_layers=loaded.model.num_layers,
         options=options,
-        source=f"calibration.fit {' '.join(loaded.labels)}",
+        source=f"calibration.fit {' '.join(cost_labels)}",
     )
     fit.model.save(out)
     report = fit.to_dict()
     report["runs"] = list(loaded.labels)
+    report["cost_fit_runs"] = cost_labels
     report["model"] = loaded.model.name
     report["options"] = {k: getattr(options, k) for k in options.__dataclass_fields__}
-    cycle_predictions(
-        fit.model, loaded.cycles.reset_index(drop=True), fit.heldout_mask, options.verify_target
-    ).to_csv(folder / CYCLES_NAME, index=False)
+    cycle_predictions(fit.model, cycles, fit.heldout_mask, options.verify_target).to_csv(
+        folder / CYCLES_NAME, index=False
+    )
     summary: dict[str, Any] = {
         "cost": str(out),
-        "num_cycles": len(loaded.cycles),
+        "num_cycles": len(cycles),
         "cycle_heldout_median_pct": fit.errors["cycle"]["heldout"].median_abs_pct_error,
         "cycle_heldout_p90_pct": fit.errors["cycle"]["heldout"].p90_abs_pct_error,
         "h2d_bytes_per_s": fit.model.h2d_bytes_per_s,
@@ -212,16 +212,35 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
     }
     dense = loaded.node_arrays()
     if dense:
-        nodes = _nodes_frame(dense)
+        _fit_dense(dense, loaded, args, folder, report, summary)
+    else:
+        report["notes"].append("no dense trees: acceptance map and predictor tables not fitted")
+    (folder / REPORT_NAME).write_text(json.dumps(_json_safe(report), indent=2, sort_keys=True) + "\n")
+    summary["report"] = str(folder / REPORT_NAME)
+    return summary
+
+
+def _fit_dense(
+    dense: list, loaded: LoadedRuns, args: Any, folder: Path, report: dict[str, Any], summary: dict[str, Any]
+) -> None:
+    """Acceptance map, reliability table and predictor tables from the dense trees (files in ``folder``).
+
+    Too few dense nodes for the acceptance map is not fatal (the cost model is already written):
+    it becomes a note in the report and a warning on stderr.
+    """
+    try:
         acc = fit_acceptance(
-            nodes, num_bins=args.acceptance_bins, seed=args.seed, source=f"calibration.fit {out}"
+            _nodes_frame(dense),
+            num_bins=args.acceptance_bins,
+            seed=args.seed,
+            source=f"calibration.fit {args.out}",
         )
+    except AcceptanceDataError as exc:
+        report["notes"].append(f"acceptance map not fitted: {exc}")
+        print(f"warning: acceptance map not fitted: {exc}", file=sys.stderr)
+    else:
         (folder / ACCEPTANCE_NAME).write_text(json.dumps(acc.calibration.to_dict(), indent=2) + "\n")
         acc.reliability.to_csv(folder / RELIABILITY_NAME, index=False)
-        tables = fit_predictor_tables(
-            [a for _, a in dense], loaded.model.num_experts, min_token_count=args.min_token_count
-        )
-        tables.save(folder / PREDICTORS_NAME)
         report["acceptance"] = {
             "ece_draft": acc.ece_draft,
             "ece_calibrated": acc.ece_calibrated,
@@ -229,20 +248,18 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
             "num_nodes_eval": acc.num_nodes_eval,
             "num_knots": int(acc.calibration.knots_x.size),
         }
-        report["predictor_tables"] = {
-            "num_trees": tables.num_trees,
-            "num_tokens": int(tables.token_ids.size),
-            "max_nodes": int(tables.union_size.shape[1] - 1),
-        }
-        summary.update(
-            acceptance=str(folder / ACCEPTANCE_NAME), predictor_tables=str(folder / PREDICTORS_NAME)
-        )
+        summary["acceptance"] = str(folder / ACCEPTANCE_NAME)
         summary["acceptance_ece_calibrated"] = acc.ece_calibrated
-    else:
-        report["notes"].append("no dense trees: acceptance map and predictor tables not fitted")
-    (folder / REPORT_NAME).write_text(json.dumps(_json_safe(report), indent=2, sort_keys=True) + "\n")
-    summary["report"] = str(folder / REPORT_NAME)
-    return summary
+    tables = fit_predictor_tables(
+        [a for _, a in dense], loaded.model.num_experts, min_token_count=args.min_token_count
+    )
+    tables.save(folder / PREDICTORS_NAME)
+    report["predictor_tables"] = {
+        "num_trees": tables.num_trees,
+        "num_tokens": int(tables.token_ids.size),
+        "max_nodes": int(tables.union_size.shape[1] - 1),
+    }
+    summary["predictor_tables"] = str(folder / PREDICTORS_NAME)
 
 
 def _nodes_frame(dense: list) -> Any:

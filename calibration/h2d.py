@@ -7,7 +7,7 @@ memory (copy stream, CUDA-event timing); on CPU a plain memcpy and the emulated 
 ``--repeats`` single-tensor transfers after ``--warmup`` untimed ones, then fits
 ``seconds = bytes / bandwidth + latency`` by non-negative least squares on the per-size medians
 (robust to the odd preempted copy)
-(:func:`calibration.costfit.fit_link`); varied sizes are what separate latency from bandwidth, so
+(:func:`calibration.link.fit_link`); varied sizes are what separate latency from bandwidth, so
 ``calibration.fit --h2d-table`` can take the latency from here.
 
 Outputs (``--out-dir``, default ``runs/h2d``): ``h2d.csv`` (kind, bytes, repeat, h2d_s,
@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from calibration.costfit import fit_link
+from calibration.link import fit_link
 from specfit.cli import (
     ArgumentParser,
     comma_list,
@@ -239,7 +239,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "out_dir": str(out),
         "torch_threads": torch.get_num_threads(),
     }
-    print(f"{'kind':<10} {'GB/s':>8} {'latency us':>11}")
+    med = table.groupby(["kind", "bytes"], sort=False)["h2d_s"].median().reset_index()
+    print(f"{'kind':<10} {'bytes':>12} {'median us':>11} {'GB/s':>8}")
+    for row in med.itertuples(index=False):
+        gbps = bytes_per_s_to_gb_per_s(row.bytes / row.h2d_s)
+        print(f"{row.kind:<10} {row.bytes:>12d} {s_to_us(row.h2d_s):>11.1f} {gbps:>8.2f}")
+    print(f"\n{'kind':<10} {'fit GB/s':>8} {'latency us':>11}")
     for kind in table["kind"].unique():
         fit = result["fits"][kind]
         gbps, lat_us = bytes_per_s_to_gb_per_s(fit["bytes_per_s"]), s_to_us(fit["s_per_transfer"])

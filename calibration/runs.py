@@ -49,12 +49,41 @@ class LoadedRuns:
         """``(label, run)`` of the runs that hold dense trees (``nodes`` rows)."""
         return [(label, run) for label, run in zip(self.labels, self.runs) if run.num_rows("nodes") > 0]
 
+    def cost_fit_tables(self) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+        """(cycles, transfers, run labels) the cost model is fitted on.
+
+        Policy-mode runs when any is given (dense-mode cycles verify the whole maximal tree and
+        commit one token, a cycle shape no policy runs), else every run. Their links must agree.
+
+        Raises:
+            RunInputError: runs with different links (``hardware.link_kind``, emulated bandwidth or
+                latency), naming the run and the field.
+        """
+        policy = [lbl for lbl, run in zip(self.labels, self.runs) if run.manifest.run.mode == "policy"]
+        labels = policy or list(self.labels)
+        by_label = dict(zip(self.labels, self.runs))
+        first = by_label[labels[0]].manifest.hardware
+        for label in labels[1:]:
+            hw = by_label[label].manifest.hardware
+            for name in _SAME_LINK_FIELDS:
+                if getattr(hw, name) != getattr(first, name):
+                    raise RunInputError(
+                        f"{label}: manifest field 'hardware.{name}' is {getattr(hw, name)!r}, but run "
+                        f"{labels[0]} has {getattr(first, name)!r}; fit one link at a time"
+                    )
+        cycles = self.cycles[self.cycles["run"].isin(labels)] if len(self.cycles) else self.cycles
+        transfers = (
+            self.transfers[self.transfers["run"].isin(labels)] if len(self.transfers) else self.transfers
+        )
+        return cycles.reset_index(drop=True), transfers.reset_index(drop=True), labels
+
     def node_arrays(self) -> list[tuple[str, NodeArrays]]:
         """``(label, NodeArrays)`` of every dense run."""
         return [(label, run.node_arrays()) for label, run in self.dense_runs()]
 
 
 _SAME_MODEL_FIELDS = ("num_layers", "num_experts", "top_k", "bytes_per_expert")
+_SAME_LINK_FIELDS = ("device_name", "link_kind", "emulated_bandwidth_bytes_per_s", "emulated_s_per_transfer")
 
 
 def load_runs(run_dirs: Sequence[str | Path], *, expected_model: str | None = None) -> LoadedRuns:

@@ -18,7 +18,7 @@ The pool only manages slots; which experts are cached is decided by the cache *p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -65,12 +65,12 @@ class HostExpertStore:
         return self.bytes_per_expert * self.num_experts * self.num_layers
 
 
-@dataclass(frozen=True)
-class ExpertView:
+class ExpertView(NamedTuple):
     """One call of an upstream experts kernel: weights ``[n, 2I, H]``/``[n, H, I]`` and the
     top-k ids remapped to local slots ``0..n-1``. In a split layer, ``mask bool[T, K]`` marks the
     token-expert pairs this view serves; the others carry id ``n`` (upstream's expert-parallel
-    sentinel, skipped by the kernels) and a zero routing weight."""
+    sentinel, skipped by the kernels) and a zero routing weight. (A NamedTuple, not a dataclass:
+    one is built per layer per forward pass.)"""
 
     gate_up: torch.Tensor
     down: torch.Tensor

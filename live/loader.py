@@ -132,6 +132,24 @@ def _check_target_arch(config: dict, path: Path) -> str:
     return model_type
 
 
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device`` if it is ``cpu`` or an available ``cuda[:N]``; else
+    ``ValueError`` naming ``device`` and what is available."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {device!r}") from exc
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {str(dev)!r}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device: {str(dev)!r} requested but CUDA is not available here")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device: {str(dev)!r} does not exist ({torch.cuda.device_count()} CUDA devices)")
+    return dev
+
+
 def _from_pretrained(path: Path, dtype: torch.dtype, attn_implementation: str | None):
     from transformers import AutoModelForCausalLM
 
@@ -252,10 +270,12 @@ def load_target(
         The transformers ``*ForCausalLM`` model in eval mode, gradients off.
 
     Raises:
-        FileNotFoundError, ValueError: see :func:`read_checkpoint_config`.
+        FileNotFoundError, ValueError: see :func:`read_checkpoint_config`; also a bad dtype or
+            an unavailable device (:func:`check_device`).
         UnsupportedArchitectureError: ``model_type`` not in ``SUPPORTED_ARCHITECTURES``.
     """
     root = Path(path)
+    device = check_device(device)
     config = read_checkpoint_config(root)
     _check_target_arch(config, root)
     model = _from_pretrained(root, resolve_dtype(dtype), attn_implementation)
@@ -279,6 +299,7 @@ def load_draft(
     except the architecture, which may be any causal LM that transformers implements natively.
     """
     root = Path(path)
+    device = check_device(device)
     read_checkpoint_config(root)
     model = _from_pretrained(root, resolve_dtype(dtype), attn_implementation)
     return model.to(device)

@@ -12,14 +12,16 @@ pass and MoE layer l, with the top-k ids the router chose for the T tokens:
 3. evicted experts free their slots; every miss is fetched over the :class:`live.h2d.H2DLink`
    into a persistent slot (if the policy keeps it) or a scratch slot (transient) BEFORE the
    layer's experts compute (on CUDA the compute stream waits on the copy's end event);
-4. transformers' own expert kernel for the model's ``experts_implementation`` runs on the slot
-   pool with ids remapped to slots, so offloaded output equals resident output.
+4. transformers' own expert kernel for the model's ``experts_implementation`` (eager,
+   ``batched_mm`` or ``grouped_mm``) runs on the slot tensors with ids remapped to slots, so
+   offloaded output equals resident output within float rounding (often bit-for-bit; tested
+   for every supported architecture).
 
 Per forward pass the engine measures, per MoE layer: hits, misses, evictions, H2D bytes, H2D
 seconds and compute seconds (= wall time of the decoder layer minus its H2D time; ``perf_counter``
 on CPU, CUDA events on GPU). Bracket each forward with :meth:`OffloadedMoE.begin_forward` /
 :meth:`OffloadedMoE.end_forward`; a forward that is not bracketed (e.g. inside ``generate``) is
-bracketed automatically by hooks on the model.
+bracketed automatically by a wrapper of ``model.forward``.
 """
 
 from __future__ import annotations
@@ -171,7 +173,9 @@ class OffloadedExperts(torch.nn.Module):
     ``forward(hidden_states[T, H], top_k_index int[T, K], top_k_weights[T, K]) -> [T, H]``, the
     upstream signature. It asks the engine to make the layer's experts resident (fetching misses),
     then runs the upstream experts forward (dispatching on ``config._experts_implementation``) on
-    the pool tensors with ids remapped to slots. Holds no parameters.
+    the slot tensors with ids remapped to slots: one call on the layer's cached slots, or, when
+    some experts are transient, one call per view (cached, scratch) combined pair by pair.
+    Holds no parameters.
     """
 
     is_offloaded = True
@@ -245,7 +249,8 @@ class OffloadedExperts(torch.nn.Module):
         """Layer whose experts sit in two views. Each token-expert pair is computed as its own
         top-1 "token" (rows ``hidden.repeat_interleave(K)``), the pair outputs are selected from
         the view serving them and summed over K in upstream's order (``view(T, K, H).sum(1)``,
-        as in ``grouped_mm``/``batched_mm``), so the result matches the unsplit layer."""
+        as in ``grouped_mm``/``batched_mm``), so the result matches the unsplit layer up to
+        float rounding inside the kernels."""
         num_tokens, top_k = views[0].slot_index.shape
         rows = hidden_states.repeat_interleave(top_k, dim=0)
         pairs = None
@@ -278,6 +283,19 @@ def _cache_capacity(cache) -> int | None:
             )
         return int(values[0])
     return None
+
+
+def _check_cache(cache, num_layers: int, num_experts: int, capacity: int) -> None:
+    """``ValueError`` naming the field when ``cache`` does not fit the model or the pool."""
+    for name, want in (("num_layers", num_layers), ("num_experts", num_experts)):
+        got = getattr(cache, name, want)
+        if got != want:
+            raise ValueError(f"cache.{name}: expected {want} (the model's MoE {name[4:]}), got {got}")
+    got_capacity = _cache_capacity(cache)
+    if got_capacity is not None and got_capacity != capacity:
+        raise ValueError(
+            f"cache capacity per layer: expected {capacity} (the slot pool's), got {got_capacity}"
+        )
 
 
 def _bits_to_ids(words: np.ndarray) -> np.ndarray:
@@ -348,6 +366,7 @@ class OffloadedMoE:
                 f"capacity_per_layer (--cache-experts): expected 0..{self.spec.num_experts} "
                 f"(the experts per layer), got {capacity}"
             )
+        _check_cache(cache, self.spec.num_layers, self.spec.num_experts, capacity)
         self.model = model
         self.link = link
         self.recorder = recorder
@@ -394,13 +413,7 @@ class OffloadedMoE:
         """Use ``cache`` from now on; the pool is synchronised with its content (not counted in
         forward statistics; bytes added to ``warm_bytes``). Raises ``ValueError`` on a layer,
         expert or capacity mismatch."""
-        for name, want in (("num_layers", self.num_layers), ("num_experts", self.num_experts)):
-            got = getattr(cache, name, want)
-            if got != want:
-                raise ValueError(f"cache.{name}: expected {want}, got {got}")
-        capacity = _cache_capacity(cache)
-        if capacity is not None and capacity != self.capacity_per_layer:
-            raise ValueError(f"cache capacity_per_layer: expected {self.capacity_per_layer}, got {capacity}")
+        _check_cache(cache, self.num_layers, self.num_experts, self.capacity_per_layer)
         self.cache = cache
         self._sync_all_layers()
 
@@ -445,8 +458,18 @@ class OffloadedMoE:
 
     def _begin(self, auto: bool) -> None:
         if self._state is not None and not auto:
-            raise RuntimeError("begin_forward: the previous forward was not ended (call end_forward)")
+            raise RuntimeError(
+                "begin_forward: the previous forward was not ended (call end_forward or abort_forward)"
+            )
         self._state = _ForwardState(self.num_layers, time.perf_counter(), auto)
+
+    def abort_forward(self) -> None:
+        """Drop the forward in progress without recording it (e.g. after an exception inside
+        ``model(...)``); the cache and pool keep whatever the partial forward did to them."""
+        if self.link.device.type == "cuda":
+            torch.cuda.synchronize(self.link.device)
+        self._state = None
+        self.pool.end_layer()
 
     def end_forward(self) -> ForwardStats:
         """Finish the forward pass started by :meth:`begin_forward`; return its statistics.
@@ -544,7 +567,7 @@ class OffloadedMoE:
         if state is None:  # experts called outside a model forward (tests, direct use)
             self._begin(auto=True)
             state = self._state
-        ids_np = top_k_index.detach().to("cpu").numpy()
+        ids_np = (top_k_index.detach() if top_k_index.requires_grad else top_k_index).cpu().numpy()
         if self.record_routing:
             state.ids[layer].append(ids_np.copy())
             state.weights[layer].append(top_k_weights.detach())
@@ -604,13 +627,19 @@ def make_link(
     bandwidth_gb_per_s: float | None = None,
     latency_s: float = 0.0,
 ) -> H2DLink:
-    """H2D link from CLI-style values (``--device``, ``--bandwidth`` in GB/s, 1 GB = 1e9 bytes)."""
+    """H2D link from CLI-style values: ``--device``, ``--bandwidth`` in GB/s (1 GB = 1e9 bytes) and
+    a per-transfer latency in seconds. Raises ``ValueError`` naming the flag at fault."""
     from specfit.units import gb_per_s_to_bytes_per_s
 
-    if bandwidth_gb_per_s is not None and not float(bandwidth_gb_per_s) > 0:
-        raise ValueError(f"--bandwidth: expected a number > 0 (GB/s), got {bandwidth_gb_per_s}")
+    if bandwidth_gb_per_s is not None and not 0 < float(bandwidth_gb_per_s) < float("inf"):
+        raise ValueError(f"--bandwidth: expected a finite number > 0 (GB/s), got {bandwidth_gb_per_s}")
+    if not float(latency_s) >= 0:
+        raise ValueError(f"--latency: expected a number >= 0 (seconds), got {latency_s}")
     bw = gb_per_s_to_bytes_per_s(bandwidth_gb_per_s) if bandwidth_gb_per_s is not None else None
-    return H2DLink(device, bandwidth_bytes_per_s=bw, latency_s=latency_s)
+    try:
+        return H2DLink(device, bandwidth_bytes_per_s=bw, latency_s=latency_s)
+    except (ValueError, RuntimeError) as exc:
+        raise ValueError(f"--device: {exc}") from exc
 
 
 def offload_model(

@@ -8,9 +8,12 @@ an LRU expert cache; writes ``runs/<UTC timestamp>/`` (trace tables, ``manifest.
 
 Policy mode (``--mode policy --policy NAME``) runs a tree policy for real (docs: live/spec/README.md):
 ``ar`` (plain autoregressive, root only), ``full`` (verify the whole drafted tree), and the
-``specfit`` package's ``chain``, ``topn`` and ``specfit`` (exact throughput-optimal subtree,
-asked after every draft level whether to keep drafting). Greedy decoding is lossless for every
-policy: the committed tokens equal autoregressive greedy decoding's.
+``specfit`` package's ``chain``, ``topn``, ``cascade`` and ``specfit`` (exact throughput-optimal
+subtree, asked after every draft level whether to keep drafting). Greedy decoding is lossless for
+every policy: the committed tokens equal autoregressive greedy decoding's.
+
+``--resume --out RUN`` continues an interrupted run: finished prompts are skipped (the trace
+writer drops rows of unfinished ones); the summary then covers the prompts decoded by this call.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class RecordConfig:
     out: str
     resume: bool
     cost: str | None
+    acceptance: str | None = None
 
 
 def build_parser() -> ArgumentParser:
@@ -79,21 +83,27 @@ def build_parser() -> ArgumentParser:
         help="draft checkpoint directory; default: the embedded draft with --model default",
     )
     p.add_argument("--prompts", default="default", help="'default', 'mtbench', or a .jsonl/.txt prompt file")
-    p.add_argument("--num-prompts", type=positive_int, default=12, help="prompts used, first N (count)")
+    p.add_argument("--num-prompts", type=positive_int, default=24, help="prompts used, first N (count)")
     p.add_argument(
-        "--max-new-tokens", type=positive_int, default=32, help="tokens generated per prompt (count)"
+        "--max-new-tokens", type=positive_int, default=48, help="tokens generated per prompt (count)"
     )
     p.add_argument("--mode", choices=MODES, default="dense", help="dense trace (for replay) or a live policy")
     p.add_argument("--policy", choices=LIVE_POLICIES, default="specfit", help="tree policy in --mode policy")
     p.add_argument(
-        "--predictor", choices=LIVE_PREDICTORS, default="recent", help="expert predictor for --policy specfit"
+        "--predictor",
+        choices=LIVE_PREDICTORS,
+        default="recent",
+        help="expert predictor of the planned policies (chain, topn, specfit, cascade)",
     )
-    p.add_argument("--depth", type=non_negative_int, default=5, help="maximum draft tree depth (levels)")
+    p.add_argument("--depth", type=non_negative_int, default=6, help="maximum draft tree depth (levels)")
     p.add_argument(
-        "--topk", type=positive_int, default=4, help="children per frontier node and level width (count)"
+        "--topk",
+        type=positive_int,
+        default=4,
+        help="children per expanded node, and nodes expanded per level (count)",
     )
     p.add_argument(
-        "--max-nodes", type=positive_int, default=24, help="draft tree node budget incl. the root (count)"
+        "--max-nodes", type=positive_int, default=32, help="draft tree node budget incl. the root (count)"
     )
     p.add_argument(
         "--cache-experts",
@@ -118,12 +128,20 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model weight dtype")
     p.add_argument(
-        "--threads", type=non_negative_int, default=0, help="torch CPU threads (count); 0 = torch's default"
+        "--threads",
+        type=non_negative_int,
+        default=1,
+        help="torch CPU threads (count); 0 = torch's default. Tiny models decode fastest on one thread",
     )
     p.add_argument("--seed", type=non_negative_int, default=0, help="random seed (torch)")
     p.add_argument("--out", default=None, help="run directory; default: runs/<UTC timestamp>")
     p.add_argument(
         "--resume", action="store_true", help="continue the run in --out, skipping finished prompts"
+    )
+    p.add_argument(
+        "--acceptance",
+        default=None,
+        help="AcceptanceCalibration JSON (calibration.fit's acceptance.json) for the planner; default: draft probabilities",
     )
     p.add_argument(
         "--cost", default=None, help="CycleCostModel JSON for the planner; default: a quick live estimate"
@@ -145,6 +163,10 @@ def resolve_config(args: Any, parser: ArgumentParser) -> RecordConfig:
         parser.fail("--draft", f"{args.draft!r} is not a checkpoint directory")
     if args.cost is not None and not Path(args.cost).is_file():
         parser.fail("--cost", f"{args.cost!r} does not exist (expected a CycleCostModel JSON)")
+    if args.acceptance is not None and not Path(args.acceptance).is_file():
+        parser.fail(
+            "--acceptance", f"{args.acceptance!r} does not exist (expected an AcceptanceCalibration JSON)"
+        )
     if args.bandwidth is not None and not args.device.startswith("cpu"):
         parser.fail("--bandwidth", "an emulated link needs --device cpu (a GPU's real link is measured)")
     if args.latency_us > 0 and not args.device.startswith("cpu"):
@@ -185,6 +207,7 @@ def resolve_config(args: Any, parser: ArgumentParser) -> RecordConfig:
         out=out,
         resume=bool(args.resume),
         cost=args.cost,
+        acceptance=args.acceptance,
     )
 
 
@@ -200,7 +223,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SessionError as exc:
         parser.fail(exc.flag, exc.message)
     started = time.perf_counter()
-    totals = session.run()
+    try:
+        totals = session.run()
+    except KeyboardInterrupt:
+        sys.stderr.write(
+            f"interrupted; finished prompts are saved: continue with --resume --out {config.out}\n"
+        )
+        return 130
     summary = {
         "run_dir": str(Path(config.out)),
         "mode": config.mode,

@@ -7,7 +7,7 @@ from ``--seed`` in minutes on a CPU. Steps:
    (``/usr/share/doc/python3.11/html/_sources``), lightly cleaned of markup (:func:`clean_rst`).
    The pages of the modules whose docstrings make the default prompts are held out
    (:func:`live.prompts.heldout_doc_pages`), and so is every page whose path hashes (CRC-32) to 0
-   modulo ``--heldout-modulus``; the held-out pages give the evaluation figures. The text is
+   modulo ``TrainConfig.heldout_modulus`` (10); the held-out pages give the evaluation figures. The text is
    read at training time and never committed.
 2. Tokenizer: byte-level BPE trained with ``tokenizers`` (``--vocab-size``), one special token
    ``<|endoftext|>`` (EOS, also the padding token), saved as ``tokenizer.json`` +
@@ -45,7 +45,6 @@ DEFAULT_DOCS_DIR = Path("/usr/share/doc/python3.11/html/_sources")
 DOCS_INSTALL_HINT = "apt-get update && apt-get install -y python3.11-doc"
 EOS_TOKEN = "<|endoftext|>"
 MAX_TOTAL_BYTES = 25_000_000  # both checkpoints with tokenizers, the issue's budget (25 MB)
-CHECKPOINT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json")
 
 
 @dataclass(frozen=True)
@@ -68,13 +67,13 @@ class TrainConfig:
     num_experts: int = 64
     top_k: int = 4
     moe_intermediate_size: int = 64
-    target_steps: int = 1200
+    target_steps: int = 800
     target_lr: float = 3e-3
     aux_loss_coef: float = 0.01
     # draft (dense Qwen3)
     draft_layers: int = 2
     draft_intermediate_size: int = 384
-    draft_steps: int = 600
+    draft_steps: int = 500
     draft_lr: float = 3e-3
     # data and evaluation
     heldout_modulus: int = 10
@@ -267,6 +266,18 @@ def _lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
+def _optimizer(model: Any, lr: float) -> Any:
+    """AdamW (betas 0.9/0.95, weight decay 0.1 on matrices only): norms and the MoE routers
+    (``mlp.gate.weight``) are not decayed, so routing can sharpen."""
+    import torch
+
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        (decay if param.ndim >= 2 and not name.endswith("mlp.gate.weight") else no_decay).append(param)
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
+
+
 def _batch(stream: Any, cfg: TrainConfig, gen: Any) -> tuple[Any, Any]:
     """Random windows: inputs and next-token labels, both ``int64[batch, seq_len]``."""
     import torch
@@ -292,7 +303,7 @@ def train_target(cfg: TrainConfig, stream: Any, eos_id: int) -> tuple[Any, list[
     model = Qwen3MoeForCausalLM(target_config(cfg, eos_id))
     model.set_experts_implementation("grouped_mm")
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.target_lr, weight_decay=0.1, betas=(0.9, 0.95))
+    opt = _optimizer(model, cfg.target_lr)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     losses = []
     with _progress(cfg.target_steps, "target") as bar:
@@ -324,7 +335,7 @@ def train_draft(cfg: TrainConfig, stream: Any, target: Any, eos_id: int) -> tupl
     torch.manual_seed(cfg.seed + 2)
     model = Qwen3ForCausalLM(draft_config(cfg, eos_id))
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.draft_lr, weight_decay=0.1, betas=(0.9, 0.95))
+    opt = _optimizer(model, cfg.draft_lr)
     gen = torch.Generator().manual_seed(cfg.seed + 3)
     losses = []
     with _progress(cfg.draft_steps, "draft") as bar:
@@ -595,8 +606,33 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument("--seq-len", type=positive_int, default=d.seq_len, help="training window (tokens)")
     p.add_argument("--batch-size", type=positive_int, default=d.batch_size, help="windows per step")
-    p.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=1,
+        help="torch CPU threads (1 is fastest on a shared, oversubscribed machine)",
+    )
     return p
+
+
+def reproduce_command(cfg: TrainConfig, threads: int) -> str:
+    """The command line that rebuilds the shipped checkpoints with ``cfg`` (every flag that
+    changes the weights spelled out; ``--threads`` too, since float reductions depend on it)."""
+    flags = {
+        "--seed": cfg.seed,
+        "--target-steps": cfg.target_steps,
+        "--draft-steps": cfg.draft_steps,
+        "--target-lr": cfg.target_lr,
+        "--draft-lr": cfg.draft_lr,
+        "--aux-loss-coef": cfg.aux_loss_coef,
+        "--vocab-size": cfg.vocab_size,
+        "--seq-len": cfg.seq_len,
+        "--batch-size": cfg.batch_size,
+        "--threads": threads,
+    }
+    return "python -m live.train_default --out live/assets/default " + " ".join(
+        f"{flag} {value}" for flag, value in flags.items()
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -622,12 +658,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         train_texts, heldout_texts = read_corpus(args.docs_dir, cfg.heldout_modulus)
     except FileNotFoundError as exc:
         parser.fail("--docs-dir", str(exc).removeprefix("--docs-dir: "))
-    return _run(cfg, args, train_texts, heldout_texts, argv)
+    return _run(cfg, args, train_texts, heldout_texts)
 
 
-def _run(
-    cfg: TrainConfig, args: Any, train_texts: list[str], heldout_texts: list[str], argv: Sequence[str] | None
-) -> int:
+def _run(cfg: TrainConfig, args: Any, train_texts: list[str], heldout_texts: list[str]) -> int:
     """The training pipeline after argument checks (see the module docstring)."""
     import tokenizers
     import torch
@@ -659,9 +693,8 @@ def _run(
     target_r, draft_r = load_checkpoint(out / "target"), load_checkpoint(out / "draft")
     ev = evaluate(cfg, target_r, draft_r, train_stream, heldout_stream, default_prompts(), tokenizer)
     expert_params = sum(p.numel() for n, p in target_r.named_parameters() if ".experts." in n)
-    cmd_args = list(argv) if argv is not None else sys.argv[1:]
     metrics = {
-        "command": " ".join(["python -m live.train_default", *cmd_args]),
+        "command": reproduce_command(cfg, args.threads),
         "config": asdict(cfg),
         "eos_token_id": eos_id,
         "threads": args.threads,

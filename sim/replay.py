@@ -15,6 +15,9 @@ For every request of the trace:
    drive the cache and the H2D link; :mod:`sim.engine` times the cycle; the next cycle starts at
    ``t + committed``.
 
+The expert cache persists across requests, as in ``live.spec`` (one cache per engine); each
+request's timeline starts with an idle link (its prefill has drained every copy).
+
 Greedy verification is lossless, so the tokens committed by any policy are the request's greedy
 output: each cycle record carries ``committed_token_ids`` and their concatenation equals the
 trace's ``generated_token_ids`` (tested).
@@ -60,6 +63,7 @@ class ReplayTotals:
         predicted_committed: sum over cycles of the planner's E[committed] (NaN-free: 0 when absent).
         num_stopped_early: requests whose replay stopped before their last generated token
             because the dense trace had no tree at the next position.
+        num_draft_levels: draft levels run, summed over cycles.
     """
 
     num_requests: int = 0
@@ -80,6 +84,7 @@ class ReplayTotals:
     prefill_h2d_bytes: int = 0
     predicted_committed: float = 0.0
     num_stopped_early: int = 0
+    num_draft_levels: int = 0
 
     @property
     def decode_s(self) -> float:
@@ -129,6 +134,7 @@ class ReplayTotals:
             "prefetch_bytes": self.prefetch_bytes,
             "prefill_h2d_bytes": self.prefill_h2d_bytes,
             "mean_nodes_verified": self.mean_nodes_verified,
+            "mean_draft_levels": self.num_draft_levels / self.num_cycles if self.num_cycles else float("nan"),
             "decode_s": self.decode_s,
             "draft_s": ns_to_s(self.draft_ns),
             "verify_s": ns_to_s(self.verify_ns),
@@ -233,6 +239,11 @@ class _Replayer:
                 f"{self.num_experts} experts per layer"
             )
         self.arrays = trace_run.node_arrays()
+        if self.arrays.num_trees == 0:
+            raise ReplayError(
+                f"{trace_run.run_dir}: no dense trees to replay (run mode "
+                f"{trace_run.manifest.run.mode!r}; record one with the dense mode of live.record)"
+            )
         self.path_ok = self.arrays.path_accepted()
         self.link = link_from_cost(self.cost, config.link_concurrency)
         self.expert_bytes = int(self.cost.expert_bytes)
@@ -460,7 +471,7 @@ class _Replayer:
         elif hasattr(self.policy, "keep_drafting"):
             levels = min(1, depth)  # as live.spec: the rule is asked after each drafted level
             while levels < depth and self.policy.keep_drafting(
-                context(levels)[0], max_depth=depth, topk=self.topk
+                context(levels)[0], max_depth=self.max_depth, topk=self.topk
             ):
                 levels += 1
         else:
@@ -566,6 +577,7 @@ class _Replayer:
         t["num_committed"] += num_committed
         t["num_accepted"] += num_accepted
         t["num_nodes_verified"] += len(nodes)
+        t["num_draft_levels"] += levels
         t["decode_ns"] += timing.cycle_ns
         t["draft_ns"] += timing.draft_end_ns - timing.start_ns
         t["verify_ns"] += sum(e - s for s, e in zip(timing.layer_start_ns, timing.layer_end_ns))

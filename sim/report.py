@@ -40,6 +40,7 @@ TABLE_COLUMNS = (
     ("policy", "policy", "{}"),
     ("tokens_per_s", "tok/s", "{:.1f}"),
     ("tau", "tau", "{:.2f}"),
+    ("mean_draft_levels", "levels", "{:.1f}"),
     ("mean_nodes_verified", "|S|", "{:.1f}"),
     ("hit_rate", "hit", "{:.3f}"),
     ("h2d_gb", "H2D GB", "{:.2f}"),
@@ -132,9 +133,12 @@ def plot_throughput(df: pd.DataFrame, path: Path, title: str = "") -> Path:
             series = series.sort_values("bandwidth_gb_per_s")
             ax.plot(series["bandwidth_gb_per_s"], series["tokens_per_s"], marker="o", label=label)
         frac = part["cache_fraction"].iloc[0]
-        ax.set_title(f"cache {int(cache)} experts/layer ({frac:.0%})")
+        ax.set_title(f"cache {int(cache)} experts/layer ({frac * 100:.3g}%)")
         ax.set_xlabel("H2D bandwidth (GB/s)")
         ax.set_xscale("log", base=2)
+        bandwidths = sorted(part["bandwidth_gb_per_s"].unique())
+        ax.set_xticks(bandwidths, [f"{b:g}" for b in bandwidths])
+        ax.minorticks_off()
         ax.grid(True, alpha=0.3)
     axes[0][0].set_ylabel("tokens/s")
     axes[0][-1].legend(fontsize=8)

@@ -103,7 +103,9 @@ def run_sweep(
     out = Path(out_dir)
     cells_dir = out / "cells"
     done = _load_done(cells_dir, {c.cell_id for c in cells})
-    todo = [c for c in cells if c.cell_id not in done]
+    # longest cells first (SpecFit plans with many exact searches per cycle): better load balance
+    cost_rank = {"specfit": 0, "cascade": 1, "topn": 2, "chain": 3, "ar": 4}
+    todo = sorted((c for c in cells if c.cell_id not in done), key=lambda c: cost_rank.get(c.policy, 0))
     bar = tqdm(
         total=len(cells), initial=len(cells) - len(todo), desc="cells", unit="cell", disable=not progress
     )
@@ -331,9 +333,14 @@ def _build_cells(
 
     try:
         trace_path, trace_desc = resolve_trace(args.trace, synthetic=synthetic, root=Path("runs/sim/traces"))
-        model = open_run(trace_path).manifest.model
+        manifest = open_run(trace_path).manifest
     except (ValueError, TraceError) as exc:
         parser.fail("--trace", str(exc))
+    if manifest.run.mode != "dense":
+        parser.fail(
+            "--trace", f"{trace_path} is a {manifest.run.mode!r}-mode run; the simulator replays dense traces"
+        )
+    model = manifest.model
     cost, size_name = _resolve_cost(parser, args, model.num_layers)
     acceptance = _resolve_acceptance(parser, args.acceptance, args.cost)
     try:
@@ -401,6 +408,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out) if args.out else Path("runs/sim") / f"sweep-{sweep_id}"
     from traces.schema import software_versions
 
+    if out.exists() and not out.is_dir():
+        parser.fail("--out", f"{out} exists and is not a directory")
     _write_json(
         out / "sweep.json",
         {

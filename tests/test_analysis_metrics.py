@@ -114,3 +114,19 @@ def test_cycle_summary_from_table() -> None:
     assert s["hit_rate"] == pytest.approx(6 / 8)
     with pytest.raises(ValueError, match="cycle_s"):
         metrics.cycle_summary(df.drop(columns=["cycle_s"]))
+
+
+def test_calibration_term_error_uses_the_same_definitions() -> None:
+    # calibration cannot import analysis (import direction), so it summarises errors itself;
+    # both must agree with the definitions stated in docs/metrics.md.
+    from calibration.costfit import TermError
+
+    rng = np.random.default_rng(0)
+    measured = rng.uniform(0.5, 2.0, 101)
+    predicted = measured * (1 + rng.normal(0, 0.05, 101))
+    a = metrics.error_summary(predicted, measured)
+    b = TermError.of(predicted, measured)
+    assert b.num_samples == a.num_samples
+    assert b.median_abs_pct_error == pytest.approx(a.median_abs_pct_error)
+    assert b.p90_abs_pct_error == pytest.approx(a.p90_abs_pct_error)
+    assert b.r2 == pytest.approx(a.r2)

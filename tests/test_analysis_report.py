@@ -90,6 +90,7 @@ def test_report_renders_every_figure(inputs, tmp_path, capsys) -> None:
     assert "2.67" in text and "conditional" in text  # conventions stated
     assert text.count("![") == len(figures.FIGURES)
     assert "| policy | 40 |" in text  # the recorded run's summary row
+    assert "## Cost-model fit" in text and "| calib | cycle | heldout |" in text
 
 
 def test_regime_map_flags_full_tree_slower_than_ar() -> None:

@@ -48,6 +48,12 @@ def test_validate_tiny_grid(tiny_models, tmp_path, capsys) -> None:
         assert (out / "figures" / name).stat().st_size > 1000
     assert (out / "cost_1.json").is_file() and (out / "cycle_errors.csv").is_file()
     assert json.loads((out / "fidelity.json").read_text())["num_cells"] == 3
+    # the report reads the validation folder (fidelity rows + the runs it recorded): every figure
+    from analysis import report
+
+    capsys.readouterr()
+    assert report.main([str(out), "--out", str(tmp_path / "report")]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["missing_figures"] == []
 
 
 def test_validate_bad_flags_exit_2(capsys) -> None:

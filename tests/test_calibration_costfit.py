@@ -4,14 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibration.costfit import (
-    CalibrationDataError,
-    FitOptions,
-    fit_cost_model,
-    fit_link,
-    split_cycles,
-    worst_term,
-)
+from calibration.checks import CalibrationDataError
+from calibration.costfit import FitOptions, fit_cost_model, split_cycles, worst_term
+from calibration.link import fit_link
 from calibration.lsq import fit_non_negative
 from calibration.synthetic import synthetic_size_sweep, synthetic_tables
 from specfit.cost import CycleCostModel
@@ -48,14 +43,15 @@ def test_nnls_exact_on_noiseless_data() -> None:
     assert fit.coef.min() >= 0.0
 
 
-def test_fit_recovers_known_parameters_within_2_percent(tables) -> None:
+@pytest.mark.parametrize("weighting", ["relative", "absolute"])
+def test_fit_recovers_known_parameters_within_2_percent(tables, weighting) -> None:
     cycles, transfers = tables
     result = fit_cost_model(
         cycles,
         transfers,
         expert_bytes=TRUTH.expert_bytes,
         num_layers=TRUTH.num_layers,
-        options=FitOptions(seed=1, known_s_per_transfer=TRUTH.h2d_s_per_transfer),
+        options=FitOptions(seed=1, known_s_per_transfer=TRUTH.h2d_s_per_transfer, weighting=weighting),
     )
     m = result.model
     for name in (

@@ -163,3 +163,12 @@ def test_runs_of_different_models_are_refused(runs, tmp_path, capsys) -> None:
     rc = fit_cli.main([str(policy), str(other), "--out", str(tmp_path / "c.json")])
     err = capsys.readouterr().err
     assert rc == 1 and "model.num_layers" in err and str(other) in err
+
+
+def test_runs_of_different_links_are_refused(runs, tmp_path, capsys) -> None:
+    policy, _ = runs
+    faster = dataclasses.replace(TRUTH, h2d_bytes_per_s=20e9)
+    other = write_synthetic_cycles_run(tmp_path / "fast", SHAPE, faster, num_cycles=20, noise_rel=0.0, seed=0)
+    rc = fit_cli.main([str(policy), str(other), "--out", str(tmp_path / "c.json")])
+    err = capsys.readouterr().err
+    assert rc == 1 and "hardware.emulated_bandwidth_bytes_per_s" in err and str(other) in err

@@ -44,3 +44,18 @@ def test_h2d_cli_bad_flags_exit_2(capsys) -> None:
             h2d.main(argv)
         assert exc.value.code == 2
         assert flag in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_h2d_cli_cuda_pinned_and_pageable(tmp_path, capsys) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    out = tmp_path / "h2d"
+    assert (
+        h2d.main(["--device", "cuda", "--sizes-mib", "1,16,64", "--repeats", "5", "--out-dir", str(out)]) == 0
+    )
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["device"] == "cuda"
+    # pinned memory is at least as fast as pageable on every PCIe / NVLink-C2C host
+    assert summary["pinned_gb_per_s"] >= 0.9 * summary["pageable_gb_per_s"] > 0

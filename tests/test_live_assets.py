@@ -15,6 +15,15 @@ from live.assets import DEFAULT_DIR, default_model_paths
 from live.prompts import default_prompts
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One torch thread: tiny shapes gain nothing from more, and the test machine is shared."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @cache
 def _models():
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -89,7 +98,8 @@ def test_routing_is_non_degenerate_on_a_short_text():
         chosen = torch.topk(probs, k, dim=-1).indices
         distinct = torch.unique(chosen).numel()
         assert k < distinct < num_experts  # tokens route to different experts, not all of them
-        assert float(probs.max(dim=-1).values.mean()) > 2.0 / num_experts  # sharper than uniform
+        topk_mass = float(torch.topk(probs, k, dim=-1).values.sum(-1).mean())
+        assert topk_mass > 1.25 * k / num_experts  # the chosen experts carry more than a uniform share
 
 
 def test_training_experts_path_equals_stock_eager_forward():

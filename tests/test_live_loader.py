@@ -45,6 +45,17 @@ def test_dtype_is_applied(tiny_checkpoint):
     assert next(model.parameters()).dtype == torch.bfloat16
 
 
+def test_bad_device_is_named(tiny_checkpoint):
+    from live.loader import check_device
+
+    assert check_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="device: expected 'cpu' or 'cuda"):
+        check_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            load_target(tiny_checkpoint("qwen3_moe"), "cuda")
+
+
 def test_resolve_dtype_rejects_unknown():
     assert resolve_dtype("float16") is torch.float16
     with pytest.raises(ValueError, match="dtype: expected one of float32, bfloat16, float16"):

@@ -196,7 +196,13 @@ def test_bad_capacity_and_double_install(tiny_checkpoint):
     with pytest.raises(ValueError, match=r"--cache-experts: expected 0\.\.16"):
         validate_cache_experts(17, 16)
     assert default_cache_experts(64) == 16 and default_cache_experts(2) == 1
-    OffloadedMoE.install(model, make_cache("lru", 2, 16, 4))
+    with pytest.raises(ValueError, match=r"cache\.num_experts: expected 16"):
+        OffloadedMoE.install(model, make_cache("lru", 2, 8, 4))
+    with pytest.raises(ValueError, match="cache capacity per layer: expected 2"):
+        OffloadedMoE.install(model, make_cache("lru", 2, 16, 4), capacity_per_layer=2)
+    engine = OffloadedMoE.install(model, make_cache("lru", 2, 16, 4))
+    with pytest.raises(ValueError, match=r"cache\.num_layers: expected 2"):
+        engine.set_cache(make_cache("lru", 3, 16, 4))
     with pytest.raises(ValueError, match="already offloaded"):
         OffloadedMoE.install(model, make_cache("lru", 2, 16, 4))
     with pytest.raises(ValueError, match="--bandwidth"):
@@ -261,3 +267,35 @@ def test_bfloat16_offloaded_close_to_resident(tiny_checkpoint):
         got = model(PROMPT).logits.float()
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
     assert engine.bytes_per_expert == 3 * 32 * 16 * 2
+
+
+@pytest.mark.parametrize("implementation", ["eager", "batched_mm"])
+def test_every_upstream_expert_kernel_matches_resident(tiny_checkpoint, implementation):
+    """Split layers (cached + transient experts) use upstream's sentinel convention per kernel."""
+    path = tiny_checkpoint("qwen3_moe")
+    resident = load_target(path, experts_on_device=True)
+    resident.set_experts_implementation(implementation)
+    model = load_target(path)
+    model.set_experts_implementation(implementation)
+    engine = OffloadedMoE.install(model, make_cache("lru", 2, 16, 3))
+    want, _, _ = _greedy(resident, None, PROMPT, steps=2)
+    got, stats, _ = _greedy(model, engine, PROMPT, steps=2)
+    assert model.config._experts_implementation == implementation
+    assert stats[0].misses > 3 * 2  # transient experts in the prefill: the split path ran
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_explicit_bracketing_errors_and_abort(tiny_checkpoint):
+    model, engine = _offloaded(tiny_checkpoint("qwen3_moe"), capacity=4)
+    with pytest.raises(RuntimeError, match="no forward in progress"):
+        engine.end_forward()
+    engine.begin_forward()
+    with pytest.raises(RuntimeError, match="abort_forward"):
+        engine.begin_forward()
+    with pytest.raises(IndexError), torch.no_grad():
+        model(torch.tensor([[1000]]))  # token id beyond the vocabulary
+    engine.abort_forward()
+    assert engine.total_stats.num_forwards == 0
+    _, stats, _ = _greedy(model, engine, PROMPT, steps=0)
+    assert stats[0].num_forwards == 1 and engine.total_stats.num_forwards == 1

@@ -73,6 +73,16 @@ def test_bad_link_parameters(kwargs, match):
         H2DLink("cpu", **kwargs)
 
 
+def test_make_link_names_cli_flags():
+    with pytest.raises(ValueError, match="--bandwidth"):
+        make_link("cpu", -1.0)
+    with pytest.raises(ValueError, match="--latency"):
+        make_link("cpu", 1.0, latency_s=-1e-3)
+    with pytest.raises(ValueError, match="--device"):
+        make_link("meta")
+    assert make_link("cpu", 2.0, 1e-5).info.bandwidth_bytes_per_s == 2e9
+
+
 def test_bad_device_is_named():
     with pytest.raises(ValueError, match="device"):
         H2DLink("meta")

@@ -91,6 +91,8 @@ def test_help_lists_units_and_defaults(capsys):
         (["--model", "/nonexistent/model"], "--model"),
         (["--policy", "bogus"], "--policy"),
         (["--resume"], "--resume"),
+        (["--acceptance", "/nonexistent/acceptance.json"], "--acceptance"),
+        (["--cost", "/nonexistent/cost.json"], "--cost"),
     ],
 )
 def test_bad_values_exit_2_naming_the_flag(capsys, argv, flag):
@@ -178,3 +180,59 @@ def test_resume_skips_finished_prompts(tiny, tmp_path, capsys):
     run = open_run(out)
     assert sorted(run.requests["request_id"].tolist()) == [0, 1, 2]
     assert np.array_equal(np.sort(run.cycles["request_id"].unique()), [0, 1, 2])
+
+
+@pytest.mark.parametrize("cache_policy", ["lfu", "static"])
+def test_other_cache_policies_run(tiny, tmp_path, capsys, cache_policy):
+    out = tmp_path / cache_policy
+    argv = _args(tiny, out, "--mode", "policy", "--policy", "full", "--cache-policy", cache_policy)
+    assert main(argv + ["--num-prompts", "1"]) == 0
+    summary = _last_json(capsys)
+    assert summary["num_tokens"] == 8 and summary["cache_hits"] + summary["cache_misses"] > 0
+    assert open_run(out).manifest.run.cache_policy == cache_policy
+
+
+def _replay_full_tree(run_dir, max_new_tokens: int) -> dict[int, list[int]]:
+    """Committed tokens per cycle when the whole recorded tree is verified, replayed from a dense trace."""
+    trees = {(t.request_id, t.position): t for t in open_run(run_dir).iter_trees()}
+    out: dict[int, list[int]] = {}
+    for rid in sorted({k[0] for k in trees}):
+        position = 0
+        while (rid, position) in trees and position < max_new_tokens:
+            t = trees[(rid, position)]
+            on_path = t.accepted.copy()
+            for v in range(1, t.tree.num_nodes):
+                on_path[v] &= on_path[t.tree.parents[v]]
+            committed = min(int(t.tree.depths[on_path].max()) + 1, max_new_tokens - position)
+            out.setdefault(rid, []).append(committed)
+            position += committed
+    return out
+
+
+def test_dense_trace_replays_the_live_full_tree_policy(tiny, dense_run, tmp_path, capsys):
+    out = tmp_path / "full"
+    assert main(_args(tiny, out, "--mode", "policy", "--policy", "full")) == 0
+    cycles = open_run(out).cycles.sort_values(["request_id", "cycle_index"])
+    live = {int(rid): g["num_committed"].tolist() for rid, g in cycles.groupby("request_id")}
+    assert live == _replay_full_tree(dense_run, 8)
+
+
+def test_planner_inputs_from_files(tiny, tmp_path, capsys):
+    from specfit.acceptance import AcceptanceCalibration
+    from specfit.cost import CycleCostModel
+
+    acceptance = tmp_path / "acceptance.json"
+    acceptance.write_text(json.dumps(AcceptanceCalibration.identity().to_dict()))
+    cost = CycleCostModel(1e-3, 5e-3, 1e-4, 0.0, 1e9, 0.0, 4096, 2, source="test")
+    cost_path = tmp_path / "cost.json"
+    cost.save(cost_path)
+    out = tmp_path / "run"
+    argv = _args(tiny, out, "--mode", "policy", "--policy", "specfit", "--num-prompts", "1")
+    assert main(argv + ["--acceptance", str(acceptance), "--cost", str(cost_path)]) == 0
+    assert _last_json(capsys)["num_tokens"] == 8
+    assert open_run(out).manifest.config["cost_model"]["verify_base_s"] == 5e-3
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(SystemExit) as exc:
+        main(_args(tiny, tmp_path / "run2", "--mode", "policy", "--acceptance", str(bad)))
+    assert exc.value.code == 2 and "--acceptance" in capsys.readouterr().err

@@ -128,6 +128,17 @@ def test_tree_logits_equal_sequential_paths(checkpoints, arch):
             torch.testing.assert_close(logits[v], ref, atol=2e-4, rtol=1e-4)
 
 
+def _planned(drafter, shape, policy, verifier):
+    """A specfit-policy chooser with a fixed cost model (per-node verify cost, free H2D)."""
+    from live.spec.planning import PlannedChooser
+    from specfit.cost import CycleCostModel
+
+    num_layers = verifier.capture.num_layers
+    num_experts = verifier.capture.num_experts
+    cost = CycleCostModel(1e-3, 5e-3, 1e-4, 0.0, 1e12, 0.0, 4096, num_layers, source="test")
+    return PlannedChooser(drafter, shape, policy, "recent", cost, num_experts)
+
+
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_lossless_every_chooser(checkpoints, arch):
     target = _load(checkpoints[arch])
@@ -136,6 +147,7 @@ def test_lossless_every_chooser(checkpoints, arch):
     self_draft = ModelDrafter(_load(checkpoints[arch]))  # the target as its own draft: long accepted paths
     shape = TreeShape(depth=4, topk=3, max_nodes=12)
     cases = [(FullTreeChooser(self_draft, shape), False), (RandomSubtreeChooser(self_draft, shape), False)]
+    cases += [(_planned(self_draft, shape, name, verifier), False) for name in ("specfit", "topn", "chain")]
     if arch == "qwen3_moe":  # the other choosers and dense mode do not depend on the architecture
         other_draft = ModelDrafter(_load(checkpoints["draft"]))
         cases += [(AutoregressiveChooser(), False), (FullTreeChooser(other_draft, shape), False)]
@@ -198,15 +210,23 @@ def test_deep_chain_accepts_the_whole_chain(qwen):
 def test_eos_accepted_mid_tree_ends_output(qwen):
     target, draft_model = qwen
     ref = reference_greedy(target, PROMPT, 24)
-    eos = ref[5]
-    expected = ref[: ref.index(eos) + 1]
-    verifier, drafter = TreeVerifier(target, eos_token_ids=[eos]), ModelDrafter(draft_model)
-    result = SpecDecoder(verifier, drafter).generate(
+    k = next(i for i in range(2, 8) if ref[i] not in ref[:i])  # first occurrence of the "EOS" token
+    eos = ref[k]
+
+    def oracle_chain(state):  # the true continuation, EOS at depth k + 1, more nodes after it
+        toks = [state.committed[-1], *ref[state.position : state.position + 10]]
+        return TokenTree.from_parents(toks, [-1, *range(len(toks) - 1)], [0.0] + [-0.1] * (len(toks) - 1))
+
+    verifier = TreeVerifier(target, eos_token_ids=[eos])
+    result = SpecDecoder(verifier).generate(PROMPT, 24, FixedTreeChooser(oracle_chain))
+    assert list(result.generated_ids) == ref[: k + 1]
+    assert len(result.cycles) == 1 and result.cycles[0].verification.stopped_on_eos and result.stopped_on_eos
+    # with a drafted tree too: the output ends at the first EOS
+    drafter = ModelDrafter(draft_model)
+    tree_result = SpecDecoder(verifier, drafter).generate(
         PROMPT, 24, FullTreeChooser(drafter, TreeShape(8, 2, 17))
     )
-    assert list(result.generated_ids) == expected
-    assert result.stopped_on_eos
-    assert any(c.verification.stopped_on_eos for c in result.cycles) or result.cycles[-1].committed[-1] == eos
+    assert list(tree_result.generated_ids) == ref[: k + 1]
 
 
 def test_back_to_back_generations_match_fresh_engine(checkpoints, qwen):
@@ -267,3 +287,39 @@ def test_offloaded_target_is_lossless_and_counts_traffic(checkpoints):
             len(np.unique(c.verification.expert_ids[:, layer])) for layer in range(2)
         )
     assert sum(c.stats.misses for c in result.cycles) > 0
+
+
+@pytest.mark.gpu
+def test_cuda_tree_decoding_is_lossless(checkpoints):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    target = _load(checkpoints["qwen3_moe"]).to("cuda")
+    ref = reference_greedy(target, PROMPT, 12)
+    drafter = ModelDrafter(_load(checkpoints["qwen3_moe"]).to("cuda"))
+    result = SpecDecoder(TreeVerifier(target), drafter).generate(
+        PROMPT, 12, FullTreeChooser(drafter, TreeShape(3, 2, 7))
+    )
+    assert list(result.generated_ids) == ref
+
+
+def test_router_capture_shapes(checkpoints):
+    from live.spec.routing import RouterCapture
+
+    for arch, (layers, experts, k) in {
+        "qwen3_moe": (2, 16, 4),
+        "mixtral": (2, 8, 2),
+        "deepseek_v3": (2, 16, 4),
+    }.items():
+        model = _load(checkpoints[arch])
+        cap = RouterCapture(model)
+        assert (cap.num_layers, cap.num_experts, cap.top_k) == (layers, experts, k)
+        with torch.inference_mode():
+            model(input_ids=torch.tensor([PROMPT]))
+        ids, weights = cap.take()
+        assert ids.shape == weights.shape == (len(PROMPT), layers, k)
+        assert ((ids >= 0) & (ids < experts)).all() and (weights > 0).all()
+        assert all(len(set(row)) == k for row in ids.reshape(-1, k).tolist())  # distinct experts per token
+        assert cap.take()[0].shape == (0, layers, k)  # taking clears
+        cap.close()
+    dense = _load(checkpoints["draft"])
+    assert RouterCapture(dense).num_layers == 0

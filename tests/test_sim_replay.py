@@ -245,3 +245,16 @@ def test_config_roundtrip_and_limits(run) -> None:
     assert sum(c.num_committed for c in result.cycles) == 5
     assert all(c.predicted_expected_committed <= 1 + 0.5 * 15 for c in result.cycles)
     assert not math.isnan(result.totals.tokens_per_s)
+
+
+def test_draft_levels_follow_the_live_engine(run) -> None:
+    depth = run.manifest.draft.tree_depth
+    levels = {}
+    for policy in ("ar", "topn", "chain", "specfit"):
+        result = replay_policy(run, SimConfig(cost=_cost(), policy=policy, cache_capacity_per_layer=4))
+        levels[policy] = [c.num_draft_levels for c in result.cycles]
+        assert result.totals.num_draft_levels == sum(levels[policy])
+        assert result.totals.draft_ns == sum(s_to_ns(_cost().draft_s(n)) for n in levels[policy])
+    assert set(levels["ar"]) == {0}
+    assert set(levels["topn"]) == {depth} and set(levels["chain"]) == {depth}  # full drafted tree
+    assert all(1 <= n <= depth for n in levels["specfit"])  # asked after each drafted level

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -256,3 +257,54 @@ def test_per_cycle_records_use_the_trace_cycles_schema(trace: str, tmp_path, cap
         assert len(cycles) == row["num_cycles"]
         assert cycles["num_committed"].sum() == row["num_committed"]
         assert cycles["cycle_s"].sum() == pytest.approx(row["decode_s"])
+
+
+def test_trace_selection(trace: str, tmp_path, monkeypatch) -> None:
+    import sim.traceselect as ts
+
+    monkeypatch.setattr(ts, "sample_trace_dir", lambda: tmp_path / "no-sample")
+    with pytest.raises(ValueError, match="--trace: no sample trace shipped"):
+        ts.resolve_trace("sample", synthetic=ts.SyntheticSpec(), root=tmp_path)
+    with pytest.raises(ValueError, match="not a trace run directory"):
+        ts.resolve_trace(str(tmp_path), synthetic=ts.SyntheticSpec(), root=tmp_path)
+    spec = ts.SyntheticSpec(
+        shape="olmoe-1b-7b",
+        num_requests=1,
+        positions_per_request=3,
+        prompt_len=4,
+        tree_depth=2,
+        tree_topk=2,
+        max_nodes=5,
+    )
+    path, desc = ts.resolve_trace("auto", synthetic=spec, root=tmp_path / "gen")
+    assert desc.startswith("synthetic olmoe-1b-7b trace") and (path / "manifest.json").is_file()
+    stamp = (path / "manifest.json").stat().st_mtime_ns
+    again, _ = ts.resolve_trace("synthetic:olmoe-1b-7b", synthetic=spec, root=tmp_path / "gen")
+    assert again == path and (path / "manifest.json").stat().st_mtime_ns == stamp  # reused, not regenerated
+    monkeypatch.setattr(ts, "sample_trace_dir", lambda: Path(trace))
+    chosen, desc = ts.resolve_trace("auto", synthetic=spec, root=tmp_path / "gen")
+    assert str(chosen) == trace and desc.startswith("shipped sample trace")
+
+
+def test_out_file_and_policy_mode_trace_are_flag_errors(trace: str, tmp_path, capsys) -> None:
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        main(["--trace", trace, "--out", str(afile), "--no-progress"])
+    assert exc.value.code == 2 and "--out" in capsys.readouterr().err
+    synthetic = pytest.importorskip("calibration.synthetic")
+    cost = cost_from_preset(
+        "qwen3-30b-a3b-2gpu", expert_bytes=SHAPE.bytes_per_expert, num_layers=SHAPE.num_layers
+    )
+    policy_run = synthetic.write_synthetic_cycles_run(
+        tmp_path / "policy", SHAPE, cost, num_cycles=20, noise_rel=0.0, seed=1
+    )
+    with pytest.raises(SystemExit) as exc:
+        main(["--trace", str(policy_run), "--out", str(tmp_path / "o"), "--no-progress"])
+    assert exc.value.code == 2 and "replays dense traces" in capsys.readouterr().err
+    from sim.config import SimConfig
+    from sim.replay import ReplayError, replay_policy
+    from traces.reader import open_run
+
+    with pytest.raises(ReplayError, match="no dense trees to replay"):
+        replay_policy(open_run(policy_run), SimConfig(cost=cost, cache_capacity_per_layer=4))

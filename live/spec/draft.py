@@ -153,7 +153,7 @@ class ModelDrafter:
             )
         if self.lm.cache_len == n:  # the root itself is cached: re-feed it to get its next-token logits
             self.lm.keep(n - 1, [])
-        logits = self.lm.feed_causal(list(committed[self.lm.cache_len :]))[-1:]
+        logits = self.lm.feed_causal(list(committed[self.lm.cache_len :]), last_only=True)
         frontier = [0]
         levels = 0
         while True:

@@ -240,7 +240,7 @@ class SpecDecoder:
             t0 = time.perf_counter()
             recent_arr = np.stack(list(recent)) if recent else np.zeros((0, num_layers, top_k), np.int64)
             cached = self.stats.cache.cached_bits() if self.stats is not None else None
-            state = ChooseState(committed, len(generated), len(committed), recent_arr, cached)
+            state = ChooseState(tuple(committed), len(generated), len(committed), recent_arr, cached)
             choice = chooser.choose(state)
             self._forward_stats_begin()
             ver = self.verifier.verify(choice.draft.tree, choice.nodes)
@@ -258,14 +258,14 @@ class SpecDecoder:
                     recent.append(ver.expert_ids[slot[v]])
             eos = any(t in self.verifier.eos_token_ids for t in toks)
             event = CycleEvent(
-                len(cycles),
-                len(generated),
-                len(committed),
-                choice,
-                ver,
-                tuple(toks),
-                stats,
-                time.perf_counter() - t0,
+                cycle_index=len(cycles),
+                position=len(generated),
+                context_len=len(committed),
+                choice=choice,
+                verification=ver,
+                committed=tuple(toks),
+                stats=stats,
+                cycle_s=time.perf_counter() - t0,
             )
             committed.extend(toks)
             generated.extend(toks)

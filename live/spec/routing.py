@@ -47,6 +47,11 @@ class RouterCapture:
         """Experts per token ``K`` (from the first router's ``top_k``), 0 for a dense model."""
         return int(getattr(self._routers[0], "top_k", 0)) if self._routers else 0
 
+    @property
+    def num_experts(self) -> int:
+        """Routed experts per layer ``E`` (rows of the first router's weight), 0 for a dense model."""
+        return int(self._routers[0].weight.shape[0]) if self._routers else 0
+
     def _hook(self, layer: int):
         def hook(module: nn.Module, args: tuple, output: tuple) -> None:
             self._weights[layer].append(output[1].detach().reshape(-1, output[1].shape[-1]).float().cpu())

@@ -41,26 +41,39 @@ class CachedLM:
         self.cache = DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def _forward(self, token_ids: Sequence[int], position_ids: Sequence[int], mask: torch.Tensor | None):
+    def _forward(
+        self, token_ids: Sequence[int], position_ids: Sequence[int], mask: torch.Tensor | None, keep: int = 0
+    ):
         ids = torch.as_tensor(np.asarray(token_ids, dtype=np.int64), device=self.device)[None]
         pos = torch.as_tensor(np.asarray(position_ids, dtype=np.int64), device=self.device)[None]
         out = self.model(
-            input_ids=ids, position_ids=pos, attention_mask=mask, cache=self.cache, use_cache=True
+            input_ids=ids,
+            position_ids=pos,
+            attention_mask=mask,
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=keep,
         )
         return out.logits[0].float()
 
-    def feed_causal(self, token_ids: Sequence[int]) -> torch.Tensor:
+    def feed_causal(self, token_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
         """Append ``token_ids`` after the cache with ordinary causal attention.
 
+        Args:
+            token_ids: tokens to append.
+            last_only: compute the logits of the last token only (transformers' ``logits_to_keep=1``).
+
         Returns:
-            float32 logits [T, V] (one row per fed token), on the model's device.
+            float32 logits [T, V] (one row per fed token; [1, V] with ``last_only``), on the model's device.
         Raises:
             ValueError: for an empty token list.
         """
         if len(token_ids) == 0:
             raise ValueError("CachedLM.feed_causal: token_ids is empty")
         start = self.cache_len
-        return self._forward(token_ids, range(start, start + len(token_ids)), None)
+        return self._forward(
+            token_ids, range(start, start + len(token_ids)), None, keep=1 if last_only else 0
+        )
 
     def feed_tree(
         self,

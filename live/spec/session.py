@@ -181,9 +181,25 @@ class RecordSession:
             self.offload.reset_cache()
             self.offload.reset_stats()
         self.cost = cost
+        calibration = None
+        if config.acceptance is not None:
+            import json
+
+            from specfit.acceptance import AcceptanceCalibration
+
+            try:
+                calibration = AcceptanceCalibration.from_dict(json.loads(Path(config.acceptance).read_text()))
+            except (ValueError, KeyError, TypeError, OSError) as exc:
+                raise SessionError("--acceptance", f"{config.acceptance}: {exc}") from exc
         try:
             return PlannedChooser(
-                self.drafter, self.shape, config.policy, config.predictor, cost, self.spec.num_experts
+                self.drafter,
+                self.shape,
+                config.policy,
+                config.predictor,
+                cost,
+                self.spec.num_experts,
+                calibration=calibration,
             )
         except ValueError as exc:
             raise SessionError("--policy", str(exc)) from exc

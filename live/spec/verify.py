@@ -116,7 +116,7 @@ class TreeVerifier:
         self.capture.clear()
         start = time.perf_counter()
         if len(prompt_ids) > 1:
-            self.lm.feed_causal(list(prompt_ids[:-1]))
+            self.lm.feed_causal(list(prompt_ids[:-1]), last_only=True)
         seconds = time.perf_counter() - start
         ids, weights = self.capture.take()
         if len(prompt_ids) == 1:

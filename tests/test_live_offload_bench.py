@@ -1,0 +1,41 @@
+"""benchmarks/live_overhead.py runs end to end on a tiny checkpoint (figures not asserted: speed
+targets live in the benchmark's own output)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "live_overhead.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("live_overhead_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_smoke(tiny_checkpoint, capsys):
+    bench = _load()
+    argv = ["--model", str(tiny_checkpoint("qwen3_moe")), "--new-tokens", "3", "--prompt-tokens", "4"]
+    assert bench.main([*argv, "--repeats", "1"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["benchmark"] == "live_overhead"
+    assert summary["same_tokens"] is True
+    assert summary["cache_misses_after_warm"] == 0
+    assert summary["h2d_bytes_measured"] == 2 * 16 * 3 * 32 * 16 * 4
+    assert summary["h2d_link_gb_per_s"] > 0 and summary["offload_s"] > 0
+
+
+def test_benchmark_bad_flags_exit_2(tmp_path):
+    bench = _load()
+    with pytest.raises(SystemExit) as err:
+        bench.main(["--model", str(tmp_path / "missing")])
+    assert err.value.code == 2
+    with pytest.raises(SystemExit) as err:
+        bench.main(["--repeats", "0"])
+    assert err.value.code == 2

@@ -1,0 +1,147 @@
+"""Policy mode: specfit policies choose the verified subtree live (tiny random Qwen3-MoE)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from live_fixtures import make_tiny_checkpoint
+from transformers import AutoModelForCausalLM
+
+from live.offload import make_link, offload_model
+from live.spec.draft import ModelDrafter, TreeShape
+from live.spec.engine import SpecDecoder
+from live.spec.planning import PlannedChooser
+from live.spec.verify import TreeVerifier
+
+pytest.importorskip("specfit.policies")
+from specfit import bitsets  # noqa: E402
+from specfit.context import make_plan  # noqa: E402
+from specfit.cost import CycleCostModel  # noqa: E402
+
+PROMPT = [5, 9, 33, 12, 40, 7]
+SHAPE = TreeShape(depth=4, topk=3, max_nodes=12)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("plan"), "qwen3_moe")
+
+
+def _model(path):
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _cost(bandwidth_bytes_per_s: float, expert_bytes: int, s_per_node: float = 2e-4) -> CycleCostModel:
+    return CycleCostModel(
+        draft_s_per_level=1e-3,
+        verify_base_s=5e-3,
+        verify_s_per_node=s_per_node,
+        verify_s_per_context_token=0.0,
+        h2d_bytes_per_s=bandwidth_bytes_per_s,
+        h2d_s_per_transfer=0.0,
+        expert_bytes=expert_bytes,
+        num_layers=2,
+        source="test",
+    )
+
+
+def _engine(path, bandwidth_bytes_per_s, policy="specfit", predictor="recent", s_per_node=2e-4):
+    target = _model(path)
+    offload = offload_model(target, cache_experts=4, link=make_link("cpu"))
+    drafter = ModelDrafter(_model(path))  # self-drafting: long accepted paths, so trees are worth verifying
+    chooser = PlannedChooser(
+        drafter,
+        SHAPE,
+        policy,
+        predictor,
+        _cost(bandwidth_bytes_per_s, offload.bytes_per_expert, s_per_node),
+        16,
+    )
+    return SpecDecoder(TreeVerifier(target), drafter, stats=offload), chooser
+
+
+def _reference(path, n):
+    model, seq = _model(path), list(PROMPT)
+    with torch.inference_mode():
+        for _ in range(n):
+            seq.append(int(model(input_ids=torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(PROMPT) :]
+
+
+def test_specfit_follows_the_cost_model_and_stays_lossless(path):
+    ref = _reference(path, 16)
+    sizes = {}
+    for s_per_node in (10.0, 0.0):  # a verified node costs 10 s vs. nothing
+        decoder, chooser = _engine(path, 1e15, s_per_node=s_per_node)
+        result = decoder.generate(PROMPT, 16, chooser)
+        assert list(result.generated_ids) == ref
+        for c in result.cycles:
+            plan = c.choice.plan
+            assert plan is not None and plan.decision_s > 0 and plan.expected_committed >= 1
+            assert np.array_equal(c.verification.nodes, np.sort(plan.nodes))
+        sizes[s_per_node] = np.mean([len(c.verification.nodes) for c in result.cycles])
+    assert sizes[10.0] == 1.0  # nodes too dear: only the root is verified
+    assert sizes[0.0] > 3.0
+
+
+def test_keep_drafting_is_asked_after_each_level(path):
+    decoder, chooser = _engine(path, 1e15)
+    asked = []
+
+    class Policy:
+        name = "probe"
+
+        def keep_drafting(self, ctx, max_depth, topk):
+            asked.append((ctx.num_levels, ctx.tree.max_depth, max_depth, topk))
+            return ctx.num_levels < 2
+
+        def select(self, ctx):
+            return make_plan(ctx, np.arange(ctx.num_nodes), "probe", 1e-6, 1)
+
+    chooser.policy = Policy()
+    result = decoder.generate(PROMPT, 4, chooser)
+    assert asked[:2] == [(1, 1, 4, 3), (2, 2, 4, 3)]
+    assert all(c.choice.draft.num_levels == 2 for c in result.cycles)
+
+
+def test_token_table_predictor_learns_committed_routing(path):
+    decoder, chooser = _engine(path, 1e9, predictor="token-table")
+    result = decoder.generate(PROMPT, 8, chooser)
+    assert chooser.table
+    committed = [*PROMPT, *result.generated_ids]
+    # the table entry of the first prompt token is its prefill routing
+    first = bitsets.pack(result.prefill_expert_ids[0], 16)
+    if committed[0] not in committed[1:-1]:
+        assert np.array_equal(chooser.table[committed[0]], first)
+    assert all(v.shape == (2, 1) and v.dtype == np.uint64 for v in chooser.table.values())
+
+
+def test_unknown_names_raise():
+    with pytest.raises(ValueError, match="expected one of"):
+        PlannedChooser(None, SHAPE, "nope", "recent", None, 16)
+    with pytest.raises(ValueError, match="expected one of"):
+        PlannedChooser(None, SHAPE, "specfit", "oracle", None, 16)
+
+
+def test_quick_cost_estimate_uses_the_link_and_measures_compute(path):
+    from live.spec.costs import estimate_cost_model
+
+    target = _model(path)
+    offload = offload_model(
+        target, cache_experts=4, link=make_link("cpu", bandwidth_gb_per_s=2.0, latency_s=1e-5)
+    )
+    drafter = ModelDrafter(_model(path))
+    cost = estimate_cost_model(TreeVerifier(target), drafter, offload, SHAPE, PROMPT, repeats=2)
+    assert cost.h2d_bytes_per_s == 2e9 and cost.h2d_s_per_transfer == 1e-5
+    assert cost.expert_bytes == offload.bytes_per_expert and cost.num_layers == 2
+    assert cost.draft_s_per_level > 0 and cost.verify_base_s + cost.verify_s_per_node > 0
+    assert cost.verify_s(12, 6) < 1.0  # tiny model: well under a second per verification
