@@ -188,15 +188,15 @@ def build_parser() -> ArgumentParser:
     size.add_argument(
         "--model-shape",
         default=None,
-        help=f"price transfers at this model's expert size (default {DEFAULT_MODEL_SHAPE} for "
-        "a preset cost, the file's own for a cost JSON)",
+        help=f"price transfers at this model's expert size; None: {DEFAULT_MODEL_SHAPE} for a preset "
+        "cost, the file's own for a cost JSON",
     )
     size.add_argument("--expert-bytes", type=positive_int, default=None, help="bytes per expert (bytes)")
     p.add_argument(
         "--transfer-latency-us",
         type=non_negative_float,
         default=None,
-        help="per-transfer H2D latency, microseconds (default: the cost's)",
+        help="per-transfer H2D latency, microseconds; None: the cost's",
     )
     p.add_argument(
         "--link-concurrency", type=positive_int, default=1, help="expert copies in flight at once (count)"
@@ -232,21 +232,30 @@ def build_parser() -> ArgumentParser:
         help="positions per request of a generated synthetic trace (tokens)",
     )
     p.add_argument(
-        "--max-requests", type=positive_int, default=None, help="replay at most this many requests"
+        "--max-requests",
+        type=positive_int,
+        default=None,
+        help="replay at most this many requests (count); None: all",
     )
     p.add_argument(
         "--max-positions",
         type=positive_int,
         default=None,
-        help="replay at most this many generated tokens per request",
+        help="replay at most this many generated tokens per request (tokens); None: all",
     )
     p.add_argument(
-        "--out", default=None, help="sweep directory (default runs/sim/sweep-<hash>; re-run resumes)"
+        "--out",
+        default=None,
+        help="sweep directory; None: runs/sim/sweep-<hash of the cells> (re-running resumes)",
     )
-    p.add_argument("--jobs", type=positive_int, default=min(2, os.cpu_count() or 1), help="worker processes")
+    p.add_argument(
+        "--jobs", type=positive_int, default=min(2, os.cpu_count() or 1), help="worker processes (count)"
+    )
     p.add_argument("--executor", choices=list(EXECUTORS), default="local", help="where cells run")
     p.add_argument(
-        "--ray-address", default=None, help="Ray cluster address for --executor ray (default: local)"
+        "--ray-address",
+        default=None,
+        help="Ray cluster address for --executor ray; None: a local Ray instance with --jobs CPUs",
     )
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed (synthetic trace, predictors)")
     p.add_argument("--per-cycle", action="store_true", help="also write each cell's cycle records (cycles/)")
