@@ -441,6 +441,7 @@ class _Replayer:
                 context_len=dense.context_len,
                 recent_experts=recent,
                 true_experts=true_bits,
+                miss_fraction=self.cache.stats.layer_miss_fraction,
             )
         )
         accept = mods["acceptance"].path_accept_probs(tree, self.calibration)

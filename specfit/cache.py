@@ -60,9 +60,20 @@ class CacheAccess:
         return int(self.misses.shape[0])
 
 
+MISS_EMA_WEIGHT = 0.1
+"""Weight of the newest access in :attr:`CacheStats.layer_miss_fraction` (about a 10-access memory)."""
+
+
 @dataclass
 class CacheStats:
-    """Running totals (counts), overall and per layer (``int64[L]`` properties)."""
+    """Running totals (counts), overall and per layer (``int64[L]`` properties).
+
+    Also keeps, per layer, an exponential moving average of each access's miss fraction
+    (misses / experts accessed, weight :data:`MISS_EMA_WEIGHT` on the newest access): the
+    observed miss rate that the union-size predictor uses to price a subtree's expected
+    union (see :class:`specfit.predictors.UnionSizePredictor`). Being a function of the
+    access sequence alone, it is identical in the live engine and the simulator.
+    """
 
     num_layers: int
     hits: int = 0
@@ -71,20 +82,33 @@ class CacheStats:
     _layer_hits: list[int] = field(default_factory=list)
     _layer_misses: list[int] = field(default_factory=list)
     _layer_evictions: list[int] = field(default_factory=list)
+    _layer_miss_ema: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for name in ("_layer_hits", "_layer_misses", "_layer_evictions"):
             if not getattr(self, name):
                 setattr(self, name, [0] * self.num_layers)
+        if not self._layer_miss_ema:
+            self._layer_miss_ema = [float("nan")] * self.num_layers
 
     def record(self, layer: int, hits: int, misses: int, evictions: int) -> None:
-        """Add one access's counts."""
+        """Add one access's counts (and update the layer's miss-fraction average)."""
         self.hits += hits
         self.misses += misses
         self.evictions += evictions
         self._layer_hits[layer] += hits
         self._layer_misses[layer] += misses
         self._layer_evictions[layer] += evictions
+        total = hits + misses
+        if total:
+            frac = misses / total
+            old = self._layer_miss_ema[layer]
+            self._layer_miss_ema[layer] = frac if old != old else old + MISS_EMA_WEIGHT * (frac - old)
+
+    @property
+    def layer_miss_fraction(self) -> np.ndarray:
+        """float64[L] moving average of the per-access miss fraction; NaN before a layer's first access."""
+        return np.asarray(self._layer_miss_ema, dtype=np.float64)
 
     @property
     def layer_hits(self) -> np.ndarray:
