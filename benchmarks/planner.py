@@ -1,14 +1,19 @@
 """Decision-time benchmark of SpecFit's exact subtree search (specfit.planner.plan_exact).
 
-Draws planning problems with real shapes (default Qwen3-30B-A3B: 48 layers x 128 experts,
-top-8) from :mod:`specfit.synthetic` (EAGLE-2-style trees, Zipf routing with parent-child expert
-locality, a cache of the most popular experts), sweeping H2D bandwidth and cache size so the
-optimal subtree ranges from the root alone to large trees. For each tree size N it times
-``plan_exact`` (single-threaded) and prints p50 / p99 decision milliseconds, wall clock and
-thread CPU time (on a shared machine the wall clock includes preemption by other processes),
-and nodes explored; the
-last stdout line is one JSON object with a key per N (``"n16"``, ...). Optionally it also times
-the large golden cases of ``shared/data/planner_cases.jsonl.gz`` (``--golden``).
+Planning problems with real shapes (default Qwen3-30B-A3B: 48 layers x 128 experts, top-8). By
+default (``--source trace``) the trees are the recorded dense trees of a synthetic real-shape
+TRACE (``traces.synthetic.generate_dense_trace`` at ``--model-shape``, EAGLE-2-style trees of at
+most N nodes, Zipf routing with token-to-token expert locality; generated once per N under
+``--trace-root`` and reused): each tree's own routing gives the per-node expert sets (the oracle
+predictor's problem, the hard case of the exact search), P comes from the draft path
+probabilities, the cache holds each layer's most used experts in the trace. ``--source
+synthetic`` draws the problems from :mod:`specfit.synthetic` instead. H2D bandwidth and cache
+size are swept so the optimal subtree ranges from the root alone to large trees. For each N it
+times ``plan_exact`` (single-threaded) and prints p50 / p99 decision milliseconds, wall clock and
+thread CPU time (on a shared machine the wall clock includes preemption by other processes), and
+nodes explored; the last stdout line is one JSON object with a key per N (``"n16"``, ...).
+Optionally it also times the large golden cases of ``shared/data/planner_cases.jsonl.gz``
+(``--golden``).
 
     python benchmarks/planner.py --nodes 16,32,64 --trees 200
 """
@@ -46,7 +51,7 @@ def build_parser() -> ArgumentParser:
     """The CLI flags (units and defaults shown by --help)."""
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--nodes", type=comma_list(positive_int), default=[16, 32, 64], help="tree sizes N (nodes)"
+        "--nodes", type=comma_list(positive_int), default=[16, 32, 64], help="tree sizes N (nodes; trace trees have at most N)"
     )
     p.add_argument("--trees", type=positive_int, default=200, help="trees timed per N (count)")
     p.add_argument(
@@ -65,6 +70,17 @@ def build_parser() -> ArgumentParser:
         help="cached share of each layer's experts, cycled over the trees (fraction in [0, 1))",
     )
     p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument(
+        "--source",
+        choices=("trace", "synthetic"),
+        default="trace",
+        help="trees from a synthetic real-shape dense trace, or specfit.synthetic random contexts",
+    )
+    p.add_argument(
+        "--trace-root",
+        default="runs/bench/planner-traces",
+        help="folder where the per-N synthetic traces are generated once and reused (--source trace)",
+    )
     p.add_argument("--golden", default=None, help="also time the N>=32 golden cases from this .jsonl.gz path")
     p.add_argument(
         "--out", default="runs/benchmarks/planner.json", help="where to write per-N results (JSON)"
@@ -86,7 +102,7 @@ def _pin_one_core(pin: bool) -> str:
 
 
 def _summarise(
-    wall_s: list[float], cpu_s: list[float], explored: list[int], sizes: list[int]
+    wall_s: list[float], cpu_s: list[float], explored: list[int], sizes: list[int], tree_sizes: list[int]
 ) -> dict[str, Any]:
     ms = np.array([s_to_ms(x) for x in wall_s])
     cpu_ms = np.array([s_to_ms(x) for x in cpu_s])
@@ -103,6 +119,7 @@ def _summarise(
         "nodes_explored_p99": float(np.percentile(states, 99)),
         "nodes_explored_max": int(states.max()),
         "mean_plan_size": float(np.mean(sizes)),
+        "mean_tree_nodes": float(np.mean(tree_sizes)),
     }
 
 
@@ -137,9 +154,65 @@ def _golden_contexts(path: Path) -> dict[int, list[PolicyContext]]:
     return out
 
 
+def _trace_contexts(
+    shape_name: str, n: int, trees: int, args: Any, root: Path
+) -> list[PolicyContext]:
+    """``trees`` planning problems from the dense trees of a synthetic trace with at most ``n`` nodes.
+
+    Node experts are each tree's recorded routing (per-node sets), P the clamped draft path
+    probabilities (``specfit.acceptance.path_accept_probs``), ``context_len`` and the drafted
+    levels those of the recorded tree; the cache holds each layer's ``fraction * E`` most used
+    experts over the trace's tree routing; bandwidth and cache fraction cycle over the trees.
+    """
+    from sim.traceselect import SyntheticSpec, synthetic_trace
+    from specfit.acceptance import path_accept_probs
+    from traces.reader import open_run
+
+    per_request = 100
+    spec = SyntheticSpec(
+        shape=shape_name,
+        num_requests=max(1, -(-trees // per_request)),
+        positions_per_request=min(trees, per_request),
+        max_nodes=n,
+        seed=args.seed,
+    )
+    run = open_run(synthetic_trace(spec, root))
+    arrays = run.node_arrays()
+    model = run.manifest.model
+    num_layers, num_experts = int(model.num_layers), int(model.num_experts)
+    routing = np.asarray(arrays.expert_ids, dtype=np.int64)  # [rows, L, K]
+    counts = np.zeros((num_layers, num_experts), dtype=np.int64)
+    layer = np.broadcast_to(np.arange(num_layers)[None, :, None], routing.shape)
+    ok = routing >= 0
+    np.add.at(counts, (layer[ok], routing[ok]), 1)
+    popular = np.lexsort((np.broadcast_to(np.arange(num_experts), counts.shape), -counts), axis=-1)
+    shape = get_model_shape(shape_name)
+    out = []
+    for i in range(min(trees, arrays.num_trees)):
+        dense = arrays.tree(i)
+        cost = CycleCostModel.for_shape(shape, bandwidth_gb_per_s=args.bandwidth[i % len(args.bandwidth)])
+        fraction = args.cache_fraction[(i // len(args.bandwidth)) % len(args.cache_fraction)]
+        cached = popular[:, : int(fraction * num_experts)] if fraction > 0 else np.full((num_layers, 1), -1)
+        out.append(
+            PolicyContext(
+                tree=dense.tree,
+                accept_probs=path_accept_probs(dense.tree),
+                node_experts=NodeExperts(
+                    num_experts, bits=bitsets.pack(np.asarray(dense.expert_ids, np.int64), num_experts)
+                ),
+                cached_bits=bitsets.pack(cached, num_experts),
+                cost=cost,
+                context_len=dense.context_len,
+                num_levels=int(dense.tree.max_depth),
+            )
+        )
+    return out
+
+
 def _time(contexts: list[PolicyContext], desc: str, quiet: bool) -> dict[str, Any]:
     plan_exact(contexts[0])  # warm caches and lazy imports
     wall, cpu, explored, sizes = [], [], [], []
+    tree_sizes = [ctx.num_nodes for ctx in contexts]
     for ctx in tqdm(contexts, desc=desc, disable=quiet, leave=False):
         started, started_cpu = time.perf_counter(), time.thread_time()
         plan = plan_exact(ctx)
@@ -147,7 +220,7 @@ def _time(contexts: list[PolicyContext], desc: str, quiet: bool) -> dict[str, An
         wall.append(time.perf_counter() - started)
         explored.append(plan.nodes_explored)
         sizes.append(plan.num_nodes)
-    return _summarise(wall, cpu, explored, sizes)
+    return _summarise(wall, cpu, explored, sizes, tree_sizes)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -167,24 +240,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     results: dict[str, Any] = {}
     print(
-        f"planner benchmark: {shape.name}, {pinned}, python {platform.python_version()}, numpy {np.__version__}"
+        f"planner benchmark: {shape.name}, trees from {args.source}, {pinned}, python {platform.python_version()}, numpy {np.__version__}"
     )
     print(
         f"{'N':>4} {'trees':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'cpu p50':>8} {'cpu p99':>8} "
-        f"{'expl p50':>9} {'expl p99':>9} {'|S| mean':>9}"
+        f"{'expl p50':>9} {'expl p99':>9} {'|S| mean':>9} {'N mean':>7}"
     )
     for n in args.nodes:
-        contexts = []
-        for i in range(args.trees):
-            cost = CycleCostModel.for_shape(shape, bandwidth_gb_per_s=args.bandwidth[i % len(args.bandwidth)])
-            fraction = args.cache_fraction[(i // len(args.bandwidth)) % len(args.cache_fraction)]
-            contexts.append(random_context(rng, shape, n, cost, cache_fraction=fraction))
+        if args.source == "trace":
+            contexts = _trace_contexts(shape.name, n, args.trees, args, Path(args.trace_root))
+        else:
+            contexts = []
+            for i in range(args.trees):
+                cost = CycleCostModel.for_shape(
+                    shape, bandwidth_gb_per_s=args.bandwidth[i % len(args.bandwidth)]
+                )
+                fraction = args.cache_fraction[(i // len(args.bandwidth)) % len(args.cache_fraction)]
+                contexts.append(random_context(rng, shape, n, cost, cache_fraction=fraction))
         row = _time(contexts, f"N={n}", args.no_progress)
         results[f"n{n}"] = row
         print(
             f"{n:>4} {row['trees']:>6} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} {row['max_ms']:>8.3f} "
             f"{row['cpu_p50_ms']:>8.3f} {row['cpu_p99_ms']:>8.3f} "
-            f"{row['nodes_explored_p50']:>9.1f} {row['nodes_explored_p99']:>9.1f} {row['mean_plan_size']:>9.2f}"
+            f"{row['nodes_explored_p50']:>9.1f} {row['nodes_explored_p99']:>9.1f} {row['mean_plan_size']:>9.2f} {row['mean_tree_nodes']:>7.1f}"
         )
     if golden is not None:
         for n, contexts in sorted(_golden_contexts(golden).items()):
@@ -207,6 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "argv": list(argv) if argv is not None else None,
         "seed": args.seed,
         "shape": shape.name,
+        "source": args.source,
         **results,
     }
     out.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")

@@ -16,7 +16,8 @@ third-party prose. The recipe (:func:`stdlib_docstring_prompts`):
    so that the first ``n`` prompts span many modules; return the first ``n``.
 
 The same Python version gives the same prompts; docstrings differ slightly between Python
-versions, so a run directory records the prompt texts themselves.
+versions, so the set is deterministic per Python version (a trace keeps each request's prompt
+token ids and ``source``).
 
 Held out from training: the default models (``live/train_default.py``) train on the reST sources
 of the Python documentation (Debian's ``python3.11-doc``), a different text source, and in

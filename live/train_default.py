@@ -69,7 +69,7 @@ class TrainConfig:
     moe_intermediate_size: int = 64
     target_steps: int = 800
     target_lr: float = 3e-3
-    aux_loss_coef: float = 0.01
+    aux_loss_coef: float = 0.003
     # draft (dense Qwen3)
     draft_layers: int = 2
     draft_intermediate_size: int = 384
@@ -95,7 +95,6 @@ _ROLE_RE = re.compile(r":[\w:+-]+:`([^`]*?)`")
 _LINK_RE = re.compile(r"`([^`<]+?)\s*<[^>]*>`_{1,2}")
 _LITERAL_RE = re.compile(r"``(.+?)``")
 _STRONG_RE = re.compile(r"\*\*(.+?)\*\*")
-_TARGET_RE = re.compile(r"(\w)_\b")
 
 
 def _role_text(match: re.Match[str]) -> str:
@@ -438,7 +437,15 @@ def evaluate(
     prompts: Sequence[Any],
     tokenizer: Any,
 ) -> dict[str, Any]:
-    """Held-out figures of the reloaded checkpoints (see the module docstring)."""
+    """Held-out figures of the reloaded checkpoints.
+
+    ``heldout``: int64 token stream of the held-out pages; its first ``cfg.eval_windows`` windows
+    of ``seq_len`` tokens are scored. Returns losses in nats/token (target, draft, and the
+    add-one unigram baseline fitted on ``train_stream``), the draft's greedy (argmax) agreement
+    with the target on that text and on the target's greedy continuations of ``prompts``
+    (:func:`_generation_agreement`), expert load per layer (:func:`expert_load_stats`) and the
+    expert-union growth (:func:`expert_union_growth`).
+    """
     import torch
     import torch.nn.functional as F
 
@@ -446,13 +453,15 @@ def evaluate(
     windows = heldout[: num * (cfg.seq_len + 1)].view(num, cfg.seq_len + 1)
     x, y = windows[:, :-1], windows[:, 1:]
     counts = torch.zeros(cfg.target_layers, cfg.num_experts, dtype=torch.int64)
+    chosen_all = []  # per window: int[L, seq_len, K]
     t_loss = d_loss = agree = 0.0
     with torch.no_grad():
         for i in range(num):
             out = target(input_ids=x[i : i + 1], output_router_logits=True, use_cache=False)
-            for layer, logits in enumerate(out.router_logits):
-                chosen = torch.topk(logits, cfg.top_k, dim=-1).indices
-                counts[layer] += torch.bincount(chosen.reshape(-1), minlength=cfg.num_experts)
+            chosen = torch.stack([torch.topk(lg, cfg.top_k, dim=-1).indices for lg in out.router_logits])
+            chosen_all.append(chosen)
+            for layer in range(chosen.shape[0]):
+                counts[layer] += torch.bincount(chosen[layer].reshape(-1), minlength=cfg.num_experts)
             d_logits = draft(input_ids=x[i : i + 1], use_cache=False).logits
             t_loss += float(F.cross_entropy(out.logits[0], y[i]))
             d_loss += float(F.cross_entropy(d_logits[0], y[i]))
@@ -467,10 +476,44 @@ def evaluate(
         "draft_agreement_heldout_text": agree / num,
         "draft_agreement_target_greedy": gen_agree,
         "expert_load": layers,
+        "expert_union_by_tokens": expert_union_growth(torch.stack(chosen_all), cfg.num_experts),
         "min_normalized_entropy": min(s["normalized_entropy"] for s in layers),
         "max_normalized_entropy": max(s["normalized_entropy"] for s in layers),
         "dead_experts_total": sum(s["dead_experts"] for s in layers),
     }
+
+
+UNION_TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def expert_union_growth(chosen: Any, num_experts: int) -> dict[str, dict[str, float]]:
+    """Mean number of distinct experts per layer that ``n`` consecutive tokens route to.
+
+    ``chosen``: ``int[W, L, S, K]`` top-k expert ids of ``W`` windows of ``S`` tokens. For each
+    ``n`` in :data:`UNION_TOKEN_COUNTS` (``n`` <= S) the windows are cut into blocks of ``n``
+    tokens; the figure is the union size averaged over blocks and layers, beside
+    ``independent = E * (1 - (1 - K/E)**n)``, the expectation if every token drew its ``K``
+    experts uniformly and independently (a smaller measured union means locality: consecutive
+    tokens share experts, as in real MoE models).
+    """
+    import torch
+
+    num_windows, num_layers, seq_len, k = chosen.shape
+    onehot = torch.zeros(num_windows, num_layers, seq_len, num_experts, dtype=torch.bool)
+    onehot.scatter_(3, chosen, True)
+    growth = {}
+    for n in UNION_TOKEN_COUNTS:
+        if n > seq_len:
+            break
+        blocks = onehot[:, :, : (seq_len // n) * n].reshape(
+            num_windows, num_layers, seq_len // n, n, num_experts
+        )
+        union = blocks.any(dim=3).sum(dim=-1).double()
+        growth[str(n)] = {
+            "measured": float(union.mean()),
+            "independent": num_experts * (1.0 - (1.0 - k / num_experts) ** n),
+        }
+    return growth
 
 
 def _generation_agreement(
@@ -506,15 +549,19 @@ def write_model_card(out_dir: Path, metrics: dict[str, Any]) -> Path:
         f"{s['max_load']:.3f} | {s['dead_experts']} |"
         for i, s in enumerate(ev["expert_load"])
     )
+    union = ev.get("expert_union_by_tokens", {})
+    union_rows = "\n".join(
+        f"| {n} | {u['measured']:.1f} | {u['independent']:.1f} |" for n, u in union.items()
+    )
     text = f"""# Embedded default models (target + draft)
 
 Generated by `live/train_default.py`; do not edit by hand. Reproduce with:
 
     {metrics["command"]}
 
-(needs Debian's `python3.11-doc`: `{DOCS_INSTALL_HINT}`; took {metrics["train_s"]:.0f} s on
-{metrics["machine"]}, {metrics["threads"]} threads, torch {metrics["versions"]["torch"]}, transformers
-{metrics["versions"]["transformers"]}).
+It needs Debian's `python3.11-doc` (`{DOCS_INSTALL_HINT}`). Training took
+{metrics.get("train_s", float("nan")):.0f} s on a shared 2-core {metrics["machine"]} with `--threads {metrics["threads"]}`
+(torch {metrics["versions"]["torch"]}, transformers {metrics["versions"]["transformers"]}).
 
 ## Models
 - `target/`: `Qwen3MoeForCausalLM`, {cfg["target_layers"]} layers, all sparse; {cfg["num_experts"]} experts per layer,
@@ -559,6 +606,15 @@ share x {cfg["num_experts"]}, 1.0 = uniform):
 |---|---|---|---|---|---|
 {rows}
 
+Expert union growth: distinct experts per layer that n consecutive held-out tokens route to (mean
+over blocks and layers), against independent uniform routing, E * (1 - (1 - K/E)^n). Fewer than
+independent = consecutive tokens share experts, which is what an expert cache and a draft tree's
+expert union feed on:
+
+| tokens n | measured | independent |
+|---|---|---|
+{union_rows}
+
 ## Licence and attribution
 Weights, tokenizer and recipe are this project's (Apache-2.0). They were trained on the Python
 documentation, (c) Python Software Foundation, distributed under the PSF licence; no text of it is
@@ -589,6 +645,12 @@ def build_parser() -> ArgumentParser:
         type=Path,
         default=DEFAULT_DOCS_DIR,
         help="Python documentation reST sources (*.rst.txt)",
+    )
+    p.add_argument(
+        "--evaluate-only",
+        action="store_true",
+        help="skip training: re-evaluate the checkpoints already in --out (with the flags they were "
+        "trained with) and rewrite metrics.json and MODEL_CARD.md",
     )
     p.add_argument("--seed", type=int, default=d.seed, help="random seed (weights, batches)")
     p.add_argument("--target-steps", type=positive_int, default=d.target_steps, help="target optimiser steps")
@@ -654,6 +716,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         draft_lr=args.draft_lr,
         aux_loss_coef=args.aux_loss_coef,
     )
+    if args.evaluate_only:
+        cfg = _config_of_saved_run(parser, args.out, cfg)
     try:
         train_texts, heldout_texts = read_corpus(args.docs_dir, cfg.heldout_modulus)
     except FileNotFoundError as exc:
@@ -661,86 +725,133 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run(cfg, args, train_texts, heldout_texts)
 
 
-def _run(cfg: TrainConfig, args: Any, train_texts: list[str], heldout_texts: list[str]) -> int:
-    """The training pipeline after argument checks (see the module docstring)."""
+def _config_of_saved_run(parser: ArgumentParser, out: Path, fallback: TrainConfig) -> TrainConfig:
+    """The TrainConfig recorded in ``out/metrics.json`` (``fallback`` if none); exits 2 naming
+    ``--out`` when the checkpoints are missing or the recorded config is unreadable."""
+    for sub in ("target", "draft"):
+        if not (out / sub / "model.safetensors").is_file():
+            parser.fail(
+                "--out",
+                f"--evaluate-only needs a trained checkpoint, {out / sub / 'model.safetensors'} is missing",
+            )
+    path = out / "metrics.json"
+    if not path.is_file():
+        return fallback
+    try:
+        return TrainConfig(**json.loads(path.read_text(encoding="utf-8"))["config"])
+    except (ValueError, KeyError, TypeError) as exc:
+        parser.fail("--out", f"{path}: cannot read the recorded 'config' ({exc})")
+    raise AssertionError("unreachable")
+
+
+def _versions() -> dict[str, str]:
     import tokenizers
     import torch
     import transformers
 
-    from live.prompts import default_prompts
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def _train_and_save(cfg: TrainConfig, args: Any, train_texts: list[str]) -> dict[str, Any]:
+    """Train tokenizer, target and draft; save both checkpoints under ``args.out``; return the
+    training part of ``metrics.json``."""
+    import torch
 
     started = time.perf_counter()
-    torch.set_num_threads(args.threads)
     tokenizer = train_tokenizer(train_texts, cfg.vocab_size)
-    eos_id = tokenizer.eos_token_id
     train_stream = encode_stream(tokenizer, train_texts)
-    heldout_stream = encode_stream(tokenizer, heldout_texts)
-    print(
-        f"corpus: {len(train_texts)} train pages, {train_stream.numel():,} tokens; "
-        f"{len(heldout_texts)} held-out pages, {heldout_stream.numel():,} tokens",
-        file=sys.stderr,
-    )
-
-    target, target_losses = train_target(cfg, train_stream, eos_id)
-    draft, draft_losses = train_draft(cfg, train_stream, target, eos_id)
-    out: Path = args.out
-    save_checkpoint(target, tokenizer, out / "target")
-    save_checkpoint(draft, tokenizer, out / "draft")
-    sizes = {"target": checkpoint_bytes(out / "target"), "draft": checkpoint_bytes(out / "draft")}
-    sizes["total"] = sizes["target"] + sizes["draft"]
-    train_s = time.perf_counter() - started
-
-    target_r, draft_r = load_checkpoint(out / "target"), load_checkpoint(out / "draft")
-    ev = evaluate(cfg, target_r, draft_r, train_stream, heldout_stream, default_prompts(), tokenizer)
-    expert_params = sum(p.numel() for n, p in target_r.named_parameters() if ".experts." in n)
-    metrics = {
+    print(f"corpus: {len(train_texts)} train pages, {train_stream.numel():,} tokens", file=sys.stderr)
+    target, target_losses = train_target(cfg, train_stream, tokenizer.eos_token_id)
+    draft, draft_losses = train_draft(cfg, train_stream, target, tokenizer.eos_token_id)
+    save_checkpoint(target, tokenizer, args.out / "target")
+    save_checkpoint(draft, tokenizer, args.out / "draft")
+    return {
         "command": reproduce_command(cfg, args.threads),
         "config": asdict(cfg),
-        "eos_token_id": eos_id,
         "threads": args.threads,
         "machine": f"{platform.machine()} CPU",
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__,
-            "python": platform.python_version(),
-        },
-        "train_s": train_s,
-        "data": {
-            "train_pages": len(train_texts),
-            "train_tokens": int(train_stream.numel()),
-            "heldout_pages": len(heldout_texts),
-            "heldout_tokens": int(heldout_stream.numel()),
-        },
-        "params": {
-            "target": sum(p.numel() for p in target_r.parameters()),
-            "target_experts": expert_params,
-            "draft": sum(p.numel() for p in draft_r.parameters()),
-        },
-        "sizes_bytes": sizes,
+        "versions": _versions(),
+        "torch_threads_used": torch.get_num_threads(),
+        "train_s": time.perf_counter() - started,
         "final_train_loss": {
             "target_ce_nats": sum(target_losses[-20:]) / len(target_losses[-20:]),
             "draft_kl_nats": sum(draft_losses[-20:]) / len(draft_losses[-20:]),
         },
-        "eval": ev,
     }
+
+
+def _evaluate_saved(
+    cfg: TrainConfig, out: Path, train_texts: list[str], heldout_texts: list[str], metrics: dict[str, Any]
+) -> dict[str, Any]:
+    """Reload the checkpoints in ``out`` with the stock classes, evaluate them on the held-out
+    pages and complete ``metrics`` (sizes, parameter counts, data, eval)."""
+    from transformers import AutoTokenizer
+
+    from live.prompts import default_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(out / "target")
+    train_stream = encode_stream(tokenizer, train_texts)
+    heldout_stream = encode_stream(tokenizer, heldout_texts)
+    target, draft = load_checkpoint(out / "target"), load_checkpoint(out / "draft")
+    sizes = {"target": checkpoint_bytes(out / "target"), "draft": checkpoint_bytes(out / "draft")}
+    sizes["total"] = sizes["target"] + sizes["draft"]
+    metrics.update(
+        {
+            "eos_token_id": tokenizer.eos_token_id,
+            "data": {
+                "train_pages": len(train_texts),
+                "train_tokens": int(train_stream.numel()),
+                "heldout_pages": len(heldout_texts),
+                "heldout_tokens": int(heldout_stream.numel()),
+            },
+            "params": {
+                "target": sum(p.numel() for p in target.parameters()),
+                "target_experts": sum(p.numel() for n, p in target.named_parameters() if ".experts." in n),
+                "draft": sum(p.numel() for p in draft.parameters()),
+            },
+            "sizes_bytes": sizes,
+            "eval": evaluate(cfg, target, draft, train_stream, heldout_stream, default_prompts(), tokenizer),
+        }
+    )
+    return metrics
+
+
+def _run(cfg: TrainConfig, args: Any, train_texts: list[str], heldout_texts: list[str]) -> int:
+    """The pipeline after argument checks (see the module docstring); ``--evaluate-only`` keeps
+    the checkpoints and training figures already in ``--out`` and redoes the evaluation."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    out: Path = args.out
+    if args.evaluate_only:
+        metrics_path = out / "metrics.json"
+        metrics = json.loads(metrics_path.read_text(encoding="utf-8")) if metrics_path.is_file() else {}
+        metrics.update({"versions_eval": _versions()})
+    else:
+        metrics = _train_and_save(cfg, args, train_texts)
+    metrics = _evaluate_saved(cfg, out, train_texts, heldout_texts, metrics)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     write_model_card(out, metrics)
-    if sizes["total"] > MAX_TOTAL_BYTES:
-        print(
-            f"warning: checkpoints total {sizes['total']:,} B > budget {MAX_TOTAL_BYTES:,} B", file=sys.stderr
-        )
+    ev, total = metrics["eval"], metrics["sizes_bytes"]["total"]
+    if total > MAX_TOTAL_BYTES:
+        print(f"warning: checkpoints total {total:,} B > budget {MAX_TOTAL_BYTES:,} B", file=sys.stderr)
     print(
-        f"target held-out loss {ev['target_heldout_loss_nats']:.3f} nats (unigram {ev['unigram_heldout_loss_nats']:.3f}); "
-        f"draft agreement {ev['draft_agreement_heldout_text']:.3f} text / {ev['draft_agreement_target_greedy']:.3f} greedy; "
+        f"target held-out loss {ev['target_heldout_loss_nats']:.3f} nats "
+        f"(unigram {ev['unigram_heldout_loss_nats']:.3f}); draft agreement "
+        f"{ev['draft_agreement_heldout_text']:.3f} text / {ev['draft_agreement_target_greedy']:.3f} greedy; "
         f"expert-load normalised entropy {ev['min_normalized_entropy']:.3f}-{ev['max_normalized_entropy']:.3f}, "
-        f"dead experts {ev['dead_experts_total']}; {sizes['total']:,} B"
+        f"dead experts {ev['dead_experts_total']}; {total:,} B"
     )
     print_summary(
         {
             "out": str(out),
-            "train_s": round(train_s, 1),
-            "total_bytes": sizes["total"],
+            "train_s": round(metrics.get("train_s", float("nan")), 1),
+            "total_bytes": total,
             "target_heldout_loss_nats": ev["target_heldout_loss_nats"],
             "unigram_heldout_loss_nats": ev["unigram_heldout_loss_nats"],
             "draft_agreement_heldout_text": ev["draft_agreement_heldout_text"],

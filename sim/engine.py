@@ -227,23 +227,27 @@ class FastEngine(_EngineBase):
 
         compute_free = verify_start
         starts, ends = [], []
-        for layer in range(self.num_layers):
+        overlap, hits = plan.overlap, plan.hits
+        for layer, (pending, demand, compute_ns) in enumerate(
+            zip(self._pending, plan.demand, plan.layer_compute_ns)
+        ):
             ready = compute_free
-            pending = self._pending[layer]
             if pending:
-                for e in plan.hits[layer]:
+                for e in hits[layer]:
                     arrival = pending.get(int(e))
                     if arrival is not None and arrival > ready:
                         ready = arrival
-            n = len(plan.demand[layer])
-            if n and not plan.overlap:
-                link_free = max(compute_free, link_free) + n * t_ns
+            n = len(demand)
+            if n and not overlap:
+                link_free = (compute_free if compute_free > link_free else link_free) + n * t_ns
                 demand_arrival[layer] = link_free
                 layer_h2d[layer] += n * t_ns
                 num_transfers += n
-            ready = max(ready, demand_arrival[layer])
+            arrival = demand_arrival[layer]
+            if arrival > ready:
+                ready = arrival
             starts.append(ready)
-            compute_free = ready + int(plan.layer_compute_ns[layer])
+            compute_free = ready + int(compute_ns)
             ends.append(compute_free)
 
         self._link_free_ns = link_free

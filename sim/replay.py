@@ -41,6 +41,8 @@ from traces.schema import CycleRecord
 
 # predictor tables fitted per trace run, shared by the replays of one process
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# per trace run, bool[T]: dense trees already validated (as DraftTree) in this process
+_VALIDATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class ReplayError(ValueError):
@@ -193,22 +195,51 @@ def committed_path(tree: Any, path_ok: np.ndarray, nodes: np.ndarray) -> np.ndar
     return np.asarray(path[::-1], dtype=np.int64)
 
 
-def _layer_sets(expert_ids: np.ndarray, nodes: np.ndarray, num_experts: int) -> list[np.ndarray]:
-    """Per layer, the sorted distinct experts the ``nodes`` route to (negative ids = padding).
+def _layer_mask(expert_ids: np.ndarray, nodes: np.ndarray, num_experts: int) -> np.ndarray:
+    """bool[L, E]: per layer, the distinct experts the ``nodes`` route to (negative ids = padding).
 
     Args:
         expert_ids: int[N, L, K] routing of the tree's nodes; nodes: int[] node ids.
 
     Returns:
-        ``L`` int64 arrays (ascending ids), via one boolean mask over all ``L * E`` keys.
+        One boolean mask over all ``L * E`` keys (row ``l`` = the set layer ``l`` accesses), the
+        input of ``ExpertCache.access_layers``.
     """
     ex = np.asarray(expert_ids[nodes], dtype=np.int64)  # [|S|, L, K]
     num_layers = ex.shape[1]
     keys = (np.arange(num_layers, dtype=np.int64)[None, :, None] * num_experts + ex)[ex >= 0]
     mask = np.zeros(num_layers * num_experts, dtype=bool)
     mask[keys] = True
-    mask = mask.reshape(num_layers, num_experts)
-    return [np.flatnonzero(row) for row in mask]
+    return mask.reshape(num_layers, num_experts)
+
+
+def _unchecked_tree(cls: type, fields: dict[str, np.ndarray]) -> Any:
+    """A ``cls`` (``DraftTree``) holding ``fields`` read-only, without running its validation."""
+    tree = object.__new__(cls)
+    for name, arr in fields.items():
+        arr.setflags(write=False)
+        object.__setattr__(tree, name, arr)
+    return tree
+
+
+def _depth_subtree(tree: Any, keep: np.ndarray) -> Any:
+    """``tree.subtree(keep)`` for ``keep`` = the nodes up to some depth, without re-validation.
+
+    Such a set is ancestor-closed and the tree is already validated, so the restricted arrays
+    are a valid tree by construction; skipping ``DraftTree.__post_init__`` removes its checks
+    from the per-level loop. Same arrays (read-only) as ``tree.subtree(keep)``.
+    """
+    new_id = np.full(tree.num_nodes, -1, dtype=np.int64)
+    new_id[keep] = np.arange(keep.size)
+    kept_parents = tree.parents[keep]
+    fields = {
+        "token_ids": tree.token_ids[keep],
+        "parents": np.where(kept_parents >= 0, new_id[kept_parents], -1),
+        "depths": tree.depths[keep],
+        "draft_logprobs": tree.draft_logprobs[keep],
+        "path_logprobs": tree.path_logprobs[keep],
+    }
+    return _unchecked_tree(type(tree), fields)
 
 
 def _load_specfit() -> dict[str, Any]:
@@ -245,6 +276,7 @@ class _Replayer:
                 f"{trace_run.manifest.run.mode!r}; record one with the dense mode of live.record)"
             )
         self.path_ok = self.arrays.path_accepted()
+        self.validated = _VALIDATED.setdefault(trace_run, np.zeros(self.arrays.num_trees, dtype=bool))
         self.link = link_from_cost(self.cost, config.link_concurrency)
         self.expert_bytes = int(self.cost.expert_bytes)
         self.calibration = None
@@ -351,11 +383,13 @@ class _Replayer:
         first.replay()
         return first.access_log
 
-    def _access(self, layer: int, ids: np.ndarray) -> Any:
-        """``cache.access`` that also logs the access (for the Belady first pass)."""
+    def _access(self, mask: np.ndarray) -> Any:
+        """``cache.access_layers(mask)`` (one access per layer) that also logs the accesses
+        (for the Belady first pass)."""
         if self.access_log is not None:
-            self.access_log[layer].append(ids)
-        return self.cache.access(layer, ids)
+            for layer, row in enumerate(mask):
+                self.access_log[layer].append(np.flatnonzero(row))
+        return self.cache.access_layers(mask)
 
     def _request_ids(self) -> list[int]:
         ids = [int(r) for r in np.unique(self.arrays.request_ids)]
@@ -378,10 +412,8 @@ class _Replayer:
         """Warm the cache with the prompt's routing; return its experts int64[T, L, K]."""
         ex = self._prefill_ids(request_id)
         if ex.shape[0]:
-            layers = _layer_sets(ex, np.arange(ex.shape[0]), self.num_experts)
-            for layer, ids in enumerate(layers):
-                access = self._access(layer, ids)
-                self.totals["prefill_h2d_bytes"] += len(access.misses) * self.expert_bytes
+            access = self._access(_layer_mask(ex, np.arange(ex.shape[0]), self.num_experts))
+            self.totals["prefill_h2d_bytes"] += int(access.num_misses.sum()) * self.expert_bytes
         return ex
 
     def _trees(self, request_id: int) -> Iterator[int]:
@@ -447,24 +479,30 @@ class _Replayer:
         accept = mods["acceptance"].path_accept_probs(tree, self.calibration)
         cached = self.cache.cached_bits()
         policy_ctx = mods["policies"].PolicyContext
+        contexts: dict[int, tuple[Any, np.ndarray]] = {}
 
         def context(levels: int) -> tuple[Any, np.ndarray]:
+            """The planning problem on the first ``levels`` levels (built once per level)."""
+            if levels in contexts:
+                return contexts[levels]
             keep = np.flatnonzero(tree.depths <= levels)
             if len(keep) == tree.num_nodes:
                 sub, ne, p = tree, node_experts, accept
             else:
-                sub, p = tree.subtree(keep), accept[keep]
+                sub, p = _depth_subtree(tree, keep), accept[keep]
                 ne = node_experts if node_experts.bits is None else _restrict(node_experts, keep)
-            ctx = policy_ctx(
+            # trusted: a validated tree, path_accept_probs output and the predictor's own output
+            ctx = policy_ctx.trusted(
                 tree=sub,
                 accept_probs=p,
                 node_experts=ne,
                 cached_bits=cached,
                 cost=self.cost,
-                context_len=dense.context_len,
+                context_len=int(dense.context_len),
                 num_levels=levels,
             )
-            return ctx, keep
+            contexts[levels] = ctx, keep
+            return contexts[levels]
 
         depth = int(tree.max_depth)
         if self.config.policy == "ar":
@@ -506,19 +544,29 @@ class _Replayer:
             copies += [(layer, e) for e in missing]
         return copies
 
-    def _cycle(self, i: int, rid: int, cycle_index: int, remaining: int, engine: Any, history: deque) -> int:
+    def _dense_tree(self, i: int) -> Any:
+        """Recorded tree ``i``; validated as a ``DraftTree`` the first time this process reads it.
+
+        The sweep replays the same trees in every cell: later reads reuse the same (read-only)
+        arrays without re-running the checks.
+        """
+        if self.validated[i]:
+            from specfit.tree import DraftTree
+
+            return self.arrays.tree(i, draft_tree_cls=lambda **fields: _unchecked_tree(DraftTree, fields))
         dense = self.arrays.tree(i)
+        self.validated[i] = True
+        return dense
+
+    def _cycle(self, i: int, rid: int, cycle_index: int, remaining: int, engine: Any, history: deque) -> int:
+        dense = self._dense_tree(i)
         tree, cfg = dense.tree, self.config
         true_ids = np.asarray(dense.expert_ids, dtype=np.int64)
         true_bits = bitsets.pack(true_ids, self.num_experts) if cfg.predictor == "oracle" else None
         plan, nodes, levels, node_experts = self._choose(dense, true_bits, history)
         prefetch = self._prefetch(nodes, node_experts) if cfg.prefetch else []
-        needed = _layer_sets(true_ids, nodes, self.num_experts)
-        hits, demand = [], []
-        for layer, ids in enumerate(needed):
-            access = self._access(layer, ids)
-            hits.append(access.hits)
-            demand.append(access.misses)
+        access = self._access(_layer_mask(true_ids, nodes, self.num_experts))
+        hits, demand = access.hit_ids(), access.miss_ids()
         verify_ns = s_to_ns(self.cost.verify_s(len(nodes), dense.context_len))
         layer_compute = split_ns(verify_ns, self.num_layers)
         timing = engine.run_cycle(
@@ -539,7 +587,7 @@ class _Replayer:
         tokens = [int(t) for t in tree.token_ids[path[1:]]] + [int(dense.target_tokens[path[-1]])]
         for bits in bitsets.pack(true_ids[path], self.num_experts):
             history.append(bits)
-        self._account(timing, plan, nodes, levels, hits, demand, prefetch, num_accepted, num_committed)
+        self._account(timing, plan, nodes, levels, access, prefetch, num_accepted, num_committed)
         if cfg.record_cycles:
             self.records.append(
                 self._record(
@@ -550,8 +598,7 @@ class _Replayer:
                     plan,
                     nodes,
                     levels,
-                    demand,
-                    hits,
+                    access,
                     prefetch,
                     layer_compute,
                     num_accepted,
@@ -567,8 +614,7 @@ class _Replayer:
         plan: Any,
         nodes: np.ndarray,
         levels: int,
-        hits: list,
-        demand: list,
+        access: Any,
         prefetch: list,
         num_accepted: int,
         num_committed: int,
@@ -584,8 +630,8 @@ class _Replayer:
         t["verify_ns"] += sum(e - s for s, e in zip(timing.layer_start_ns, timing.layer_end_ns))
         t["h2d_ns"] += sum(timing.layer_h2d_ns)
         t["stall_ns"] += timing.stall_ns
-        t["cache_hits"] += sum(len(h) for h in hits)
-        t["cache_misses"] += sum(len(d) for d in demand)
+        t["cache_hits"] += int(access.num_hits.sum())
+        t["cache_misses"] += int(access.num_misses.sum())
         t["h2d_bytes"] += timing.num_transfers * self.expert_bytes
         t["prefetch_bytes"] += len(prefetch) * self.expert_bytes
         t["num_transfers"] += timing.num_transfers
@@ -600,15 +646,15 @@ class _Replayer:
         plan: Any,
         nodes: np.ndarray,
         levels: int,
-        demand: list,
-        hits: list,
+        access: Any,
         prefetch: list,
         layer_compute: tuple,
         num_accepted: int,
         num_committed: int,
         tokens: list,
     ) -> CycleRecord:
-        per_layer_copies = [len(d) for d in demand]
+        layer_misses = access.num_misses.tolist()
+        per_layer_copies = list(layer_misses)
         for layer, _ in prefetch:
             per_layer_copies[layer] += 1
         return CycleRecord(
@@ -626,12 +672,12 @@ class _Replayer:
             verify_s=ns_to_s(sum(layer_compute)),
             h2d_s=ns_to_s(sum(timing.layer_h2d_ns)),
             cycle_s=ns_to_s(timing.cycle_ns),
-            layer_misses=[len(d) for d in demand],
+            layer_misses=layer_misses,
             layer_h2d_bytes=[n * self.expert_bytes for n in per_layer_copies],
             layer_h2d_s=[ns_to_s(x) for x in timing.layer_h2d_ns],
             layer_compute_s=[ns_to_s(x) for x in layer_compute],
-            cache_hits=sum(len(h) for h in hits),
-            cache_misses=sum(len(d) for d in demand),
+            cache_hits=int(access.num_hits.sum()),
+            cache_misses=int(access.num_misses.sum()),
             predicted_expected_committed=float(plan.expected_committed),
             predicted_cycle_s=float(plan.predicted_cycle_s),
             decision_s=float(self.config.decision_s),

@@ -29,7 +29,6 @@ Policies (victim rule; sources):
 from __future__ import annotations
 
 import copy
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -64,6 +63,45 @@ MISS_EMA_WEIGHT = 0.1
 """Weight of the newest access in :attr:`CacheStats.layer_miss_fraction` (about a 10-access memory)."""
 
 
+@dataclass(frozen=True, eq=False)
+class LayerAccesses:
+    """Result of :meth:`ExpertCache.access_layers`: one access per layer, as bool[L, E] masks.
+
+    Attributes:
+        hits, misses, evicted: bool[L, E]; row ``l`` holds what :class:`CacheAccess` of the
+            access at layer ``l`` holds as id arrays (hits, misses = H2D transfers, evictions).
+        num_hits, num_misses, num_evicted: int64[L] row counts.
+    """
+
+    hits: np.ndarray
+    misses: np.ndarray
+    evicted: np.ndarray
+    num_hits: np.ndarray
+    num_misses: np.ndarray
+    num_evicted: np.ndarray
+
+    def hit_ids(self) -> list[np.ndarray]:
+        """Per layer, the int64[] expert ids that hit, ascending (``L`` arrays)."""
+        return _rows_to_ids(self.hits, self.num_hits)
+
+    def miss_ids(self) -> list[np.ndarray]:
+        """Per layer, the int64[] expert ids that missed, ascending (``L`` arrays)."""
+        return _rows_to_ids(self.misses, self.num_misses)
+
+    def evicted_ids(self) -> list[np.ndarray]:
+        """Per layer, the int64[] expert ids evicted, ascending (``L`` arrays)."""
+        return _rows_to_ids(self.evicted, self.num_evicted)
+
+
+def _rows_to_ids(mask: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
+    """bool[L, E] -> ``L`` ascending int64 id arrays (one nonzero scan, split by row counts)."""
+    num_layers, num_experts = mask.shape
+    row_starts = np.arange(0, num_layers * num_experts, num_experts, dtype=np.int64)
+    cols = np.flatnonzero(mask) - np.repeat(row_starts, counts)
+    ends = np.cumsum(counts).tolist()
+    return [cols[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+
+
 @dataclass
 class CacheStats:
     """Running totals (counts), overall and per layer (``int64[L]`` properties).
@@ -79,17 +117,17 @@ class CacheStats:
     hits: int = 0
     misses: int = 0
     evictions: int = 0
-    _layer_hits: list[int] = field(default_factory=list)
-    _layer_misses: list[int] = field(default_factory=list)
-    _layer_evictions: list[int] = field(default_factory=list)
-    _layer_miss_ema: list[float] = field(default_factory=list)
+    _layer_hits: np.ndarray = field(default=None, repr=False)  # int64[L]
+    _layer_misses: np.ndarray = field(default=None, repr=False)  # int64[L]
+    _layer_evictions: np.ndarray = field(default=None, repr=False)  # int64[L]
+    _layer_miss_ema: np.ndarray = field(default=None, repr=False)  # float64[L]
 
     def __post_init__(self) -> None:
         for name in ("_layer_hits", "_layer_misses", "_layer_evictions"):
-            if not getattr(self, name):
-                setattr(self, name, [0] * self.num_layers)
-        if not self._layer_miss_ema:
-            self._layer_miss_ema = [float("nan")] * self.num_layers
+            if getattr(self, name) is None:
+                setattr(self, name, np.zeros(self.num_layers, dtype=np.int64))
+        if self._layer_miss_ema is None:
+            self._layer_miss_ema = np.full(self.num_layers, np.nan, dtype=np.float64)
 
     def record(self, layer: int, hits: int, misses: int, evictions: int) -> None:
         """Add one access's counts (and update the layer's miss-fraction average)."""
@@ -102,28 +140,47 @@ class CacheStats:
         total = hits + misses
         if total:
             frac = misses / total
-            old = self._layer_miss_ema[layer]
+            old = float(self._layer_miss_ema[layer])
             self._layer_miss_ema[layer] = frac if old != old else old + MISS_EMA_WEIGHT * (frac - old)
+
+    def record_layers(self, hits: np.ndarray, misses: np.ndarray, evictions: np.ndarray) -> None:
+        """Add one access at EVERY layer: int64[L] counts each (same result as ``L`` :meth:`record` calls).
+
+        Element-wise float64 arithmetic is the same IEEE operation per layer as the scalar
+        update, so the moving averages are bit-identical to the per-layer path.
+        """
+        self.hits += int(hits.sum())
+        self.misses += int(misses.sum())
+        self.evictions += int(evictions.sum())
+        self._layer_hits += hits
+        self._layer_misses += misses
+        self._layer_evictions += evictions
+        total = hits + misses
+        seen = total > 0
+        if seen.any():
+            frac = misses[seen] / total[seen]
+            old = self._layer_miss_ema[seen]
+            self._layer_miss_ema[seen] = np.where(np.isnan(old), frac, old + MISS_EMA_WEIGHT * (frac - old))
 
     @property
     def layer_miss_fraction(self) -> np.ndarray:
         """float64[L] moving average of the per-access miss fraction; NaN before a layer's first access."""
-        return np.asarray(self._layer_miss_ema, dtype=np.float64)
+        return self._layer_miss_ema.copy()
 
     @property
     def layer_hits(self) -> np.ndarray:
         """int64[L] hits per layer."""
-        return np.asarray(self._layer_hits, dtype=np.int64)
+        return self._layer_hits.copy()
 
     @property
     def layer_misses(self) -> np.ndarray:
         """int64[L] misses per layer."""
-        return np.asarray(self._layer_misses, dtype=np.int64)
+        return self._layer_misses.copy()
 
     @property
     def layer_evictions(self) -> np.ndarray:
         """int64[L] evictions per layer."""
-        return np.asarray(self._layer_evictions, dtype=np.int64)
+        return self._layer_evictions.copy()
 
     @property
     def hit_rate(self) -> float:
@@ -134,6 +191,12 @@ class CacheStats:
 
 class ExpertCache:
     """Per-layer expert caches with one policy (build with :func:`make_expert_cache`).
+
+    State is held as arrays over all layers, so one access is a few vectorised operations and
+    :meth:`access_layers` does one access at every layer in one go: ``stamp[l, e]`` is -1 when
+    expert ``e`` is not cached at layer ``l``, else its recency (larger = used later; an access
+    stamps its hits in ascending id order, then its kept misses in ascending id order, exactly
+    the order an LRU list would hold them); LFU keeps ``freq[l, e]`` and ``tick[l, e]``.
 
     Attributes:
         policy: one of :data:`CACHE_POLICIES`.
@@ -156,12 +219,13 @@ class ExpertCache:
         self.num_layers = num_layers
         self.num_experts = num_experts
         self.capacity = capacity
-        self._cap = [int(c) for c in capacity]
+        self._cap = np.asarray(capacity, dtype=np.int64)
         self.stats = CacheStats(num_layers)
-        self._bits = [0] * num_layers  # python-int bitset per layer
-        self._cached: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(num_layers)]
-        self._freq: list[dict[int, int]] = [{} for _ in range(num_layers)]
-        self._tick: list[dict[int, int]] = [{} for _ in range(num_layers)]
+        self._ids = np.arange(num_experts, dtype=np.int64)
+        self._stamp = np.full((num_layers, num_experts), -1, dtype=np.int64)
+        self._next_stamp = 0
+        self._freq = np.zeros((num_layers, num_experts), dtype=np.int64)
+        self._tick = np.full((num_layers, num_experts), -1, dtype=np.int64)
         self._clock = 0
         self._uses: list[dict[int, list[int]]] = []
         self._ptr: list[dict[int, int]] = []
@@ -171,8 +235,7 @@ class ExpertCache:
                 raise ValueError("ExpertCache: policy 'static' needs frequency (float[L, E])")
             for layer in range(num_layers):
                 order = np.lexsort((np.arange(num_experts), -frequency[layer]))
-                for e in sorted(int(x) for x in order[: self._cap[layer]]):
-                    self._insert(layer, e)
+                self._stamp[layer, np.sort(order[: self._cap[layer]])] = 0
         if policy == "belady":
             if future is None:
                 raise ValueError("ExpertCache: policy 'belady' needs future (per-layer access sequence)")
@@ -185,14 +248,6 @@ class ExpertCache:
                 self._ptr.append(dict.fromkeys(uses, 0))
 
     # ---- internals -------------------------------------------------------------------------
-    def _insert(self, layer: int, e: int) -> None:
-        self._cached[layer][e] = None
-        self._bits[layer] |= 1 << e
-
-    def _remove(self, layer: int, e: int) -> None:
-        del self._cached[layer][e]
-        self._bits[layer] &= ~(1 << e)
-
     def _next_use(self, layer: int, e: int, after: int) -> float:
         uses = self._uses[layer].get(e)
         if not uses:
@@ -204,69 +259,118 @@ class ExpertCache:
         ptr[e] = i
         return float(uses[i]) if i < len(uses) else _NEVER
 
-    def _eviction_order(self, layer: int, current: set[int]) -> list[int]:
-        """Evictable cached experts (not in ``current``), first to evict first (LFU / Belady).
-
-        Their keys cannot change during one access (only current experts are touched), so the
-        order is computed once per access.
-        """
-        candidates = [e for e in self._cached[layer] if e not in current]
-        if self.policy == "lfu":
-            freq, tick = self._freq[layer], self._tick[layer]
-            return sorted(candidates, key=lambda e: (freq.get(e, 0), tick.get(e, -1), e))
-        step = self._step[layer]  # belady: farthest next use first, ties: larger id first
-        return sorted(candidates, key=lambda e: (self._next_use(layer, e, step), e), reverse=True)
-
-    def _touch(self, layer: int, ids: list[int], hits: list[int]) -> None:
-        cached = self._cached[layer]
-        for e in hits:
-            cached.move_to_end(e)
-        if self.policy == "lfu":
-            freq, tick = self._freq[layer], self._tick[layer]
-            for e in ids:
-                self._clock += 1
-                tick[e] = self._clock
-                freq[e] = freq.get(e, 0) + 1
-
-    def _check(self, layer: int, expert_ids: object) -> list[int]:
+    def _check(self, layer: int, expert_ids: object) -> np.ndarray:
+        """bool[E] membership row of the (deduplicated) ids of one access at ``layer``."""
         if not 0 <= int(layer) < self.num_layers:
             raise ValueError(f"ExpertCache.access: layer {layer} out of range [0, {self.num_layers})")
-        ids = sorted({int(x) for x in np.asarray(expert_ids).ravel().tolist()})
-        if ids and (ids[0] < 0 or ids[-1] >= self.num_experts):
-            bad = ids[0] if ids[0] < 0 else ids[-1]
-            raise ValueError(f"ExpertCache.access: expert id {bad} out of range [0, {self.num_experts})")
-        return ids
+        ids = np.asarray(expert_ids).ravel()
+        if ids.size and not np.issubdtype(ids.dtype, np.integer):
+            ids = np.asarray([int(x) for x in ids.tolist()], dtype=np.int64)
+        need = np.zeros(self.num_experts, dtype=bool)
+        if ids.size:
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= self.num_experts:
+                bad = lo if lo < 0 else hi
+                raise ValueError(f"ExpertCache.access: expert id {bad} out of range [0, {self.num_experts})")
+            need[ids] = True
+        return need
 
-    def _admit(self, layer: int, ids: list[int], misses: list[int]) -> list[int]:
-        """Insert misses (ascending) where the policy allows; returns the evicted ids."""
-        evicted: list[int] = []
-        cap = self._cap[layer]
-        if self.policy == "static" or cap == 0:
-            return evicted
-        current = set(ids)
-        cached = self._cached[layer]
+    def _victims(self, rows: np.ndarray, evictable: np.ndarray, num_evict: np.ndarray) -> np.ndarray:
+        """bool[R, E]: the first ``num_evict[r]`` evictable experts of each row by the policy's rule.
+
+        LRU: smallest stamp (least recent; stamps are distinct within a layer). LFU: smallest
+        (count, tick, id). Their keys cannot change during one access (only current experts are
+        touched), so one ordering per access is exact.
+        """
+        big = np.iinfo(np.int64).max
+        if self.policy == "lru":  # distinct stamps: the victims are the keys up to the k-th smallest
+            key = np.where(evictable, self._stamp[rows], big)
+            kth = np.sort(key, axis=1)[np.arange(key.shape[0]), num_evict - 1]
+            return evictable & (key <= kth[:, None])
+        else:
+            freq = np.where(evictable, self._freq[rows], big)
+            ids = np.broadcast_to(self._ids, freq.shape)
+            order = np.lexsort((ids, self._tick[rows], freq), axis=-1)
+        rank = np.empty_like(order)
+        np.put_along_axis(rank, order, np.broadcast_to(self._ids, order.shape), axis=1)
+        return evictable & (rank < num_evict[:, None])
+
+    def _admit_belady(self, layer: int, need: np.ndarray, miss: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Belady's MIN with bypass at one layer: (kept misses, evicted) as bool[E] rows."""
+        cap = int(self._cap[layer])
+        kept = np.zeros_like(miss)
+        evicted = np.zeros_like(miss)
+        if cap == 0:
+            return kept, evicted
+        cached = set(np.flatnonzero(self._stamp[layer] >= 0).tolist())
+        step = self._step[layer]
         order: list[int] | None = None
-        for e in misses:
+        for e in np.flatnonzero(miss).tolist():
             if len(cached) >= cap:
-                if self.policy == "lru":
-                    victim = next(iter(cached))  # oldest; current entries were moved to the end
-                    if victim in current:
-                        break  # every cached expert is in use by this access
-                else:
-                    if order is None:
-                        order = self._eviction_order(layer, current)
-                    if not order:
-                        break
-                    victim = order[0]
-                    if self.policy == "belady":
-                        step = self._step[layer]
-                        if self._next_use(layer, victim, step) <= self._next_use(layer, e, step):
-                            continue  # bypass: needed later than every evictable expert
-                    order.pop(0)
-                self._remove(layer, victim)
-                evicted.append(victim)
-            self._insert(layer, e)
-        return evicted
+                if order is None:  # farthest next use first, ties: larger id first
+                    candidates = [c for c in cached if not need[c]]
+                    order = sorted(candidates, key=lambda c: (self._next_use(layer, c, step), c), reverse=True)
+                if not order:
+                    break
+                victim = order[0]
+                if self._next_use(layer, victim, step) <= self._next_use(layer, e, step):
+                    continue  # bypass: needed later than every evictable expert
+                order.pop(0)
+                cached.discard(victim)
+                evicted[victim] = True
+            cached.add(e)
+            kept[e] = True
+        return kept, evicted
+
+    def _apply(self, rows: np.ndarray | slice, need: np.ndarray, count: bool) -> tuple[np.ndarray, ...]:
+        """One access (``count``) or warm at each layer of ``rows`` with the sets ``need`` bool[R, E].
+
+        ``rows``: int64[R] layer ids, or ``slice(None)`` for every layer in order.
+        Returns ``(hit, miss, evicted, num_miss)``: bool[R, E] each and int64[R] miss counts.
+        Implements the module docstring's semantics: hits are refreshed, then misses (ascending
+        id) fill free slots, then replace evictable experts (cached, not in this access) in the
+        policy's victim order; once none is left the remaining misses are transient. LFU counts
+        every expert of an access (``count``).
+        """
+        num_experts = self.num_experts
+        stamp = self._stamp[rows]
+        cached = stamp >= 0
+        hit = need & cached
+        miss = need ^ hit
+        num_miss = np.count_nonzero(miss, axis=1)
+        base = self._next_stamp
+        self._next_stamp += 2 * num_experts
+        stamp = np.where(hit, base + self._ids, stamp)
+        if count and self.policy == "lfu":
+            order = np.cumsum(need, axis=None).reshape(need.shape)
+            tick = self._tick[rows]
+            tick[need] = self._clock + order[need]
+            self._tick[rows] = tick
+            self._freq[rows] += need
+            self._clock += int(order[-1, -1]) if order.size else 0
+        evicted = np.zeros_like(need)
+        if self.policy in ("lru", "lfu"):
+            evictable = cached ^ (cached & need)
+            free = self._cap[rows] - np.count_nonzero(cached, axis=1)
+            kept_count = np.minimum(num_miss, free + np.count_nonzero(evictable, axis=1))
+            num_evict = kept_count - free
+            if (num_evict > 0).any():
+                sel = np.flatnonzero(num_evict > 0)
+                layers = np.arange(self.num_layers)[rows][sel]
+                evicted[sel] = self._victims(layers, evictable[sel], num_evict[sel])
+            if np.array_equal(kept_count, num_miss):
+                kept = miss  # no transient miss (the usual case): skip the running count
+            else:
+                kept = miss & (np.cumsum(miss, axis=1) <= kept_count[:, None])
+        elif self.policy == "belady":
+            kept = np.zeros_like(need)
+            for r, layer in enumerate(np.arange(self.num_layers)[rows].tolist()):
+                kept[r], evicted[r] = self._admit_belady(layer, need[r], miss[r])
+        else:  # static: nothing is inserted or evicted
+            kept = evicted
+        stamp[evicted] = -1
+        self._stamp[rows] = np.where(kept, base + num_experts + self._ids, stamp)
+        return hit, miss, evicted, num_miss
 
     # ---- public API --------------------------------------------------------------------------
     def access(self, layer: int, expert_ids: object) -> CacheAccess:
@@ -278,49 +382,79 @@ class ExpertCache:
         Raises:
             ValueError: ``layer`` or an expert id out of range (the message names it).
         """
-        ids = self._check(layer, expert_ids)
-        cached = self._cached[layer]
-        hits = [e for e in ids if e in cached]
-        misses = [e for e in ids if e not in cached]
-        self._touch(layer, ids, hits)
-        evicted = self._admit(layer, ids, misses)
+        need = self._check(layer, expert_ids)
+        layer = int(layer)
+        hit, miss, evicted, _ = (m[0] for m in self._apply(np.array([layer]), need[None, :], True))
         if self.policy == "belady":
             self._step[layer] += 1
-        self.stats.record(layer, len(hits), len(misses), len(evicted))
-        return CacheAccess(
-            hits=np.asarray(hits, dtype=np.int64),
-            misses=np.asarray(misses, dtype=np.int64),
-            evicted=np.asarray(sorted(evicted), dtype=np.int64),
+        out = CacheAccess(hits=np.flatnonzero(hit), misses=np.flatnonzero(miss), evicted=np.flatnonzero(evicted))
+        self.stats.record(layer, out.num_hits, out.num_misses, int(out.evicted.shape[0]))
+        return out
+
+    def access_layers(self, expert_mask: np.ndarray) -> LayerAccesses:
+        """One forward pass over all layers: the same as ``access(l, ids_l)`` for ``l = 0..L-1``.
+
+        Args:
+            expert_mask: bool[L, E], row ``l`` = the experts layer ``l`` needs (an empty row is
+                still an access: it advances Belady's position and changes nothing else).
+
+        Returns:
+            :class:`LayerAccesses` (bool[L, E] hits, misses, evicted and int64[L] counts); the
+            statistics and the cache state end up exactly as after the ``L`` single accesses.
+
+        Raises:
+            ValueError: ``expert_mask`` is not bool[L, E].
+        """
+        need = np.asarray(expert_mask)
+        if need.dtype != np.bool_ or need.shape != (self.num_layers, self.num_experts):
+            raise ValueError(
+                f"ExpertCache.access_layers: expert_mask must be bool[{self.num_layers}, "
+                f"{self.num_experts}], got {need.dtype}{list(need.shape)}"
+            )
+        hit, miss, evicted, num_miss = self._apply(slice(None), need, True)
+        if self.policy == "belady":
+            self._step = [s + 1 for s in self._step]
+        out = LayerAccesses(
+            hits=hit,
+            misses=miss,
+            evicted=evicted,
+            num_hits=np.count_nonzero(hit, axis=1),
+            num_misses=num_miss,
+            num_evicted=np.count_nonzero(evicted, axis=1),
         )
+        self.stats.record_layers(out.num_hits, out.num_misses, out.num_evicted)
+        return out
 
     def warm(self, layer: int, expert_ids: object) -> None:
         """Insert ``expert_ids`` without counting hits, misses or frequencies (static: no-op).
 
         Fills free slots first, then evicts by the policy like an access would.
         """
-        ids = self._check(layer, expert_ids)
+        need = self._check(layer, expert_ids)
         if self.policy == "static":
             return
-        cached = self._cached[layer]
-        missing = [e for e in ids if e not in cached]
-        for e in ids:
-            if e in cached:
-                cached.move_to_end(e)
-        self._admit(layer, ids, missing)
+        self._apply(np.array([int(layer)]), need[None, :], False)
 
     def contains(self, layer: int, expert: int) -> bool:
-        """Whether ``expert`` is cached at ``layer``."""
-        return int(expert) in self._cached[int(layer)]
+        """Whether ``expert`` is cached at ``layer`` (False for an id outside [0, E))."""
+        e = int(expert)
+        return 0 <= e < self.num_experts and bool(self._stamp[int(layer), e] >= 0)
 
     def cached_ids(self, layer: int) -> np.ndarray:
         """int64[] cached experts at ``layer``, ascending."""
-        return np.asarray(sorted(self._cached[int(layer)]), dtype=np.int64)
+        return np.flatnonzero(self._stamp[int(layer)] >= 0).astype(np.int64, copy=False)
+
+    def cached_mask(self) -> np.ndarray:
+        """bool[L, E]: which experts are cached at each layer (a copy)."""
+        return self._stamp >= 0
 
     def cached_bits(self) -> np.ndarray:
         """uint64[L, W] bitsets of the cached experts (a copy)."""
         words = bitsets.num_words(self.num_experts)
-        raw = b"".join(b.to_bytes(words * 8, "little") for b in self._bits)
-        return np.frombuffer(raw, dtype="<u8").astype(np.uint64).reshape(self.num_layers, words)
+        flags = np.zeros((self.num_layers, words * bitsets.WORD_BITS), dtype=bool)
+        flags[:, : self.num_experts] = self._stamp >= 0
+        packed = np.packbits(flags, axis=1, bitorder="little")
+        return packed.view("<u8").astype(np.uint64, copy=False).reshape(self.num_layers, words)
 
     def copy(self) -> ExpertCache:
         """Independent deep copy (same contents, statistics and future position)."""

@@ -84,6 +84,39 @@ class PolicyContext:
             if int(value) != value or value < 0:
                 raise ValueError(f"PolicyContext.{name}: expected an integer >= 0, got {value!r}")
 
+    @classmethod
+    def trusted(
+        cls,
+        tree: DraftTree,
+        accept_probs: np.ndarray,
+        node_experts: NodeExperts,
+        cached_bits: np.ndarray,
+        cost: CycleCostModel,
+        context_len: int = 0,
+        num_levels: int = 0,
+    ) -> PolicyContext:
+        """Build a context WITHOUT the ``__post_init__`` checks, for trusted internal callers.
+
+        For hot loops (the simulator builds several contexts per cycle from validated trees,
+        :func:`specfit.acceptance.path_accept_probs` output and predictor output). The caller
+        guarantees what the constructor would check: ``accept_probs`` is float64[N] with P(root)
+        = 1 and non-increasing along paths, ``node_experts`` matches the tree and the cost
+        model's layers, ``cached_bits`` is uint64[L, W], the counts are integers >= 0. Bad
+        input here gives wrong plans, not errors: use the constructor for anything external.
+        """
+        ctx = object.__new__(cls)
+        for name, value in (
+            ("tree", tree),
+            ("accept_probs", accept_probs),
+            ("node_experts", node_experts),
+            ("cached_bits", cached_bits),
+            ("cost", cost),
+            ("context_len", context_len),
+            ("num_levels", num_levels),
+        ):
+            object.__setattr__(ctx, name, value)
+        return ctx
+
     @property
     def num_nodes(self) -> int:
         """Nodes ``N`` of the drafted tree."""
@@ -150,6 +183,20 @@ def evaluate_nodes(ctx: PolicyContext, nodes: np.ndarray) -> tuple[float, float,
     return gain, cycle, misses
 
 
+def _ancestor_closed(tree: DraftTree, ids: np.ndarray) -> bool:
+    """``tree.is_ancestor_closed(ids)`` for sorted distinct ``ids`` starting at 0 (fewer checks).
+
+    Raises:
+        ValueError: an id out of range (the tree's own message).
+    """
+    n = tree.parents.shape[0]
+    if ids[-1] >= n:
+        return tree.is_ancestor_closed(ids)  # raises, naming the node
+    mask = np.zeros(n, dtype=bool)
+    mask[ids] = True
+    return bool(mask[tree.parents[ids[1:]]].all())
+
+
 def make_plan(
     ctx: PolicyContext, nodes: np.ndarray, policy: str, decision_s: float, nodes_explored: int
 ) -> Plan:
@@ -159,7 +206,7 @@ def make_plan(
         ValueError: ``nodes`` is not ancestor-closed or lacks the root (a policy bug).
     """
     ids = np.unique(np.asarray(nodes, dtype=np.int64))
-    if ids.size == 0 or ids[0] != 0 or not ctx.tree.is_ancestor_closed(ids):
+    if ids.size == 0 or ids[0] != 0 or not _ancestor_closed(ctx.tree, ids):
         raise ValueError(
             f"policy {policy!r} chose a set that is not ancestor-closed with the root: {ids.tolist()}"
         )

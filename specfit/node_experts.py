@@ -95,6 +95,27 @@ class NodeExperts:
         slope = size[:, top] - size[:, top - 1]
         return np.minimum(size[:, top] + slope * (num_nodes - top), float(self.num_experts))
 
+    def expected_union_table(self, max_nodes: int) -> np.ndarray:
+        """float64[max_nodes, L] C-contiguous: row ``k - 1`` is :meth:`expected_union` ``(k)``.
+
+        The same element-wise arithmetic as the scalar method, so every row is bit-identical to
+        it (one call replaces ``max_nodes`` calls in the union-size planner).
+        """
+        if self.union_size is None:
+            raise ValueError("NodeExperts.expected_union_table: only defined in union-size mode")
+        size = self.union_size
+        top = size.shape[1] - 1
+        counts = np.arange(1, int(max_nodes) + 1)
+        out = np.empty((counts.shape[0], size.shape[0]), dtype=np.float64)
+        inside = counts[counts <= top]
+        out[: inside.shape[0]] = size[:, inside].T
+        beyond = counts[counts > top]
+        if beyond.shape[0]:
+            slope = size[:, top] - size[:, top - 1]
+            extra = size[:, top][None, :] + slope[None, :] * (beyond - top)[:, None]
+            out[inside.shape[0] :] = np.minimum(extra, float(self.num_experts))
+        return out
+
     def layer_miss_fraction(self, cached_bits: np.ndarray) -> np.ndarray:
         """float64[L]: ``miss_fraction`` or ``1 - |C_l| / E`` from the cache bitsets uint64[L, W]."""
         if self.miss_fraction is not None:

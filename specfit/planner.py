@@ -45,6 +45,7 @@ capacities since float capacities break its cuts), iterating lam to the optimum.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,6 +53,7 @@ import numpy as np
 from specfit import bitsets
 from specfit.context import Plan, PolicyContext, make_plan
 from specfit.cost import CycleCostModel
+from specfit.node_experts import NodeExperts
 
 POLICY_NAME = "specfit"
 _REL_TOL = 1e-11
@@ -361,22 +363,74 @@ class _Search:
             alive[prob.descendants[branch[0]]] = False
 
 
+_UNION_MISSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _union_misses(ne: NodeExperts, cached_bits: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Expected misses of the top-k subtrees, k = 1..n: (float64[n, L], their row sums float64[n]).
+
+    Row ``k - 1`` is ``ne.expected_misses(k, cached_bits)`` (same operations, bit-identical) and
+    each row sum is its 1-D ``sum()``. Rows do not depend on ``n``, so the table is kept per
+    ``NodeExperts`` object (weakly, with the ``cached_bits`` array it was made for) and sliced:
+    the planning problems of successive draft levels share one predictor output and cache state.
+    """
+    memo = _UNION_MISSES.get(ne)
+    if memo is not None and memo[0] is cached_bits and memo[1].shape[0] >= n:
+        return memo[1][:n], memo[2][:n]
+    rows = max(n, ne.union_size.shape[1] - 1)  # the sizes drafting can reach, so levels share it
+    frac = ne.layer_miss_fraction(cached_bits)  # once per table, not once per size
+    misses = ne.expected_union_table(rows) * frac  # C-contiguous [rows, L]
+    totals = misses.sum(axis=1)  # each contiguous row summed like a 1-D ``misses.sum()``
+    _UNION_MISSES[ne] = (cached_bits, misses, totals)
+    return misses[:n], totals[:n]
+
+
 def _plan_union_size(ctx: PolicyContext, started: float) -> Plan:
-    """Exact for the union-size predictor: the best subtree of each size is a top-by-P prefix."""
+    """Exact for the union-size predictor: the best subtree of each size is a top-by-P prefix.
+
+    All ``N`` prefix sizes are scored at once with the cost model's own operations, in the same
+    order (per-layer expected misses summed per size, ``draft + verify + h2d`` or ``draft +
+    max(verify, h2d)``, running gain), so the ratios are bit-identical to scoring each size with
+    ``cost.cycle_s``; the first size of highest ratio wins, as in a scan.
+    """
     p = ctx.accept_probs
-    order = np.lexsort((np.arange(p.shape[0]), -p))  # by P descending, then id
+    n = p.shape[0]
+    order = np.lexsort((np.arange(n), -p))  # by P descending, then id
     order = np.concatenate(([0], order[order != 0]))
     cost = ctx.cost
-    best_ratio, best_k = -1.0, 1
-    gain = 1.0
-    for k in range(1, order.shape[0] + 1):
-        if k > 1:
-            gain += float(p[order[k - 1]])
-        misses = ctx.node_experts.expected_misses(k, ctx.cached_bits)
-        ratio = gain / cost.cycle_s(ctx.num_levels, k, ctx.context_len, misses)
-        if ratio > best_ratio:
-            best_ratio, best_k = ratio, k
-    return make_plan(ctx, order[:best_k], POLICY_NAME, time.perf_counter() - started, order.shape[0])
+    misses, total_misses = _union_misses(ctx.node_experts, ctx.cached_bits, n)
+    sizes = np.arange(1, n + 1, dtype=np.float64)
+    verify = cost.verify_base_s + cost.verify_s_per_node * sizes + cost.verify_s_per_context_token * float(
+        ctx.context_len
+    )
+    h2d = total_misses * cost.s_per_miss
+    cycle = cost.combine_s(cost.draft_s(ctx.num_levels), verify, h2d)
+    if not np.all(cycle > 0):
+        raise ValueError("cost model: a cycle time of 0 s makes the throughput unbounded")
+    gain = np.cumsum(np.concatenate(([1.0], p[order[1:]])))
+    ratios = gain / cycle
+    best = int(np.argmax(np.where(np.isnan(ratios), -np.inf, ratios)))
+    if not ratios[best] > -1.0:
+        best = 0
+    # a top-by-P prefix is ancestor-closed (P never rises along a path, parents have smaller
+    # ids), so the plan is built directly; its scores are evaluate_nodes' (same operations)
+    ids = np.sort(order[: best + 1])
+    ids.setflags(write=False)
+    expected = 1.0 + float(p[ids[1:]].sum())
+    cycle_s = float(cycle[best])
+    return Plan(
+        nodes=ids,
+        expected_committed=expected,
+        predicted_cycle_s=cycle_s,
+        predicted_tokens_per_s=expected / cycle_s,
+        decision_s=time.perf_counter() - started,
+        nodes_explored=int(n),
+        policy=POLICY_NAME,
+        predicted_misses=float(misses[best].sum()),
+    )
+
+
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def plan_exact(ctx: PolicyContext) -> Plan:
@@ -385,17 +439,27 @@ def plan_exact(ctx: PolicyContext) -> Plan:
     See the module docstring for the method. ``Plan.nodes`` are ids of ``ctx.tree``, sorted,
     with the root; ``nodes_explored`` counts branch-and-bound states.
 
+    A context is immutable, so the plan is remembered per context object (weakly): asking again
+    for the same ``ctx`` (the stopping rule, then the selection, on the last drafted level)
+    returns the same :class:`Plan` without searching again.
+
     Raises:
         ValueError: the cost model makes the root-only cycle take 0 s.
     """
+    cached = _PLANS.get(ctx)
+    if cached is not None:
+        return cached
     started = time.perf_counter()
     if ctx.node_experts.is_union_size:
-        return _plan_union_size(ctx, started)
-    search = _Search(_setup(ctx))
-    search.run()
-    return make_plan(
-        ctx, np.asarray(search.best_nodes), POLICY_NAME, time.perf_counter() - started, search.explored
-    )
+        plan = _plan_union_size(ctx, started)
+    else:
+        search = _Search(_setup(ctx))
+        search.run()
+        plan = make_plan(
+            ctx, np.asarray(search.best_nodes), POLICY_NAME, time.perf_counter() - started, search.explored
+        )
+    _PLANS[ctx] = plan
+    return plan
 
 
 def iter_closed_subtrees(parents: np.ndarray) -> list[list[int]]:

@@ -267,3 +267,30 @@ def test_train_draft_distils_towards_the_target():
     _, kl = T.train_draft(cfg, stream, target, eos_id=0)
     assert all(math.isfinite(v) and v >= -1e-6 for v in kl)
     assert sum(kl[-5:]) / 5 < 0.7 * sum(kl[:5]) / 5
+
+
+def test_expert_union_growth_known_routing():
+    # 1 window, 1 layer, 8 tokens, top-2 of 16 experts: tokens alternate between {0, 1} and {2, 3}
+    chosen = torch.tensor([[[[0, 1], [2, 3]] * 4]])
+    growth = T.expert_union_growth(chosen, num_experts=16)
+    assert [growth[n]["measured"] for n in ("1", "2", "4", "8")] == [2.0, 4.0, 4.0, 4.0]
+    assert growth["2"]["independent"] == pytest.approx(16 * (1 - (14 / 16) ** 2))
+    assert "16" not in growth  # longer than the window
+
+
+def test_evaluate_only_needs_checkpoints(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    if not T.DEFAULT_DOCS_DIR.is_dir():
+        pytest.skip("python3.11-doc not installed")
+    with pytest.raises(SystemExit) as exc:
+        T.main(["--evaluate-only", "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "model.safetensors is missing" in err
+
+
+def test_shipped_metrics_report_expert_union_locality():
+    union = json.loads((DEFAULT_DIR / "metrics.json").read_text())["eval"]["expert_union_by_tokens"]
+    assert union["1"]["measured"] == pytest.approx(union["1"]["independent"])
+    sizes = [union[n]["measured"] for n in ("1", "2", "4", "8", "16")]
+    assert sizes == sorted(sizes) and sizes[-1] > 2 * sizes[0]  # the union grows with the tokens
+    assert union["16"]["measured"] < union["16"]["independent"]  # consecutive tokens share experts

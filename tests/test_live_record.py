@@ -236,3 +236,20 @@ def test_planner_inputs_from_files(tiny, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(_args(tiny, tmp_path / "run2", "--mode", "policy", "--acceptance", str(bad)))
     assert exc.value.code == 2 and "--acceptance" in capsys.readouterr().err
+
+
+def test_embedded_default_model_short_dense_run(tmp_path, capsys):
+    from live.assets import default_model_paths
+
+    try:
+        default_model_paths()
+    except FileNotFoundError:
+        pytest.skip("embedded default checkpoints not in this checkout")
+    out = tmp_path / "default"
+    assert main(["--num-prompts", "2", "--max-new-tokens", "4", "--out", str(out)]) == 0
+    summary = _last_json(capsys)
+    assert summary["num_tokens"] == 8 and summary["mean_nodes_verified"] == 32.0
+    assert summary["full_tree_tau"] >= 1.0
+    run = open_run(out)
+    assert run.manifest.model.num_experts == 64 and run.manifest.run.prompt_source == "default"
+    assert len(list(run.iter_trees())) == 8

@@ -31,6 +31,8 @@ def test_planner_benchmark_smoke(tmp_path, capsys) -> None:
             "olmoe-1b-7b",
             "--out",
             str(out),
+            "--trace-root",
+            str(tmp_path / "traces"),
             "--no-progress",
         ]
     )
@@ -39,7 +41,18 @@ def test_planner_benchmark_smoke(tmp_path, capsys) -> None:
     assert set(summary) >= {"n8", "n12", "target_met_cpu", "target_met_wall"}
     assert summary["n8"]["trees"] == 4 and summary["n12"]["nodes_explored_max"] >= 1
     assert summary["n12"]["p50_ms"] > 0
+    # trees come from the generated traces, capped at N nodes
+    assert 1 <= summary["n8"]["mean_tree_nodes"] <= 8 and 1 <= summary["n12"]["mean_tree_nodes"] <= 12
+    assert len(list((tmp_path / "traces").iterdir())) == 2
     assert json.loads(out.read_text())["n8"] == summary["n8"]
+
+
+def test_planner_benchmark_synthetic_source(tmp_path, capsys) -> None:
+    out = tmp_path / "planner.json"
+    args = ["--nodes", "8", "--trees", "3", "--model-shape", "olmoe-1b-7b", "--source", "synthetic"]
+    assert _load().main([*args, "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["n8"]["trees"] == 3 and summary["n8"]["mean_tree_nodes"] == 8
 
 
 def test_planner_benchmark_bad_flag_exits_2(capsys) -> None:

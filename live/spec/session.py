@@ -82,6 +82,19 @@ def _expert_frequency(model, prompt_ids: list[list[int]], num_experts: int) -> n
     return counts.astype(np.float64)
 
 
+def _weights_sha256(folder: Path | None) -> str | None:
+    """SHA-256 of a checkpoint's ``model.safetensors`` (provenance of a trace), None when absent."""
+    if folder is None or not (Path(folder) / "model.safetensors").is_file():
+        return None
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(Path(folder) / "model.safetensors", "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 class RecordSession:
     """A loaded engine plus the run directory writer; build with :meth:`open`, then :meth:`run`."""
 
@@ -246,6 +259,10 @@ class RecordSession:
         resolved = asdict(config) | {
             "target_dir": str(self.target_dir),
             "draft_dir": self.draft_dir and str(self.draft_dir),
+        }
+        resolved["weights_sha256"] = {
+            name: _weights_sha256(folder)
+            for name, folder in (("target", self.target_dir), ("draft", self.draft_dir))
         }
         if getattr(self, "cost", None) is not None:
             resolved["cost_model"] = self.cost.to_dict()

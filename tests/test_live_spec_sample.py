@@ -1,0 +1,42 @@
+"""The shipped sample dense trace (traces/samples/default): valid, dense, made from the current embedded weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+SAMPLE = Path(__file__).resolve().parents[1] / "traces" / "samples" / "default"
+
+
+@pytest.fixture(scope="module")
+def sample():
+    if not (SAMPLE / "manifest.json").is_file():
+        pytest.skip("no sample trace in this checkout")
+    from traces.reader import open_run
+
+    return open_run(SAMPLE)
+
+
+def test_sample_is_a_complete_dense_trace(sample):
+    assert sample.manifest.complete and sample.manifest.run.mode == "dense"
+    assert sample.manifest.model.num_experts == 64 and sample.manifest.draft.max_nodes == 32
+    trees = list(sample.iter_trees())
+    generated = sum(len(g) for g in sample.requests["generated_token_ids"])
+    assert len(trees) == generated  # one tree per committed position
+    assert all(t.accepted[0] and t.target_tokens.min() >= 0 for t in trees)
+    assert sum(p.stat().st_size for p in SAMPLE.rglob("*") if p.is_file()) < 2.5e6
+
+
+def test_sample_matches_the_embedded_weights(sample):
+    from live.assets import default_model_paths
+    from live.spec.session import _weights_sha256
+
+    try:
+        target, draft = default_model_paths()
+    except FileNotFoundError:
+        pytest.skip("embedded default checkpoints not in this checkout")
+    recorded = sample.manifest.config.get("weights_sha256", {})
+    regenerate = "stale sample: regenerate it with the command in traces/samples/default/README.md"
+    assert recorded.get("target") == _weights_sha256(target), regenerate
+    assert recorded.get("draft") == _weights_sha256(draft), regenerate

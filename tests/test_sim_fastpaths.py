@@ -1,0 +1,32 @@
+"""The replay's unchecked helpers build exactly what the checked constructors would."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.replay import _depth_subtree, _layer_mask
+from specfit.tree import DraftTree
+
+
+def test_depth_subtree_equals_the_checked_subtree() -> None:
+    rng = np.random.default_rng(3)
+    n = 40
+    tree = DraftTree.from_parents(
+        rng.integers(0, 1000, n),
+        [-1] + [int(rng.integers(0, v)) for v in range(1, n)],
+        np.concatenate(([0.0], -rng.exponential(0.5, n - 1))),
+    )
+    for depth in range(int(tree.max_depth) + 1):
+        keep = np.flatnonzero(tree.depths <= depth)
+        fast, checked = _depth_subtree(tree, keep), tree.subtree(keep)
+        assert fast.equals(checked) and isinstance(fast, DraftTree)
+        assert fast.num_nodes == keep.size and fast.max_depth == depth
+        assert not fast.parents.flags.writeable
+        assert fast.children(0).tolist() == checked.children(0).tolist()
+
+
+def test_layer_mask_is_the_per_layer_union() -> None:
+    ids = np.array([[[1, 2], [3, -1]], [[2, 4], [-1, -1]], [[0, 0], [5, 6]]])  # [N=3, L=2, K=2]
+    mask = _layer_mask(ids, np.array([0, 1]), 8)
+    assert mask.dtype == bool and mask.shape == (2, 8)
+    assert np.flatnonzero(mask[0]).tolist() == [1, 2, 4] and np.flatnonzero(mask[1]).tolist() == [3]
