@@ -149,6 +149,16 @@ def build_parser() -> ArgumentParser:
     return p
 
 
+def _device_available(device: str) -> bool:
+    """True for an existing CUDA device (``cuda`` or ``cuda:N``)."""
+    import torch
+
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return False
+    index = device.partition(":")[2]
+    return not index or (index.isdigit() and int(index) < torch.cuda.device_count())
+
+
 def resolve_config(args: Any, parser: ArgumentParser) -> RecordConfig:
     """Check flag combinations and paths; exits 2 naming the flag on bad values."""
     if args.resume and args.out is None:
@@ -166,6 +176,10 @@ def resolve_config(args: Any, parser: ArgumentParser) -> RecordConfig:
     if args.acceptance is not None and not Path(args.acceptance).is_file():
         parser.fail(
             "--acceptance", f"{args.acceptance!r} does not exist (expected an AcceptanceCalibration JSON)"
+        )
+    if args.device != "cpu" and not _device_available(args.device):
+        parser.fail(
+            "--device", f"{args.device!r} is not available here (expected 'cpu' or an available 'cuda[:N]')"
         )
     if args.bandwidth is not None and not args.device.startswith("cpu"):
         parser.fail("--bandwidth", "an emulated link needs --device cpu (a GPU's real link is measured)")

@@ -378,6 +378,13 @@ def save_checkpoint(model: Any, tokenizer: Any, out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
+def _sha256(path: Path) -> str:
+    """Hex SHA-256 of a file (to compare a reproduction with the shipped weights)."""
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def checkpoint_bytes(folder: Path) -> int:
     """Total size in bytes of the files in ``folder``."""
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
@@ -574,6 +581,8 @@ It needs Debian's `python3.11-doc` (`{DOCS_INSTALL_HINT}`). Training took
   `<|endoftext|>` (id {metrics["eos_token_id"]}) is EOS and padding.
 - Weights in bfloat16 safetensors. Sizes: target {sizes["target"]:,} B, draft {sizes["draft"]:,} B,
   total {sizes["total"]:,} B (budget {MAX_TOTAL_BYTES:,} B).
+- SHA-256 of `model.safetensors` (a rerun of the command above gives the same bytes):
+  target `{metrics["sha256"]["target"]}`, draft `{metrics["sha256"]["draft"]}`.
 
 ## Training data and hold-out
 The reST sources of the Python 3.11 documentation (Debian `python3.11-doc`,
@@ -802,6 +811,7 @@ def _evaluate_saved(
     sizes["total"] = sizes["target"] + sizes["draft"]
     metrics.update(
         {
+            "sha256": {sub: _sha256(out / sub / "model.safetensors") for sub in ("target", "draft")},
             "eos_token_id": tokenizer.eos_token_id,
             "data": {
                 "train_pages": len(train_texts),

@@ -227,18 +227,17 @@ def _depth_subtree(tree: Any, keep: np.ndarray) -> Any:
 
     Such a set is ancestor-closed and the tree is already validated, so the restricted arrays
     are a valid tree by construction; skipping ``DraftTree.__post_init__`` removes its checks
-    from the per-level loop. Same arrays (read-only) as ``tree.subtree(keep)``.
+    from the per-level loop. Same arrays (read-only) as ``tree.subtree(keep)``; when ``keep`` is
+    ``0..k-1`` (trees stored level by level, as drafters emit them) they are views, not copies.
     """
+    names = ("token_ids", "parents", "depths", "draft_logprobs", "path_logprobs")
+    size = int(keep.size)
+    if size and int(keep[-1]) == size - 1:  # a prefix: ids and parents are unchanged
+        return _unchecked_tree(type(tree), {name: getattr(tree, name)[:size] for name in names})
     new_id = np.full(tree.num_nodes, -1, dtype=np.int64)
-    new_id[keep] = np.arange(keep.size)
-    kept_parents = tree.parents[keep]
-    fields = {
-        "token_ids": tree.token_ids[keep],
-        "parents": np.where(kept_parents >= 0, new_id[kept_parents], -1),
-        "depths": tree.depths[keep],
-        "draft_logprobs": tree.draft_logprobs[keep],
-        "path_logprobs": tree.path_logprobs[keep],
-    }
+    new_id[keep] = np.arange(size)
+    fields = {name: getattr(tree, name)[keep] for name in names}
+    fields["parents"] = np.where(fields["parents"] >= 0, new_id[fields["parents"]], -1)
     return _unchecked_tree(type(tree), fields)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from functools import cache
@@ -150,6 +151,9 @@ def test_model_card_and_metrics_record_the_claimed_figures():
     assert ev["max_normalized_entropy"] < 0.99  # clearly non-uniform
     assert metrics["sizes_bytes"]["total"] <= T.MAX_TOTAL_BYTES
     assert f"{ev['target_heldout_loss_nats']:.3f}" in card
+    for sub in ("target", "draft"):  # the card describes the weights actually shipped
+        digest = hashlib.sha256((DEFAULT_DIR / sub / "model.safetensors").read_bytes()).hexdigest()
+        assert metrics["sha256"][sub] == digest and digest in card
 
 
 # ---------------------------------------------------------------------------------------------

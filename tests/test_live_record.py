@@ -93,6 +93,7 @@ def test_help_lists_units_and_defaults(capsys):
         (["--resume"], "--resume"),
         (["--acceptance", "/nonexistent/acceptance.json"], "--acceptance"),
         (["--cost", "/nonexistent/cost.json"], "--cost"),
+        (["--device", "tpu"], "--device"),
     ],
 )
 def test_bad_values_exit_2_naming_the_flag(capsys, argv, flag):

@@ -30,3 +30,12 @@ def test_layer_mask_is_the_per_layer_union() -> None:
     mask = _layer_mask(ids, np.array([0, 1]), 8)
     assert mask.dtype == bool and mask.shape == (2, 8)
     assert np.flatnonzero(mask[0]).tolist() == [1, 2, 4] and np.flatnonzero(mask[1]).tolist() == [3]
+
+
+def test_depth_subtree_of_a_tree_not_stored_level_by_level() -> None:
+    # node 2 (depth 2) precedes node 3 (depth 1): the depth-1 subtree is {0, 1, 3}, not a prefix
+    tree = DraftTree.from_parents([5, 6, 7, 8], [-1, 0, 1, 0], [0.0, -0.1, -0.2, -0.3])
+    keep = np.flatnonzero(tree.depths <= 1)
+    fast = _depth_subtree(tree, keep)
+    assert keep.tolist() == [0, 1, 3] and fast.equals(tree.subtree(keep))
+    assert fast.parents.tolist() == [-1, 0, 0] and fast.token_ids.tolist() == [5, 6, 8]
