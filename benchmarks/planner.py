@@ -51,7 +51,10 @@ def build_parser() -> ArgumentParser:
     """The CLI flags (units and defaults shown by --help)."""
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--nodes", type=comma_list(positive_int), default=[16, 32, 64], help="tree sizes N (nodes; trace trees have at most N)"
+        "--nodes",
+        type=comma_list(positive_int),
+        default=[16, 32, 64],
+        help="tree sizes N (nodes; trace trees have at most N)",
     )
     p.add_argument("--trees", type=positive_int, default=200, help="trees timed per N (count)")
     p.add_argument(
@@ -154,9 +157,7 @@ def _golden_contexts(path: Path) -> dict[int, list[PolicyContext]]:
     return out
 
 
-def _trace_contexts(
-    shape_name: str, n: int, trees: int, args: Any, root: Path
-) -> list[PolicyContext]:
+def _trace_contexts(shape_name: str, n: int, trees: int, args: Any, root: Path) -> list[PolicyContext]:
     """``trees`` planning problems from the dense trees of a synthetic trace with at most ``n`` nodes.
 
     Node experts are each tree's recorded routing (per-node sets), P the clamped draft path

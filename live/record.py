@@ -69,6 +69,7 @@ class RecordConfig:
     resume: bool
     cost: str | None
     acceptance: str | None = None
+    predictor_tables: str | None = None
 
 
 def build_parser() -> ArgumentParser:
@@ -139,6 +140,12 @@ def build_parser() -> ArgumentParser:
         "--resume", action="store_true", help="continue the run in --out, skipping finished prompts"
     )
     p.add_argument(
+        "--predictor-tables",
+        default=None,
+        help="predictor_tables.npz of calibration.fit (required by --predictor union-size; "
+        "seeds token-table); default: none",
+    )
+    p.add_argument(
         "--acceptance",
         default=None,
         help="AcceptanceCalibration JSON (calibration.fit's acceptance.json) for the planner; default: draft probabilities",
@@ -181,6 +188,12 @@ def resolve_config(args: Any, parser: ArgumentParser) -> RecordConfig:
         parser.fail(
             "--device", f"{args.device!r} is not available here (expected 'cpu' or an available 'cuda[:N]')"
         )
+    if args.predictor_tables is not None and not Path(args.predictor_tables).is_file():
+        parser.fail("--predictor-tables", f"{args.predictor_tables!r} does not exist (expected a .npz file)")
+    if args.mode == "policy" and args.predictor == "union-size" and args.predictor_tables is None:
+        parser.fail(
+            "--predictor", "union-size needs --predictor-tables (predictor_tables.npz of calibration.fit)"
+        )
     if args.bandwidth is not None and not args.device.startswith("cpu"):
         parser.fail("--bandwidth", "an emulated link needs --device cpu (a GPU's real link is measured)")
     if args.latency_us > 0 and not args.device.startswith("cpu"):
@@ -222,6 +235,7 @@ def resolve_config(args: Any, parser: ArgumentParser) -> RecordConfig:
         resume=bool(args.resume),
         cost=args.cost,
         acceptance=args.acceptance,
+        predictor_tables=args.predictor_tables,
     )
 
 

@@ -2,7 +2,9 @@
 
 One :class:`ExpertCache` object is driven by the live engine and by the simulator alike with
 ``cache.access(layer, expert_ids)`` once per forward pass per layer, so the same access sequence
-gives the same hits, misses and evictions wherever it is replayed.
+gives the same hits, misses and evictions wherever it is replayed. ``cache.access_layers(mask)``
+(bool[L, E]) is the batched form the simulator uses: exactly ``access(l, row l)`` for every
+layer in order, as a few vectorised operations over all layers.
 
 Semantics of one access (all policies):
 * ``expert_ids`` is the SET the forward pass needs at ``layer``: deduplicated, processed in
@@ -223,6 +225,7 @@ class ExpertCache:
         self.stats = CacheStats(num_layers)
         self._ids = np.arange(num_experts, dtype=np.int64)
         self._stamp = np.full((num_layers, num_experts), -1, dtype=np.int64)
+        self._count = np.zeros(num_layers, dtype=np.int64)  # cached experts per layer
         self._next_stamp = 0
         self._freq = np.zeros((num_layers, num_experts), dtype=np.int64)
         self._tick = np.full((num_layers, num_experts), -1, dtype=np.int64)
@@ -236,6 +239,7 @@ class ExpertCache:
             for layer in range(num_layers):
                 order = np.lexsort((np.arange(num_experts), -frequency[layer]))
                 self._stamp[layer, np.sort(order[: self._cap[layer]])] = 0
+            self._count[:] = self._cap
         if policy == "belady":
             if future is None:
                 raise ValueError("ExpertCache: policy 'belady' needs future (per-layer access sequence)")
@@ -260,20 +264,17 @@ class ExpertCache:
         return float(uses[i]) if i < len(uses) else _NEVER
 
     def _check(self, layer: int, expert_ids: object) -> np.ndarray:
-        """bool[E] membership row of the (deduplicated) ids of one access at ``layer``."""
+        """int64[] ascending distinct ids of one access at ``layer`` (range-checked)."""
         if not 0 <= int(layer) < self.num_layers:
             raise ValueError(f"ExpertCache.access: layer {layer} out of range [0, {self.num_layers})")
         ids = np.asarray(expert_ids).ravel()
         if ids.size and not np.issubdtype(ids.dtype, np.integer):
             ids = np.asarray([int(x) for x in ids.tolist()], dtype=np.int64)
-        need = np.zeros(self.num_experts, dtype=bool)
-        if ids.size:
-            lo, hi = int(ids.min()), int(ids.max())
-            if lo < 0 or hi >= self.num_experts:
-                bad = lo if lo < 0 else hi
-                raise ValueError(f"ExpertCache.access: expert id {bad} out of range [0, {self.num_experts})")
-            need[ids] = True
-        return need
+        ids = np.unique(ids.astype(np.int64, copy=False))
+        if ids.size and (ids[0] < 0 or ids[-1] >= self.num_experts):
+            bad = int(ids[0]) if ids[0] < 0 else int(ids[-1])
+            raise ValueError(f"ExpertCache.access: expert id {bad} out of range [0, {self.num_experts})")
+        return ids
 
     def _victims(self, rows: np.ndarray, evictable: np.ndarray, num_evict: np.ndarray) -> np.ndarray:
         """bool[R, E]: the first ``num_evict[r]`` evictable experts of each row by the policy's rule.
@@ -309,7 +310,9 @@ class ExpertCache:
             if len(cached) >= cap:
                 if order is None:  # farthest next use first, ties: larger id first
                     candidates = [c for c in cached if not need[c]]
-                    order = sorted(candidates, key=lambda c: (self._next_use(layer, c, step), c), reverse=True)
+                    order = sorted(
+                        candidates, key=lambda c: (self._next_use(layer, c, step), c), reverse=True
+                    )
                 if not order:
                     break
                 victim = order[0]
@@ -326,18 +329,19 @@ class ExpertCache:
         """One access (``count``) or warm at each layer of ``rows`` with the sets ``need`` bool[R, E].
 
         ``rows``: int64[R] layer ids, or ``slice(None)`` for every layer in order.
-        Returns ``(hit, miss, evicted, num_miss)``: bool[R, E] each and int64[R] miss counts.
-        Implements the module docstring's semantics: hits are refreshed, then misses (ascending
-        id) fill free slots, then replace evictable experts (cached, not in this access) in the
-        policy's victim order; once none is left the remaining misses are transient. LFU counts
-        every expert of an access (``count``).
+        Returns ``(hit, miss, evicted, num_hit, num_miss, num_evicted)``: bool[R, E] masks and
+        int64[R] counts. Implements the module docstring's semantics: hits are refreshed, then
+        misses (ascending id) fill free slots, then replace evictable experts (cached, not in
+        this access) in the policy's victim order; once none is left the remaining misses are
+        transient. LFU counts every expert of an access (``count``).
         """
         num_experts = self.num_experts
         stamp = self._stamp[rows]
-        cached = stamp >= 0
-        hit = need & cached
+        cached_count = self._count[rows]
+        hit = need & (stamp >= 0)
         miss = need ^ hit
-        num_miss = np.count_nonzero(miss, axis=1)
+        num_hit = hit.sum(axis=1)
+        num_miss = need.sum(axis=1) - num_hit
         base = self._next_stamp
         self._next_stamp += 2 * num_experts
         stamp = np.where(hit, base + self._ids, stamp)
@@ -350,14 +354,14 @@ class ExpertCache:
             self._clock += int(order[-1, -1]) if order.size else 0
         evicted = np.zeros_like(need)
         if self.policy in ("lru", "lfu"):
-            evictable = cached ^ (cached & need)
-            free = self._cap[rows] - np.count_nonzero(cached, axis=1)
-            kept_count = np.minimum(num_miss, free + np.count_nonzero(evictable, axis=1))
-            num_evict = kept_count - free
-            if (num_evict > 0).any():
-                sel = np.flatnonzero(num_evict > 0)
+            free = self._cap[rows] - cached_count
+            kept_count = np.minimum(num_miss, free + (cached_count - num_hit))  # + evictable
+            num_evicted = np.maximum(kept_count - free, 0)
+            if num_evicted.any():
+                sel = np.flatnonzero(num_evicted)
+                evictable = (stamp[sel] >= 0) & ~need[sel]
                 layers = np.arange(self.num_layers)[rows][sel]
-                evicted[sel] = self._victims(layers, evictable[sel], num_evict[sel])
+                evicted[sel] = self._victims(layers, evictable, num_evicted[sel])
             if np.array_equal(kept_count, num_miss):
                 kept = miss  # no transient miss (the usual case): skip the running count
             else:
@@ -366,11 +370,60 @@ class ExpertCache:
             kept = np.zeros_like(need)
             for r, layer in enumerate(np.arange(self.num_layers)[rows].tolist()):
                 kept[r], evicted[r] = self._admit_belady(layer, need[r], miss[r])
+            kept_count, num_evicted = kept.sum(axis=1), evicted.sum(axis=1)
         else:  # static: nothing is inserted or evicted
-            kept = evicted
+            kept, kept_count = evicted, 0
+            num_evicted = np.zeros_like(num_hit)
         stamp[evicted] = -1
         self._stamp[rows] = np.where(kept, base + num_experts + self._ids, stamp)
-        return hit, miss, evicted, num_miss
+        self._count[rows] = cached_count + kept_count - num_evicted
+        return hit, miss, evicted, num_hit, num_miss, num_evicted
+
+    def _apply_one(self, layer: int, ids: np.ndarray, count: bool) -> tuple[np.ndarray, ...]:
+        """:meth:`_apply` for one layer on its id list (small arrays; the live engine's path).
+
+        Same rules, same state updates; returns ``(hits, misses, evicted)`` ascending int64 ids.
+        """
+        num_experts = self.num_experts
+        row = self._stamp[layer]  # a view: updated in place
+        cached_now = row[ids] >= 0
+        hits, misses = ids[cached_now], ids[~cached_now]
+        base = self._next_stamp
+        self._next_stamp += 2 * num_experts
+        row[hits] = base + hits
+        if count and self.policy == "lfu":
+            self._tick[layer, ids] = self._clock + np.arange(1, ids.size + 1)
+            self._freq[layer, ids] += 1
+            self._clock += int(ids.size)
+        evicted = ids[:0]
+        kept = misses[:0]
+        cached_count = int(self._count[layer])
+        if self.policy in ("lru", "lfu"):
+            free = int(self._cap[layer]) - cached_count
+            kept_count = min(misses.size, free + cached_count - hits.size)
+            num_evicted = max(kept_count - free, 0)
+            if num_evicted:
+                evictable = row >= 0
+                evictable[ids] = False
+                cand = np.flatnonzero(evictable)
+                if self.policy == "lru":
+                    order = np.argsort(row[cand], kind="stable")
+                else:
+                    order = np.lexsort((cand, self._tick[layer, cand], self._freq[layer, cand]))
+                evicted = np.sort(cand[order[:num_evicted]])
+                row[evicted] = -1
+            kept = misses[:kept_count]
+        elif self.policy == "belady":
+            need = np.zeros(num_experts, dtype=bool)
+            need[ids] = True
+            miss = np.zeros(num_experts, dtype=bool)
+            miss[misses] = True
+            kept_mask, evicted_mask = self._admit_belady(layer, need, miss)
+            kept, evicted = np.flatnonzero(kept_mask), np.flatnonzero(evicted_mask)
+            row[evicted] = -1
+        row[kept] = base + num_experts + kept
+        self._count[layer] = cached_count + kept.size - evicted.size
+        return hits, misses, evicted
 
     # ---- public API --------------------------------------------------------------------------
     def access(self, layer: int, expert_ids: object) -> CacheAccess:
@@ -382,12 +435,12 @@ class ExpertCache:
         Raises:
             ValueError: ``layer`` or an expert id out of range (the message names it).
         """
-        need = self._check(layer, expert_ids)
+        ids = self._check(layer, expert_ids)
         layer = int(layer)
-        hit, miss, evicted, _ = (m[0] for m in self._apply(np.array([layer]), need[None, :], True))
+        hits, misses, evicted = self._apply_one(layer, ids, True)
         if self.policy == "belady":
             self._step[layer] += 1
-        out = CacheAccess(hits=np.flatnonzero(hit), misses=np.flatnonzero(miss), evicted=np.flatnonzero(evicted))
+        out = CacheAccess(hits=hits, misses=misses, evicted=evicted)
         self.stats.record(layer, out.num_hits, out.num_misses, int(out.evicted.shape[0]))
         return out
 
@@ -411,16 +464,16 @@ class ExpertCache:
                 f"ExpertCache.access_layers: expert_mask must be bool[{self.num_layers}, "
                 f"{self.num_experts}], got {need.dtype}{list(need.shape)}"
             )
-        hit, miss, evicted, num_miss = self._apply(slice(None), need, True)
+        hit, miss, evicted, num_hit, num_miss, num_evicted = self._apply(slice(None), need, True)
         if self.policy == "belady":
             self._step = [s + 1 for s in self._step]
         out = LayerAccesses(
             hits=hit,
             misses=miss,
             evicted=evicted,
-            num_hits=np.count_nonzero(hit, axis=1),
+            num_hits=num_hit,
             num_misses=num_miss,
-            num_evicted=np.count_nonzero(evicted, axis=1),
+            num_evicted=num_evicted,
         )
         self.stats.record_layers(out.num_hits, out.num_misses, out.num_evicted)
         return out
@@ -430,10 +483,10 @@ class ExpertCache:
 
         Fills free slots first, then evicts by the policy like an access would.
         """
-        need = self._check(layer, expert_ids)
+        ids = self._check(layer, expert_ids)
         if self.policy == "static":
             return
-        self._apply(np.array([int(layer)]), need[None, :], False)
+        self._apply_one(int(layer), ids, False)
 
     def contains(self, layer: int, expert: int) -> bool:
         """Whether ``expert`` is cached at ``layer`` (False for an id outside [0, E))."""

@@ -400,8 +400,10 @@ def _plan_union_size(ctx: PolicyContext, started: float) -> Plan:
     cost = ctx.cost
     misses, total_misses = _union_misses(ctx.node_experts, ctx.cached_bits, n)
     sizes = np.arange(1, n + 1, dtype=np.float64)
-    verify = cost.verify_base_s + cost.verify_s_per_node * sizes + cost.verify_s_per_context_token * float(
-        ctx.context_len
+    verify = (
+        cost.verify_base_s
+        + cost.verify_s_per_node * sizes
+        + cost.verify_s_per_context_token * float(ctx.context_len)
     )
     h2d = total_misses * cost.s_per_miss
     cycle = cost.combine_s(cost.draft_s(ctx.num_levels), verify, h2d)
@@ -460,6 +462,91 @@ def plan_exact(ctx: PolicyContext) -> Plan:
         )
     _PLANS[ctx] = plan
     return plan
+
+
+def plan_exact_many(contexts: list[PolicyContext]) -> list[Plan]:
+    """:func:`plan_exact` of each context, union-size contexts that share their inputs batched.
+
+    Union-size contexts with the same ``node_experts``, ``cached_bits`` (objects), ``cost`` and
+    ``context_len`` (e.g. the planning problems of successive draft levels of one cycle) are
+    scored in one vectorised pass: row ``i`` of a [contexts, sizes] matrix holds context ``i``'s
+    ratios, computed with the same operations in the same order as :func:`plan_exact` (padding
+    only after each row's own sizes), so every plan is identical to ``plan_exact(ctx)``; the
+    plans are remembered as ``plan_exact`` remembers them. Other contexts go to
+    :func:`plan_exact` one by one. ``decision_s`` of a batched plan is the batch's time.
+
+    Raises:
+        ValueError: as :func:`plan_exact`.
+    """
+    started = time.perf_counter()
+    plans: list[Plan | None] = [_PLANS.get(ctx) for ctx in contexts]
+    groups: dict[tuple, list[int]] = {}
+    for i, ctx in enumerate(contexts):
+        if plans[i] is None and ctx.node_experts.is_union_size:
+            key = (id(ctx.node_experts), id(ctx.cached_bits), id(ctx.cost), ctx.context_len)
+            groups.setdefault(key, []).append(i)
+    for members in groups.values():
+        batch = [contexts[i] for i in members]
+        for i, plan in zip(members, _plan_union_size_batch(batch, started)):
+            plans[i] = _PLANS[contexts[i]] = plan
+    return [plan if plan is not None else plan_exact(ctx) for plan, ctx in zip(plans, contexts)]
+
+
+def _plan_union_size_batch(contexts: list[PolicyContext], started: float) -> list[Plan]:
+    """:func:`_plan_union_size` of contexts sharing node experts, cache, cost and context length."""
+    first = contexts[0]
+    cost = first.cost
+    sizes_n = [ctx.accept_probs.shape[0] for ctx in contexts]
+    width = max(sizes_n)
+    misses, total_misses = _union_misses(first.node_experts, first.cached_bits, width)
+    sizes = np.arange(1, width + 1, dtype=np.float64)
+    verify = (
+        cost.verify_base_s
+        + cost.verify_s_per_node * sizes
+        + cost.verify_s_per_context_token * float(first.context_len)
+    )
+    h2d = total_misses * cost.s_per_miss
+    draft = np.array([cost.draft_s(ctx.num_levels) for ctx in contexts])
+    cycle = cost.combine_s(draft[:, None], verify[None, :], h2d[None, :])  # [C, width]
+    steps = np.zeros((len(contexts), width), dtype=np.float64)
+    orders = []
+    for row, ctx in enumerate(contexts):
+        p, n = ctx.accept_probs, sizes_n[row]
+        order = np.argsort(-p, kind="stable")  # by P descending, then id (= the lexsort)
+        if order[0] != 0:  # the root leads already when P(root) = 1 = max P
+            order = np.concatenate(([0], order[order != 0]))
+        orders.append(order)
+        steps[row, 0] = 1.0
+        steps[row, 1:n] = p[order[1:]]
+    valid = np.arange(width)[None, :] < np.asarray(sizes_n)[:, None]
+    if not np.all(cycle[valid] > 0):
+        raise ValueError("cost model: a cycle time of 0 s makes the throughput unbounded")
+    ratios = np.cumsum(steps, axis=1) / cycle  # each row's running gain, as a 1-D cumsum
+    ratios = np.where(valid & ~np.isnan(ratios), ratios, -np.inf)
+    best_all = np.argmax(ratios, axis=1)
+    elapsed = time.perf_counter() - started
+    plans = []
+    for row, ctx in enumerate(contexts):
+        best = int(best_all[row])
+        if not ratios[row, best] > -1.0:
+            best = 0
+        ids = np.sort(orders[row][: best + 1])
+        ids.setflags(write=False)
+        expected = 1.0 + float(ctx.accept_probs[ids[1:]].sum())
+        cycle_s = float(cycle[row, best])
+        plans.append(
+            Plan(
+                nodes=ids,
+                expected_committed=expected,
+                predicted_cycle_s=cycle_s,
+                predicted_tokens_per_s=expected / cycle_s,
+                decision_s=elapsed,
+                nodes_explored=int(sizes_n[row]),
+                policy=POLICY_NAME,
+                predicted_misses=float(misses[best].sum()),
+            )
+        )
+    return plans
 
 
 def iter_closed_subtrees(parents: np.ndarray) -> list[list[int]]:

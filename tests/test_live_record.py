@@ -94,6 +94,8 @@ def test_help_lists_units_and_defaults(capsys):
         (["--acceptance", "/nonexistent/acceptance.json"], "--acceptance"),
         (["--cost", "/nonexistent/cost.json"], "--cost"),
         (["--device", "tpu"], "--device"),
+        (["--mode", "policy", "--predictor", "union-size"], "--predictor"),
+        (["--predictor-tables", "/nonexistent/tables.npz"], "--predictor-tables"),
     ],
 )
 def test_bad_values_exit_2_naming_the_flag(capsys, argv, flag):
@@ -254,3 +256,38 @@ def test_embedded_default_model_short_dense_run(tmp_path, capsys):
     run = open_run(out)
     assert run.manifest.model.num_experts == 64 and run.manifest.run.prompt_source == "default"
     assert len(list(run.iter_trees())) == 8
+
+
+@pytest.mark.parametrize("predictor", ["union-size", "token-table"])
+def test_fitted_predictor_tables(tiny, tmp_path, capsys, predictor):
+    from specfit import bitsets
+
+    tables = tmp_path / "predictor_tables.npz"
+    union = np.minimum(np.arange(33, dtype=np.float64) * 2.0, 16.0)[None].repeat(2, axis=0)
+    token_bits = bitsets.pack(np.array([[[0, 1, 2, 3], [4, 5, 6, 7]]]), 16)
+    np.savez_compressed(tables, union_size=union, token_ids=np.array([9]), token_bits=token_bits)
+    out = tmp_path / predictor
+    argv = _args(tiny, out, "--mode", "policy", "--policy", "specfit", "--num-prompts", "2")
+    assert main(argv + ["--predictor", predictor, "--predictor-tables", str(tables), "--bandwidth", "1"]) == 0
+    assert _last_json(capsys)["num_tokens"] == 16
+    run = open_run(out)
+    assert run.manifest.run.predictor == predictor
+    assert run.cycles["predicted_cycle_s"].notna().all()
+
+
+def test_ar_needs_no_draft_but_trees_do(tiny, tmp_path, capsys):
+    base = [
+        "--model",
+        tiny["target"],
+        "--prompts",
+        tiny["prompts"],
+        "--max-new-tokens",
+        "4",
+        "--cache-experts",
+        "4",
+    ]
+    assert main([*base, "--mode", "policy", "--policy", "ar", "--out", str(tmp_path / "ar")]) == 0
+    assert _last_json(capsys)["num_tokens"] == 12
+    with pytest.raises(SystemExit) as exc:
+        main([*base, "--out", str(tmp_path / "dense")])
+    assert exc.value.code == 2 and "--draft" in capsys.readouterr().err

@@ -130,6 +130,8 @@ def test_unknown_names_raise():
         PlannedChooser(None, SHAPE, "nope", "recent", None, 16)
     with pytest.raises(ValueError, match="expected one of"):
         PlannedChooser(None, SHAPE, "specfit", "oracle", None, 16)
+    with pytest.raises(ValueError, match="union-size"):
+        PlannedChooser(None, SHAPE, "specfit", "union-size", None, 16)
 
 
 def test_quick_cost_estimate_uses_the_link_and_measures_compute(path):

@@ -39,3 +39,13 @@ def test_depth_subtree_of_a_tree_not_stored_level_by_level() -> None:
     fast = _depth_subtree(tree, keep)
     assert keep.tolist() == [0, 1, 3] and fast.equals(tree.subtree(keep))
     assert fast.parents.tolist() == [-1, 0, 0] and fast.token_ids.tolist() == [5, 6, 8]
+
+
+def test_mask_rows_index_like_a_list_of_id_arrays() -> None:
+    from sim.replay import _MaskRows
+
+    mask = np.zeros((3, 70), dtype=bool)
+    mask[0, [1, 65]] = True
+    mask[2, 3] = True
+    rows = _MaskRows(mask)
+    assert len(rows) == 3 and [r.tolist() for r in rows] == [[1, 65], [], [3]]

@@ -23,7 +23,7 @@ from specfit.cache import make_expert_cache
 from specfit.context import PolicyContext, make_plan
 from specfit.cost import CycleCostModel
 from specfit.node_experts import NodeExperts
-from specfit.planner import plan_exact
+from specfit.planner import plan_exact, plan_exact_many
 from specfit.tree import DraftTree
 
 
@@ -159,21 +159,36 @@ def test_union_size_plan_is_bit_identical_to_the_scan(seed, n, overlap, fixed_fr
     )  # fmt: skip
     cached = bitsets.pack(rng.integers(-1, num_experts, size=(num_layers, 40)), num_experts)
     probs = np.exp(tree.path_logprobs)
-    # the contexts of successive draft levels share one NodeExperts and one cached_bits array
-    for levels in range(int(tree.max_depth) + 1):
-        keep = np.flatnonzero(tree.depths <= levels)
-        ctx = PolicyContext(
-            tree=tree.subtree(keep), accept_probs=probs[keep], node_experts=ne, cached_bits=cached,
-            cost=cost, context_len=int(rng.integers(0, 3000)), num_levels=levels,
-        )  # fmt: skip
-        plan = plan_exact(ctx)
+    context_len = int(rng.integers(0, 3000))
+
+    def contexts() -> list[PolicyContext]:
+        # the contexts of successive draft levels share one NodeExperts and one cached_bits array
+        out = []
+        for levels in range(int(tree.max_depth) + 1):
+            keep = np.flatnonzero(tree.depths <= levels)
+            out.append(
+                PolicyContext(
+                    tree=tree.subtree(keep),
+                    accept_probs=probs[keep],
+                    node_experts=ne,
+                    cached_bits=cached,
+                    cost=cost,
+                    context_len=context_len,
+                    num_levels=levels,
+                )  # fmt: skip
+            )
+        return out
+
+    batched = contexts()
+    batch_plans = plan_exact_many(batched)
+    for ctx, plan, single in zip(batched, batch_plans, map(plan_exact, contexts())):
         nodes, ratio = _union_plan_by_scan(ctx)
-        assert plan.nodes.tolist() == nodes
+        assert plan.nodes.tolist() == nodes == single.nodes.tolist()
         assert plan.predicted_tokens_per_s == pytest.approx(ratio, rel=1e-12)
         # the plan's scores are evaluate_nodes' own, bit for bit (as make_plan would give)
         again = make_plan(ctx, plan.nodes, "specfit", 0.0, 1)
         for name in ("expected_committed", "predicted_cycle_s", "predicted_tokens_per_s", "predicted_misses"):
-            assert getattr(plan, name) == getattr(again, name)
+            assert getattr(plan, name) == getattr(again, name) == getattr(single, name)
         assert plan_exact(ctx) is plan  # remembered per context object
 
 

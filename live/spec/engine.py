@@ -52,6 +52,8 @@ class ChooseState:
         context_len: ``len(committed)`` (prompt length + position).
         recent_experts: int64[m, L, K] routed experts of the last ``m`` target tokens (newest last).
         cached_bits: uint64[L, W] experts on the device, or None.
+        miss_fraction: float64[L] the expert cache's observed miss fraction per layer (moving
+            average, ``specfit`` ``cache.stats.layer_miss_fraction``; NaN before any access), or None.
     """
 
     committed: Sequence[int]
@@ -59,6 +61,7 @@ class ChooseState:
     context_len: int
     recent_experts: np.ndarray
     cached_bits: np.ndarray | None
+    miss_fraction: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -199,6 +202,11 @@ class SpecDecoder:
             return self.stats.end_forward()
         return ForwardStats.zeros(self.verifier.capture.num_layers)
 
+    def _miss_fraction(self) -> np.ndarray | None:
+        cache_stats = getattr(getattr(self.stats, "cache", None), "stats", None)
+        value = getattr(cache_stats, "layer_miss_fraction", None)
+        return None if value is None else np.asarray(value, dtype=np.float64)
+
     def generate(
         self,
         prompt_ids: Sequence[int],
@@ -240,7 +248,10 @@ class SpecDecoder:
             t0 = time.perf_counter()
             recent_arr = np.stack(list(recent)) if recent else np.zeros((0, num_layers, top_k), np.int64)
             cached = self.stats.cache.cached_bits() if self.stats is not None else None
-            state = ChooseState(tuple(committed), len(generated), len(committed), recent_arr, cached)
+            miss_fraction = self._miss_fraction()
+            state = ChooseState(
+                tuple(committed), len(generated), len(committed), recent_arr, cached, miss_fraction
+            )
             choice = chooser.choose(state)
             self._forward_stats_begin()
             ver = self.verifier.verify(choice.draft.tree, choice.nodes)

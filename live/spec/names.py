@@ -10,6 +10,6 @@ EAGLE-3's tree), ``specfit`` (exact throughput-optimal subtree and stopping rule
 MODES = ("dense", "policy")
 LIVE_POLICIES = ("ar", "full", "chain", "topn", "specfit", "cascade")
 PLANNED_POLICIES = ("chain", "topn", "specfit", "cascade")
-LIVE_PREDICTORS = ("recent", "token-table")
+LIVE_PREDICTORS = ("recent", "token-table", "union-size")
 CACHE_POLICIES = ("lru", "lfu", "static")
 DTYPES = ("float32", "bfloat16", "float16")

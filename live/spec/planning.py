@@ -7,10 +7,14 @@ experts of every draft node; then ``select`` returns the subtree to verify. ``ch
 committed tokens, cycle seconds) and its decision seconds travel in :attr:`Choice.plan` to the
 cycle record, next to the measured values.
 
-Predictors available live (no trace tables needed):
+Predictors available live:
 - ``recent``: every node gets the union of the experts of the last ``window`` target tokens;
-- ``token-table``: an online table learned during the run, token id -> the experts that token was
-  last routed to; unknown tokens fall back to ``recent``.
+- ``token-table``: token id -> experts, from the fitted table of ``calibration.fit`` when given
+  (``predictor_tables.npz``), overridden by an online table learned during the run (the experts
+  each token was last routed to); unknown tokens fall back to ``recent``;
+- ``union-size``: no per-node sets; the expected distinct experts per layer as a function of the
+  node count (``union_size`` of ``predictor_tables.npz``, required), priced at the cache's
+  observed miss fraction.
 """
 
 from __future__ import annotations
@@ -38,9 +42,12 @@ class PlannedChooser:
         num_experts: experts per MoE layer ``E``.
         calibration: optional ``specfit.acceptance.AcceptanceCalibration``.
         window: recent target tokens used by the predictors.
+        tables: arrays of ``calibration.fit``'s ``predictor_tables.npz`` (``union_size``
+            float[L, M+1], ``token_ids`` int[V], ``token_bits`` uint64[V, L, W]), or None.
 
     Raises:
-        ValueError: unknown policy or predictor (lists the valid ones).
+        ValueError: unknown policy or predictor (lists the valid ones), or ``union-size``
+            without ``tables``.
     """
 
     def __init__(
@@ -54,6 +61,7 @@ class PlannedChooser:
         *,
         calibration=None,
         window: int = 4,
+        tables: dict[str, np.ndarray] | None = None,
     ) -> None:
         from specfit.policies import make_tree_policy
         from specfit.predictors import make_predictor
@@ -68,6 +76,16 @@ class PlannedChooser:
         self.predictor_name = predictor
         self.recent = make_predictor("recent", window=window)
         self.table: dict[int, np.ndarray] = {}
+        self.union_size = None
+        if predictor == "union-size":
+            if tables is None or "union_size" not in tables:
+                raise ValueError(
+                    "predictor 'union-size' needs fitted tables (union_size from calibration.fit)"
+                )
+            self.union_size = make_predictor("union-size", union_size=tables["union_size"])
+        if predictor == "token-table" and tables is not None and "token_ids" in tables:
+            bits = np.asarray(tables["token_bits"], dtype=np.uint64)
+            self.table = {int(t): bits[i] for i, t in enumerate(np.asarray(tables["token_ids"]))}
         self.drafter, self.shape, self.cost = drafter, shape, cost
         self.num_experts, self.calibration, self.window = int(num_experts), calibration, int(window)
 
@@ -87,7 +105,10 @@ class PlannedChooser:
             num_layers=num_layers,
             context_len=state.context_len,
             recent_experts=recent_bits if len(recent_bits) else None,
+            miss_fraction=state.miss_fraction,
         )
+        if self.union_size is not None:
+            return self.union_size.predict(pctx)
         base = self.recent.predict(pctx)
         if self.predictor_name == "recent":
             return base

@@ -17,6 +17,7 @@ import torch
 
 from live.spec.draft import ModelDrafter, TreeShape
 from live.spec.engine import AutoregressiveChooser, FullTreeChooser, SpecDecoder, SubtreeChooser
+from live.spec.names import PLANNED_POLICIES
 from live.spec.recording import RunTotals, cycle_record, write_tree
 from live.spec.routing import RouterCapture
 from live.spec.verify import TreeVerifier
@@ -93,6 +94,24 @@ def _weights_sha256(folder: Path | None) -> str | None:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _load_predictor_tables(path: str) -> dict[str, np.ndarray]:
+    """Arrays of a ``predictor_tables.npz`` (calibration.fit), read without pickle.
+
+    Raises:
+        SessionError: unreadable file or no ``union_size`` array (names ``--predictor-tables``).
+    """
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {key: data[key] for key in data.files}
+    except (OSError, ValueError) as exc:
+        raise SessionError("--predictor-tables", f"{path}: cannot read: {exc}") from exc
+    if "union_size" not in arrays:
+        raise SessionError(
+            "--predictor-tables", f"{path}: no 'union_size' array (expected calibration.fit output)"
+        )
+    return arrays
 
 
 class RecordSession:
@@ -204,6 +223,7 @@ class RecordSession:
                 calibration = AcceptanceCalibration.from_dict(json.loads(Path(config.acceptance).read_text()))
             except (ValueError, KeyError, TypeError, OSError) as exc:
                 raise SessionError("--acceptance", f"{config.acceptance}: {exc}") from exc
+        tables = _load_predictor_tables(config.predictor_tables) if config.predictor_tables else None
         try:
             return PlannedChooser(
                 self.drafter,
@@ -213,6 +233,7 @@ class RecordSession:
                 cost,
                 self.spec.num_experts,
                 calibration=calibration,
+                tables=tables,
             )
         except ValueError as exc:
             raise SessionError("--policy", str(exc)) from exc
@@ -252,7 +273,7 @@ class RecordSession:
             tree_policy=config.policy if config.mode == "policy" else None,
             cache_policy=config.cache_policy,
             cache_capacity_per_layer=self.offload.capacity_per_layer,
-            predictor=config.predictor if config.policy == "specfit" else None,
+            predictor=config.predictor if config.policy in PLANNED_POLICIES else None,
         )
         from dataclasses import asdict
 
