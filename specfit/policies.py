@@ -118,13 +118,30 @@ class TopNPolicy(TreePolicy):
         return make_plan(ctx, nodes, self.name, time.perf_counter() - started, 1)
 
 
-def _max_level_mass(ctx: PolicyContext, topk: int | None) -> float:
-    """Sum of P over the deepest level's nodes (only the ``topk`` largest when given)."""
+def _max_level_mass(ctx: PolicyContext, topk: int | None) -> tuple[float, float]:
+    """(sum, max) of P over the deepest level's nodes (only the ``topk`` largest when given)."""
     deepest = ctx.tree.nodes_at_depth(ctx.tree.max_depth)
     mass = np.sort(ctx.accept_probs[deepest])[::-1]
     if topk is not None:
         mass = mass[: int(topk)]
-    return float(mass.sum())
+    return float(mass.sum()), float(mass[0]) if mass.shape[0] else 0.0
+
+
+def _min_added_h2d_s(ctx: PolicyContext, max_new: int) -> np.ndarray:
+    """float64[max_new]: least predicted transfer seconds that ``m`` = 1..max_new more nodes add.
+
+    Union-size mode without overlap: ``s_per_miss * min_{1<=n<=N} (F(n + m) - F(n))`` with
+    ``F(n) = sum_l expected_union_l(n) * miss_l``; zeros otherwise (see ``keep_drafting``).
+    """
+    ne = ctx.node_experts
+    if max_new <= 0 or not ne.is_union_size or ctx.cost.overlap_h2d:
+        return np.zeros(max(max_new, 0))
+    size = ctx.tree.num_nodes
+    miss = ne.layer_miss_fraction(ctx.cached_bits)
+    total = ne.expected_union_table(size + max_new) @ miss  # total[i] = F(i + 1)
+    added = np.lib.stride_tricks.sliding_window_view(total, max_new + 1)[:size]  # rows n = 1..N
+    least = (added[:, 1:] - added[:, :1]).min(axis=0)
+    return np.maximum(least, 0.0) * ctx.cost.s_per_miss
 
 
 class SpecFitPolicy(TreePolicy):
@@ -153,6 +170,18 @@ class SpecFitPolicy(TreePolicy):
         drafting stops when ``Q <= R* * (draft_s_per_level + verify_s_per_node)`` or the tree
         reached ``max_depth``; otherwise it continues.
 
+        Refinements that keep the bound valid and make it tighter: each node of a later level
+        has P at most ``P_max``, the largest P of the deepest level, so ``k`` more levels with
+        ``m`` new nodes gain at most ``min(k * Q, m * P_max)``; they cost at least
+        ``k * draft_s_per_level + m * verify_s_per_node + H(m)``, where ``H(m)`` is the smallest
+        predicted transfer time that ``m`` more nodes add to any subtree of the current tree. With
+        a union-size prediction and no H2D overlap the predicted misses of a subtree depend only
+        on its size ``n`` (``F(n) = sum_l u_l(n) * miss_l``), so
+        ``H(m) = s_per_miss * min_{1 <= n <= N} (F(n + m) - F(n))``; with per-node sets (oracle,
+        recent, token table) the next level's experts are unknown and ``H = 0``. Drafting stops
+        when no ``(k, m)`` beats ``R*``: ``min(k Q, m P_max) <= R* (k d + m v + H(m))`` for every
+        ``k`` up to the remaining depth and ``m`` up to ``ceil(k Q / P_max)``.
+
         Raises:
             ValueError: ``max_depth`` < 0 or ``topk`` < 1.
         """
@@ -163,8 +192,16 @@ class SpecFitPolicy(TreePolicy):
         if ctx.tree.max_depth >= int(max_depth):
             return False
         best = plan_exact(ctx).predicted_tokens_per_s
-        delta_s = ctx.cost.draft_s_per_level + ctx.cost.verify_s_per_node
-        return _max_level_mass(ctx, topk) > best * delta_s
+        mass, p_max = _max_level_mass(ctx, topk)
+        if mass <= 0.0:
+            return False
+        levels = np.arange(1, int(max_depth) - int(ctx.tree.max_depth) + 1, dtype=np.float64)
+        max_new = int(np.ceil(levels[-1] * mass / p_max - 1e-9))
+        nodes = np.arange(1, max_new + 1, dtype=np.float64)
+        node_cost_s = nodes * ctx.cost.verify_s_per_node + _min_added_h2d_s(ctx, max_new)
+        gain = np.minimum(levels[:, None] * mass, nodes[None, :] * p_max)
+        cost_s = levels[:, None] * ctx.cost.draft_s_per_level + node_cost_s[None, :]
+        return bool(np.any(gain > best * cost_s))
 
 
 class CascadePolicy(TreePolicy):

@@ -135,6 +135,52 @@ def test_stopping_rule_never_stops_before_a_better_tree(seed, n, cut_depth) -> N
         assert deeper <= plan_exact(shallow).predicted_tokens_per_s * (1 + 1e-9)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(2, 13), st.integers(1, 4))
+def test_stopping_rule_with_union_size_prices_never_stops_too_early(seed, n, cut_depth) -> None:
+    """Union-size mode: the rule's H2D term (least predicted transfers of m more nodes) keeps it valid."""
+    rng = np.random.default_rng(seed)
+    full = random_small_context(rng, n, sibling_mass=True)
+    tree, num_layers, num_experts = full.tree, full.cached_bits.shape[0], full.node_experts.num_experts
+    steps = rng.uniform(0.0, 3.0, size=(num_layers, n + 1))
+    steps[:, 0] = 0.0
+    union = np.minimum(np.cumsum(steps, axis=1), num_experts)  # any non-decreasing table, concave or not
+    sizes = NodeExperts(num_experts, union_size=union, miss_fraction=rng.uniform(0, 1, num_layers))
+    full = dataclasses.replace(full, node_experts=sizes)
+    if tree.max_depth <= cut_depth:
+        return
+    keep = np.flatnonzero(tree.depths <= cut_depth)
+    shallow = dataclasses.replace(
+        full, tree=tree.subtree(keep), accept_probs=full.accept_probs[keep], num_levels=cut_depth
+    )
+    if not make_tree_policy("specfit").keep_drafting(shallow, max_depth=100):
+        deeper = plan_exact(full).predicted_tokens_per_s
+        assert deeper <= plan_exact(shallow).predicted_tokens_per_s * (1 + 1e-9)
+
+
+def test_union_size_transfer_term_stops_drafting_when_misses_are_dear() -> None:
+    ctx = _ctx(num_levels=2, draft_s=0.05)
+    num_layers = ctx.cached_bits.shape[0]
+    union = np.tile(
+        np.arange(0.0, 8.0) * 0.5, (num_layers, 1)
+    )  # each node adds half an expert a layer (below E)
+    sized = dataclasses.replace(
+        ctx,
+        node_experts=NodeExperts(
+            ctx.node_experts.num_experts, union_size=union, miss_fraction=np.ones(num_layers)
+        ),
+    )
+    policy = make_tree_policy("specfit")
+    cheap = dataclasses.replace(
+        sized, cost=dataclasses.replace(sized.cost, h2d_bytes_per_s=float("inf"), h2d_s_per_transfer=0.0)
+    )
+    assert (
+        policy.keep_drafting(cheap, max_depth=5) is True
+    )  # free transfers: the verify-only bound says go on
+    dear = dataclasses.replace(sized, cost=dataclasses.replace(sized.cost, h2d_s_per_transfer=100.0))
+    assert policy.keep_drafting(dear, max_depth=5) is False  # half a miss a layer per node at 100 s: stop
+
+
 def test_policy_context_validation_names_the_field() -> None:
     ctx = _ctx()
     with pytest.raises(ValueError, match="node 3 has P=0.7 above its parent"):
