@@ -1,4 +1,9 @@
-"""Fit the acceptance calibration map (draft path probability -> observed path acceptance).
+"""Fit the acceptance calibration map (draft probability -> observed acceptance).
+
+Default scope ``"edge"``: the map takes a node's own draft probability ``exp(draft_logprob)`` to its
+acceptance GIVEN that its parent's path was accepted (fitted on exactly those nodes); the planner
+multiplies it along the path (``specfit.acceptance.path_accept_probs``). Scope ``"path"`` fits one
+map from the draft path probability to path acceptance, pooling every depth.
 
 Data: the ``nodes`` table of dense traces (every node of every maximal tree with its draft
 ``path_logprob`` and its ``accepted`` flag, which is local: token == parent's target token). A node's
@@ -108,6 +113,7 @@ def _quantile_bins(prob: np.ndarray, num_bins: int) -> np.ndarray:
 def fit_acceptance(
     nodes: pd.DataFrame,
     *,
+    scope: str = "edge",
     num_bins: int = 20,
     holdout_fraction: float = 0.25,
     seed: int = 0,
@@ -117,7 +123,8 @@ def fit_acceptance(
     """Fit the monotone acceptance map on dense-trace nodes and build its reliability table.
 
     Args:
-        nodes: dense ``nodes`` table (:data:`NODE_COLUMNS`).
+        nodes: dense ``nodes`` table (:data:`NODE_COLUMNS`; ``"edge"`` also needs ``draft_logprob``).
+        scope: ``"edge"`` (per-token acceptance given the parent's path; default) or ``"path"``.
         num_bins: quantile bins (knots) at most.
         holdout_fraction: share of trees held out for the reliability table.
         seed: seed of the tree split.
@@ -128,22 +135,38 @@ def fit_acceptance(
         :class:`AcceptanceFit`.
 
     Raises:
-        AcceptanceDataError: bad table or fewer than ``min_nodes`` non-root nodes.
+        AcceptanceDataError: bad table, unknown scope, or fewer than ``min_nodes`` non-root nodes.
     """
+    if scope not in ("edge", "path"):
+        raise AcceptanceDataError(f"scope: expected 'edge' or 'path', got {scope!r}")
     prob, ok, tree = path_accepted(nodes)
-    node_id = nodes.sort_values(["request_id", "position", "node_id"], kind="stable")["node_id"].to_numpy()
+    ordered = nodes.sort_values(["request_id", "position", "node_id"], kind="stable")
+    node_id = ordered["node_id"].to_numpy()
     non_root = node_id > 0
+    if scope == "edge":
+        if "draft_logprob" not in ordered.columns:
+            raise AcceptanceDataError("nodes table lacks column 'draft_logprob' (needed for scope 'edge')")
+        edge_prob = np.exp(ordered["draft_logprob"].to_numpy(dtype=np.float64))
+        if not np.all(np.isfinite(edge_prob)):
+            raise AcceptanceDataError("nodes: field 'draft_logprob' must be finite (a log-probability)")
+        start = np.flatnonzero(np.r_[True, tree[1:] != tree[:-1]])
+        parent = ordered["parent"].to_numpy(dtype=np.int64)
+        parent_row = np.where(parent >= 0, start[tree] + parent, 0)
+        local = ordered["accepted"].to_numpy(dtype=bool)
+        reached = non_root & ok[parent_row]  # the parent's path was accepted
+    else:
+        edge_prob, local, reached = prob, ok, non_root
     num_trees = int(tree.max()) + 1 if tree.size else 0
     rng = np.random.default_rng(seed)
     held_trees = np.zeros(num_trees, dtype=bool)
     held_trees[rng.permutation(num_trees)[: int(round(holdout_fraction * num_trees))]] = True
-    fit_rows = non_root & ~held_trees[tree]
+    fit_rows = reached & ~held_trees[tree]
     eval_rows = non_root & held_trees[tree] if held_trees.any() else non_root
     if fit_rows.sum() < min_nodes:
         raise AcceptanceDataError(
             f"nodes: {int(fit_rows.sum())} non-root nodes in the fit set; need >= {min_nodes} (record more dense trees)"
         )
-    x, y = prob[fit_rows], ok[fit_rows].astype(np.float64)
+    x, y = edge_prob[fit_rows], local[fit_rows].astype(np.float64)
     edges = _quantile_bins(x, num_bins)
     idx = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, edges.size - 2)
     counts = np.bincount(idx, minlength=edges.size - 1).astype(np.float64)
@@ -153,21 +176,38 @@ def fit_acceptance(
     iso = isotonic_regression(rate, weights=counts[used], increasing=True).x
     knots_x, keep = np.unique(np.clip(mean_x, 0.0, 1.0), return_index=True)
     knots_y = np.clip(np.maximum.accumulate(iso[keep]), 0.0, 1.0)
-    calibration = AcceptanceCalibration(knots_x=knots_x, knots_y=knots_y, source=source)
+    calibration = AcceptanceCalibration(knots_x=knots_x, knots_y=knots_y, source=source, scope=scope)
+    if scope == "edge":  # P(v) = product of the mapped per-token probabilities along the path
+        calibrated = _edge_path_probs(calibration.apply(edge_prob), parent_row, ordered["depth"].to_numpy())
+    else:
+        calibrated = calibration.apply(prob)
     table, ece_raw, ece_cal = reliability_table(
-        prob[eval_rows], ok[eval_rows], calibration, num_bins=num_bins
+        prob[eval_rows], ok[eval_rows], calibrated[eval_rows], num_bins=num_bins
     )
     return AcceptanceFit(calibration, table, ece_raw, ece_cal, int(fit_rows.sum()), int(eval_rows.sum()))
 
 
+def _edge_path_probs(edge: np.ndarray, parent_row: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """float64[R]: product of ``edge`` along each node's path (roots 1), rows sorted by tree then node."""
+    p = np.ones(edge.shape[0], dtype=np.float64)
+    for d in range(1, int(depth.max()) + 1 if depth.size else 0):
+        rows = np.flatnonzero(depth == d)
+        p[rows] = p[parent_row[rows]] * edge[rows]
+    return p
+
+
 def reliability_table(
-    draft_prob: np.ndarray, accepted: np.ndarray, calibration: AcceptanceCalibration, *, num_bins: int = 10
+    draft_prob: np.ndarray,
+    accepted: np.ndarray,
+    calibrated: np.ndarray | AcceptanceCalibration,
+    *,
+    num_bins: int = 10,
 ) -> tuple[pd.DataFrame, float, float]:
     """Reliability table of raw and calibrated probabilities on equal-width bins of draft probability.
 
     Args:
         draft_prob: float[n] draft path probabilities; accepted: bool[n] path-accepted flags.
-        calibration: the map to evaluate.
+        calibrated: float[n] the calibrated P(v) of the same nodes, or a path-scope map to apply.
         num_bins: equal-width bins over [0, 1].
 
     Returns:
@@ -176,7 +216,11 @@ def reliability_table(
     """
     p = np.asarray(draft_prob, dtype=np.float64)
     a = np.asarray(accepted, dtype=np.float64)
-    cal = calibration.apply(p)
+    cal = (
+        calibrated.apply(p)
+        if isinstance(calibrated, AcceptanceCalibration)
+        else np.asarray(calibrated, float)
+    )
     edges = np.linspace(0.0, 1.0, num_bins + 1)
     idx = np.clip(np.searchsorted(edges, p, side="right") - 1, 0, num_bins - 1)
     rows = []

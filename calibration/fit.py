@@ -230,7 +230,7 @@ def _fit_dense(
     """
     try:
         acc = fit_acceptance(
-            _nodes_frame(dense),
+            dense_nodes_frame(dense),
             num_bins=args.acceptance_bins,
             seed=args.seed,
             source=f"calibration.fit {args.out}",
@@ -262,8 +262,9 @@ def _fit_dense(
     summary["predictor_tables"] = str(folder / PREDICTORS_NAME)
 
 
-def _nodes_frame(dense: list) -> Any:
-    """A nodes-like DataFrame (NODE_COLUMNS) from NodeArrays of several runs, tree keys made unique."""
+def dense_nodes_frame(dense: list) -> Any:
+    """A nodes-like DataFrame (NODE_COLUMNS plus ``draft_logprob``, which the default ``edge``
+    acceptance scope needs) from ``[(label, NodeArrays), ...]`` of several runs, tree keys made unique."""
     import numpy as np
     import pandas as pd
 
@@ -281,6 +282,7 @@ def _nodes_frame(dense: list) -> Any:
                     "parent": na.parent,
                     "depth": na.depth,
                     "path_logprob": na.path_logprob,
+                    "draft_logprob": na.draft_logprob,
                     "accepted": na.accepted,
                 }
             )

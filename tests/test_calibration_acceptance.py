@@ -45,7 +45,7 @@ def test_path_accepted_requires_all_ancestors() -> None:
 
 
 def test_isotonic_map_recovers_sqrt_relation() -> None:
-    fit = fit_acceptance(_chain_nodes(1500, 4, seed=0), num_bins=20, seed=0)
+    fit = fit_acceptance(_chain_nodes(1500, 4, seed=0), scope="path", num_bins=20, seed=0)
     cal = fit.calibration
     assert np.all(np.diff(cal.knots_y) >= 0)
     for x in (0.1, 0.25, 0.5):
@@ -67,10 +67,67 @@ def test_isotonic_map_recovers_sqrt_relation() -> None:
 def test_acceptance_errors_name_the_field() -> None:
     nodes = _chain_nodes(10, 3, seed=1)
     with pytest.raises(AcceptanceDataError, match="accepted"):
-        fit_acceptance(nodes.drop(columns=["accepted"]))
+        fit_acceptance(nodes.drop(columns=["accepted"]), scope="path")
     bad = nodes.copy()
     bad.loc[3, "path_logprob"] = np.nan
     with pytest.raises(AcceptanceDataError, match="path_logprob"):
-        fit_acceptance(bad)
+        fit_acceptance(bad, scope="path")
     with pytest.raises(AcceptanceDataError, match="need >= 20"):
-        fit_acceptance(_chain_nodes(3, 2, seed=1))
+        fit_acceptance(_chain_nodes(3, 2, seed=1), scope="path")
+    with pytest.raises(AcceptanceDataError, match="draft_logprob"):
+        fit_acceptance(nodes)  # the default edge scope needs each node's own draft log-prob
+    with pytest.raises(AcceptanceDataError, match="scope"):
+        fit_acceptance(nodes, scope="depth")
+
+
+def _tree_nodes(num_trees: int, seed: int) -> pd.DataFrame:
+    """Root + 3 children + 1 grandchild under each child; local acceptance = sqrt(own draft prob)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for t in range(num_trees):
+        rows.append((0, t, 0, -1, 0, 0.0, 0.0, True))
+        q_children = rng.dirichlet([1.0, 1.0, 1.0])
+        for c, q in enumerate(q_children):
+            rows.append((0, t, 1 + 2 * c, 0, 1, np.log(q), np.log(q), bool(rng.random() < np.sqrt(q))))
+            q2 = rng.uniform(0.3, 0.95)
+            rows.append(
+                (
+                    0,
+                    t,
+                    2 + 2 * c,
+                    1 + 2 * c,
+                    2,
+                    np.log(q) + np.log(q2),
+                    np.log(q2),
+                    bool(rng.random() < np.sqrt(q2)),
+                )
+            )
+    cols = [
+        "request_id",
+        "position",
+        "node_id",
+        "parent",
+        "depth",
+        "path_logprob",
+        "draft_logprob",
+        "accepted",
+    ]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def test_edge_map_recovers_per_token_acceptance_and_calibrates_paths() -> None:
+    from specfit.acceptance import AcceptanceCalibration, path_accept_probs
+    from specfit.tree import DraftTree
+
+    nodes = _tree_nodes(2000, seed=0)
+    fit = fit_acceptance(nodes, num_bins=20, seed=0)
+    cal = fit.calibration
+    assert cal.scope == "edge"
+    for x in (0.2, 0.5, 0.8):  # per-token acceptance given the parent's path = sqrt(own draft prob)
+        assert cal.apply(np.array([x]))[0] == pytest.approx(np.sqrt(x), abs=0.06)
+    assert fit.ece_calibrated < 0.05 < fit.ece_draft
+    # P(v) multiplies the mapped per-token probabilities along the path
+    tree = DraftTree.from_parents(np.array([0, 1, 2]), np.array([-1, 0, 1]), np.log([1.0, 0.25, 0.64]))
+    p = path_accept_probs(tree, cal)
+    assert p[2] == pytest.approx(cal.apply(np.array([0.25]))[0] * cal.apply(np.array([0.64]))[0])
+    assert AcceptanceCalibration.from_dict(cal.to_dict()).scope == "edge"
