@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import isotonic_regression
 
-from specfit.acceptance import AcceptanceCalibration
+from specfit.acceptance import AcceptanceCalibration, top_child_mask
 
 NODE_COLUMNS = ("request_id", "position", "node_id", "parent", "depth", "path_logprob", "accepted")
 
@@ -152,6 +152,7 @@ def fit_acceptance(
         start = np.flatnonzero(np.r_[True, tree[1:] != tree[:-1]])
         parent = ordered["parent"].to_numpy(dtype=np.int64)
         parent_row = np.where(parent >= 0, start[tree] + parent, 0)
+        parent_row_global = np.where(parent >= 0, parent_row, -1)
         local = ordered["accepted"].to_numpy(dtype=bool)
         reached = non_root & ok[parent_row]  # the parent's path was accepted
     else:
@@ -166,7 +167,39 @@ def fit_acceptance(
         raise AcceptanceDataError(
             f"nodes: {int(fit_rows.sum())} non-root nodes in the fit set; need >= {min_nodes} (record more dense trees)"
         )
-    x, y = edge_prob[fit_rows], local[fit_rows].astype(np.float64)
+    runner_up = None
+    if scope == "edge":  # the draft's argmax child and its siblings get separate maps
+        is_top = top_child_mask(parent_row_global, ordered["draft_logprob"].to_numpy(dtype=np.float64))
+        top_rows, other_rows = fit_rows & is_top, fit_rows & ~is_top
+        if top_rows.sum() >= min_nodes and other_rows.sum() >= min_nodes:
+            knots_x, knots_y = _isotonic_map(edge_prob[top_rows], local[top_rows], num_bins)
+            runner_up = _isotonic_map(edge_prob[other_rows], local[other_rows], num_bins)
+        else:
+            knots_x, knots_y = _isotonic_map(edge_prob[fit_rows], local[fit_rows], num_bins)
+    else:
+        knots_x, knots_y = _isotonic_map(edge_prob[fit_rows], local[fit_rows], num_bins)
+    calibration = AcceptanceCalibration(
+        knots_x=knots_x,
+        knots_y=knots_y,
+        source=source,
+        scope=scope,
+        runner_up_knots_x=None if runner_up is None else runner_up[0],
+        runner_up_knots_y=None if runner_up is None else runner_up[1],
+    )
+    if scope == "edge":  # P(v) = product of the mapped per-token probabilities along the path
+        edge = calibration.apply_edges(edge_prob, is_top)
+        calibrated = _edge_path_probs(edge, parent_row, ordered["depth"].to_numpy())
+    else:
+        calibrated = calibration.apply(prob)
+    table, ece_raw, ece_cal = reliability_table(
+        prob[eval_rows], ok[eval_rows], calibrated[eval_rows], num_bins=num_bins
+    )
+    return AcceptanceFit(calibration, table, ece_raw, ece_cal, int(fit_rows.sum()), int(eval_rows.sum()))
+
+
+def _isotonic_map(x: np.ndarray, accepted: np.ndarray, num_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """(knots_x, knots_y): isotonic regression of ``accepted`` on ``x`` over quantile bins."""
+    y = np.asarray(accepted, dtype=np.float64)
     edges = _quantile_bins(x, num_bins)
     idx = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, edges.size - 2)
     counts = np.bincount(idx, minlength=edges.size - 1).astype(np.float64)
@@ -176,15 +209,7 @@ def fit_acceptance(
     iso = isotonic_regression(rate, weights=counts[used], increasing=True).x
     knots_x, keep = np.unique(np.clip(mean_x, 0.0, 1.0), return_index=True)
     knots_y = np.clip(np.maximum.accumulate(iso[keep]), 0.0, 1.0)
-    calibration = AcceptanceCalibration(knots_x=knots_x, knots_y=knots_y, source=source, scope=scope)
-    if scope == "edge":  # P(v) = product of the mapped per-token probabilities along the path
-        calibrated = _edge_path_probs(calibration.apply(edge_prob), parent_row, ordered["depth"].to_numpy())
-    else:
-        calibrated = calibration.apply(prob)
-    table, ece_raw, ece_cal = reliability_table(
-        prob[eval_rows], ok[eval_rows], calibrated[eval_rows], num_bins=num_bins
-    )
-    return AcceptanceFit(calibration, table, ece_raw, ece_cal, int(fit_rows.sum()), int(eval_rows.sum()))
+    return knots_x, knots_y
 
 
 def _edge_path_probs(edge: np.ndarray, parent_row: np.ndarray, depth: np.ndarray) -> np.ndarray:

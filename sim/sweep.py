@@ -181,7 +181,8 @@ def build_parser() -> ArgumentParser:
         "--acceptance",
         default="auto",
         help="acceptance calibration for the planner: an acceptance.json of calibration.fit, 'draft' "
-        "(draft path probabilities as they are) or 'auto' (the acceptance.json beside a --cost file, "
+        "(draft path probabilities as they are) or 'auto' (the acceptance.json beside a --cost file, else "
+        "the one in the trace directory, "
         "else draft)",
     )
     size = p.add_mutually_exclusive_group()
@@ -283,15 +284,26 @@ def _check_names(parser: ArgumentParser, args: Any) -> list[str]:
     return policies
 
 
-def _resolve_acceptance(parser: ArgumentParser, spec: str, cost_spec: str) -> dict[str, Any] | None:
-    """``--acceptance`` -> an ``AcceptanceCalibration`` dict, or ``None`` for draft probabilities."""
+def _resolve_acceptance(
+    parser: ArgumentParser, spec: str, cost_spec: str, trace_path: Path
+) -> dict[str, Any] | None:
+    """``--acceptance`` -> an ``AcceptanceCalibration`` dict, or ``None`` for draft probabilities.
+
+    ``auto``: the ``acceptance.json`` beside a ``--cost`` file, else the one inside the trace
+    directory (``calibration.fit TRACE --out TRACE/cost.json`` writes it; the shipped sample has
+    one, fitted on itself), else draft probabilities.
+    """
     if spec == "draft":
         return None
     if spec == "auto":
         sibling = Path(cost_spec).parent / "acceptance.json"
-        if not (cost_spec.endswith(".json") and sibling.is_file()):
+        in_trace = Path(trace_path) / "acceptance.json"
+        if cost_spec.endswith(".json") and sibling.is_file():
+            spec = str(sibling)
+        elif in_trace.is_file():
+            spec = str(in_trace)
+        else:
             return None
-        spec = str(sibling)
     from specfit.acceptance import AcceptanceCalibration
 
     try:
@@ -351,7 +363,7 @@ def _build_cells(
         )
     model = manifest.model
     cost, size_name = _resolve_cost(parser, args, model.num_layers)
-    acceptance = _resolve_acceptance(parser, args.acceptance, args.cost)
+    acceptance = _resolve_acceptance(parser, args.acceptance, args.cost, trace_path)
     try:
         caches = parse_cache_sizes(args.cache, model.num_experts)
     except ValueError as exc:

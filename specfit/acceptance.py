@@ -40,6 +40,8 @@ class AcceptanceCalibration:
         knots_y: float64[M], non-decreasing acceptance probabilities in [0, 1].
         source: provenance (e.g. the trace it was fitted on).
         scope: ``"edge"`` or ``"path"`` (default ``"path"``, the meaning of files without it).
+        runner_up_knots_x, runner_up_knots_y: optional second map (edge scope) for children that
+            are not their parent's most probable child; ``None``: one map for all.
 
     Raises:
         ValueError: fewer than 1 knot, mismatched lengths, values outside [0, 1], ``knots_x`` not
@@ -50,8 +52,20 @@ class AcceptanceCalibration:
     knots_y: np.ndarray
     source: str = "manual"
     scope: str = "path"
+    runner_up_knots_x: np.ndarray | None = None
+    runner_up_knots_y: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        if (self.runner_up_knots_x is None) != (self.runner_up_knots_y is None):
+            raise ValueError(
+                "AcceptanceCalibration.runner_up_knots_y: give both runner-up knot arrays or neither"
+            )
+        if self.runner_up_knots_x is not None:
+            if self.scope != "edge":
+                raise ValueError("AcceptanceCalibration.runner_up_knots_x: only meaningful with scope 'edge'")
+            runner = AcceptanceCalibration(self.runner_up_knots_x, self.runner_up_knots_y, scope="edge")
+            object.__setattr__(self, "runner_up_knots_x", runner.knots_x)
+            object.__setattr__(self, "runner_up_knots_y", runner.knots_y)
         if self.scope not in ACCEPTANCE_SCOPES:
             raise ValueError(
                 f"AcceptanceCalibration.scope: expected one of {list(ACCEPTANCE_SCOPES)}, got {self.scope!r}"
@@ -81,6 +95,19 @@ class AcceptanceCalibration:
         p = np.clip(np.asarray(draft_path_probs, dtype=np.float64), 0.0, 1.0)
         return np.interp(p, self.knots_x, self.knots_y)
 
+    def apply_edges(self, draft_probs: np.ndarray, is_top_child: np.ndarray) -> np.ndarray:
+        """Edge scope: per-token acceptance float[n] of children with own draft probabilities float[n].
+
+        ``is_top_child`` bool[n] marks each parent's most probable child; the runner-up map (when
+        present) serves the others.
+        """
+        out = self.apply(draft_probs)
+        if self.runner_up_knots_x is not None:
+            others = ~np.asarray(is_top_child, dtype=bool)
+            p = np.clip(np.asarray(draft_probs, dtype=np.float64)[others], 0.0, 1.0)
+            out[others] = np.interp(p, self.runner_up_knots_x, self.runner_up_knots_y)
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict ``{"knots_x": [...], "knots_y": [...], "source": ..., "scope": ...}``."""
         return {
@@ -88,6 +115,14 @@ class AcceptanceCalibration:
             "knots_y": self.knots_y.tolist(),
             "source": self.source,
             "scope": self.scope,
+            **(
+                {
+                    "runner_up_knots_x": self.runner_up_knots_x.tolist(),
+                    "runner_up_knots_y": self.runner_up_knots_y.tolist(),
+                }
+                if self.runner_up_knots_x is not None
+                else {}
+            ),
         }
 
     @classmethod
@@ -101,12 +136,32 @@ class AcceptanceCalibration:
             knots_y=data["knots_y"],
             source=data.get("source", "manual"),
             scope=data.get("scope", "path"),
+            runner_up_knots_x=data.get("runner_up_knots_x"),
+            runner_up_knots_y=data.get("runner_up_knots_y"),
         )
 
     @classmethod
     def identity(cls) -> AcceptanceCalibration:
         """The map p -> p."""
         return cls(knots_x=np.array([0.0, 1.0]), knots_y=np.array([0.0, 1.0]), source="identity")
+
+
+def top_child_mask(parents: np.ndarray, draft_logprobs: np.ndarray) -> np.ndarray:
+    """bool[N]: True for each parent's most probable child (ties: the lowest node id); False at roots.
+
+    ``parents`` int[N] (-1 for a root), ``draft_logprobs`` float[N]; several trees may be
+    concatenated when ``parents`` hold global row indices.
+    """
+    parents = np.asarray(parents)
+    logp = np.asarray(draft_logprobs, dtype=np.float64)
+    ids = np.arange(parents.shape[0])
+    order = np.lexsort((ids, -logp, parents))
+    sorted_parents = parents[order]
+    first = np.r_[True, sorted_parents[1:] != sorted_parents[:-1]]
+    mask = np.zeros(parents.shape[0], dtype=bool)
+    mask[order[first]] = True
+    mask[parents < 0] = False
+    return mask
 
 
 def path_accept_probs(tree: DraftTree, calibration: AcceptanceCalibration | None = None) -> np.ndarray:
@@ -119,7 +174,8 @@ def path_accept_probs(tree: DraftTree, calibration: AcceptanceCalibration | None
     already keeps that order; the clamp guards the root, whose value is fixed at 1).
     """
     if calibration is not None and calibration.scope == "edge":
-        edge = np.clip(calibration.apply(np.exp(tree.draft_logprobs)), 0.0, 1.0)
+        top = top_child_mask(tree.parents, tree.draft_logprobs)
+        edge = np.clip(calibration.apply_edges(np.exp(tree.draft_logprobs), top), 0.0, 1.0)
         p = np.ones(tree.num_nodes, dtype=np.float64)
         parents, depths = tree.parents, tree.depths
         for d in range(1, int(tree.max_depth) + 1):

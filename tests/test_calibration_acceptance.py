@@ -123,11 +123,21 @@ def test_edge_map_recovers_per_token_acceptance_and_calibrates_paths() -> None:
     fit = fit_acceptance(nodes, num_bins=20, seed=0)
     cal = fit.calibration
     assert cal.scope == "edge"
-    for x in (0.2, 0.5, 0.8):  # per-token acceptance given the parent's path = sqrt(own draft prob)
-        assert cal.apply(np.array([x]))[0] == pytest.approx(np.sqrt(x), abs=0.06)
+    # per-token acceptance given the parent's path = sqrt(own draft prob), for the most probable
+    # child (own map) and for its siblings (runner-up map), each where it has data
+    assert cal.runner_up_knots_x is not None
+    top = np.array([0.5, 0.8])
+    np.testing.assert_allclose(cal.apply_edges(top, np.array([True, True])), np.sqrt(top), atol=0.06)
+    runner = np.array([0.1, 0.25])
+    np.testing.assert_allclose(cal.apply_edges(runner, np.array([False, False])), np.sqrt(runner), atol=0.06)
     assert fit.ece_calibrated < 0.05 < fit.ece_draft
     # P(v) multiplies the mapped per-token probabilities along the path
     tree = DraftTree.from_parents(np.array([0, 1, 2]), np.array([-1, 0, 1]), np.log([1.0, 0.25, 0.64]))
     p = path_accept_probs(tree, cal)
-    assert p[2] == pytest.approx(cal.apply(np.array([0.25]))[0] * cal.apply(np.array([0.64]))[0])
+    assert p[2] == pytest.approx(
+        cal.apply(np.array([0.25]))[0] * cal.apply(np.array([0.64]))[0]
+    )  # only children
+    wide = DraftTree.from_parents(np.array([0, 1, 2]), np.array([-1, 0, 0]), np.log([1.0, 0.6, 0.3]))
+    p_wide = path_accept_probs(wide, cal)  # node 2 is the runner-up of node 1
+    assert p_wide[2] == pytest.approx(cal.apply_edges(np.array([0.3]), np.array([False]))[0])
     assert AcceptanceCalibration.from_dict(cal.to_dict()).scope == "edge"

@@ -234,3 +234,24 @@ def test_path_accept_probs_identity_and_calibrated() -> None:
 def test_calibration_validation(x, y, match) -> None:
     with pytest.raises(ValueError, match=match):
         AcceptanceCalibration(knots_x=x, knots_y=y)
+
+
+def test_top_child_mask_and_runner_up_map() -> None:
+    from specfit.acceptance import AcceptanceCalibration, path_accept_probs, top_child_mask
+
+    parents = np.array([-1, 0, 0, 0, 1, 1])
+    logp = np.log([1.0, 0.3, 0.5, 0.5, 0.2, 0.7])
+    # node 2 and 3 tie at 0.5 under the root: the lower id wins; node 5 beats node 4 under node 1
+    np.testing.assert_array_equal(top_child_mask(parents, logp), [False, False, True, False, False, True])
+    cal = AcceptanceCalibration(
+        [0.0, 1.0], [0.5, 1.0], scope="edge", runner_up_knots_x=[0.0, 1.0], runner_up_knots_y=[0.0, 0.2]
+    )
+    tree = DraftTree.from_parents(np.arange(6), parents, logp)
+    p = path_accept_probs(tree, cal)
+    np.testing.assert_allclose(p[[1, 2, 3]], [0.3 * 0.2, 0.5 + 0.5 * 0.5, 0.5 * 0.2])
+    np.testing.assert_allclose(p[[4, 5]], [p[1] * 0.2 * 0.2, p[1] * (0.5 + 0.5 * 0.7)])
+    assert AcceptanceCalibration.from_dict(cal.to_dict()).runner_up_knots_y.tolist() == [0.0, 0.2]
+    with pytest.raises(ValueError, match="scope 'edge'"):
+        AcceptanceCalibration(
+            [0.0, 1.0], [0.0, 1.0], runner_up_knots_x=[0.0, 1.0], runner_up_knots_y=[0.0, 1.0]
+        )
