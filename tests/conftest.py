@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+# One torch thread: the tiny test models run fastest so, and a busy 2-core CI machine does not
+# oversubscribe (set before any test imports torch; a user's explicit setting wins).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
