@@ -1,6 +1,6 @@
 """Decoding and fidelity metrics with stated conventions (docs/metrics.md).
 
-Conventions (EAGLE's, see shared/data/reference-figures.md "Metric conventions in the field"):
+Conventions (EAGLE's, see docs/reference-figures.md "Metric conventions in the field"):
 
 - ``tau`` is the mean number of tokens committed per verification cycle INCLUDING the bonus
   token, averaged over ALL cycles (not the last one): cycles with 0, 2 and 3 accepted drafts give

@@ -12,7 +12,7 @@ size are swept so the optimal subtree ranges from the root alone to large trees.
 times ``plan_exact`` (single-threaded) and prints p50 / p99 decision milliseconds, wall clock and
 thread CPU time (on a shared machine the wall clock includes preemption by other processes), and
 nodes explored; the last stdout line is one JSON object with a key per N (``"n16"``, ...).
-Optionally it also times the large golden cases of ``shared/data/planner_cases.jsonl.gz``
+Optionally it also times the large golden cases of ``tests/data/planner_cases.jsonl.gz`` (a copy of the shared golden cases)
 (``--golden``).
 
     python benchmarks/planner.py --nodes 16,32,64 --trees 200

@@ -19,6 +19,11 @@ EXECUTORS = ("local", "ray")
 OnResult = Callable[[CellSpec, dict[str, Any]], None]
 
 
+
+class RayAddressError(ValueError):
+    """No Ray cluster answered at the given ``--ray-address``."""
+
+
 def run_local(
     cells: Sequence[CellSpec], on_result: OnResult, *, jobs: int = 1, cycles_dir: str | None = None
 ) -> None:
@@ -82,7 +87,10 @@ def run_ray(
             kwargs["address"] = address
         else:
             kwargs["num_cpus"] = jobs or 1
-        ray.init(**kwargs)
+        try:
+            ray.init(**kwargs)
+        except ConnectionError as exc:
+            raise RayAddressError(f"{address}: no Ray cluster answered ({exc})") from exc
         started = True
     try:
         remote = ray.remote(num_cpus=1)(run_cell)

@@ -5,7 +5,7 @@ A cost preset name is ``COMPUTE`` or ``COMPUTE+LINK`` (e.g. ``"qwen3-30b-a3b-2gp
 project's one cost formula, :class:`specfit.cost.CycleCostModel`.
 
 Compute preset ``qwen3-30b-a3b-2gpu`` is derived from public figures
-(shared/data/reference-figures.md, "Speculative decoding on MoE, public data points"): on
+(docs/reference-figures.md, "Speculative decoding on MoE, public data points"): on
 Qwen3-30B-A3B with experts resident on 2 GPUs, plain decoding ran at 222.5 tok/s, EAGLE-3 with a
 chain of 4 drafts at 159.8 tok/s with tau 1.86, and with a 60-node tree (depth 7, EAGLE-3's
 default) at 177.5 tok/s with tau 3.2. Each gives one cycle time, ``tau / throughput``:
@@ -41,7 +41,7 @@ DEFAULT_COMPUTE = "qwen3-30b-a3b-2gpu"
 DEFAULT_LINK = "pcie5-x16"
 DEFAULT_COST = f"{DEFAULT_COMPUTE}+{DEFAULT_LINK}"
 ASSUMED_S_PER_TRANSFER = us_to_s(10.0)
-REFERENCE = "shared/data/reference-figures.md"
+REFERENCE = "docs/reference-figures.md"
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import pandas as pd
 
 from sim.cells import CellSpec, make_cells, parse_cache_sizes
 from sim.config import DEFAULT_POLICIES, canonical_policy
-from sim.executors import EXECUTORS, run_cells
+from sim.executors import EXECUTORS, RayAddressError, run_cells
 from sim.presets import DEFAULT_COST, preset_names, resolve_cost
 from sim.report import format_table, plot_throughput, results_frame
 from sim.traceselect import SyntheticSpec, resolve_trace
@@ -453,6 +453,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             per_cycle=args.per_cycle,
             progress=not args.no_progress,
         )
+    except RayAddressError as exc:
+        parser.fail("--ray-address", str(exc))
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -22,7 +22,7 @@ DEFAULT_SYNTHETIC_SHAPE = "qwen3-30b-a3b"
 class SyntheticSpec:
     """Parameters of the synthetic trace a sweep generates (see ``traces.synthetic``).
 
-    Defaults follow EAGLE-3's tree (depth 7, 60 nodes; shared/data/reference-figures.md) with
+    Defaults follow EAGLE-3's tree (depth 7, 60 nodes; docs/reference-figures.md) with
     ``tree_topk`` 4 to keep trees bushy but small.
     """
 

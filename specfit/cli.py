@@ -10,11 +10,22 @@ parsers below); the LAST line printed on stdout is a one-line JSON summary
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults; a list default prints as it is typed (``16,32,64``), not as a Python list."""
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        if isinstance(action.default, (list, tuple)):
+            action = copy.copy(action)
+            action.default = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in action.default)
+        return super()._expand_help(action)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -25,11 +36,14 @@ class ArgumentParser(argparse.ArgumentParser):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
 
     def fail(self, flag: str, message: str) -> None:
-        """Exit with status 2 and ``error: FLAG: MESSAGE`` on stderr."""
+        """Exit with status 2 and ``error: FLAG: MESSAGE`` on stderr (a message already naming FLAG keeps it once)."""
+        message = str(message)
+        if message.startswith(f"{flag}:"):
+            message = message[len(flag) + 1 :].lstrip()
         self.error(f"{flag}: {message}")
 
 

@@ -8,7 +8,7 @@
 
 This is the cost of the SpecFit paper's objective (arXiv 2610.15417, abstract: throughput =
 E[committed] / T_cycle with an expert-coverage H2D term), with a per-transfer latency term
-because measured offloading engines are dispatch-bound (shared/data/reference-figures.md).
+because measured offloading engines are dispatch-bound (docs/reference-figures.md).
 The overlapped form is the analytic bound (transfers hidden behind compute as far as the totals
 allow); the simulator gives the exact pipelined value. Calibration fits the parameters and writes
 the JSON read by :meth:`CycleCostModel.load`; the planner, the simulator and the live engine all

@@ -1,7 +1,7 @@
 """MoE model shapes: layers, experts per layer, top-k and the size of one expert.
 
 Figures come from the models' published ``config.json`` files as collected in
-``shared/data/reference-figures.md``. One expert of a SwiGLU MoE layer holds three
+``docs/reference-figures.md``. One expert of a SwiGLU MoE layer holds three
 ``hidden x intermediate`` matrices (gate, up, down), so in bf16 it occupies
 ``3 * hidden_size * expert_intermediate_size * 2`` bytes.
 """
