@@ -148,15 +148,14 @@ def predicted_vs_measured(scatter: pd.DataFrame, path: Path) -> Path | None:
 
 
 def dense_depth_acceptance(arrays: Any) -> np.ndarray:
-    """Conditional per-depth acceptance of the full dense trees of one run (see docs/metrics.md)."""
-    ok = arrays.path_accepted()
-    sizes = arrays.tree_sizes
-    tree = np.repeat(np.arange(arrays.num_trees), sizes)
-    accepted_depth = np.zeros(arrays.num_trees, dtype=np.int64)
-    np.maximum.at(accepted_depth, tree[ok], arrays.depth[ok])
-    max_depth = np.zeros(arrays.num_trees, dtype=np.int64)
-    np.maximum.at(max_depth, tree, arrays.depth)
-    return metrics.per_depth_acceptance(accepted_depth, max_depth)
+    """Conditional per-depth acceptance of the full dense trees of one run (see docs/metrics.md).
+
+    A tree reached depth d when the node its accepted path ends on at depth d - 1 has a child
+    (``traces.stats.reached_depths``), the definition ``python -m traces.inspect`` uses too.
+    """
+    from traces.stats import accepted_lengths, reached_depths
+
+    return metrics.per_depth_acceptance(accepted_lengths(arrays), reached_depths(arrays))
 
 
 def acceptance_per_depth(dense: list, path: Path) -> Path | None:

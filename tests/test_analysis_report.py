@@ -113,10 +113,20 @@ def test_dense_depth_acceptance_matches_per_tree_count(inputs) -> None:
     run = open_run(inputs["dense"])
     trees = list(run.iter_trees())
     accepted = [t.num_accepted for t in trees]
-    depth = [int(t.tree.max_depth) for t in trees]
-    expected = metrics.per_depth_acceptance(accepted, depth)
-    np.testing.assert_allclose(figures.dense_depth_acceptance(run.node_arrays()), expected)
+    # reached: one past the accepted length when the accepted path's last node has a child
+    reached = []
+    for t in trees:
+        ok = t.path_accepted
+        last = int(np.flatnonzero(ok)[np.argmax(t.tree.depths[ok])])
+        reached.append(t.num_accepted + int(np.any(t.tree.parents == last)))
+    expected = metrics.per_depth_acceptance(accepted, reached)
+    got = figures.dense_depth_acceptance(run.node_arrays())
+    np.testing.assert_allclose(got, expected)
     assert 0.0 < expected[0] < 1.0
+    # one definition: traces.inspect's summary reports the same figures
+    from traces.stats import summarize
+
+    np.testing.assert_allclose(summarize(run)["depth_acceptance"], got)
 
 
 def test_report_errors(tmp_path, capsys) -> None:

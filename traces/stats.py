@@ -29,12 +29,45 @@ def accepted_lengths(arrays: NodeArrays) -> np.ndarray:
     return np.maximum.reduceat(depth, arrays.offsets[:-1]).astype(np.int64)
 
 
-def depth_acceptance(accepted_len: np.ndarray, max_depth: int) -> list[float]:
-    """Conditional acceptance per depth ``d = 1..max_depth``: P(len >= d | len >= d-1); NaN if unreached."""
+def reached_depths(arrays: NodeArrays) -> np.ndarray:
+    """int64[T]: deepest depth each full-tree verification reached.
+
+    The accepted length, plus one when the deepest accepted node has a child in the tree (that
+    child was verified and rejected). A tree whose accepted path ends at a leaf did not reach
+    the next depth, so it does not count against that depth's acceptance.
+    """
+    if arrays.num_trees == 0:
+        return np.zeros(0, dtype=np.int64)
+    ok = arrays.path_accepted()
+    sizes = arrays.tree_sizes
+    tree = np.repeat(np.arange(arrays.num_trees), sizes)
+    rows = np.arange(ok.shape[0])
+    parent_rows = np.where(arrays.parent >= 0, arrays.offsets[:-1][tree] + arrays.parent, -1)
+    has_child = np.zeros(ok.shape[0], dtype=bool)
+    has_child[parent_rows[parent_rows >= 0]] = True
+    depth = np.where(ok, arrays.depth, -1)
+    deepest = np.full(arrays.num_trees, -1, dtype=np.int64)
+    np.maximum.at(deepest, tree, depth)
+    is_deepest = ok & (arrays.depth == deepest[tree])
+    expanded = np.zeros(arrays.num_trees, dtype=bool)
+    expanded[tree[is_deepest]] = has_child[rows[is_deepest]]
+    return accepted_lengths(arrays) + expanded.astype(np.int64)
+
+
+def depth_acceptance(accepted_len: np.ndarray, max_depth: int, reached: np.ndarray | None = None) -> list[float]:
+    """Conditional acceptance per depth ``d = 1..max_depth``: accepted(d) / reached(d); NaN if unreached.
+
+    ``reached`` int[T] (:func:`reached_depths`): a tree reached depth d when ``reached >= d``
+    and its path was accepted up to d - 1; ``None`` takes every tree with ``len >= d - 1`` as
+    having reached d. The same convention as ``analysis.metrics.per_depth_acceptance``.
+    """
     out = []
     for d in range(1, max_depth + 1):
-        reached = int((accepted_len >= d - 1).sum())
-        out.append(float((accepted_len >= d).sum() / reached) if reached else float("nan"))
+        at = accepted_len >= d - 1
+        if reached is not None:
+            at &= reached >= d
+        n = int(at.sum())
+        out.append(float((accepted_len[at] >= d).sum() / n) if n else float("nan"))
     return out
 
 
@@ -111,7 +144,7 @@ def summarize(run: TraceRun, union_sizes: Sequence[int] = DEFAULT_UNION_SIZES) -
         "num_nodes": len(arrays.parent),
         "mean_nodes_per_tree": float(arrays.tree_sizes.mean()) if arrays.num_trees else float("nan"),
         "full_tree_tau": float(1 + acc_len.mean()) if arrays.num_trees else float("nan"),
-        "depth_acceptance": depth_acceptance(acc_len, max_depth),
+        "depth_acceptance": depth_acceptance(acc_len, max_depth, reached_depths(arrays)),
         "expert_union": expert_union_growth(arrays, model.num_experts, union_sizes),
         "num_cycles": cycles.num_rows,
         "cycle_tau": float(pc.mean(cycles.column("num_committed")).as_py())
