@@ -11,12 +11,20 @@ For a grid of (bandwidth, cache size, tree policy in autoregressive / top-N / Sp
    latency when emulated) unless ``--cost`` is given. Then SpecFit runs live with that cost, so
    its cells are out-of-sample for the fit.
 3. Every cell is replayed by ``sim.replay.replay_policy`` on the dense trace with the same policy,
-   cache size, cache policy (LRU), predictor (``recent``), cost model and the live cell's mean
-   planner time, and compared (:func:`analysis.fidelity.compare_cell`).
+   cache size, cache policy (LRU), cost model and the live cell's mean planner time, and compared
+   (:func:`analysis.fidelity.compare_cell`).
+
+Both sides make their decisions from the same inputs: the simulator's default expert predictor
+``union-size`` (priced at the cache's observed miss fraction) with the table fitted from the
+dense trace of the same prompts (the live engine gets the dense run directory as
+``--predictor-tables``, which fits it with the same function over the same trees as
+``sim.replay``), the same acceptance map (``acceptance.json``, fitted once from that dense trace
+by :func:`calibration.acceptance_fit.fit_acceptance`; draft probabilities on both sides when too
+few nodes), and the same cost JSON per bandwidth.
 
 Outputs under ``--out`` (default ``runs/validate/<UTC time>``): ``fidelity.csv`` (one row per cell),
 ``fidelity.json`` (grid summary), ``cycle_errors.csv`` (per-cycle predicted vs measured),
-``cost_<bw>.json`` per bandwidth, ``figures/`` (sim vs live throughput, per-cycle error
+``cost_<bw>.json`` per bandwidth, ``acceptance.json`` (both sides' acceptance map), ``figures/`` (sim vs live throughput, per-cycle error
 distribution, throughput against bandwidth), the live runs under ``live/`` with their logs.
 The last stdout line is the JSON summary with the overall median and p90 per-cycle errors.
 Exit status: 0 (also when targets are missed: the report says which term is off), 2 for a bad
@@ -56,7 +64,7 @@ from specfit.units import gb_per_s_to_bytes_per_s, us_to_s
 
 GRID_POLICIES = ("ar", "topn", "specfit")
 COST_FREE_POLICIES = ("ar", "topn")  # their choices do not depend on the cost model
-SIM_PREDICTOR = "recent"  # the expert predictor both sides use (live.record --predictor)
+SIM_PREDICTOR = "union-size"  # the expert predictor both sides use (sim default; live.record --predictor)
 SIM_CACHE_POLICY = "lru"
 
 
@@ -139,6 +147,14 @@ def build_parser() -> ArgumentParser:
         default="absolute",
         help="cost-fit residuals: relative or absolute (absolute suits a busy shared CPU); see calibration.lsq",
     )
+    p.add_argument(
+        "--miss-compute",
+        choices=("on", "off"),
+        default="on",
+        help="fit a compute cost per cache miss into the per-transfer H2D cost (per-miss work outside the "
+        "timed copies, e.g. transient-expert kernels and caches evicted by emulated copies; "
+        "calibration.costfit.FitOptions.miss_compute)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed (live runs and fit split)")
     p.add_argument(
         "--torch-threads",
@@ -180,6 +196,31 @@ class Validator:
         self.out = out
         self.cells_done: list[dict[str, Any]] = []
         self.per_cycle: list[pd.DataFrame] = []
+        self.dense_path: Path | None = None
+        self.acceptance: dict[str, Any] | None = None
+        self.acceptance_path: Path | None = None
+
+    def fit_acceptance(self, dense: Any) -> None:
+        """Fit the acceptance map both sides use from the dense trace (``acceptance.json``); leaves
+        it ``None`` (draft probabilities on both sides) when the trace has too few nodes."""
+        from calibration.acceptance_fit import AcceptanceDataError, fit_acceptance
+        from calibration.fit import dense_nodes_frame
+
+        try:
+            fit = fit_acceptance(
+                dense_nodes_frame([("dense", dense.node_arrays())]),
+                seed=self.args.seed,
+                source=f"analysis.validate {self.dense_path}",
+            )
+        except AcceptanceDataError as exc:
+            print(
+                f"warning: acceptance map not fitted ({exc}); draft probabilities on both sides",
+                file=sys.stderr,
+            )
+            return
+        self.acceptance = fit.calibration.to_dict()
+        self.acceptance_path = self.out / "acceptance.json"
+        self.acceptance_path.write_text(json.dumps(self.acceptance, indent=2) + "\n")
 
     def _common(self) -> list[str]:
         a = self.args
@@ -212,7 +253,10 @@ class Validator:
         if (path / "manifest.json").is_file() and read_manifest(path).complete:
             return path
         argv = [*self._common(), "--mode", "policy", "--policy", cell.policy]
-        argv += ["--predictor", SIM_PREDICTOR, "--cache-policy", SIM_CACHE_POLICY]
+        argv += ["--predictor", SIM_PREDICTOR, "--predictor-tables", str(self.dense_path)]
+        argv += ["--cache-policy", SIM_CACHE_POLICY]
+        if self.acceptance_path is not None:
+            argv += ["--acceptance", str(self.acceptance_path)]
         argv += ["--cache-experts", str(cell.cache_experts_per_layer), "--out", str(path)]
         argv += self._link_flags(cell.bandwidth_gb_per_s)
         if cost_path is not None:
@@ -241,6 +285,7 @@ class Validator:
             seed=self.args.seed,
             known_s_per_transfer=us_to_s(self.args.latency_us) if emulated else None,
             weighting=self.args.weighting,
+            miss_compute=self.args.miss_compute == "on",
         )
         cycles, transfers, _ = loaded.cost_fit_tables()
         fit = fit_cost_model(
@@ -271,6 +316,7 @@ class Validator:
             decision_s=decision_s,
             seed=self.args.seed,
             record_cycles=True,
+            acceptance=self.acceptance,
         )
         try:
             return replay_policy(dense, config)
@@ -295,8 +341,9 @@ class Validator:
         """Run the whole grid; returns (fidelity table, summary)."""
         from traces.reader import open_run
 
-        dense_path = self.record_dense()
+        dense_path = self.dense_path = self.record_dense()
         dense = open_run(dense_path)
+        self.fit_acceptance(dense)
         model = dense.manifest.model
         caches = self.args.cache_experts or sorted(
             {max(1, model.num_experts // 4), max(1, model.num_experts // 2)}

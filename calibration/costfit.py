@@ -7,8 +7,9 @@ non-negative least squares (:mod:`calibration.lsq`; residuals in seconds by defa
 =============  ===========================================  ==========================================
 term           model                                        data
 =============  ===========================================  ==========================================
-H2D transfer   ``h2d_s = bytes / h2d_bytes_per_s            ``transfers`` rows (one copy each); when
-               + h2d_s_per_transfer``                       that table is empty, per-layer cycle data
+H2D transfer   ``h2d_s = bytes / h2d_bytes_per_s            ``transfers`` rows (one tensor copy each,
+               + h2d_s_per_transfer``                       latency / copies per expert); when
+                                                            that table is empty, per-layer cycle data
                                                             ``layer_h2d_s ~ layer_h2d_bytes, layer_misses``
 verify         ``T_verify = verify_base_s                   the verify target (below) vs
                + verify_s_per_node * N                      ``num_nodes_verified``, ``context_len``
@@ -41,7 +42,7 @@ definitions (calibration may not import analysis; analysis imports calibration).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,13 @@ class FitOptions:
         known_s_per_transfer: per-transfer latency (s) used when sizes do not identify it.
         verify_target: ``"residual"`` or ``"verify_s"`` (see the module docstring).
         weighting: ``"relative"`` or ``"absolute"`` residuals (see :mod:`calibration.lsq`).
+        miss_compute: also fit, with the verify term, a non-negative compute cost per cache miss
+            (``verify target ~ base + nodes + context + misses``) and move it into
+            ``h2d_s_per_transfer`` (without ``overlap_h2d`` the formula charges every miss that
+            term, so whole cycles are predicted the same; the verify term then excludes it).
+            Per-miss costs outside the timed copies (e.g. the live engine computing transient
+            experts, CPU caches evicted by emulated copies) otherwise bias the verify term by
+            the cache size. Ignored with ``overlap_h2d``.
     """
 
     holdout_fraction: float = 0.25
@@ -84,6 +92,7 @@ class FitOptions:
     known_s_per_transfer: float | None = None
     verify_target: str = "residual"
     weighting: str = "absolute"
+    miss_compute: bool = False
 
     def lsq_kwargs(self) -> dict[str, bool]:
         """Keyword arguments of :func:`calibration.lsq.fit_non_negative` for these options."""
@@ -146,6 +155,9 @@ class CostFit:
         num_cycles_fit, num_cycles_heldout, num_transfers_fit: split sizes.
         notes: human-readable remarks (fallbacks taken).
         bookkeeping_share: median over cycles of ``(model cycle - draft - h2d - verify_s) / model cycle``.
+        h2d_link_s_per_transfer, h2d_host_s_per_transfer: the two parts of the model's
+            ``h2d_s_per_transfer`` (link latency per expert; host placing time, 0 without a
+            transfers table); ``compute_s_per_miss`` the third part with ``miss_compute``.
         heldout_mask: bool[C] held-out cycles, in the order of the input table.
     """
 
@@ -158,6 +170,9 @@ class CostFit:
     notes: tuple[str, ...] = field(default_factory=tuple)
     bookkeeping_share: float = float("nan")
     heldout_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    h2d_link_s_per_transfer: float = float("nan")
+    h2d_host_s_per_transfer: float = 0.0
+    compute_s_per_miss: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able report."""
@@ -169,6 +184,9 @@ class CostFit:
             "num_cycles_heldout": self.num_cycles_heldout,
             "num_transfers_fit": self.num_transfers_fit,
             "bookkeeping_share": self.bookkeeping_share,
+            "h2d_link_s_per_transfer": self.h2d_link_s_per_transfer,
+            "h2d_host_s_per_transfer": self.h2d_host_s_per_transfer,
+            "compute_s_per_miss": self.compute_s_per_miss,
             "notes": list(self.notes),
         }
 
@@ -197,26 +215,97 @@ def _cycle_keys(df: pd.DataFrame) -> pd.MultiIndex:
     )
 
 
-def _fit_h2d(cycles: pd.DataFrame, transfers: pd.DataFrame, opts: FitOptions, notes: list[str]) -> LinkFit:
-    """Link fit from the transfers table, or from per-layer cycle data when it is empty."""
+def copies_per_transfer(transfers: pd.DataFrame) -> int:
+    """Tensor copies per expert transfer in a ``transfers`` table (1 without ``layer``/``expert``).
+
+    The live engine writes one row per tensor copy (an expert's gate/up and down matrices: 2
+    rows of different sizes, consecutive, same ``layer`` and ``expert``); the cost model's
+    ``h2d_s_per_transfer`` is per expert, i.e. this count times the per-copy latency. Computed
+    as rows / runs of consecutive rows sharing (run, request, cycle, layer, expert), rounded.
+    """
+    if not len(transfers) or not {"layer", "expert"} <= set(transfers.columns):
+        return 1
+    keys = [c for c in ("run", "request_id", "cycle_index", "layer", "expert") if c in transfers.columns]
+    frame = transfers[keys].reset_index(drop=True)
+    changed = (frame.iloc[1:].to_numpy() != frame.iloc[:-1].to_numpy()).any(axis=1)
+    runs = 1 + int(np.count_nonzero(changed))
+    return max(1, int(round(len(frame) / runs)))
+
+
+def host_s_per_transfer(cycles: pd.DataFrame, transfers: pd.DataFrame, copies: int) -> float:
+    """Host seconds per expert transfer recorded in the cycles' ``h2d_s`` beyond their timed copies.
+
+    The live engine's ``h2d_s`` includes the host time spent placing missed experts into slots
+    right before their copies (``live.offload.ForwardStats``); the ``transfers`` rows time the
+    copies alone. Ratio estimator over the cycles that have transfers:
+    ``sum(h2d_s - sum of the cycle's copy seconds) / sum(expert transfers)``, clipped at 0
+    (0 when nothing matches, e.g. traces whose ``h2d_s`` is the copies' sum).
+    """
+    if not len(transfers) or not len(cycles):
+        return 0.0
+    names = ["run", "request_id", "cycle_index"]
+    copy_s = pd.Series(
+        transfers["h2d_s"].to_numpy(dtype=np.float64),
+        index=_cycle_keys(transfers.reset_index(drop=True)).set_names(names),
+    )
+    per_cycle = copy_s.groupby(level=names).agg(["sum", "size"])
+    h2d = pd.Series(
+        cycles["h2d_s"].to_numpy(dtype=np.float64),
+        index=_cycle_keys(cycles.reset_index(drop=True)).set_names(names),
+        name="h2d",
+    )
+    joined = per_cycle.join(h2d, how="inner")
+    num_transfers = float(joined["size"].sum()) / max(copies, 1)
+    if num_transfers <= 0:
+        return 0.0
+    extra_s = float((joined["h2d"] - joined["sum"]).sum())
+    if extra_s <= 1e-9 * float(joined["h2d"].sum()):  # float rounding of equal sums
+        return 0.0
+    return extra_s / num_transfers
+
+
+def _fit_h2d(
+    cycles: pd.DataFrame, transfers: pd.DataFrame, opts: FitOptions, notes: list[str]
+) -> tuple[LinkFit, float]:
+    """Link fit from the transfers table, or from per-layer cycle data when it is empty.
+
+    From the transfers table, bandwidth and per-copy latency are fitted on the rows (copies of
+    different sizes identify both) and the per-*expert* latency is the per-copy latency times
+    :func:`copies_per_transfer`; the host placing time per transfer
+    (:func:`host_s_per_transfer`) is returned beside it (the model's ``h2d_s_per_transfer`` is
+    their sum). Returns ``(link, host seconds per transfer)``."""
     if len(transfers):
         b = transfers["bytes"].to_numpy(dtype=np.float64)
+        copies = copies_per_transfer(transfers)
+        known = opts.known_s_per_transfer
         link = fit_link(
             b,
             np.ones_like(b),
             transfers["h2d_s"].to_numpy(dtype=np.float64),
             robust=opts.robust,
-            known_s_per_transfer=opts.known_s_per_transfer,
+            known_s_per_transfer=None if known is None else known / copies,
         )
+        if copies > 1:
+            link = replace(
+                link,
+                s_per_transfer=link.s_per_transfer * copies,
+                note=f"{link.note}; {copies} copies per expert transfer (latency x {copies})",
+            )
         source = "transfers"
+        host_s = host_s_per_transfer(cycles, transfers, copies)
+        notes.append(
+            f"h2d per transfer = link latency {link.s_per_transfer * 1e6:.3g} us + host placing "
+            f"{host_s * 1e6:.3g} us (cycles' h2d_s beyond their timed copies)"
+        )
     else:
+        host_s = 0.0
         b = _stack(cycles["layer_h2d_bytes"]).ravel()
         n = _stack(cycles["layer_misses"]).ravel()
         s = _stack(cycles["layer_h2d_s"]).ravel()
         link = fit_link(b, n, s, robust=opts.robust, known_s_per_transfer=opts.known_s_per_transfer)
         source = "per-layer cycle data (no transfers table)"
     notes.append(f"h2d from {source}: {link.note}")
-    return link
+    return link, host_s
 
 
 def model_cycle_s(cycles: pd.DataFrame) -> np.ndarray:
@@ -236,7 +325,9 @@ def verify_target_s(cycles: pd.DataFrame, target: str, overlap_h2d: bool) -> np.
     return rest - cycles["h2d_s"].to_numpy(dtype=np.float64)
 
 
-def _fit_verify(cycles: pd.DataFrame, opts: FitOptions) -> tuple[float, float, float]:
+def _fit_verify(cycles: pd.DataFrame, opts: FitOptions) -> tuple[float, float, float, float]:
+    """``(verify_base_s, verify_s_per_node, verify_s_per_context_token, compute s per miss)``;
+    the last is 0 unless ``opts.miss_compute`` (and not ``overlap_h2d``)."""
     y = verify_target_s(cycles, opts.verify_target, opts.overlap_h2d)
     keep = y > 0
     if keep.sum() < 3:
@@ -245,14 +336,15 @@ def _fit_verify(cycles: pd.DataFrame, opts: FitOptions) -> tuple[float, float, f
         )
     n = cycles["num_nodes_verified"].to_numpy(dtype=np.float64)
     ctx = cycles["context_len"].to_numpy(dtype=np.float64)
-    design = np.column_stack([np.ones_like(n), n, ctx])[keep]
-    fit = fit_non_negative(
-        design,
-        y[keep],
-        ("verify_base_s", "verify_s_per_node", "verify_s_per_context_token"),
-        **opts.lsq_kwargs(),
-    )
-    return tuple(float(c) for c in fit.coef)  # type: ignore[return-value]
+    columns = [np.ones_like(n), n, ctx]
+    names = ["verify_base_s", "verify_s_per_node", "verify_s_per_context_token"]
+    per_miss = opts.miss_compute and not opts.overlap_h2d
+    if per_miss:
+        columns.append(_stack(cycles["layer_misses"]).sum(axis=1))
+        names.append("compute_s_per_miss")
+    fit = fit_non_negative(np.column_stack(columns)[keep], y[keep], tuple(names), **opts.lsq_kwargs())
+    coef = [float(c) for c in fit.coef]
+    return coef[0], coef[1], coef[2], (coef[3] if per_miss else 0.0)
 
 
 def _fit_draft(cycles: pd.DataFrame, opts: FitOptions, notes: list[str]) -> float:
@@ -315,7 +407,7 @@ def evaluate(
     errors = {k: TermError.of(pred[k], meas[k]) for k in pred}
     if len(transfers):
         b = transfers["bytes"].to_numpy(dtype=np.float64)
-        t_pred = b / model.h2d_bytes_per_s + model.h2d_s_per_transfer
+        t_pred = b / model.h2d_bytes_per_s + model.h2d_s_per_transfer / copies_per_transfer(transfers)
         errors["h2d_transfer"] = TermError.of(t_pred, transfers["h2d_s"].to_numpy(dtype=np.float64))
     else:
         errors["h2d_transfer"] = TermError.of(np.zeros(0), np.zeros(0))
@@ -389,8 +481,13 @@ def fit_cost_model(
     else:
         fit_transfers = held_transfers = transfers
     notes: list[str] = []
-    link = _fit_h2d(fit_cycles, fit_transfers, opts, notes)
-    base, per_node, per_ctx = _fit_verify(fit_cycles, opts)
+    link, host_s = _fit_h2d(fit_cycles, fit_transfers, opts, notes)
+    base, per_node, per_ctx, miss_compute_s = _fit_verify(fit_cycles, opts)
+    if miss_compute_s > 0:
+        notes.append(
+            f"compute per cache miss {miss_compute_s * 1e6:.3g} us fitted with the verify term and "
+            "added to h2d_s_per_transfer (miss_compute)"
+        )
     per_level = _fit_draft(fit_cycles, opts, notes)
     model = CycleCostModel(
         draft_s_per_level=per_level,
@@ -398,7 +495,7 @@ def fit_cost_model(
         verify_s_per_node=per_node,
         verify_s_per_context_token=per_ctx,
         h2d_bytes_per_s=link.bytes_per_s,
-        h2d_s_per_transfer=link.s_per_transfer,
+        h2d_s_per_transfer=link.s_per_transfer + host_s + miss_compute_s,
         expert_bytes=int(expert_bytes),
         num_layers=int(num_layers),
         overlap_h2d=bool(opts.overlap_h2d),
@@ -421,6 +518,9 @@ def fit_cost_model(
         notes=tuple(notes),
         bookkeeping_share=bookkeeping,
         heldout_mask=held,
+        h2d_link_s_per_transfer=link.s_per_transfer,
+        h2d_host_s_per_transfer=host_s,
+        compute_s_per_miss=miss_compute_s,
     )
 
 
@@ -434,6 +534,8 @@ def worst_term(errors: dict[str, TermError]) -> str | None:
 __all__ = [
     "CostFit",
     "FitOptions",
+    "copies_per_transfer",
+    "host_s_per_transfer",
     "TermError",
     "cycle_predictions",
     "evaluate",

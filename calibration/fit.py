@@ -69,6 +69,12 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the fit / held-out split")
     p.add_argument("--robust", action="store_true", help="soft-L1 robust loss instead of plain NNLS")
+    p.add_argument(
+        "--miss-compute",
+        action="store_true",
+        help="fit a compute cost per cache miss with the verify term and move it into the per-transfer "
+        "H2D cost (see calibration.costfit.FitOptions.miss_compute); default: off",
+    )
     p.add_argument("--min-cycles", type=positive_int, default=16, help="fewest cycles accepted (count)")
     p.add_argument(
         "--overlap",
@@ -181,6 +187,7 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
         known_s_per_transfer=latency,
         verify_target=args.verify_target,
         weighting=args.weighting,
+        miss_compute=args.miss_compute,
     )
     out = Path(args.out)
     folder = out.parent
@@ -208,6 +215,9 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
         "cycle_heldout_p90_pct": fit.errors["cycle"]["heldout"].p90_abs_pct_error,
         "h2d_bytes_per_s": fit.model.h2d_bytes_per_s,
         "h2d_us_per_transfer": s_to_us(fit.model.h2d_s_per_transfer),
+        "h2d_link_us_per_transfer": s_to_us(fit.h2d_link_s_per_transfer),
+        "h2d_host_us_per_transfer": s_to_us(fit.h2d_host_s_per_transfer),
+        "compute_us_per_miss": s_to_us(fit.compute_s_per_miss),
         "h2d_identifiable": fit.h2d_identifiable,
     }
     dense = loaded.node_arrays()

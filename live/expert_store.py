@@ -92,10 +92,15 @@ class ExpertView(NamedTuple):
 class DeviceExpertPool:
     """Slots for cached (persistent) and transient (scratch) experts on the device.
 
-    Layer l owns ``persistent[l] = (gate_up [C, 2I, H], down [C, H, I])``; one scratch pair of
-    X slots is shared by all layers for the transient experts of the layer being computed. A
-    layer is computed from at most two views (persistent, scratch), so the kernel cost scales with
-    C (or X), never with L*C.
+    All slots live in one arena pair (``gate_up [L*C + X, 2I, H]``, ``down [L*C + X, H, I]``):
+    layer l owns the rows ``l*C .. (l+1)*C - 1`` (``persistent[l]``, views of the arena) and the
+    last X rows (``scratch``) are shared by all layers for the transient experts of the layer
+    being computed. A layer without transient experts is computed from its own C slots (one
+    kernel call, ids remapped to ``0..C-1``); a layer with transient experts from ONE view of the
+    whole arena (ids remapped to arena rows), so it costs one kernel call too, rather than a split
+    into two calls whose extra cost would grow with the number of cache misses and bias the
+    measured compute time by the cache size. (The kernels' per-slot bookkeeping is a histogram
+    over ``L*C + X`` bins, negligible next to the matmuls.)
 
     Args:
         store: the host store whose experts are placed here (shapes and dtype).
@@ -123,9 +128,9 @@ class DeviceExpertPool:
         self.device = torch.device(device)
         self.capacity = int(capacity_per_layer)
         self.num_layers = store.num_layers
-        self.persistent = [self._allocate(self.capacity) for _ in range(self.num_layers)]
         scratch = num_experts - self.capacity if scratch_slots is None else int(scratch_slots)
-        self.scratch = self._allocate(max(scratch, 0))
+        self._arena = self._allocate(self.num_layers * self.capacity + max(scratch, 0))
+        self._bind()
         self.slot_of = np.full((self.num_layers, num_experts), -1, dtype=np.int64)
         self._free: list[list[int]] = [list(range(self.capacity - 1, -1, -1)) for _ in range(self.num_layers)]
         self._scratch_used: dict[int, int] = {}  # expert -> scratch slot, current layer only
@@ -137,6 +142,17 @@ class DeviceExpertPool:
             torch.zeros((num_slots, *self.store.gate_up_shape), **kw),
             torch.zeros((num_slots, *self.store.down_shape), **kw),
         )
+
+    def _bind(self) -> None:
+        """(Re)build the per-layer persistent views and the scratch view of the arena."""
+        gate_up, down = self._arena
+        c, first_scratch = self.capacity, self.num_layers * self.capacity
+        self.persistent = [
+            (gate_up[i * c : (i + 1) * c], down[i * c : (i + 1) * c]) for i in range(self.num_layers)
+        ]
+        self.scratch = (gate_up[first_scratch:], down[first_scratch:])
+        self._lut = [None] * self.num_layers
+        self._arena_rows: list[np.ndarray | None] = [None] * self.num_layers
 
     @property
     def num_scratch(self) -> int:
@@ -164,6 +180,7 @@ class DeviceExpertPool:
                 self.slot_of[layer, e] = -1
                 self._free[layer].append(slot)
                 self._lut[layer] = None
+                self._arena_rows[layer] = None
 
     def place(self, layer: int, expert: int, *, persistent: bool) -> list[CopyPair]:
         """Give ``expert`` a slot (persistent at ``layer`` or scratch); return its copy pairs.
@@ -179,6 +196,7 @@ class DeviceExpertPool:
             slot = self._free[layer].pop()
             self.slot_of[layer, expert] = slot
             self._lut[layer] = None
+            self._arena_rows[layer] = None
             gate_up, down = self.persistent[layer]
         else:
             if len(self._scratch_used) >= self.num_scratch:
@@ -205,7 +223,12 @@ class DeviceExpertPool:
         if num_slots > self.num_scratch:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            self.scratch = self._allocate(max(num_slots, 2 * self.num_scratch))
+            kept = self.num_layers * self.capacity
+            old_gate_up, old_down = self._arena
+            self._arena = self._allocate(kept + max(num_slots, 2 * self.num_scratch))
+            self._arena[0][:kept].copy_(old_gate_up[:kept])
+            self._arena[1][:kept].copy_(old_down[:kept])
+            self._bind()
 
     def _persistent_lut(self, layer: int, device: torch.device) -> torch.Tensor:
         table = self._lut[layer]
@@ -214,41 +237,32 @@ class DeviceExpertPool:
             self._lut[layer] = table
         return table
 
-    def views(self, layer: int, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> list[ExpertView]:
-        """The kernel calls that compute ``layer`` for ``top_k_index int[T, K]``.
+    def _arena_lut(self, layer: int) -> np.ndarray:
+        """int64[E]: arena row of each expert with a persistent slot at ``layer``, else -1."""
+        table = self._arena_rows[layer]
+        if table is None:
+            slots = self.slot_of[layer]
+            table = np.where(slots >= 0, slots + layer * self.capacity, -1)
+            self._arena_rows[layer] = table
+        return table
 
-        Without transient experts: one view of the layer's persistent slots (ids remapped, no
-        sentinel: the same kernel call as on resident weights). With transient experts: a
-        persistent and a scratch view whose outputs sum to the layer's output. Every id must
-        have a slot (persistent, or scratch placed for this layer).
+    def views(self, layer: int, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> list[ExpertView]:
+        """The kernel call that computes ``layer`` for ``top_k_index int[T, K]`` (a one-item list).
+
+        Without transient experts: a view of the layer's persistent slots (ids remapped to
+        ``0..C-1``: the same kernel call as on resident weights). With transient experts: a view
+        of the whole arena, ids remapped to arena rows (persistent ``l*C + slot``, scratch
+        ``L*C + slot``). Every id must have a slot (persistent, or scratch placed for this layer).
         """
-        lut = self._persistent_lut(layer, top_k_index.device)
-        local = lut[top_k_index]
         if not self._scratch_used:
-            return [ExpertView(*self.persistent[layer], local, top_k_weights)]
-        scratch_lut = np.full(self.slot_of.shape[1], -1, dtype=np.int64)
+            lut = self._persistent_lut(layer, top_k_index.device)
+            return [ExpertView(*self.persistent[layer], lut[top_k_index], top_k_weights)]
+        rows = self._arena_lut(layer).copy()
+        first_scratch = self.num_layers * self.capacity
         for expert, slot in self._scratch_used.items():
-            scratch_lut[expert] = slot
-        scratch_local = torch.from_numpy(scratch_lut).to(top_k_index.device)[top_k_index]
-        in_persistent = local >= 0
-        zero = torch.zeros((), dtype=top_k_weights.dtype, device=top_k_weights.device)
-        views = []
-        for (gate_up, down), mine, ids in (
-            (self.persistent[layer], in_persistent, local),
-            (self.scratch, ~in_persistent, scratch_local),
-        ):
-            if bool(mine.any()):
-                sentinel = gate_up.shape[0]
-                views.append(
-                    ExpertView(
-                        gate_up,
-                        down,
-                        torch.where(mine, ids, torch.full_like(ids, sentinel)),
-                        torch.where(mine, top_k_weights, zero),
-                        mine,
-                    )
-                )
-        return views
+            rows[expert] = first_scratch + slot
+        local = torch.from_numpy(rows).to(top_k_index.device)[top_k_index]
+        return [ExpertView(*self._arena, local, top_k_weights)]
 
     def end_layer(self) -> None:
         """Forget the current layer's scratch assignments (their slots are reused next layer)."""

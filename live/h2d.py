@@ -11,9 +11,10 @@ One :class:`H2DLink` moves expert weights from host memory into the device exper
   with ``time.perf_counter``.
 - ``cpu-emulated``: as ``cpu-memcpy``, then the link waits until each transfer has taken
   ``num_bytes / bandwidth_bytes_per_s + latency_s`` in total (sleep for the bulk, spin for the last
-  millisecond), so PCIe-bound regimes can be reproduced and measured on a CPU. This is the same
+  millisecond; each tensor copy of the transfer waits for its own share, measured from its own
+  start, so a late copy never makes the next one shorter), so PCIe-bound regimes can be reproduced and measured on a CPU. This is the same
   per-transfer model as ``specfit.cost.CycleCostModel.transfer_s`` (bytes / bandwidth + a fixed
-  per-transfer term; see shared/data/reference-figures.md on per-transfer dispatch overhead).
+  per-transfer term; see docs/reference-figures.md on per-transfer dispatch overhead).
 
 One *transfer* is one expert (its gate/up and down matrices); :meth:`H2DLink.fetch` takes a list of
 transfers and returns an :class:`H2DFetch` whose :meth:`H2DFetch.seconds` is the measured H2D time
@@ -27,6 +28,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 
 LINK_KINDS = ("cuda-pinned", "cuda-pageable", "cpu-memcpy", "cpu-emulated")
@@ -61,37 +63,69 @@ class H2DLinkInfo:
 class H2DFetch:
     """Handle on one batch of transfers issued by :meth:`H2DLink.fetch`.
 
-    ``num_bytes``: bytes moved; ``num_transfers``: experts moved. :meth:`seconds` returns the H2D
-    time in seconds (CPU: measured wall time of the copies plus emulated waiting; CUDA: elapsed
-    time between the copy stream's start and end events, which synchronises on the end event).
+    ``num_bytes``: bytes moved; ``num_transfers``: experts moved; ``copy_bytes int64[M]``: bytes of
+    each of the M tensor copies, in issue order (an expert is ``copies_per_transfer[i]`` consecutive
+    copies, e.g. its gate/up and down matrices); ``copies_per_transfer int64[num_transfers]``.
+    :meth:`seconds` returns the H2D time in seconds (CPU: measured wall time of the copies plus
+    emulated waiting; CUDA: elapsed time between the copy stream's start and end events, which
+    synchronises on the end event); :meth:`copy_seconds` the same split per copy (float64[M],
+    summing to :meth:`seconds`: on CPU the gaps between successive ``perf_counter`` stamps taken
+    after each copy, on CUDA between successive events recorded on the copy stream).
     """
 
-    __slots__ = ("num_bytes", "num_transfers", "_seconds", "_events")
+    __slots__ = (
+        "num_bytes",
+        "num_transfers",
+        "copy_bytes",
+        "copies_per_transfer",
+        "_seconds",
+        "_copy_s",
+        "_events",
+    )
 
     def __init__(
         self,
         num_bytes: int,
         num_transfers: int,
         seconds: float | None = None,
-        events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None,
+        events: list[torch.cuda.Event] | tuple[torch.cuda.Event, ...] | None = None,
+        *,
+        copy_bytes: np.ndarray | None = None,
+        copy_seconds: np.ndarray | None = None,
+        copies_per_transfer: np.ndarray | None = None,
     ) -> None:
         self.num_bytes = int(num_bytes)
         self.num_transfers = int(num_transfers)
         self._seconds = seconds
         self._events = events
+        self.copy_bytes = np.zeros(0, dtype=np.int64) if copy_bytes is None else copy_bytes
+        self.copies_per_transfer = (
+            np.zeros(0, dtype=np.int64) if copies_per_transfer is None else copies_per_transfer
+        )
+        self._copy_s = copy_seconds
+        if copy_seconds is None and events is None:
+            self._copy_s = np.zeros(len(self.copy_bytes), dtype=np.float64)
+
+    def _resolve(self) -> None:
+        events = self._events
+        events[-1].synchronize()
+        # CUDA events report milliseconds
+        stamps = np.array([events[0].elapsed_time(e) for e in events[1:]], dtype=np.float64) / 1e3
+        self._copy_s = np.diff(stamps, prepend=0.0)
+        self._seconds = float(stamps[-1]) if stamps.size else 0.0
+        self._events = None
 
     def seconds(self) -> float:
         """Measured H2D seconds of this batch (0.0 for an empty batch)."""
         if self._seconds is None:
-            start, end = self._events
-            end.synchronize()
-            self._seconds = start.elapsed_time(end) / 1e3  # CUDA events report milliseconds
-            self._events = None
+            self._resolve()
         return self._seconds
 
-
-def _transfer_bytes(transfer: Sequence[CopyPair]) -> int:
-    return sum(src.numel() * src.element_size() for _, src in transfer)
+    def copy_seconds(self) -> np.ndarray:
+        """float64[M]: measured seconds of each tensor copy (issue order), summing to :meth:`seconds`."""
+        if self._copy_s is None:
+            self._resolve()
+        return self._copy_s
 
 
 def _wait_until(deadline_s: float) -> None:
@@ -216,33 +250,65 @@ class H2DLink:
         ``transfers``: one entry per expert, each a sequence of ``(dst, src)`` pairs of equal
         shape. On return (CPU) the copies are complete; on CUDA they are queued on the copy stream
         after all work already queued on the current stream (so no slot is overwritten while an
-        earlier layer still reads it), and the current stream waits for them.
+        earlier layer still reads it), and the current stream waits for them. Every copy is timed
+        on its own (:meth:`H2DFetch.copy_seconds`). The emulated link charges each copy
+        ``bytes / bandwidth + latency_s / copies of its expert``, so a whole expert costs exactly
+        :meth:`transfer_s` of its bytes while per-copy timings of different sizes identify
+        bandwidth and latency (``calibration.link.fit_link``).
         """
-        num_bytes = sum(_transfer_bytes(t) for t in transfers)
         if not transfers:
             return H2DFetch(0, 0, seconds=0.0)
+        counts = np.fromiter((len(t) for t in transfers), dtype=np.int64, count=len(transfers))
+        copy_bytes = np.fromiter(
+            (src.numel() * src.element_size() for t in transfers for _, src in t),
+            dtype=np.int64,
+            count=int(counts.sum()),
+        )
+        num_bytes = int(copy_bytes.sum())
         if self._copy_stream is not None:
-            return self._fetch_cuda(transfers, num_bytes)
+            return self._fetch_cuda(transfers, num_bytes, copy_bytes, counts)
+        stamps = np.empty(copy_bytes.size, dtype=np.float64)
         start_s = time.perf_counter()
-        deadline_s = start_s
+        copy_start_s = start_s
+        bw = self.bandwidth_bytes_per_s
+        i = 0
         for transfer in transfers:
+            latency_each_s = self.latency_s / len(transfer) if transfer else 0.0
             for dst, src in transfer:
                 dst.copy_(src)
-            if self.emulated:
-                deadline_s += self.transfer_s(_transfer_bytes(transfer))
-                _wait_until(deadline_s)
-        return H2DFetch(num_bytes, len(transfers), seconds=time.perf_counter() - start_s)
+                if self.emulated:  # each copy lasts max(memcpy, emulated); no catching up
+                    _wait_until(copy_start_s + (copy_bytes[i] / bw if bw else 0.0) + latency_each_s)
+                copy_start_s = stamps[i] = time.perf_counter()
+                i += 1
+        copy_s = np.diff(stamps, prepend=start_s)
+        return H2DFetch(
+            num_bytes,
+            len(transfers),
+            seconds=float(stamps[-1] - start_s) if stamps.size else 0.0,
+            copy_bytes=copy_bytes,
+            copy_seconds=copy_s,
+            copies_per_transfer=counts,
+        )
 
-    def _fetch_cuda(self, transfers: Sequence[Sequence[CopyPair]], num_bytes: int) -> H2DFetch:
+    def _fetch_cuda(
+        self,
+        transfers: Sequence[Sequence[CopyPair]],
+        num_bytes: int,
+        copy_bytes: np.ndarray,
+        counts: np.ndarray,
+    ) -> H2DFetch:
         compute = torch.cuda.current_stream(self.device)
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(copy_bytes.size + 1)]
         self._copy_stream.wait_stream(compute)
         with torch.cuda.stream(self._copy_stream):
-            start.record(self._copy_stream)
+            events[0].record(self._copy_stream)
+            i = 1
             for transfer in transfers:
                 for dst, src in transfer:
                     dst.copy_(src, non_blocking=True)
-            end.record(self._copy_stream)
-        compute.wait_event(end)
-        return H2DFetch(num_bytes, len(transfers), events=(start, end))
+                    events[i].record(self._copy_stream)
+                    i += 1
+        compute.wait_event(events[-1])
+        return H2DFetch(
+            num_bytes, len(transfers), events=events, copy_bytes=copy_bytes, copies_per_transfer=counts
+        )

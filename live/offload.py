@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
@@ -45,15 +45,66 @@ CACHE_POLICY_NAMES = ("lru", "lfu", "static")
 # statistics
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class TransferLog:
+    """Per-copy H2D records of one forward pass (or several concatenated), in issue order.
+
+    ``layers``, ``experts`` (int64[M]): MoE layer and expert id of each copy; ``num_bytes``
+    (int64[M]): bytes of the copy; ``h2d_s`` (float64[M]): its measured seconds. One expert is
+    one *transfer* made of one or more tensor copies (gate/up and down: 2 for every supported
+    architecture); ``copies_per_transfer`` gives that count. These are the rows of the trace's
+    ``transfers`` table (``traces.writer.TraceWriter.add_transfers``).
+    """
+
+    layers: np.ndarray
+    experts: np.ndarray
+    num_bytes: np.ndarray
+    h2d_s: np.ndarray
+
+    @classmethod
+    def empty(cls) -> TransferLog:
+        """No copies."""
+        ints = np.zeros(0, dtype=np.int64)
+        return cls(ints, ints, ints, np.zeros(0, dtype=np.float64))
+
+    @classmethod
+    def concat(cls, logs) -> TransferLog:
+        """Concatenate logs in order."""
+        logs = [log for log in logs if len(log)]
+        if not logs:
+            return cls.empty()
+        if len(logs) == 1:
+            return logs[0]
+        return cls(*(np.concatenate([getattr(log, f.name) for log in logs]) for f in fields(cls)))
+
+    def __len__(self) -> int:
+        return int(self.h2d_s.shape[0])
+
+    @property
+    def copies_per_transfer(self) -> int:
+        """Copies per expert transfer (rows per (layer, expert) run; 0 when empty)."""
+        if not len(self):
+            return 0
+        starts = np.flatnonzero(
+            np.r_[True, (self.layers[1:] != self.layers[:-1]) | (self.experts[1:] != self.experts[:-1])]
+        )
+        return int(round(len(self) / starts.size))
+
+
+@dataclass(frozen=True)
 class ForwardStats:
     """Measurements of one forward pass (or a sum of several, see ``__add__``).
 
     Per MoE layer (arrays of length L): ``layer_hits``, ``layer_misses`` and ``layer_evictions``
     (experts, as counted by the cache policy), ``layer_h2d_bytes`` (bytes fetched, including
     re-syncs of experts the cache says are cached but the pool lacked), ``layer_h2d_s`` (seconds
-    the layer's fetches took), ``layer_compute_s`` (decoder-layer seconds minus its H2D seconds).
+    the layer's fetches took: the timed copies plus the host seconds spent placing the missed
+    experts into slots right before them, a per-miss cost that belongs to the miss rather than
+    to the layer's compute), ``layer_compute_s`` (decoder-layer seconds minus its H2D seconds).
     ``num_tokens``: tokens in the forward (T, batch flattened); ``num_forwards``: forwards summed;
-    ``wall_s``: wall seconds between ``begin_forward`` and ``end_forward``.
+    ``wall_s``: wall seconds between ``begin_forward`` and ``end_forward``. ``transfers``: the
+    per-copy records (:class:`TransferLog`, bytes summing to ``h2d_bytes``; seconds of the copies
+    alone, so they sum to ``h2d_s`` minus the placing time) of a forward from :meth:`OffloadedMoE.end_forward`; ``None`` on sums kept by the
+    engine (``total_stats``) and on :meth:`zeros`. ``a + b`` concatenates them when both have one.
     """
 
     num_tokens: int
@@ -65,6 +116,7 @@ class ForwardStats:
     layer_h2d_bytes: np.ndarray
     layer_h2d_s: np.ndarray
     layer_compute_s: np.ndarray
+    transfers: TransferLog | None = None
 
     @classmethod
     def zeros(cls, num_layers: int) -> ForwardStats:
@@ -74,7 +126,14 @@ class ForwardStats:
         return cls(0, 0, 0.0, *ints, *floats)
 
     def __add__(self, other: ForwardStats) -> ForwardStats:
-        return ForwardStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+        summed = {
+            f.name: getattr(self, f.name) + getattr(other, f.name)
+            for f in fields(self)
+            if f.name != "transfers"
+        }
+        if self.transfers is not None and other.transfers is not None:
+            summed["transfers"] = TransferLog.concat((self.transfers, other.transfers))
+        return ForwardStats(**summed)
 
     @property
     def hits(self) -> int:
@@ -114,7 +173,7 @@ class ForwardStats:
 
     def to_dict(self) -> dict:
         """JSON-ready dict (arrays as lists) with the totals added."""
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "transfers"}
         d = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in d.items()}
         d.update(
             hits=self.hits,
@@ -124,6 +183,10 @@ class ForwardStats:
             h2d_s=self.h2d_s,
             compute_s=self.compute_s,
         )
+        if self.transfers is not None:
+            d["transfers"] = {
+                f.name: getattr(self.transfers, f.name).tolist() for f in fields(self.transfers)
+            }
         return d
 
 
@@ -159,6 +222,8 @@ class _ForwardState:
         self.misses = np.zeros(num_layers, dtype=np.int64)
         self.evictions = np.zeros(num_layers, dtype=np.int64)
         self.fetches: list[list[H2DFetch]] = [[] for _ in range(num_layers)]
+        self.fetch_experts: list[list[np.ndarray]] = [[] for _ in range(num_layers)]  # int64[n] per fetch
+        self.placing_s = np.zeros(num_layers, dtype=np.float64)  # host seconds placing misses
         self.marks: list[list] = [[] for _ in range(num_layers)]  # [start, end] pairs per call
         self.ids: list[list[np.ndarray]] = [[] for _ in range(num_layers)]
         self.weights: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
@@ -484,7 +549,8 @@ class OffloadedMoE:
             torch.cuda.synchronize(self.link.device)
         wall_s = time.perf_counter() - state.started_s
         h2d_bytes = np.array([sum(f.num_bytes for f in fl) for fl in state.fetches], dtype=np.int64)
-        h2d_s = np.array([sum(f.seconds() for f in fl) for fl in state.fetches], dtype=np.float64)
+        copies_s = np.array([sum(f.seconds() for f in fl) for fl in state.fetches], dtype=np.float64)
+        h2d_s = copies_s + state.placing_s
         layer_s = np.array(
             [sum(self._timer.elapsed_s(start, end) for start, end in marks) for marks in state.marks],
             dtype=np.float64,
@@ -499,14 +565,32 @@ class OffloadedMoE:
             layer_h2d_bytes=h2d_bytes,
             layer_h2d_s=h2d_s,
             layer_compute_s=np.maximum(layer_s - h2d_s, 0.0),
+            transfers=self._transfer_log(state),
         )
         self._state = None
         self._last_state = state
         self.last_stats = stats
-        self.total_stats = self.total_stats + stats
+        self.total_stats = self.total_stats + replace(stats, transfers=None)
         if self.recorder is not None:
             self.recorder(stats)
         return stats
+
+    @staticmethod
+    def _transfer_log(state: _ForwardState) -> TransferLog:
+        """The per-copy records of a finished forward (layer order, then issue order)."""
+        parts = []
+        for layer, (fetches, experts) in enumerate(zip(state.fetches, state.fetch_experts)):
+            for fetch, ids in zip(fetches, experts):
+                per_copy = np.repeat(ids, fetch.copies_per_transfer)
+                parts.append(
+                    TransferLog(
+                        np.full(per_copy.size, layer, dtype=np.int64),
+                        per_copy,
+                        fetch.copy_bytes,
+                        fetch.copy_seconds(),
+                    )
+                )
+        return TransferLog.concat(parts)
 
     def last_routing(self) -> tuple[np.ndarray, np.ndarray]:
         """Router choices of the last finished forward, tokens in input order (batch flattened).
@@ -586,6 +670,7 @@ class OffloadedMoE:
         to_fetch = misses + hits[pool.slot_of[layer, hits] < 0].tolist()
         transfers = []
         if to_fetch:
+            placing_started_s = time.perf_counter()
             keep = [bool(self.cache.contains(layer, e)) for e in to_fetch]
             pool.reserve_scratch(keep.count(False))
             for e, kept in zip(to_fetch, keep):
@@ -595,7 +680,9 @@ class OffloadedMoE:
                     self._sync_layer_slots_only(layer)
                 transfers.append(pool.place(layer, e, persistent=kept))
         if transfers:
+            state.placing_s[layer] += time.perf_counter() - placing_started_s
             state.fetches[layer].append(self.link.fetch(transfers))
+            state.fetch_experts[layer].append(np.asarray(to_fetch, dtype=np.int64))
         return pool.views(layer, top_k_index, top_k_weights)
 
     def _sync_layer_slots_only(self, layer: int) -> None:

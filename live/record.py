@@ -92,9 +92,12 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--policy", choices=LIVE_POLICIES, default="specfit", help="tree policy in --mode policy")
     p.add_argument(
         "--predictor",
-        choices=LIVE_PREDICTORS,
-        default="recent",
-        help="expert predictor of the planned policies (chain, topn, specfit, cascade)",
+        choices=("auto", *LIVE_PREDICTORS),
+        default="auto",
+        help="expert predictor of the planned policies (chain, topn, specfit, cascade). 'auto' = "
+        "'union-size' (the simulator's default, priced at the cache's observed miss fraction) with "
+        "--predictor-tables, or with --model default the union-size table of the shipped sample trace "
+        "traces/samples/default (as `python -m sim.sweep` fits it), else 'recent' (no tables needed)",
     )
     p.add_argument("--depth", type=non_negative_int, default=6, help="maximum draft tree depth (levels)")
     p.add_argument(
@@ -142,8 +145,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument(
         "--predictor-tables",
         default=None,
-        help="predictor_tables.npz of calibration.fit (required by --predictor union-size; "
-        "seeds token-table); default: none",
+        help="predictor_tables.npz of calibration.fit, or a dense trace run directory (union-size "
+        "fitted from its trees as sim.replay does); required by --predictor union-size, seeds "
+        "token-table; default: none (see --predictor auto)",
     )
     p.add_argument(
         "--acceptance",
@@ -164,6 +168,31 @@ def _device_available(device: str) -> bool:
         return False
     index = device.partition(":")[2]
     return not index or (index.isdigit() and int(index) < torch.cuda.device_count())
+
+
+def sample_trace_dir() -> Path:
+    """The shipped dense sample trace of the embedded default model (``traces/samples/default``)."""
+    import traces
+
+    return Path(traces.__file__).resolve().parent / "samples" / "default"
+
+
+def resolve_predictor(predictor: str, tables: str | None, model: str) -> tuple[str, str | None]:
+    """``--predictor auto`` made concrete: ``(predictor name, tables path or None)``.
+
+    ``auto`` is ``union-size`` (the simulator's default predictor, ``sim.config.SimConfig``)
+    with ``tables`` when given, else, for ``--model default``, with the union-size table of the
+    shipped sample trace (the same table ``python -m sim.sweep`` fits from it by default), else
+    ``recent`` (needs no tables). Other names are returned as given.
+    """
+    if predictor != "auto":
+        return predictor, tables
+    if tables is not None:
+        return "union-size", tables
+    sample = sample_trace_dir()
+    if model == "default" and (sample / "manifest.json").is_file():
+        return "union-size", str(sample)
+    return "recent", None
 
 
 def resolve_config(args: Any, parser: ArgumentParser) -> RecordConfig:
@@ -188,9 +217,19 @@ def resolve_config(args: Any, parser: ArgumentParser) -> RecordConfig:
         parser.fail(
             "--device", f"{args.device!r} is not available here (expected 'cpu' or an available 'cuda[:N]')"
         )
-    if args.predictor_tables is not None and not Path(args.predictor_tables).is_file():
-        parser.fail("--predictor-tables", f"{args.predictor_tables!r} does not exist (expected a .npz file)")
-    if args.mode == "policy" and args.predictor == "union-size" and args.predictor_tables is None:
+    if args.predictor_tables is not None and not Path(args.predictor_tables).exists():
+        parser.fail(
+            "--predictor-tables",
+            f"{args.predictor_tables!r} does not exist (expected a .npz file or a dense trace directory)",
+        )
+    if args.predictor_tables is not None and Path(args.predictor_tables).is_dir():
+        if not (Path(args.predictor_tables) / "manifest.json").is_file():
+            parser.fail(
+                "--predictor-tables",
+                f"{args.predictor_tables!r} is a directory without a trace manifest.json",
+            )
+    predictor, predictor_tables = resolve_predictor(args.predictor, args.predictor_tables, args.model)
+    if args.mode == "policy" and predictor == "union-size" and predictor_tables is None:
         parser.fail(
             "--predictor", "union-size needs --predictor-tables (predictor_tables.npz of calibration.fit)"
         )
@@ -219,7 +258,7 @@ def resolve_config(args: Any, parser: ArgumentParser) -> RecordConfig:
         max_new_tokens=args.max_new_tokens,
         mode=args.mode,
         policy="full" if args.mode == "dense" else args.policy,
-        predictor=args.predictor,
+        predictor=predictor,
         depth=args.depth,
         topk=args.topk,
         max_nodes=args.max_nodes,
@@ -235,7 +274,7 @@ def resolve_config(args: Any, parser: ArgumentParser) -> RecordConfig:
         resume=bool(args.resume),
         cost=args.cost,
         acceptance=args.acceptance,
-        predictor_tables=args.predictor_tables,
+        predictor_tables=predictor_tables,
     )
 
 

@@ -48,6 +48,14 @@ def test_validate_tiny_grid(tiny_models, tmp_path, capsys) -> None:
         assert (out / "figures" / name).stat().st_size > 1000
     assert (out / "cost_1.json").is_file() and (out / "cycle_errors.csv").is_file()
     assert json.loads((out / "fidelity.json").read_text())["num_cells"] == 3
+    # both sides decide from the same inputs: the sim's union-size predictor on the dense trace's
+    # table, the same acceptance map and cost, so SpecFit chooses the same subtrees and caches alike
+    from traces.reader import read_manifest
+
+    assert read_manifest(out / "live" / "bw1-c4-specfit").run.predictor == "union-size"
+    spec = table[table["policy"] == "specfit"].iloc[0]
+    assert spec["same_subtree_fraction"] == 1.0
+    assert (table["hit_rate_diff_points"].abs() < 1e-9).all()
     # the report reads the validation folder (fidelity rows + the runs it recorded): every figure
     from analysis import report
 

@@ -182,3 +182,28 @@ def test_residual_verify_absorbs_bookkeeping_and_excludes_decision(tables) -> No
     )
     with pytest.raises(ValueError, match="verify_target"):
         FitOptions(verify_target="nope")
+
+
+def test_host_placing_time_and_compute_per_miss_join_the_per_transfer_cost(tables) -> None:
+    """Cycles whose h2d_s carries 6 us of host placing per transfer beyond the timed copies, and
+    whose compute carries 40 us per miss: the fit splits link latency, host time and per-miss
+    compute, puts all three in h2d_s_per_transfer, and predicts whole cycles as before."""
+    from calibration.costfit import host_s_per_transfer, model_cycle_s, predict_terms
+
+    cycles, transfers = tables
+    misses = np.stack(cycles["layer_misses"]).sum(axis=1).astype(np.float64)
+    cycles = cycles.assign(
+        h2d_s=cycles["h2d_s"] + 6e-6 * misses,
+        cycle_s=cycles["cycle_s"] + 46e-6 * misses,
+    )
+    assert host_s_per_transfer(cycles, transfers, 1) == pytest.approx(6e-6, rel=0.02)
+    opts = FitOptions(miss_compute=True)
+    fit = fit_cost_model(cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=6, options=opts)
+    assert fit.h2d_host_s_per_transfer == pytest.approx(6e-6, rel=0.02)
+    assert fit.compute_s_per_miss == pytest.approx(40e-6, rel=0.1)
+    total = fit.h2d_link_s_per_transfer + fit.h2d_host_s_per_transfer + fit.compute_s_per_miss
+    assert fit.model.h2d_s_per_transfer == pytest.approx(total, rel=1e-12)
+    errors = np.abs(predict_terms(fit.model, cycles)["cycle"] / model_cycle_s(cycles) - 1)
+    assert np.median(errors) < 0.02
+    plain = fit_cost_model(cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=6)
+    assert plain.compute_s_per_miss == 0.0

@@ -150,3 +150,51 @@ def test_cuda_offloaded_equals_resident(tiny_checkpoint):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert stats.misses > 0 and stats.h2d_s > 0 and stats.compute_s > 0
     assert engine.h2d_link.kind == "cuda-pinned"
+
+
+def test_per_copy_timings_recover_a_4_gb_per_s_20_us_link():
+    """Experts of the embedded default's shape (gate/up 65,536 B + down 32,768 B): per-copy
+    timings sum to the fetch's seconds, and a fit on them recovers bandwidth and per-expert
+    latency of the emulated link (the link charges each copy bytes/bw + latency/2)."""
+    import numpy as np
+
+    from calibration.link import fit_link
+
+    link = make_link("cpu", bandwidth_gb_per_s=4.0, latency_s=20e-6)
+    host = [(torch.ones(128, 128), torch.ones(128, 64)) for _ in range(4)]
+    dst = (torch.empty(128, 128), torch.empty(128, 64))
+    transfers = [list(zip(dst, host[i % 4])) for i in range(150)]
+    fetch = link.fetch(transfers)
+    copy_s = fetch.copy_seconds()
+    assert fetch.copies_per_transfer.tolist() == [2] * 150
+    assert fetch.copy_bytes[:2].tolist() == [65536, 32768] and fetch.num_bytes == 150 * 98304
+    assert copy_s.sum() == pytest.approx(fetch.seconds(), rel=1e-9)
+    assert np.median(copy_s[0::2]) == pytest.approx(65536 / 4e9 + 10e-6, rel=0.05)
+    fit = fit_link(fetch.copy_bytes, np.ones(copy_s.size), copy_s, robust=True)
+    assert fit.identifiable
+    assert fit.bytes_per_s == pytest.approx(4e9, rel=0.04)
+    assert 2 * fit.s_per_transfer == pytest.approx(20e-6, rel=0.04)
+
+
+def test_event_timed_fetch_splits_seconds_per_copy():
+    """The CUDA path's per-copy split, with stand-in events (elapsed_time in ms from the first)."""
+    import numpy as np
+
+    from live.h2d import H2DFetch
+
+    class _Event:
+        def __init__(self, t_ms: float) -> None:
+            self.t_ms = t_ms
+
+        def synchronize(self) -> None:
+            pass
+
+        def elapsed_time(self, end: _Event) -> float:
+            return end.t_ms - self.t_ms
+
+    events = [_Event(t) for t in (5.0, 5.5, 5.75, 6.5)]
+    fetch = H2DFetch(
+        300, 1, events=events, copy_bytes=np.array([100, 100, 100]), copies_per_transfer=np.array([3])
+    )
+    np.testing.assert_allclose(fetch.copy_seconds(), [0.5e-3, 0.25e-3, 0.75e-3])
+    assert fetch.seconds() == pytest.approx(1.5e-3)

@@ -39,12 +39,19 @@ def test_place_release_and_views():
         dst.copy_(src)
     ids = torch.tensor([[5, 2], [2, 5]])
     weights = torch.tensor([[0.7, 0.3], [0.6, 0.4]])
-    persistent, scratch = pool.views(1, ids, weights)
-    np.testing.assert_array_equal(persistent.slot_index, [[0, 2], [2, 0]])  # 2 = sentinel (C)
-    np.testing.assert_array_equal(scratch.slot_index, [[4, 0], [0, 4]])  # 4 = sentinel (X)
-    np.testing.assert_allclose(persistent.weights, [[0.7, 0.0], [0.0, 0.4]])
-    assert torch.equal(scratch.gate_up[0], store.gate_up[1][2])
-    assert torch.equal(persistent.gate_up[0], store.gate_up[1][5])
+    (view,) = pool.views(1, ids, weights)  # one view of the whole arena: [L*C + X] = 8 rows
+    assert view.num_slots == 8 and not view.has_sentinels
+    # expert 5: persistent slot 0 of layer 1 = arena row 1*2 + 0; expert 2: scratch 0 = row 2*2 + 0
+    np.testing.assert_array_equal(view.slot_index, [[2, 4], [4, 2]])
+    np.testing.assert_allclose(view.weights, weights)
+    assert torch.equal(view.gate_up[4], store.gate_up[1][2]) and torch.equal(
+        view.gate_up[2], store.gate_up[1][5]
+    )
+    assert torch.equal(pool.scratch[0][0], store.gate_up[1][2])
+    assert torch.equal(pool.persistent[1][0][0], store.gate_up[1][5])
+    pool.end_layer()
+    (own,) = pool.views(1, torch.tensor([[5]]), torch.tensor([[1.0]]))  # no transients: the layer's C slots
+    assert own.num_slots == 2 and own.slot_index.tolist() == [[0]]
     pool.end_layer()
     pool.release(1, [5])
     assert pool.resident(1).size == 0 and pool.has_free_slot(1)
@@ -65,6 +72,17 @@ def test_scratch_reservation_grows_and_guards():
         pool.place(0, e, persistent=True)
     with pytest.raises(RuntimeError, match="no free cache slot"):
         pool.place(0, 0, persistent=True)
+
+
+def test_scratch_growth_keeps_cached_experts():
+    store = _store()
+    pool = DeviceExpertPool(store, capacity_per_layer=2, device=torch.device("cpu"), scratch_slots=1)
+    for dst, src in pool.place(1, 3, persistent=True):
+        dst.copy_(src)
+    pool.reserve_scratch(3)  # reallocates the arena
+    assert pool.num_scratch == 3 and pool.persistent[1][0].data_ptr() != 0
+    assert torch.equal(pool.persistent[1][0][pool.slot_of[1, 3]], store.gate_up[1][3])
+    assert torch.equal(pool.persistent[1][1][pool.slot_of[1, 3]], store.down[1][3])
 
 
 def test_capacity_outside_range():

@@ -143,6 +143,22 @@ def test_dense_run_writes_a_valid_trace(tiny, tmp_path, capsys):
         by_request.setdefault(t.request_id, []).append(int(t.target_tokens[0]))
     assert by_request == generated
     assert len(run.cycles) == 24 and (run.cycles["num_committed"] == 1).all()
+    _assert_transfers_match_cycles(run)
+
+
+def _assert_transfers_match_cycles(run) -> None:
+    """The transfers table has one row per tensor copy (2 per expert); bytes and seconds per cycle
+    add up to the cycle's ``layer_h2d_bytes`` and ``h2d_s``."""
+    transfers, cycles = run.transfers, run.cycles
+    assert len(transfers) > 0
+    assert int(transfers["bytes"].sum()) == int(np.stack(cycles["layer_h2d_bytes"]).sum())
+    assert set(transfers["bytes"].unique()) == {4096, 2048}  # gate/up [32, 32] and down [32, 16] fp32
+    by_cycle = transfers.groupby(["request_id", "cycle_index"])["h2d_s"].sum()
+    h2d = cycles.set_index(["request_id", "cycle_index"])["h2d_s"].loc[by_cycle.index].to_numpy()
+    # the cycle's h2d_s = its copies + the host time placing the misses just before them
+    assert np.all(by_cycle.to_numpy() <= h2d + 1e-12) and np.all(by_cycle.to_numpy() > 0)
+    misses = int(np.stack(cycles["layer_misses"]).sum())
+    assert len(transfers) >= 2 * misses  # every miss is fetched (re-syncs may add more)
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +186,29 @@ def test_policy_runs_are_lossless(tiny, dense_run, tmp_path, capsys, policy):
             cycles["predicted_cycle_s"].notna().all() and (cycles["predicted_expected_committed"] >= 1).all()
         )
     assert (cycles["num_committed"] == cycles["num_accepted"] + 1).sum() >= len(cycles) - 3
+
+
+def test_policy_run_transfers_recover_the_emulated_link(tiny, tmp_path, capsys):
+    """Per-copy timings of an emulated 0.2 GB/s + 20 us link: calibration.fit separates bandwidth
+    and per-expert latency (copies of 4096 and 2048 bytes identify both)."""
+    from calibration.fit import main as fit_main
+
+    out = tmp_path / "topn-link"
+    argv = _args(
+        tiny, out, "--mode", "policy", "--policy", "topn", "--bandwidth", "0.2", "--latency-us", "20"
+    )
+    assert main(argv + ["--cache-experts", "2"]) == 0
+    run = open_run(out)
+    _assert_transfers_match_cycles(run)
+    capsys.readouterr()
+    assert fit_main([str(out), "--out", str(tmp_path / "cal" / "cost.json"), "--min-cycles", "4"]) == 0
+    fit = _last_json(capsys)
+    assert fit["h2d_identifiable"] is True
+    assert fit["h2d_bytes_per_s"] == pytest.approx(0.2e9, rel=0.03)
+    assert fit["h2d_link_us_per_transfer"] == pytest.approx(20.0, rel=0.05)
+    assert 0 <= fit["h2d_host_us_per_transfer"] < 100
+    total = fit["h2d_link_us_per_transfer"] + fit["h2d_host_us_per_transfer"]
+    assert fit["h2d_us_per_transfer"] == pytest.approx(total, rel=1e-9)
 
 
 def test_resume_skips_finished_prompts(tiny, tmp_path, capsys):
@@ -291,3 +330,31 @@ def test_ar_needs_no_draft_but_trees_do(tiny, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main([*base, "--out", str(tmp_path / "dense")])
     assert exc.value.code == 2 and "--draft" in capsys.readouterr().err
+
+
+def test_auto_predictor_resolution(tmp_path):
+    from live.record import resolve_predictor, sample_trace_dir
+
+    assert resolve_predictor("recent", None, "default") == ("recent", None)
+    assert resolve_predictor("auto", "t.npz", "/m") == ("union-size", "t.npz")
+    assert resolve_predictor("auto", None, str(tmp_path)) == ("recent", None)
+    if (sample_trace_dir() / "manifest.json").is_file():
+        assert resolve_predictor("auto", None, "default") == ("union-size", str(sample_trace_dir()))
+
+
+def test_dense_trace_as_predictor_tables(tiny, dense_run, tmp_path, capsys):
+    """A dense run directory gives the union-size table calibration.fit (and sim.replay) fit from it."""
+    from calibration.predictor_tables import fit_predictor_tables
+    from live.spec.session import union_size_from_dense_trace
+
+    dense = open_run(dense_run)
+    table = union_size_from_dense_trace(dense_run, 2, 16)
+    want = fit_predictor_tables([dense.node_arrays()], 16).union_size
+    assert table.shape == (2, 8) and np.array_equal(table, want)
+    out = tmp_path / "specfit-dir-tables"
+    argv = _args(tiny, out, "--mode", "policy", "--policy", "specfit", "--predictor-tables", str(dense_run))
+    assert main(argv + ["--bandwidth", "1"]) == 0
+    assert open_run(out).manifest.run.predictor == "union-size"
+    with pytest.raises(SystemExit) as exc:
+        main(_args(tiny, tmp_path / "bad", "--mode", "policy", "--predictor-tables", str(tmp_path)))
+    assert exc.value.code == 2 and "--predictor-tables" in capsys.readouterr().err

@@ -25,7 +25,8 @@ def test_sample_is_a_complete_dense_trace(sample):
     generated = sum(len(g) for g in sample.requests["generated_token_ids"])
     assert len(trees) == generated  # one tree per committed position
     assert all(t.accepted[0] and t.target_tokens.min() >= 0 for t in trees)
-    assert sum(p.stat().st_size for p in SAMPLE.rglob("*") if p.is_file()) < 2.5e6
+    # ~2.8 MB since the transfers table (per-copy H2D timings, ~0.9 MB) is recorded
+    assert sum(p.stat().st_size for p in SAMPLE.rglob("*") if p.is_file()) < 3.2e6
 
 
 def test_sample_matches_the_embedded_weights(sample):

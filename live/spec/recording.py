@@ -61,6 +61,18 @@ def cycle_record(request_id: int, event: CycleEvent, policy: str):
     )
 
 
+def write_transfers(writer, request_id: int, event: CycleEvent) -> int:
+    """Write the per-copy H2D records of a cycle's verification forward to the ``transfers``
+    table (``live.offload.TransferLog``: layer, expert, bytes, seconds per tensor copy; their
+    bytes sum to the cycle's ``layer_h2d_bytes`` and seconds to its ``h2d_s``). Returns the rows
+    written (0 for a cycle without transfers or a forward without per-copy records)."""
+    log = event.stats.transfers
+    if log is None or not len(log):
+        return 0
+    writer.add_transfers(request_id, event.cycle_index, log.layers, log.experts, log.num_bytes, log.h2d_s)
+    return len(log)
+
+
 def write_tree(writer, request_id: int, event: CycleEvent) -> None:
     """Write the whole verified tree of a dense-mode cycle to the ``nodes`` table.
 

@@ -18,7 +18,7 @@ import torch
 from live.spec.draft import ModelDrafter, TreeShape
 from live.spec.engine import AutoregressiveChooser, FullTreeChooser, SpecDecoder, SubtreeChooser
 from live.spec.names import PLANNED_POLICIES
-from live.spec.recording import RunTotals, cycle_record, write_tree
+from live.spec.recording import RunTotals, cycle_record, write_transfers, write_tree
 from live.spec.routing import RouterCapture
 from live.spec.verify import TreeVerifier
 
@@ -96,12 +96,21 @@ def _weights_sha256(folder: Path | None) -> str | None:
     return digest.hexdigest()
 
 
-def _load_predictor_tables(path: str) -> dict[str, np.ndarray]:
-    """Arrays of a ``predictor_tables.npz`` (calibration.fit), read without pickle.
+def _load_predictor_tables(path: str, num_layers: int, num_experts: int) -> dict[str, np.ndarray]:
+    """Predictor tables for the planner, read without pickle.
+
+    ``path`` is either a ``predictor_tables.npz`` of ``calibration.fit`` or a dense trace run
+    directory, whose trees give the ``union_size`` table exactly as ``sim.replay`` fits it for a
+    replay of that trace (:func:`specfit.predictors.union_size_from_trees` over every tree, nodes
+    ranked by draft path probability, up to the largest tree), so a live run and a replay of the
+    same dense trace price trees with the same table.
 
     Raises:
-        SessionError: unreadable file or no ``union_size`` array (names ``--predictor-tables``).
+        SessionError: unreadable file or trace, no ``union_size`` array / no dense trees, or a
+            trace of a model with other layer/expert counts (names ``--predictor-tables``).
     """
+    if Path(path).is_dir():
+        return {"union_size": union_size_from_dense_trace(path, num_layers, num_experts)}
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {key: data[key] for key in data.files}
@@ -112,6 +121,35 @@ def _load_predictor_tables(path: str) -> dict[str, np.ndarray]:
             "--predictor-tables", f"{path}: no 'union_size' array (expected calibration.fit output)"
         )
     return arrays
+
+
+def union_size_from_dense_trace(path: str | Path, num_layers: int, num_experts: int) -> np.ndarray:
+    """float64[L, M+1] union-size table of the dense trace in ``path`` (see :func:`_load_predictor_tables`).
+
+    Raises:
+        SessionError: not a readable dense trace of an L-layer, E-expert model (names ``--predictor-tables``).
+    """
+    from specfit.predictors import union_size_from_trees
+    from traces.reader import open_run
+
+    try:
+        run = open_run(path)
+        arrays = run.node_arrays()
+    except (OSError, ValueError, KeyError) as exc:
+        raise SessionError("--predictor-tables", f"{path}: cannot read the dense trace: {exc}") from exc
+    model = run.manifest.model
+    if (model.num_layers, model.num_experts) != (num_layers, num_experts):
+        raise SessionError(
+            "--predictor-tables",
+            f"{path}: trace of a model with {model.num_layers} MoE layers x {model.num_experts} experts, "
+            f"the target has {num_layers} x {num_experts}",
+        )
+    if arrays.num_trees == 0:
+        raise SessionError("--predictor-tables", f"{path}: no dense trees (record it with --mode dense)")
+    bounds = [(int(arrays.offsets[i]), int(arrays.offsets[i + 1])) for i in range(arrays.num_trees)]
+    trees = [arrays.expert_ids[lo:hi] for lo, hi in bounds]
+    probs = [np.exp(arrays.path_logprob[lo:hi]) for lo, hi in bounds]
+    return union_size_from_trees(trees, probs, num_experts, int(arrays.tree_sizes.max()))
 
 
 class RecordSession:
@@ -223,7 +261,11 @@ class RecordSession:
                 calibration = AcceptanceCalibration.from_dict(json.loads(Path(config.acceptance).read_text()))
             except (ValueError, KeyError, TypeError, OSError) as exc:
                 raise SessionError("--acceptance", f"{config.acceptance}: {exc}") from exc
-        tables = _load_predictor_tables(config.predictor_tables) if config.predictor_tables else None
+        tables = (
+            _load_predictor_tables(config.predictor_tables, self.spec.num_layers, self.spec.num_experts)
+            if config.predictor_tables
+            else None
+        )
         try:
             return PlannedChooser(
                 self.drafter,
@@ -322,6 +364,7 @@ class RecordSession:
                     if dense:
                         write_tree(self.writer, request_id, event)
                     self.writer.add_cycle(cycle_record(request_id, event, config.policy))
+                    write_transfers(self.writer, request_id, event)
                     bar.update(len(event.committed))
 
                 ids = self.prompt_ids[request_id]
