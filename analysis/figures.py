@@ -6,6 +6,7 @@ this module has no side effect. Axis labels carry units; metric conventions are 
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -48,20 +49,32 @@ def _pyplot() -> Any:
 def _save(fig: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     _pyplot().close(fig)
     return path
 
 
+def with_config(throughput: pd.DataFrame) -> pd.DataFrame:
+    """``throughput`` with a ``config`` column (one unnamed configuration, ``""``, when absent).
+
+    Cells of different ``config`` values are never averaged together (analysis.inputs.config_label).
+    """
+    if "config" in throughput.columns:
+        return throughput.assign(config=throughput["config"].fillna("").astype(str))
+    return throughput.assign(config="")
+
+
 def slower_than_ar(throughput: pd.DataFrame) -> pd.DataFrame:
-    """Rows (source, cache, bandwidth) where a full-tree policy is slower than autoregressive.
+    """Rows (config, source, cache, bandwidth) where a full-tree policy is slower than autoregressive.
+
+    Only cells of the same configuration (``config`` column, see :func:`with_config`) are compared.
 
     Returns:
-        DataFrame ``source, cache_experts_per_layer, bandwidth_gb_per_s, ar_tokens_per_s,
+        DataFrame ``config, source, cache_experts_per_layer, bandwidth_gb_per_s, ar_tokens_per_s,
         full_tokens_per_s, specfit_tokens_per_s`` (the regime map's shaded cells).
     """
-    df = throughput.dropna(subset=["bandwidth_gb_per_s"])
-    keys = ["source", "cache_experts_per_layer", "bandwidth_gb_per_s"]
+    df = with_config(throughput).dropna(subset=["bandwidth_gb_per_s"])
+    keys = ["config", "source", "cache_experts_per_layer", "bandwidth_gb_per_s"]
     pivot = df.pivot_table(index=keys, columns="policy", values="tokens_per_s", aggfunc="mean")
     if "ar" not in pivot.columns:
         return pd.DataFrame(columns=[*keys, "ar_tokens_per_s", "full_tokens_per_s", "specfit_tokens_per_s"])
@@ -77,42 +90,65 @@ def slower_than_ar(throughput: pd.DataFrame) -> pd.DataFrame:
     return out[out["full_tokens_per_s"] < out["ar_tokens_per_s"]].reset_index(drop=True)
 
 
-def throughput_vs_bandwidth(throughput: pd.DataFrame, path: Path) -> Path | None:
-    """Regime map: tokens/s against bandwidth per policy, one panel per cache size.
+def throughput_configs(throughput: pd.DataFrame, max_configs: int = 6) -> list[str]:
+    """The configurations :func:`throughput_vs_bandwidth` draws, in order (at most ``max_configs``)."""
+    df = with_config(throughput).dropna(subset=["bandwidth_gb_per_s", "tokens_per_s"])
+    return list(dict.fromkeys(df["config"]))[:max_configs]
 
-    Shaded bandwidths: a full-tree policy (top-N / full) is slower than autoregressive there.
-    Solid lines are simulated, dashed lines live.
+
+def throughput_vs_bandwidth(
+    throughput: pd.DataFrame, path: Path, max_configs: int = 6, max_caches: int = 4
+) -> Path | None:
+    """Regime map: tokens/s against bandwidth per policy; one row of panels per configuration.
+
+    Each configuration (``config`` column; one when absent) gets its own row of panels, one
+    panel per cache size, so cells of different expert sizes, overlap, prefetch, predictor, cache
+    policy or source never share a line and are never averaged (only repeated cells of one
+    configuration are). Shaded bandwidths: a full-tree policy (top-N / full) is slower than
+    autoregressive there. Solid lines are simulated, dashed lines live. Legends sit outside.
     """
-    df = throughput.dropna(subset=["bandwidth_gb_per_s", "tokens_per_s"])
+    df = with_config(throughput).dropna(subset=["bandwidth_gb_per_s", "tokens_per_s"])
     if df.empty:
         return None
     plt = _pyplot()
-    caches = sorted(df["cache_experts_per_layer"].dropna().unique().tolist()) or [None]
-    caches = caches[:4]
-    fig, axes = plt.subplots(1, len(caches), figsize=(5 * len(caches), 4), squeeze=False)
+    configs = throughput_configs(df, max_configs)
+    panels = []
+    for config in configs:
+        sub = df[df["config"] == config]
+        caches = sorted(sub["cache_experts_per_layer"].dropna().unique().tolist()) or [None]
+        panels.append([(config, cache) for cache in caches[:max_caches]])
+    ncols = max(len(row) for row in panels)
+    fig, axes = plt.subplots(len(panels), ncols, figsize=(6.5 * ncols, 4.5 * len(panels)), squeeze=False)
     slow = slower_than_ar(df)
-    for ax, cache in zip(axes[0], caches):
-        sub = df if cache is None else df[df["cache_experts_per_layer"] == cache]
-        for (source, policy), g in sub.groupby(["source", "policy"]):
-            g = g.groupby("bandwidth_gb_per_s", as_index=False)["tokens_per_s"].mean()
-            style = "-o" if source == "sim" else "--s"
-            ax.plot(
-                g["bandwidth_gb_per_s"],
-                g["tokens_per_s"],
-                style,
-                color=_color(policy),
-                label=f"{policy} ({source})",
-            )
-        for bw in slow[slow["cache_experts_per_layer"] == cache]["bandwidth_gb_per_s"].unique():
-            ax.axvspan(bw / 1.15, bw * 1.15, color="red", alpha=0.12, lw=0)
-        ax.set_xscale("log")
-        ticks = sorted(sub["bandwidth_gb_per_s"].unique())
-        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
-        ax.minorticks_off()
-        ax.set_xlabel("H2D bandwidth (GB/s, 1 GB = 1e9 B)")
-        ax.set_ylabel("throughput (committed tokens / s)")
-        ax.set_title(f"cache {cache} experts/layer (red: full tree slower than AR)", fontsize=9)
-        ax.legend(fontsize=7)
+    for r, row in enumerate(panels):
+        for c in range(len(row), ncols):
+            axes[r][c].axis("off")
+        for ax, (config, cache) in zip(axes[r], row):
+            sub = df[df["config"] == config]
+            if cache is not None:
+                sub = sub[sub["cache_experts_per_layer"] == cache]
+            for (source, policy), g in sub.groupby(["source", "policy"]):
+                g = g.groupby("bandwidth_gb_per_s", as_index=False)["tokens_per_s"].mean()
+                style = "-o" if source == "sim" else "--s"
+                ax.plot(
+                    g["bandwidth_gb_per_s"],
+                    g["tokens_per_s"],
+                    style,
+                    color=_color(policy),
+                    label=f"{policy} ({source})",
+                )
+            mine = slow[(slow["config"] == config) & (slow["cache_experts_per_layer"] == cache)]
+            for bw in mine["bandwidth_gb_per_s"].unique():
+                ax.axvspan(bw / 1.15, bw * 1.15, color="red", alpha=0.12, lw=0)
+            ax.set_xscale("log")
+            ticks = sorted(sub["bandwidth_gb_per_s"].unique())
+            ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+            ax.minorticks_off()
+            ax.set_xlabel("H2D bandwidth (GB/s, 1 GB = 1e9 B)")
+            ax.set_ylabel("throughput (committed tokens / s)")
+            title = f"cache {cache} experts/layer (red: full tree slower than AR)"
+            ax.set_title(f"{textwrap.fill(config, 60)}\n{title}" if config else title, fontsize=8)
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
 
 
@@ -143,7 +179,7 @@ def predicted_vs_measured(scatter: pd.DataFrame, path: Path) -> Path | None:
     ax.set_xlabel("measured cycle time (s, planner time excluded)")
     ax.set_ylabel("predicted cycle time (s)")
     ax.set_title("Per-cycle predicted vs measured")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="best")
     return _save(fig, path)
 
 
@@ -173,7 +209,7 @@ def acceptance_per_depth(dense: list, path: Path) -> Path | None:
     ax.set_ylabel("acceptance at d given d reached")
     ax.set_ylim(0, 1)
     ax.set_title("Per-depth conditional acceptance (full dense trees)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="best")
     return _save(fig, path)
 
 
@@ -206,7 +242,7 @@ def expert_union_growth(dense: list, path: Path) -> Path | None:
         ax.set_xlabel("nodes in the subtree (most probable first)")
         ax.set_ylabel("distinct experts per layer")
         ax.set_title(f"Expert-union growth: {label}", fontsize=9)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="best")
     return _save(fig, path)
 
 
@@ -230,7 +266,7 @@ def hit_rate_vs_cache(hit_rates: pd.DataFrame, path: Path) -> Path | None:
     ax.set_xlabel("cache size (experts per layer)")
     ax.set_ylabel("hit rate (%)")
     ax.set_title("Expert-cache hit rate against cache size")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="best")
     return _save(fig, path)
 
 
@@ -254,7 +290,7 @@ def time_split(split: pd.DataFrame, path: Path, max_bars: int = 24) -> Path | No
         left += share
     ax.set_xlabel("share of decode time (%)")
     ax.set_title("Time split: draft / compute / H2D")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.tick_params(axis="y", labelsize=7)
     return _save(fig, path)
 
@@ -275,7 +311,7 @@ def sim_vs_live_throughput(table: pd.DataFrame, path: Path) -> Path | None:
     ax.set_xlabel("live throughput (tokens/s)")
     ax.set_ylabel("simulated throughput (tokens/s)")
     ax.set_title("Simulated vs live throughput per cell")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="best")
     return _save(fig, path)
 
 
@@ -288,9 +324,10 @@ def cycle_error_distribution(errors: pd.DataFrame, path: Path) -> Path | None:
     for policy, g in errors.groupby("policy"):
         ax.hist(g["cycle_error_pct"], bins=40, alpha=0.5, color=_color(policy), label=policy)
     for x in (-5, -2, 2, 5):
-        ax.axvline(x, color="k", lw=0.6, ls=":" if abs(x) == 5 else "--")
+        label = ("+/- 5 % target" if abs(x) == 5 else "+/- 2 % target") if x > 0 else None
+        ax.axvline(x, color="k", lw=0.6, ls=":" if abs(x) == 5 else "--", label=label)
     ax.set_xlabel("per-cycle error of the cost model (%, predicted - measured)")
     ax.set_ylabel("cycles")
     ax.set_title("Per-cycle predicted vs measured cycle time")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="best")
     return _save(fig, path)

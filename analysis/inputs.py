@@ -28,6 +28,7 @@ from specfit.units import bytes_per_s_to_gb_per_s
 THROUGHPUT_COLUMNS = (
     "label",
     "source",
+    "config",
     "bandwidth_gb_per_s",
     "cache_experts_per_layer",
     "policy",
@@ -47,7 +48,9 @@ class ReportData:
     """Long-format tables for the figures (empty DataFrames when no input provides them).
 
     Attributes:
-        throughput: :data:`THROUGHPUT_COLUMNS` (``source`` is ``sim`` or ``live``).
+        throughput: :data:`THROUGHPUT_COLUMNS` (``source`` is ``sim`` or ``live``; ``config`` names
+            the configuration a row belongs to, see :func:`config_label`: rows of different
+            configurations are never averaged together).
         hit_rates: :data:`HIT_COLUMNS`.
         time_split: :data:`SPLIT_COLUMNS` (seconds summed over a run or cell).
         cycle_scatter: :data:`SCATTER_COLUMNS`, one row per cycle (seconds).
@@ -73,6 +76,27 @@ class ReportData:
         if len(rows):
             current = getattr(self, name)
             setattr(self, name, pd.concat([current, rows], ignore_index=True) if len(current) else rows)
+
+
+def config_label(kind: str, **fields: object) -> str:
+    """One readable name for a throughput configuration, e.g. ``"sweep s1: expert 9.437 MB, overlap on"``.
+
+    ``kind`` is the source kind (``sweep``, ``live`` or ``validate``, with the folder name where
+    cells of different folders must not be mixed); ``fields`` are the settings that distinguish
+    cells (expert bytes, overlap, prefetch, predictor, cache policy, depth, prompt counts...).
+    ``None``/NaN fields are left out. Rows with equal labels may be averaged; others never.
+    """
+    parts = []
+    for key, value in fields.items():
+        if value is None or (isinstance(value, float) and not np.isfinite(value)):
+            continue
+        if isinstance(value, (bool, np.bool_)):
+            parts.append(f"{key.replace('_', ' ')} {'on' if value else 'off'}")
+        elif key == "expert_bytes":
+            parts.append(f"expert {float(value) / 1e6:.4g} MB")
+        else:
+            parts.append(f"{key.replace('_', ' ')} {value}")
+    return f"{kind}: {', '.join(parts)}" if parts else kind
 
 
 def classify(path: Path) -> str:
@@ -111,7 +135,13 @@ def _add_sweep(data: ReportData, path: Path) -> None:
     if missing:
         raise ReportInputError(f"{path}: sweep results lack column(s) {missing}")
     label = path.name
-    tp = df[list(need)].assign(label=label, source="sim")
+    expert_bytes = _sweep_expert_bytes(path, df)
+    settings = [c for c in ("overlap", "prefetch", "predictor", "cache_policy") if c in df.columns]
+    configs = [
+        config_label(f"sweep {label}", expert_bytes=eb, **dict(zip(settings, vals)))
+        for eb, *vals in zip(expert_bytes, *(df[c] for c in settings))
+    ]
+    tp = df[list(need)].assign(label=label, source="sim", config=configs)
     data._add("throughput", tp[list(THROUGHPUT_COLUMNS)])
     if "hit_rate" in df.columns:
         hr = df[["cache_experts_per_layer", "policy", "hit_rate"]].assign(label=label, source="sim")
@@ -120,8 +150,10 @@ def _add_sweep(data: ReportData, path: Path) -> None:
         split = pd.DataFrame(
             {
                 "label": [
-                    f"sim {p} {b:g}GB/s c{c}"
-                    for p, b, c in zip(df["policy"], df["bandwidth_gb_per_s"], df["cache_experts_per_layer"])
+                    f"sim {p} {b:g}GB/s c{c}{extra}"
+                    for p, b, c, extra in zip(
+                        df["policy"], df["bandwidth_gb_per_s"], df["cache_experts_per_layer"], _flags(df)
+                    )
                 ],
                 "draft_s": df["draft_s"],
                 "verify_s": df["verify_s"],
@@ -132,7 +164,58 @@ def _add_sweep(data: ReportData, path: Path) -> None:
         data._add("time_split", split)
 
 
-def _add_trace(data: ReportData, path: Path, include_rates: bool = True) -> None:
+def _flags(df: pd.DataFrame) -> list[str]:
+    """Per row, `` overlap`` / `` prefetch`` when the sweep cell had them on (time-split bar labels)."""
+    out = [""] * len(df)
+    for col in ("overlap", "prefetch"):
+        if col in df.columns:
+            on = df[col].astype(str).str.lower().isin(("true", "1", "on"))
+            out = [o + (f" {col}" if flag else "") for o, flag in zip(out, on)]
+    return out
+
+
+def _sweep_expert_bytes(path: Path, df: pd.DataFrame) -> list:
+    """Per row of ``df``, the expert bytes the sweep priced (``sweep.json`` cells by ``cell_id``)."""
+    by_cell: dict = {}
+    meta = path / "sweep.json"
+    if meta.is_file():
+        try:
+            sweep = json.loads(meta.read_text())
+        except json.JSONDecodeError as exc:
+            raise ReportInputError(f"{meta}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        for cell in sweep.get("cells", []):
+            if isinstance(cell, dict) and isinstance(cell.get("cost"), dict):
+                by_cell[cell.get("cell_id")] = cell["cost"].get("expert_bytes")
+    ids = df["cell_id"] if "cell_id" in df.columns else [None] * len(df)
+    return [by_cell.get(i) for i in ids]
+
+
+def live_throughput(path: Path, summary: dict) -> tuple[float, float, str]:
+    """Tokens/s of a live run per docs/metrics.md: committed tokens / wall seconds of decoding.
+
+    Uses ``summary.json``'s ``summary.num_tokens / summary.decode_s`` (what ``python -m
+    live.record`` prints) when the run has it; otherwise ``metrics.cycle_summary``'s committed
+    tokens / sum of ``cycle_s`` (``summary`` here).
+
+    Returns:
+        ``(tokens_per_s, wall_s, basis)`` with ``basis`` ``"decode_s"`` or ``"sum cycle_s"``.
+
+    Raises:
+        ReportInputError: ``summary.json`` is not valid JSON.
+    """
+    file = path / "summary.json"
+    if file.is_file():
+        try:
+            recorded = json.loads(file.read_text()).get("summary", {})
+        except json.JSONDecodeError as exc:
+            raise ReportInputError(f"{file}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        tokens, decode_s = recorded.get("num_tokens"), recorded.get("decode_s")
+        if isinstance(tokens, (int, float)) and isinstance(decode_s, (int, float)) and decode_s > 0:
+            return float(tokens) / float(decode_s), float(decode_s), "decode_s"
+    return float(summary["tokens_per_s"]), float(summary["wall_s"]), "sum cycle_s"
+
+
+def _add_trace(data: ReportData, path: Path, include_rates: bool = True, label: str | None = None) -> None:
     from traces.reader import open_run
 
     try:
@@ -140,13 +223,15 @@ def _add_trace(data: ReportData, path: Path, include_rates: bool = True) -> None
     except ValueError as exc:
         raise ReportInputError(f"{path}: {exc}") from None
     manifest = run.manifest
-    label = path.name
+    label = label or path.name
     if run.num_rows("nodes"):
         data.dense.append((label, run.node_arrays(), manifest.model.num_experts))
     cycles = run.cycles
     if not len(cycles) or manifest.run.mode != "policy":
         return
     summary = metrics.cycle_summary(cycles)
+    tokens_per_s, wall_s, basis = live_throughput(path, summary)
+    summary = {**summary, "wall_s": wall_s, "tokens_per_s": tokens_per_s, "throughput_basis": basis}
     data.run_summaries.append((label, summary))
     bw = manifest.hardware.emulated_bandwidth_bytes_per_s
     policy = manifest.run.tree_policy or str(cycles["policy"].iloc[0])
@@ -155,6 +240,7 @@ def _add_trace(data: ReportData, path: Path, include_rates: bool = True) -> None
     row = {
         "label": label,
         "source": "live",
+        "config": _live_config(manifest),
         "bandwidth_gb_per_s": bandwidth,
         "cache_experts_per_layer": cache,
         "policy": policy,
@@ -185,6 +271,25 @@ def _add_trace(data: ReportData, path: Path, include_rates: bool = True) -> None
                 }
             ),
         )
+
+
+def _live_config(manifest: object) -> str:
+    """The configuration of a live policy run (everything but bandwidth, cache size and policy)."""
+    cfg = getattr(manifest, "config", None) or {}
+    draft = getattr(manifest, "draft", None)
+    run = manifest.run
+    return config_label(
+        "live",
+        model=manifest.model.name,
+        expert_bytes=manifest.model.bytes_per_expert,
+        cache_policy=run.cache_policy,
+        predictor=run.predictor,
+        depth=cfg.get("depth", getattr(draft, "tree_depth", None)),
+        max_nodes=cfg.get("max_nodes", getattr(draft, "max_nodes", None)),
+        prompts=cfg.get("prompts", run.prompt_source),
+        num_prompts=cfg.get("num_prompts"),
+        max_new_tokens=cfg.get("max_new_tokens"),
+    )
 
 
 def _add_calibration(data: ReportData, path: Path) -> None:
@@ -224,8 +329,15 @@ def _fit_error_rows(label: str, report: dict) -> pd.DataFrame:
 def _add_validate(data: ReportData, path: Path) -> None:
     """fidelity.csv rows, plus the dense and live runs the validation recorded (``live/*``)."""
     df = pd.read_csv(path / "fidelity.csv")
+    expert_bytes = None
     for run_dir in sorted((path / "live").glob("*/manifest.json")):
-        _add_trace(data, run_dir.parent, include_rates=False)
+        _add_trace(data, run_dir.parent, include_rates=False, label=f"{path.name}/{run_dir.parent.name}")
+        if expert_bytes is None:
+            try:
+                expert_bytes = json.loads(run_dir.read_text())["model"]["bytes_per_expert"]
+            except (ValueError, KeyError, TypeError):
+                expert_bytes = None
+    config = config_label(f"validate {path.name}", expert_bytes=expert_bytes)
     data.fidelity = pd.concat([data.fidelity, df.assign(label=path.name)], ignore_index=True)
     for source in ("live", "sim"):
         col = f"{source}_tokens_per_s"
@@ -233,7 +345,8 @@ def _add_validate(data: ReportData, path: Path) -> None:
             tp = df[["bandwidth_gb_per_s", "cache_experts_per_layer", "policy", col]].rename(
                 columns={col: "tokens_per_s"}
             )
-            data._add("throughput", tp.assign(label=path.name, source=source)[list(THROUGHPUT_COLUMNS)])
+            tp = tp.assign(label=path.name, source=source, config=config)
+            data._add("throughput", tp[list(THROUGHPUT_COLUMNS)])
         col = f"{source}_hit_rate"
         if col in df.columns:
             hr = df[["cache_experts_per_layer", "policy", col]].rename(columns={col: "hit_rate"})

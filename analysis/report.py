@@ -34,7 +34,9 @@ CONVENTIONS = """\
 - **Per-depth acceptance** is conditional: accepted at depth d / reached depth d.
 - **Tokens per target forward** (every cycle, root-only ones included) and **tokens per draft
   round** (cycles that drafted only) are different figures and are labelled apart.
-- **Throughput** = committed tokens / wall seconds of decoding.
+- **Throughput** = committed tokens / wall seconds of decoding (for a live run, its recorded
+  decode wall time, `summary.json` `decode_s`, as `python -m live.record` prints it; runs without
+  it fall back to the sum of cycle seconds, marked in the `throughput_basis` column).
 - **Hit rate** = cache hits / (hits + misses); differences are in percentage points.
 - **Errors** are 100 x (predicted - measured) / measured; medians and p90 are of the absolute value.
   Measured cycle times exclude the planner's own decision time.
@@ -43,7 +45,9 @@ Full definitions: docs/metrics.md.
 """
 
 CAPTIONS = {
-    "throughput_vs_bandwidth": "Throughput against H2D bandwidth per policy (solid: simulated, dashed: live). "
+    "throughput_vs_bandwidth": "Throughput against H2D bandwidth per policy, one row of panels per "
+    "configuration (listed above; never averaged across configurations), one panel per cache size "
+    "(solid: simulated, dashed: live). "
     "Red bands: bandwidths where the full tree (top-N) is slower than autoregressive decoding.",
     "predicted_vs_measured": "Per-cycle predicted against measured cycle time (log-log; the line is y = x).",
     "acceptance_per_depth": "Per-depth conditional acceptance of the full dense trees.",
@@ -81,6 +85,24 @@ def markdown_table(df: pd.DataFrame) -> str:
     return "\n".join([head, sep, *rows]) + "\n"
 
 
+def throughput_config_lines(throughput: pd.DataFrame) -> list[str]:
+    """Markdown lines naming the throughput configurations the regime map shows (and any left out)."""
+    shown = figures.throughput_configs(throughput)
+    every = figures.throughput_configs(throughput, max_configs=len(throughput) + 1)
+    if not every:
+        return []
+    lines = [
+        "Throughput configurations shown (each its own row of panels; cells are averaged only "
+        "within one configuration):\n"
+    ]
+    lines += [f"- {c or '(unnamed)'}" for c in shown]
+    left = every[len(shown) :]
+    if left:
+        lines.append(f"- not drawn ({len(left)} more, panel limit): " + "; ".join(left))
+    lines.append("")
+    return lines
+
+
 def render_figures(data: ReportData, fig_dir: Path) -> dict[str, Path | None]:
     """Draw every figure that the data allow; ``{name: path or None}`` in :data:`figures.FIGURES` order."""
     jobs = {
@@ -110,6 +132,7 @@ def write_report(data: ReportData, out_dir: Path, title: str) -> tuple[Path, dic
         lines.append(markdown_table(rows))
     slow = figures.slower_than_ar(data.throughput)
     lines.append("## Regime map\n")
+    lines += throughput_config_lines(data.throughput)
     if len(slow):
         lines.append("Configurations where the full tree is slower than autoregressive decoding:\n")
         lines.append(markdown_table(slow))
