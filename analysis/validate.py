@@ -26,7 +26,9 @@ Outputs under ``--out`` (default ``runs/validate/<UTC time>``): ``fidelity.csv``
 ``fidelity.json`` (grid summary), ``cycle_errors.csv`` (per-cycle predicted vs measured),
 ``cost_<bw>.json`` per bandwidth, ``acceptance.json`` (both sides' acceptance map), ``figures/`` (sim vs live throughput, per-cycle error
 distribution, throughput against bandwidth), the live runs under ``live/`` with their logs.
-The last stdout line is the JSON summary with the overall median and p90 per-cycle errors.
+The table (one row per cell, ``ok`` = every target met) is followed by the targets line; the
+last stdout line is the JSON summary with the overall median and p90 per-cycle errors, ``ran``
+(the grid ran to the end) and ``all_targets_met`` (every cell's ``ok``).
 Exit status: 0 (also when targets are missed: the report says which term is off), 2 for a bad
 flag, 1 when a live run or the replay fails (the cell is named).
 """
@@ -422,6 +424,59 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+def targets_line(targets: fidelity.Targets | None = None) -> str:
+    """The fidelity targets a cell's ``ok`` column checks (:class:`analysis.fidelity.Targets`)."""
+    t = targets or fidelity.Targets()
+    return (
+        f"targets (ok = all met): per-cycle error median <= {t.cycle_median_pct:g} %, "
+        f"p90 <= {t.cycle_p90_pct:g} %; throughput within {t.throughput_pct:g} %; "
+        f"hit rate within {t.hit_rate_points:g} points; same subtree >= {t.same_subtree_fraction:.0%}"
+    )
+
+
+def _experts_per_layer(model: str) -> int | None:
+    """Routed experts per layer from a checkpoint's ``config.json`` (``None`` when not stated)."""
+    if model == "default":
+        from live.assets import default_model_paths
+
+        try:
+            folder = default_model_paths()[0]
+        except FileNotFoundError:
+            return None
+    else:
+        folder = Path(model)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config", config) if isinstance(config, dict) else {}
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if isinstance(config.get(key), int):
+            return int(config[key])
+    return None
+
+
+def check_model_and_prompts(args: Any, parser: ArgumentParser) -> None:
+    """Flag checks that need the checkpoint or prompt file, made before any output is written:
+    a checkpoint without ``config.json``, ``--cache-experts`` above the experts per layer, a
+    prompt file that yields no prompts. Exits 2 naming the flag."""
+    if args.model != "default" and not (Path(args.model) / "config.json").is_file():
+        parser.fail("--model", f"{args.model!r} is not a Hugging Face checkpoint directory (no config.json)")
+    experts = _experts_per_layer(args.model)
+    if experts is not None and args.cache_experts:
+        big = [c for c in args.cache_experts if c > experts]
+        if big:
+            parser.fail("--cache-experts", f"expected at most {experts} (the experts per layer), got {big}")
+    from live.prompts import load_prompts
+
+    try:
+        prompts = load_prompts(args.prompts)
+    except (ValueError, FileNotFoundError) as exc:
+        parser.fail("--prompts", str(exc))
+    if not prompts:
+        parser.fail("--prompts", f"{args.prompts!r} holds no prompts")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point (see the module docstring)."""
     parser = build_parser()
@@ -437,6 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.model != "default" and not Path(args.model).is_dir():
         parser.fail("--model", f"{args.model!r} is not a checkpoint directory (or 'default')")
+    check_model_and_prompts(args, parser)
     out = Path(
         args.out or Path("runs") / "validate" / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     )
@@ -450,7 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         table, summary = validator.run()
     except (ValidationError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        print_summary({"ok": False, "error": str(exc), "out": str(out)})
+        print_summary({"ran": False, "all_targets_met": False, "error": str(exc), "out": str(out)})
         return 1
     finally:
         torch.set_num_threads(threads)
@@ -469,10 +525,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cycle_error_median_pct",
     ]
     cols += ["cycle_error_p90_pct", "off_terms"]
+    cols += ["ok"]
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print(targets_line())
     summary.update(
-        ok=True, out=str(out), fidelity_csv=str(out / "fidelity.csv"), figures=[str(p) for p in figs]
+        ran=True,
+        all_targets_met=bool(len(table)) and bool(table["ok"].all()),
+        out=str(out),
+        fidelity_csv=str(out / "fidelity.csv"),
+        figures=[str(p) for p in figs],
     )
     print_summary(_clean(summary))
     return 0

@@ -12,14 +12,21 @@ Policy mode (``--mode policy --policy NAME``) runs a tree policy for real (docs:
 subtree, asked after every draft level whether to keep drafting). Greedy decoding is lossless for
 every policy: the committed tokens equal autoregressive greedy decoding's.
 
-``--resume --out RUN`` continues an interrupted run: finished prompts are skipped (the trace
-writer drops rows of unfinished ones); the summary then covers the prompts decoded by this call.
+``--out RUN --resume`` continues an interrupted run with the configuration stored in its
+manifest: flags not given take the recorded values, a flag given with another value exits 2
+(naming it and both values; ``--num-prompts`` may differ, to extend or shorten the run); finished
+prompts are skipped (the trace writer drops rows of unfinished ones). The summary table and JSON
+line cover the prompts decoded by this call (``summary_covers``), and ``num_requests_recorded``
+counts every request of the run. Resuming a complete run prints "already complete" and exits 0.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import datetime as _dt
 import json
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -27,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from live.spec.names import CACHE_POLICIES, DTYPES, LIVE_POLICIES, LIVE_PREDICTORS, MODES
+from live.spec.names import CACHE_POLICIES, DTYPES, LIVE_POLICIES, LIVE_PREDICTORS, MODES, PLANNED_POLICIES
 from specfit.cli import (
     ArgumentParser,
     non_negative_float,
@@ -152,7 +159,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument(
         "--acceptance",
         default=None,
-        help="AcceptanceCalibration JSON (calibration.fit's acceptance.json) for the planner; default: draft probabilities",
+        help="AcceptanceCalibration JSON (calibration.fit's acceptance.json) for the planner; default: with "
+        "--model default the shipped sample's calibration traces/samples/default/acceptance.json (as "
+        "`python -m sim.sweep` uses by default), for other checkpoints the draft probabilities",
     )
     p.add_argument(
         "--cost", default=None, help="CycleCostModel JSON for the planner; default: a quick live estimate"
@@ -195,18 +204,146 @@ def resolve_predictor(predictor: str, tables: str | None, model: str) -> tuple[s
     return "recent", None
 
 
-def resolve_config(args: Any, parser: ArgumentParser) -> RecordConfig:
-    """Check flag combinations and paths; exits 2 naming the flag on bad values."""
+def sample_acceptance_path() -> Path:
+    """The shipped sample's acceptance calibration (``traces/samples/default/acceptance.json``)."""
+    return sample_trace_dir() / "acceptance.json"
+
+
+def resolve_acceptance(acceptance: str | None, model: str, mode: str, policy: str) -> str | None:
+    """``--acceptance`` made concrete: as given; else, for ``--model default`` in policy mode with a
+    planned policy, the shipped sample's calibration (the map ``python -m sim.sweep`` uses by
+    default for this model, ``sim.sweep._resolve_acceptance``); else ``None`` (draft probabilities)."""
+    if acceptance is not None:
+        return acceptance
+    sample = sample_acceptance_path()
+    if model == "default" and mode == "policy" and policy in PLANNED_POLICIES and sample.is_file():
+        return str(sample)
+    return None
+
+
+# flag dest -> (flag, manifest config key, flag value -> stored value): the setup a resume must keep
+_RESUMED_FLAGS: tuple[tuple[str, str, str, Any], ...] = (
+    ("model", "--model", "model", None),
+    ("draft", "--draft", "draft", None),
+    ("prompts", "--prompts", "prompts", None),
+    ("max_new_tokens", "--max-new-tokens", "max_new_tokens", None),
+    ("mode", "--mode", "mode", None),
+    ("policy", "--policy", "policy", None),
+    ("predictor", "--predictor", "predictor", None),
+    ("depth", "--depth", "depth", None),
+    ("topk", "--topk", "topk", None),
+    ("max_nodes", "--max-nodes", "max_nodes", None),
+    ("cache_experts", "--cache-experts", "cache_experts", None),
+    ("cache_policy", "--cache-policy", "cache_policy", None),
+    ("bandwidth", "--bandwidth", "bandwidth_gb_per_s", None),
+    ("latency_us", "--latency-us", "latency_s", "us"),
+    ("device", "--device", "device", None),
+    ("dtype", "--dtype", "dtype", None),
+    ("seed", "--seed", "seed", None),
+    ("threads", "--threads", "threads", None),
+    ("cost", "--cost", "cost", None),
+    ("acceptance", "--acceptance", "acceptance", None),
+    ("predictor_tables", "--predictor-tables", "predictor_tables", None),
+)
+
+
+def explicit_flags(argv: Sequence[str] | None) -> set[str]:
+    """Dests of the flags given on the command line (parsed again with every default suppressed)."""
+    p = build_parser()
+    for action in p._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(p.parse_args(argv)))
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, (int, float)):
+        return math.isclose(a, float(b), rel_tol=1e-9, abs_tol=1e-15)
+    return a == b
+
+
+def apply_stored_config(
+    args: Any, explicit: set[str], stored: dict[str, Any], parser: ArgumentParser
+) -> None:
+    """``--resume``: fill the flags not given from the run's recorded configuration ``stored``
+    (``manifest.json`` ``config``); exits 2 naming every flag given with another value than recorded.
+
+    ``--num-prompts`` may differ (it extends or shortens the same setup); ``--out``/``--resume``
+    are not compared.
+    """
+    from specfit.units import us_to_s
+
+    dense = stored.get("mode") == "dense"
+    conflicts = []
+    for dest, flag, key, unit in _RESUMED_FLAGS:
+        if key not in stored:
+            continue
+        recorded = stored[key]
+        if dest in explicit:
+            given = getattr(args, dest)
+            value = us_to_s(given) if unit == "us" else given
+            if dest == "predictor":
+                value = resolve_predictor(
+                    given, stored.get("predictor_tables"), stored.get("model", "default")
+                )[0]
+            if dest == "draft" and recorded == "default":
+                continue
+            if dest == "policy" and dense:
+                continue  # an explicit --policy with a dense run fails below (dense verifies the full tree)
+            if not _same(value, recorded):
+                shown = given if unit != "us" else f"{given:g}"
+                was = recorded if unit != "us" else f"{recorded * 1e6:g}"
+                conflicts.append(f"{flag} {shown} (recorded: {was})")
+            continue
+        if dest == "draft" and recorded == "default":
+            recorded = None  # the embedded draft of --model default
+        if dest == "policy" and dense:
+            continue
+        setattr(args, dest, recorded * 1e6 if unit == "us" else recorded)
+    if "num_prompts" not in explicit and "num_prompts" in stored:
+        args.num_prompts = stored["num_prompts"]
+    if conflicts:
+        parser.fail(
+            conflicts[0].split(" ")[0],
+            f"--resume continues the run in {args.out} with its recorded configuration; given: "
+            + "; ".join(conflicts)
+            + " (drop these flags, or start a new run with another --out)",
+        )
+
+
+def resolve_config(args: Any, parser: ArgumentParser, explicit: set[str] | None = None) -> RecordConfig:
+    """Check flag combinations and paths; exits 2 naming the flag on bad values.
+
+    ``explicit``: the dests given on the command line (:func:`explicit_flags`); on ``--resume``
+    the others take the run's recorded values (:func:`apply_stored_config`).
+    """
+    explicit = set(vars(args)) if explicit is None else explicit
     if args.resume and args.out is None:
         parser.fail("--resume", "needs --out naming the run directory to continue")
     if args.resume and not (Path(args.out) / "manifest.json").is_file():
         parser.fail("--resume", f"{args.out} holds no manifest.json to resume")
+    if args.resume:
+        from traces.reader import read_manifest
+
+        try:
+            stored = dict(read_manifest(args.out).config)
+        except (OSError, ValueError) as exc:
+            parser.fail("--resume", f"{args.out}: cannot read manifest.json: {exc}")
+        apply_stored_config(args, explicit, stored, parser)
+    if args.mode == "dense" and "policy" in explicit:
+        parser.fail(
+            "--policy",
+            "only with --mode policy (--mode dense verifies the full drafted tree at every position)",
+        )
     if not args.resume and args.out is not None and Path(args.out).exists() and any(Path(args.out).iterdir()):
         parser.fail("--out", f"{args.out} exists and is not empty (pass --resume to continue it)")
     if args.model != "default" and not Path(args.model).is_dir():
         parser.fail("--model", f"{args.model!r} is not a checkpoint directory (or 'default')")
+    if args.model != "default" and not (Path(args.model) / "config.json").is_file():
+        parser.fail("--model", f"{args.model!r} is not a Hugging Face checkpoint directory (no config.json)")
     if args.draft is not None and not Path(args.draft).is_dir():
         parser.fail("--draft", f"{args.draft!r} is not a checkpoint directory")
+    if args.draft is not None and not (Path(args.draft) / "config.json").is_file():
+        parser.fail("--draft", f"{args.draft!r} is not a Hugging Face checkpoint directory (no config.json)")
     if args.cost is not None and not Path(args.cost).is_file():
         parser.fail("--cost", f"{args.cost!r} does not exist (expected a CycleCostModel JSON)")
     if args.acceptance is not None and not Path(args.acceptance).is_file():
@@ -273,16 +410,40 @@ def resolve_config(args: Any, parser: ArgumentParser) -> RecordConfig:
         out=out,
         resume=bool(args.resume),
         cost=args.cost,
-        acceptance=args.acceptance,
+        acceptance=resolve_acceptance(args.acceptance, args.model, args.mode, args.policy),
         predictor_tables=predictor_tables,
     )
+
+
+def _recorded_requests(out: str) -> int | None:
+    """Requests recorded in the run directory ``out`` (``None`` when unreadable)."""
+    try:
+        from traces.reader import open_run
+
+        return len(open_run(out).requests)
+    except Exception:  # noqa: BLE001 - a count for the summary only
+        return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (bad flag values exit 2 naming the flag)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    config = resolve_config(args, parser)
+    config = resolve_config(args, parser, explicit_flags(argv))
+    head = {"run_dir": str(Path(config.out)), "mode": config.mode, "policy": config.policy}
+    if config.resume:
+        from traces.reader import read_manifest
+
+        recorded = _recorded_requests(config.out)
+        wanted = config.num_prompts
+        with contextlib.suppress(ValueError, FileNotFoundError):
+            from live.prompts import load_prompts
+
+            wanted = min(wanted, len(load_prompts(config.prompts)))
+        if read_manifest(config.out).complete and recorded is not None and recorded >= wanted:
+            print(f"{config.out}: already complete ({recorded} requests recorded); nothing to resume")
+            print_summary({**head, "already_complete": True, "num_requests_recorded": recorded})
+            return 0
     from live.spec.session import RecordSession, SessionError
 
     try:
@@ -294,15 +455,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         totals = session.run()
     except KeyboardInterrupt:
         sys.stderr.write(
-            f"interrupted; finished prompts are saved: continue with --resume --out {config.out}\n"
+            f"interrupted; finished prompts are saved: continue with --out {config.out} --resume\n"
+        )
+        print_summary(
+            {
+                **head,
+                "interrupted": True,
+                "wall_s": time.perf_counter() - started,
+                "num_requests_recorded": _recorded_requests(config.out),
+            }
         )
         return 130
     summary = {
-        "run_dir": str(Path(config.out)),
-        "mode": config.mode,
-        "policy": config.policy,
+        **head,
         "wall_s": time.perf_counter() - started,
         **totals.to_dict(),
+        "summary_covers": "requests decoded by this --resume call" if config.resume else "whole run",
+        "num_requests_recorded": _recorded_requests(config.out),
     }
     session.write_summary(summary, asdict(config))
     session.print_table(summary, stream=sys.stdout)

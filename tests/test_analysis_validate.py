@@ -43,6 +43,8 @@ def test_validate_tiny_grid(tiny_models, tmp_path, capsys) -> None:
     assert ar["same_subtree_fraction"] == 1.0  # root only on both sides
     assert ar["live_tau"] == 1.0 and ar["sim_tau"] == 1.0
     assert 0.0 <= summary["cycle_error_median_pct"] <= summary["cycle_error_p90_pct"]
+    assert summary["ran"] is True and "ok" not in summary
+    assert summary["all_targets_met"] == bool(table["ok"].all())
     assert summary["num_cells"] == 3
     for name in ("sim_vs_live_throughput.png", "cycle_error_distribution.png", "throughput_vs_bandwidth.png"):
         assert (out / "figures" / name).stat().st_size > 1000
@@ -71,3 +73,51 @@ def test_validate_bad_flags_exit_2(capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         validate.main(["--bandwidth", "0"])
     assert exc.value.code == 2 and "--bandwidth" in capsys.readouterr().err
+
+
+def test_validate_bad_model_cache_and_prompts_exit_2_before_any_output(tiny_models, tmp_path, capsys) -> None:
+    target, draft, _ = tiny_models
+    out = tmp_path / "val"
+    base = ["--model", str(target), "--draft", str(draft), "--out", str(out)]
+    with pytest.raises(SystemExit) as exc:
+        validate.main([*base, "--cache-experts", "4,17"])  # the tiny target has 16 experts per layer
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--cache-experts" in err and "16" in err
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    with pytest.raises(SystemExit) as exc:
+        validate.main([*base, "--prompts", str(empty)])
+    assert exc.value.code == 2 and "--prompts" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        validate.main(["--model", str(tmp_path), "--out", str(out)])
+    assert exc.value.code == 2 and "config.json" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_validate_summary_says_ran_and_whether_targets_were_met(tmp_path, capsys, monkeypatch) -> None:
+    """A grid where one cell misses a target: "ran" true, "all_targets_met" false, the targets
+    printed under the table with an ok column."""
+    rows = []
+    for policy, ok in (("ar", True), ("specfit", False)):
+        rows.append(
+            {
+                "bandwidth_gb_per_s": 1.0, "cache_experts_per_layer": 4, "policy": policy,
+                "live_tokens_per_s": 10.0, "sim_tokens_per_s": 10.0 if ok else 12.0,
+                "throughput_error_pct": 0.0 if ok else 20.0, "hit_rate_diff_points": 0.0,
+                "same_subtree_fraction": 1.0, "cycle_error_median_pct": 1.0, "cycle_error_p90_pct": 3.0,
+                "off_terms": "" if ok else "throughput", "ok": ok,
+            }
+        )  # fmt: skip
+    table = pd.DataFrame(rows)
+    monkeypatch.setattr(validate.Validator, "run", lambda self: (table, {"num_cells": 2, "num_cells_ok": 1}))
+    monkeypatch.setattr(validate, "write_outputs", lambda *a, **k: [])
+    assert validate.main(["--out", str(tmp_path / "v")]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(lines[-1])
+    assert summary["ran"] is True and summary["all_targets_met"] is False and "ok" not in summary
+    assert lines[0].split()[-1] == "ok" and lines[-2].startswith("targets")
+    for needle in ("median <= 2 %", "p90 <= 5 %", "within 2 %", "within 0.5 points", ">= 99%"):
+        assert needle in lines[-2]
+    table["ok"] = True
+    assert validate.main(["--out", str(tmp_path / "v2")]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["all_targets_met"] is True

@@ -224,6 +224,92 @@ def test_resume_skips_finished_prompts(tiny, tmp_path, capsys):
     assert np.array_equal(np.sort(run.cycles["request_id"].unique()), [0, 1, 2])
 
 
+def test_resume_continues_the_recorded_configuration(tiny, tmp_path, capsys):
+    """`--out DIR --resume` alone continues the same policy run (not dense mode, not another policy);
+    a flag given with another value exits 2 naming it and both values; a complete run says so."""
+    out = tmp_path / "r3"
+    argv = _args(tiny, out, "--mode", "policy", "--policy", "topn", "--bandwidth", "4", "--num-prompts", "1")
+    assert main(argv) == 0
+    capsys.readouterr()
+    # another setup given explicitly: exit 2 naming the flags and both values, nothing decoded
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(out), "--resume", "--policy", "ar", "--bandwidth", "8"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--policy ar (recorded: topn)" in err and "--bandwidth 8" in err
+    assert "(recorded: 4.0)" in err
+    # complete run, same prompt count: "already complete", exit 0, JSON line last
+    assert main(["--out", str(out), "--resume"]) == 0
+    captured = capsys.readouterr().out
+    assert "already complete" in captured
+    assert json.loads(captured.strip().splitlines()[-1])["already_complete"] is True
+    # only --num-prompts given: the same topn run at 4 GB/s goes on; 5 > 3 prompts says how many are used
+    assert main(["--out", str(out), "--resume", "--num-prompts", "5"]) == 0
+    captured = capsys.readouterr()
+    assert "--num-prompts 5: only 3 prompts" in captured.err and "using 3" in captured.err
+    summary = json.loads(captured.out.strip().splitlines()[-1])
+    assert summary["mode"] == "policy" and summary["policy"] == "topn"
+    assert summary["num_requests"] == 2 and summary["num_requests_recorded"] == 3
+    assert summary["summary_covers"] == "requests decoded by this --resume call"
+    run = open_run(out)
+    assert run.manifest.config["bandwidth_gb_per_s"] == 4.0 and run.manifest.run.tree_policy == "topn"
+    assert set(run.cycles["policy"]) == {"topn"} and sorted(run.requests["request_id"]) == [0, 1, 2]
+
+
+def test_resume_of_a_dense_run_stays_dense(tiny, dense_run, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(dense_run), "--resume", "--mode", "policy"])
+    assert exc.value.code == 2 and "--mode policy (recorded: dense)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(dense_run), "--resume", "--policy", "topn"])
+    assert exc.value.code == 2 and "--policy" in capsys.readouterr().err
+
+
+def test_interrupt_prints_the_json_line_last(tiny, tmp_path, capsys, monkeypatch):
+    from live.spec import session as session_mod
+
+    class Interrupted:
+        def run(self):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(session_mod.RecordSession, "open", classmethod(lambda cls, config: Interrupted()))
+    out = tmp_path / "int"
+    assert main(_args(tiny, out)) == 130
+    captured = capsys.readouterr()
+    assert "--resume" in captured.err
+    summary = json.loads(captured.out.strip().splitlines()[-1])
+    assert summary["interrupted"] is True and summary["run_dir"] == str(out)
+
+
+def test_model_folder_without_config_names_model(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--model", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # the error line (the usage lists --draft)
+    assert exc.value.code == 2 and "--model" in err and "config.json" in err
+    assert "Hugging Face checkpoint" in err and "--draft" not in err
+
+
+def test_explicit_policy_with_dense_mode_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--mode", "dense", "--policy", "topn"])
+    assert exc.value.code == 2 and "--policy" in capsys.readouterr().err
+
+
+def test_default_acceptance_is_the_shipped_calibration(tmp_path, capsys):
+    from live.record import resolve_acceptance, sample_acceptance_path
+
+    sample = sample_acceptance_path()
+    if not sample.is_file():
+        pytest.skip("shipped sample acceptance.json not in this checkout")
+    assert resolve_acceptance(None, "default", "policy", "specfit") == str(sample)
+    assert resolve_acceptance("a.json", "default", "policy", "specfit") == "a.json"
+    assert resolve_acceptance(None, str(tmp_path), "policy", "specfit") is None  # user checkpoint
+    assert resolve_acceptance(None, "default", "dense", "full") is None
+    assert resolve_acceptance(None, "default", "policy", "ar") is None
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "traces/samples/default/acceptance.json" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("cache_policy", ["lfu", "static"])
 def test_other_cache_policies_run(tiny, tmp_path, capsys, cache_policy):
     out = tmp_path / cache_policy

@@ -180,6 +180,11 @@ class RecordSession:
         except (ValueError, FileNotFoundError) as exc:
             raise SessionError("--prompts", str(exc)) from exc
         self.prompts = prompts[: config.num_prompts]
+        if len(prompts) < config.num_prompts:
+            sys.stderr.write(
+                f"--num-prompts {config.num_prompts}: only {len(prompts)} prompts in {config.prompts!r}; "
+                f"using {len(prompts)}\n"
+            )
         try:
             target = load_target(target_dir, config.device, config.dtype)
         except UnsupportedArchitectureError as exc:
@@ -409,6 +414,16 @@ class RecordSession:
             ("run directory", summary["run_dir"]),
             ("mode / policy", f"{summary['mode']} / {summary['policy']}"),
             ("requests", summary["num_requests"]),
+            *(
+                [
+                    (
+                        "summary covers",
+                        f"{summary['summary_covers']} ({summary['num_requests_recorded']} recorded in all)",
+                    )
+                ]
+                if summary.get("summary_covers") and summary.get("num_requests_recorded") is not None
+                else []
+            ),
             ("tokens generated", summary["num_tokens"]),
             ("tokens/s (decode)", f"{summary['tokens_per_s']:.2f}"),
             ("tau (committed per cycle)", f"{summary['tau']:.3f}"),
