@@ -6,35 +6,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from tiny_shapes import TINY_COST, TINY_MOE
 
 from analysis import figures, metrics
 from analysis import report as report_cli
 from calibration import fit as fit_cli
 from calibration.synthetic import write_synthetic_cycles_run
-from specfit.cost import CycleCostModel
-from specfit.shapes import ModelShape
 from traces.reader import open_run
 from traces.synthetic import generate_dense_trace
 
-SHAPE = ModelShape(
-    name="tiny-moe",
-    num_layers=4,
-    num_experts=16,
-    top_k=2,
-    hidden_size=64,
-    expert_intermediate_size=32,
-    bytes_per_expert=2_000_000,
-)
-COST = CycleCostModel(
-    draft_s_per_level=2e-3,
-    verify_base_s=8e-3,
-    verify_s_per_node=0.3e-3,
-    verify_s_per_context_token=2e-6,
-    h2d_bytes_per_s=5e9,
-    h2d_s_per_transfer=40e-6,
-    expert_bytes=SHAPE.bytes_per_expert,
-    num_layers=SHAPE.num_layers,
-)
+SHAPE, COST = TINY_MOE, TINY_COST
 
 
 @pytest.fixture(scope="module")

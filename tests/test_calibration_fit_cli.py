@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_shapes import TINY_COST, TINY_MOE
 
 from calibration import fit as fit_cli
 from calibration.predictor_tables import PredictorTables
@@ -15,25 +16,7 @@ from specfit.cost import CycleCostModel
 from specfit.shapes import ModelShape
 from traces.synthetic import generate_dense_trace
 
-SHAPE = ModelShape(
-    name="tiny-moe",
-    num_layers=4,
-    num_experts=16,
-    top_k=2,
-    hidden_size=64,
-    expert_intermediate_size=32,
-    bytes_per_expert=2_000_000,
-)
-TRUTH = CycleCostModel(
-    draft_s_per_level=2e-3,
-    verify_base_s=8e-3,
-    verify_s_per_node=0.3e-3,
-    verify_s_per_context_token=2e-6,
-    h2d_bytes_per_s=5e9,
-    h2d_s_per_transfer=40e-6,
-    expert_bytes=SHAPE.bytes_per_expert,
-    num_layers=SHAPE.num_layers,
-)
+SHAPE, TRUTH = TINY_MOE, TINY_COST
 
 
 @pytest.fixture(scope="module")

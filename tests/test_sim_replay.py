@@ -7,24 +7,16 @@ import math
 
 import numpy as np
 import pytest
+from tiny_shapes import tiny_shape
 
 from sim.config import SimConfig
 from sim.replay import ReplayError, committed_path, link_from_cost, replay_policy, split_ns
 from specfit.cost import CycleCostModel
-from specfit.shapes import ModelShape
 from specfit.units import s_to_ns
 from traces.reader import open_run
 from traces.synthetic import generate_dense_trace
 
-SHAPE = ModelShape(
-    "tiny",
-    num_layers=4,
-    num_experts=16,
-    top_k=2,
-    hidden_size=64,
-    expert_intermediate_size=32,
-    bytes_per_expert=12_288,
-)
+SHAPE = tiny_shape(12_288, "tiny")
 
 
 @pytest.fixture(scope="module")

@@ -7,22 +7,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from tiny_shapes import tiny_shape
 
 from sim.cells import make_cells, parse_cache_sizes
 from sim.presets import cost_from_preset
 from sim.sweep import main, run_sweep
-from specfit.shapes import ModelShape
 from traces.synthetic import generate_dense_trace
 
-SHAPE = ModelShape(
-    "tiny",
-    num_layers=4,
-    num_experts=16,
-    top_k=2,
-    hidden_size=64,
-    expert_intermediate_size=32,
-    bytes_per_expert=12_288,
-)
+SHAPE = tiny_shape(12_288, "tiny")
 
 
 @pytest.fixture(scope="module")
