@@ -271,10 +271,17 @@ def hit_rate_vs_cache(hit_rates: pd.DataFrame, path: Path) -> Path | None:
 
 
 def time_split(split: pd.DataFrame, path: Path, max_bars: int = 24) -> Path | None:
-    """Share of decode time spent drafting, verifying (compute), in H2D copies and elsewhere."""
-    df = split.head(max_bars)
-    if df.empty:
+    """Share of decode time spent drafting, verifying (compute), in H2D copies and elsewhere.
+
+    At most ``max_bars`` bars: live and validate rows first (they are few and measured), then the
+    simulated cells in table order; the title says how many rows were left out.
+    """
+    if split.empty:
         return None
+    measured = split["label"].astype(str).str.startswith("sim") if "label" in split else None
+    ordered = split if measured is None else pd.concat([split[~measured], split[measured]])
+    df = ordered.head(max_bars)
+    left_out = len(split) - len(df)
     plt = _pyplot()
     total = df[["draft_s", "verify_s", "h2d_s", "other_s"]].sum(axis=1).replace(0, np.nan)
     fig, ax = plt.subplots(figsize=(7, 0.35 * len(df) + 1.5))
@@ -289,7 +296,9 @@ def time_split(split: pd.DataFrame, path: Path, max_bars: int = 24) -> Path | No
         ax.barh(df["label"], share, left=left, label=name)
         left += share
     ax.set_xlabel("share of decode time (%)")
-    ax.set_title("Time split: draft / compute / H2D")
+    ax.set_title(
+        "Time split: draft / compute / H2D" + (f" (first {len(df)} of {len(split)} rows)" if left_out else "")
+    )
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.tick_params(axis="y", labelsize=7)
     return _save(fig, path)

@@ -195,7 +195,8 @@ def live_throughput(path: Path, summary: dict) -> tuple[float, float, str]:
 
     Uses ``summary.json``'s ``summary.num_tokens / summary.decode_s`` (what ``python -m
     live.record`` prints) when the run has it; otherwise ``metrics.cycle_summary``'s committed
-    tokens / sum of ``cycle_s`` (``summary`` here).
+    tokens / sum of ``cycle_s`` (``summary`` here), also when the summary covers only the prompts
+    of a ``--resume`` call (``summary_covers``), so counts and time share one scope.
 
     Returns:
         ``(tokens_per_s, wall_s, basis)`` with ``basis`` ``"decode_s"`` or ``"sum cycle_s"``.
@@ -210,7 +211,13 @@ def live_throughput(path: Path, summary: dict) -> tuple[float, float, str]:
         except json.JSONDecodeError as exc:
             raise ReportInputError(f"{file}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
         tokens, decode_s = recorded.get("num_tokens"), recorded.get("decode_s")
-        if isinstance(tokens, (int, float)) and isinstance(decode_s, (int, float)) and decode_s > 0:
+        partial = recorded.get("summary_covers", "whole run") != "whole run"  # a --resume call's part
+        if (
+            not partial
+            and isinstance(tokens, (int, float))
+            and isinstance(decode_s, (int, float))
+            and decode_s > 0
+        ):
             return float(tokens) / float(decode_s), float(decode_s), "decode_s"
     return float(summary["tokens_per_s"]), float(summary["wall_s"]), "sum cycle_s"
 

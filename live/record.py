@@ -446,12 +446,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
     from live.spec.session import RecordSession, SessionError
 
-    try:
-        session = RecordSession.open(config)
-    except SessionError as exc:
-        parser.fail(exc.flag, exc.message)
     started = time.perf_counter()
     try:
+        try:
+            session = RecordSession.open(config)
+        except SessionError as exc:
+            parser.fail(exc.flag, exc.message)
         totals = session.run()
     except KeyboardInterrupt:
         sys.stderr.write(

@@ -211,6 +211,12 @@ def test_live_throughput_uses_decode_wall_seconds(inputs, tmp_path) -> None:
     label, summary = data.run_summaries[0]
     assert summary["tokens_per_s"] == pytest.approx(123 / decode_s) and summary["wall_s"] == decode_s
     assert summary["throughput_basis"] == "decode_s"
+    # a summary of one --resume call only: counts and time would disagree in scope, so use the cycles
+    partial = {"num_tokens": 12, "decode_s": 0.5, "summary_covers": "requests decoded by this --resume call"}
+    (run / "summary.json").write_text(json.dumps({"summary": partial}))
+    resumed = collect([run])
+    assert resumed.throughput["tokens_per_s"].iloc[0] == pytest.approx(by_cycles["tokens_per_s"])
+    assert resumed.run_summaries[0][1]["throughput_basis"] == "sum cycle_s"
 
 
 def test_live_runs_of_different_depth_are_separate(inputs, tmp_path) -> None:

@@ -280,6 +280,18 @@ def test_interrupt_prints_the_json_line_last(tiny, tmp_path, capsys, monkeypatch
     assert summary["interrupted"] is True and summary["run_dir"] == str(out)
 
 
+def test_interrupt_while_loading_prints_the_json_line_too(tiny, tmp_path, capsys, monkeypatch):
+    from live.spec import session as session_mod
+
+    def loading(cls, config):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session_mod.RecordSession, "open", classmethod(loading))
+    assert main(_args(tiny, tmp_path / "int-load")) == 130
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["interrupted"] is True and not summary["num_requests_recorded"]  # nothing recorded yet
+
+
 def test_model_folder_without_config_names_model(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--model", str(tmp_path)])
