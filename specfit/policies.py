@@ -139,8 +139,8 @@ def _min_added_h2d_s(ctx: PolicyContext, max_new: int) -> np.ndarray:
     size = ctx.tree.num_nodes
     miss = ne.layer_miss_fraction(ctx.cached_bits)
     total = ne.expected_union_table(size + max_new) @ miss  # total[i] = F(i + 1)
-    added = np.lib.stride_tricks.sliding_window_view(total, max_new + 1)[:size]  # rows n = 1..N
-    least = (added[:, 1:] - added[:, :1]).min(axis=0)
+    grow = np.arange(size)[:, None] + np.arange(1, max_new + 1)[None, :]  # row n - 1, column m - 1: n + m - 1
+    least = (total[grow] - total[:size, None]).min(axis=0)
     return np.maximum(least, 0.0) * ctx.cost.s_per_miss
 
 
@@ -198,9 +198,11 @@ class SpecFitPolicy(TreePolicy):
         levels = np.arange(1, int(max_depth) - int(ctx.tree.max_depth) + 1, dtype=np.float64)
         max_new = int(np.ceil(levels[-1] * mass / p_max - 1e-9))
         nodes = np.arange(1, max_new + 1, dtype=np.float64)
-        node_cost_s = nodes * ctx.cost.verify_s_per_node + _min_added_h2d_s(ctx, max_new)
         gain = np.minimum(levels[:, None] * mass, nodes[None, :] * p_max)
-        cost_s = levels[:, None] * ctx.cost.draft_s_per_level + node_cost_s[None, :]
+        cost_s = levels[:, None] * ctx.cost.draft_s_per_level + (nodes * ctx.cost.verify_s_per_node)[None, :]
+        if not np.any(gain > best * cost_s):  # already stops without the transfer term (H >= 0)
+            return False
+        cost_s = cost_s + _min_added_h2d_s(ctx, max_new)[None, :]
         return bool(np.any(gain > best * cost_s))
 
 
