@@ -169,9 +169,21 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
     )
     cycles, transfers, cost_labels = loaded.cost_fit_tables()
     if len(cycles) == 0:
-        raise CalibrationDataError(
-            f"{', '.join(cost_labels)}: the cycles table is empty; record cycles with `python -m live.record`"
-        )
+        dense = loaded.node_arrays()
+        if not dense:
+            raise CalibrationDataError(
+                f"{', '.join(cost_labels)}: the cycles table is empty; record cycles with `python -m live.record`"
+            )
+        # dense trees without timed cycles (e.g. traces.synthetic): acceptance map and predictor tables only
+        folder = Path(args.out).parent
+        folder.mkdir(parents=True, exist_ok=True)
+        note = "no timed cycles: cost model not fitted (acceptance map and predictor tables only)"
+        report: dict[str, Any] = {"notes": [note], "runs": list(loaded.labels), "model": loaded.model.name}
+        summary: dict[str, Any] = {"cost": None, "num_cycles": 0, "note": note}
+        _fit_dense(dense, loaded, args, folder, report, summary)
+        (folder / REPORT_NAME).write_text(json.dumps(_json_safe(report), indent=2, sort_keys=True) + "\n")
+        summary["report"] = str(folder / REPORT_NAME)
+        return summary
     latency = us_to_s(args.h2d_latency_us) if args.h2d_latency_us is not None else None
     if args.h2d_table is not None:
         hw = loaded.manifests()[0].hardware
@@ -331,10 +343,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_summary({"ok": False, "error": str(exc)})
         return 1
     summary["ok"] = True
-    print(
-        f"cost model -> {summary['cost']}: held-out cycle error median {summary['cycle_heldout_median_pct']:.2f}% "
-        f"p90 {summary['cycle_heldout_p90_pct']:.2f}%"
-    )
+    if summary["cost"] is None:
+        print(f"{summary['note']}: acceptance -> {summary.get('acceptance')}")
+    else:
+        print(
+            f"cost model -> {summary['cost']}: held-out cycle error median "
+            f"{summary['cycle_heldout_median_pct']:.2f}% p90 {summary['cycle_heldout_p90_pct']:.2f}%"
+        )
     print_summary(summary)
     return 0
 
