@@ -535,7 +535,9 @@ class _Replayer:
         if self.config.policy == "ar":
             levels = 0
         elif hasattr(self.policy, "keep_drafting"):
-            levels = min(1, depth)  # as live.spec: the rule is asked after each drafted level
+            # as live.spec: the rule is asked before the first level (on the root alone) and after
+            # each drafted level
+            levels = 0
             while levels < depth and self.policy.keep_drafting(
                 context(levels)[0], max_depth=self.max_depth, topk=self.topk
             ):

@@ -109,8 +109,20 @@ def test_keep_drafting_is_asked_after_each_level(path):
 
     chooser.policy = Policy()
     result = decoder.generate(PROMPT, 4, chooser)
-    assert asked[:2] == [(1, 1, 4, 3), (2, 2, 4, 3)]
+    # asked first on the root alone (may it draft at all?), then after each drafted level
+    assert asked[:3] == [(0, 0, 4, 3), (1, 1, 4, 3), (2, 2, 4, 3)]
     assert all(c.choice.draft.num_levels == 2 for c in result.cycles)
+
+    class Never(Policy):
+        def keep_drafting(self, ctx, max_depth, topk):
+            return False
+
+    decoder, chooser = _engine(path, 1e15)
+    chooser.policy = Never()
+    result = decoder.generate(PROMPT, 4, chooser)  # "no level can pay" on the root: nothing is drafted
+    assert list(result.generated_ids) == _reference(path, 4)
+    assert all(c.choice.draft.num_levels == 0 and c.choice.draft.draft_s == 0.0 for c in result.cycles)
+    assert all(list(c.verification.nodes) == [0] for c in result.cycles)
 
 
 def test_token_table_predictor_learns_committed_routing(path):

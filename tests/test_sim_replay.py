@@ -250,3 +250,14 @@ def test_draft_levels_follow_the_live_engine(run) -> None:
     assert set(levels["ar"]) == {0}
     assert set(levels["topn"]) == {depth} and set(levels["chain"]) == {depth}  # full drafted tree
     assert all(1 <= n <= depth for n in levels["specfit"])  # asked after each drafted level
+
+
+def test_specfit_drafts_nothing_when_no_level_can_pay(run) -> None:
+    """The stopping rule is asked on the root alone first: with a 10 s draft level SpecFit is AR."""
+    dear = _cost(draft_s_per_level=10.0)
+    spec = replay_policy(run, SimConfig(cost=dear, policy="specfit", cache_capacity_per_layer=4))
+    ar = replay_policy(run, SimConfig(cost=dear, policy="ar", cache_capacity_per_layer=4))
+    assert all(c.num_draft_levels == 0 and c.num_nodes_verified == 1 for c in spec.cycles)
+    assert spec.totals.tokens_per_s == pytest.approx(ar.totals.tokens_per_s)
+    cheap = replay_policy(run, SimConfig(cost=_cost(), policy="specfit", cache_capacity_per_layer=4))
+    assert any(c.num_draft_levels > 0 for c in cheap.cycles)

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from live.spec.draft import Drafter, TreeShape
+from live.spec.draft import Drafter, DraftResult, TreeShape
 from live.spec.engine import Choice, ChooseState
 from live.spec.names import LIVE_PREDICTORS, PLANNED_POLICIES
 from live.spec.tree import TokenTree
@@ -158,6 +158,13 @@ class PlannedChooser:
             return keep
 
         ask = keep_drafting if hasattr(self.policy, "keep_drafting") else None
+        if ask is not None and not ask(TokenTree.root_only(int(state.committed[-1])), 0):
+            # the rule, asked on the root alone, says no level can pay: verify the root, draft nothing
+            root = TokenTree.root_only(int(state.committed[-1]))
+            start = time.perf_counter()
+            plan = self.policy.select(self._context(root, 0, state, recent_bits))
+            plan = dataclasses.replace(plan, decision_s=time.perf_counter() - start + asked_s)
+            return Choice(DraftResult(root, 0, 0.0), np.zeros(1, np.int64), plan)
         draft = self.drafter.grow(state.committed, self.shape, ask)
         start = time.perf_counter()
         plan = self.policy.select(self._context(draft.tree, draft.num_levels, state, recent_bits))
