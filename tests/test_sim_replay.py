@@ -130,30 +130,16 @@ def test_overlap_never_slower_and_simpy_engine_agrees(run) -> None:
     for c in over.cycles:
         bound = c.draft_s + max(c.verify_s, c.h2d_s)
         assert bound - 1e-9 <= c.cycle_s <= c.draft_s + c.verify_s + c.h2d_s + 1e-9
-    ref = replay_policy(
-        run,
-        SimConfig(
-            cost=_cost(),
-            policy="topn",
-            cache_capacity_per_layer=4,
-            overlap=True,
-            prefetch=True,
-            predictor="recent",
-            engine="simpy",
-        ),
+    both = SimConfig(
+        cost=_cost(),
+        policy="topn",
+        cache_capacity_per_layer=4,
+        overlap=True,
+        prefetch=True,
+        predictor="recent",
     )
-    fast = replay_policy(
-        run,
-        SimConfig(
-            cost=_cost(),
-            policy="topn",
-            cache_capacity_per_layer=4,
-            overlap=True,
-            prefetch=True,
-            predictor="recent",
-            engine="fast",
-        ),
-    )
+    ref = replay_policy(run, dataclasses.replace(both, engine="simpy"))
+    fast = replay_policy(run, dataclasses.replace(both, engine="fast"))
     assert ref.totals == fast.totals
 
 

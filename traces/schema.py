@@ -149,17 +149,10 @@ class ModelSpec:
     bytes_per_expert: int
 
     def __post_init__(self) -> None:
-        for name in (
-            "num_layers",
-            "num_experts",
-            "top_k",
-            "hidden_size",
-            "expert_intermediate_size",
-            "bytes_per_expert",
-        ):
-            _positive_int(name, getattr(self, name))
-        if self.top_k > self.num_experts:
-            raise ValueError(f"top_k: expected <= num_experts ({self.num_experts}), got {self.top_k}")
+        try:  # the size fields are checked once, by specfit's ModelShape
+            self.to_shape()
+        except ValueError as exc:
+            raise ValueError(str(exc).removeprefix("ModelShape.")) from None
         if self.num_experts > MAX_EXPERTS_INT16:
             raise ValueError(f"num_experts: expected <= {MAX_EXPERTS_INT16}, got {self.num_experts}")
 
