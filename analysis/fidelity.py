@@ -81,6 +81,7 @@ def compare_cell(
     sim_cycles: pd.DataFrame,
     cost: CycleCostModel,
     targets: Targets | None = None,
+    cost_split: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """One ``fidelity.csv`` row.
 
@@ -92,6 +93,9 @@ def compare_cell(
         sim_cycles: the replay's cycle records as a DataFrame.
         cost: the cost model both used.
         targets: :class:`Targets`.
+        cost_split: the non-link parts of ``cost.h2d_s_per_transfer`` when the cost was fitted
+            (:meth:`calibration.costfit.CostFit.term_split`), so the per-term errors compare each
+            term with what it measures; ``None`` = all link time.
 
     Returns:
         dict with live/sim throughput and hit rate, ``throughput_error_pct``,
@@ -118,7 +122,7 @@ def compare_cell(
         ok = planner.notna().to_numpy()
         meas = model_cycle_s(live_cycles)[ok]
         planner_err = float(np.median(np.abs(metrics.percentage_error(planner.to_numpy()[ok], meas))))
-    terms = evaluate(cost, live_cycles, live_transfers)
+    terms = evaluate(cost, live_cycles, live_transfers, **(cost_split or {}))
     row: dict[str, Any] = dict(key)
     row.update(
         live_tokens_per_s=live["tokens_per_s"],

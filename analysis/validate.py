@@ -198,6 +198,7 @@ class Validator:
         self.out = out
         self.cells_done: list[dict[str, Any]] = []
         self.per_cycle: list[pd.DataFrame] = []
+        self.cost_splits: dict[float, dict[str, float]] = {}  # bandwidth -> CostFit.term_split()
         self.dense_path: Path | None = None
         self.acceptance: dict[str, Any] | None = None
         self.acceptance_path: Path | None = None
@@ -299,6 +300,7 @@ class Validator:
             source=f"analysis.validate fit at {bandwidth:g} GB/s from {len(runs)} runs",
         )
         fit.model.save(path)
+        self.cost_splits[bandwidth] = fit.term_split()
         (self.out / f"cost_{bandwidth:g}_report.json").write_text(
             json.dumps(fit.to_dict(), indent=2, default=float) + "\n"
         )
@@ -334,7 +336,15 @@ class Validator:
         decision = pd.to_numeric(cycles["decision_s"], errors="coerce").fillna(0.0)
         result = self.replay(dense, cell, cost, float(decision.mean()) if len(decision) else 0.0)
         sim_cycles = pd.DataFrame([dataclasses.asdict(r) for r in result.cycles])
-        row = fidelity.compare_cell(cell.key(), cycles, transfers, result.totals.to_dict(), sim_cycles, cost)
+        row = fidelity.compare_cell(
+            cell.key(),
+            cycles,
+            transfers,
+            result.totals.to_dict(),
+            sim_cycles,
+            cost,
+            cost_split=self.cost_splits.get(cell.bandwidth_gb_per_s),
+        )
         errs = fidelity.cycle_errors(cost, cycles)
         self.per_cycle.append(pd.DataFrame({**cell.key(), "cycle_error_pct": errs}))
         return row

@@ -174,6 +174,11 @@ class CostFit:
     h2d_host_s_per_transfer: float = 0.0
     compute_s_per_miss: float = 0.0
 
+    def term_split(self) -> dict[str, float]:
+        """The non-link parts of ``model.h2d_s_per_transfer``, as keyword arguments of
+        :func:`evaluate` (``compute_s_per_miss``, ``host_s_per_transfer``)."""
+        return {"compute_s_per_miss": self.compute_s_per_miss, "host_s_per_transfer": self.h2d_host_s_per_transfer}
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able report."""
         return {
@@ -358,8 +363,16 @@ def _fit_draft(cycles: pd.DataFrame, opts: FitOptions, notes: list[str]) -> floa
     return float(fit.coef[0])
 
 
-def predict_terms(model: CycleCostModel, cycles: pd.DataFrame) -> dict[str, np.ndarray]:
-    """Per-cycle predictions of each term: ``draft``, ``verify``, ``h2d_cycle``, ``cycle`` (float64[C], s)."""
+def predict_terms(
+    model: CycleCostModel, cycles: pd.DataFrame, compute_s_per_miss: float = 0.0
+) -> dict[str, np.ndarray]:
+    """Per-cycle predictions of each term: ``draft``, ``verify``, ``h2d_cycle``, ``cycle`` (float64[C], s).
+
+    ``compute_s_per_miss``: the share of ``model.h2d_s_per_transfer`` that is verify compute per
+    miss (:attr:`CostFit.compute_s_per_miss`, fitted with ``miss_compute``); it is moved from the
+    ``h2d_cycle`` prediction to the ``verify`` one so each term is compared with what it measures
+    (the cycle prediction is unchanged).
+    """
     out: dict[str, list[float]] = {"draft": [], "verify": [], "h2d_cycle": [], "cycle": []}
     for lev, n, ctx, misses in zip(
         cycles["num_draft_levels"],
@@ -368,9 +381,10 @@ def predict_terms(model: CycleCostModel, cycles: pd.DataFrame) -> dict[str, np.n
         cycles["layer_misses"],
     ):
         misses = np.asarray(misses, dtype=np.int64)
+        miss_compute_s = compute_s_per_miss * float(misses.sum())
         out["draft"].append(model.draft_s(int(lev)))
-        out["verify"].append(model.verify_s(int(n), int(ctx)))
-        out["h2d_cycle"].append(model.h2d_s(misses))
+        out["verify"].append(model.verify_s(int(n), int(ctx)) + miss_compute_s)
+        out["h2d_cycle"].append(model.h2d_s(misses) - miss_compute_s)
         out["cycle"].append(model.cycle_s(int(lev), int(n), int(ctx), misses))
     return {k: np.asarray(v, dtype=np.float64) for k, v in out.items()}
 
@@ -391,11 +405,23 @@ def measured_terms(
 
 
 def evaluate(
-    model: CycleCostModel, cycles: pd.DataFrame, transfers: pd.DataFrame, verify_target: str = "residual"
+    model: CycleCostModel,
+    cycles: pd.DataFrame,
+    transfers: pd.DataFrame,
+    verify_target: str = "residual",
+    *,
+    compute_s_per_miss: float = 0.0,
+    host_s_per_transfer: float = 0.0,
 ) -> dict[str, TermError]:
-    """|% error| summary per term (and ``h2d_transfer`` per copy) of ``model`` on these rows."""
+    """|% error| summary per term (and ``h2d_transfer`` per copy) of ``model`` on these rows.
+
+    ``compute_s_per_miss`` and ``host_s_per_transfer`` are the parts of ``h2d_s_per_transfer``
+    that are not link time (:class:`CostFit` fields): the per-copy ``h2d_transfer`` prediction
+    leaves both out (a ``transfers`` row times one copy on the link), and ``compute_s_per_miss``
+    is predicted in the verify term, not in ``h2d_cycle`` (see :func:`predict_terms`).
+    """
     pred = (
-        predict_terms(model, cycles)
+        predict_terms(model, cycles, compute_s_per_miss)
         if len(cycles)
         else {k: np.zeros(0) for k in ("draft", "verify", "h2d_cycle", "cycle")}
     )
@@ -407,7 +433,8 @@ def evaluate(
     errors = {k: TermError.of(pred[k], meas[k]) for k in pred}
     if len(transfers):
         b = transfers["bytes"].to_numpy(dtype=np.float64)
-        t_pred = b / model.h2d_bytes_per_s + model.h2d_s_per_transfer / copies_per_transfer(transfers)
+        link_s = max(model.h2d_s_per_transfer - compute_s_per_miss - host_s_per_transfer, 0.0)
+        t_pred = b / model.h2d_bytes_per_s + link_s / copies_per_transfer(transfers)
         errors["h2d_transfer"] = TermError.of(t_pred, transfers["h2d_s"].to_numpy(dtype=np.float64))
     else:
         errors["h2d_transfer"] = TermError.of(np.zeros(0), np.zeros(0))
@@ -415,7 +442,11 @@ def evaluate(
 
 
 def cycle_predictions(
-    model: CycleCostModel, cycles: pd.DataFrame, heldout_mask: np.ndarray, verify_target: str = "residual"
+    model: CycleCostModel,
+    cycles: pd.DataFrame,
+    heldout_mask: np.ndarray,
+    verify_target: str = "residual",
+    compute_s_per_miss: float = 0.0,
 ) -> pd.DataFrame:
     """One row per cycle: keys, split, and ``measured_<term>_s`` / ``predicted_<term>_s`` per term.
 
@@ -426,7 +457,7 @@ def cycle_predictions(
     ]
     out = cycles[keys].reset_index(drop=True).copy()
     out["split"] = np.where(np.asarray(heldout_mask, dtype=bool), "heldout", "fit")
-    pred = predict_terms(model, cycles)
+    pred = predict_terms(model, cycles, compute_s_per_miss)
     meas = measured_terms(cycles, verify_target, model.overlap_h2d)
     for term in pred:
         out[f"measured_{term}_s"] = meas[term]
@@ -501,8 +532,9 @@ def fit_cost_model(
         overlap_h2d=bool(opts.overlap_h2d),
         source=source,
     )
-    fit_err = evaluate(model, fit_cycles, fit_transfers, opts.verify_target)
-    held_err = evaluate(model, held_cycles, held_transfers, opts.verify_target)
+    split = {"compute_s_per_miss": miss_compute_s, "host_s_per_transfer": host_s}
+    fit_err = evaluate(model, fit_cycles, fit_transfers, opts.verify_target, **split)
+    held_err = evaluate(model, held_cycles, held_transfers, opts.verify_target, **split)
     model_cycle = model_cycle_s(cycles)
     overhead = verify_target_s(cycles, "residual", False) - cycles["verify_s"].to_numpy(dtype=np.float64)
     share = overhead[model_cycle > 0] / model_cycle[model_cycle > 0]

@@ -217,7 +217,9 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
     report["cost_fit_runs"] = cost_labels
     report["model"] = loaded.model.name
     report["options"] = {k: getattr(options, k) for k in options.__dataclass_fields__}
-    cycle_predictions(fit.model, cycles, fit.heldout_mask, options.verify_target).to_csv(
+    cycle_predictions(
+        fit.model, cycles, fit.heldout_mask, options.verify_target, fit.compute_s_per_miss
+    ).to_csv(
         folder / CYCLES_NAME, index=False
     )
     summary: dict[str, Any] = {

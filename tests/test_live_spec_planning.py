@@ -125,6 +125,44 @@ def test_keep_drafting_is_asked_after_each_level(path):
     assert all(list(c.verification.nodes) == [0] for c in result.cycles)
 
 
+def test_stopping_rule_time_is_decision_time_not_subtracted_twice(path):
+    """The rule's time counts once, in decision_s; draft_s keeps the draft forwards (the level-0
+    question runs before drafting, so it must not be taken off the draft time as well)."""
+    import time
+
+    decoder, chooser = _engine(path, 1e15)
+    pause_s = 0.02
+
+    class Slow:
+        name = "slow"
+
+        def keep_drafting(self, ctx, max_depth, topk):
+            time.sleep(pause_s)
+            return ctx.num_levels < 2
+
+        def select(self, ctx):
+            return make_plan(ctx, np.arange(ctx.num_nodes), "slow", 1e-6, 1)
+
+    chooser.policy = Slow()
+    lm = chooser.drafter.lm
+    for name in ("feed_causal", "feed_tree"):  # each draft forward takes >= pause_s
+        forward = getattr(lm, name)
+
+        def slow_forward(*args, _forward=forward, **kwargs):
+            time.sleep(pause_s)
+            return _forward(*args, **kwargs)
+
+        setattr(lm, name, slow_forward)
+    result = decoder.generate(PROMPT, 4, chooser)
+    for c in result.cycles:
+        # asked at levels 0, 1 and 2: three pauses in the decision; two draft forwards in the draft
+        assert c.choice.draft.num_levels == 2
+        assert 3 * pause_s <= c.choice.plan.decision_s < 4 * pause_s
+        assert 2 * pause_s <= c.choice.draft.draft_s < 3 * pause_s
+        unaccounted_s = c.cycle_s - c.choice.plan.decision_s - c.choice.draft.draft_s - c.verification.verify_s
+        assert 0.0 <= unaccounted_s < pause_s
+
+
 def test_token_table_predictor_learns_committed_routing(path):
     decoder, chooser = _engine(path, 1e9, predictor="token-table")
     result = decoder.generate(PROMPT, 8, chooser)

@@ -165,10 +165,12 @@ class PlannedChooser:
             plan = self.policy.select(self._context(root, 0, state, recent_bits))
             plan = dataclasses.replace(plan, decision_s=time.perf_counter() - start + asked_s)
             return Choice(DraftResult(root, 0, 0.0), np.zeros(1, np.int64), plan)
+        asked_before_s = asked_s  # the level-0 question ran before grow: not inside its draft_s
         draft = self.drafter.grow(state.committed, self.shape, ask)
+        asked_in_grow_s = asked_s - asked_before_s
         start = time.perf_counter()
         plan = self.policy.select(self._context(draft.tree, draft.num_levels, state, recent_bits))
         decision_s = time.perf_counter() - start + asked_s
         plan = dataclasses.replace(plan, decision_s=decision_s)
-        draft = dataclasses.replace(draft, draft_s=max(draft.draft_s - asked_s, 0.0))
+        draft = dataclasses.replace(draft, draft_s=max(draft.draft_s - asked_in_grow_s, 0.0))
         return Choice(draft, np.asarray(plan.nodes, dtype=np.int64), plan)
