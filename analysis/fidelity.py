@@ -9,6 +9,15 @@ throughput within 2 %; hit rate within 0.5 points; same subtree in >= 99 % of de
 target is missed, ``off_terms`` names what is off: the cost term with the largest per-cycle error
 (``draft``, ``verify``, ``h2d_cycle``, from :func:`calibration.costfit.evaluate`), ``cache`` for a
 hit-rate gap, ``decisions`` for differing subtrees, ``throughput`` otherwise.
+
+Repeats and the noise floor: a live cell may be recorded R times (same inputs, same cost JSON,
+so the same decisions). :func:`match_repeats` pairs the repeats' cycles on (``request_id``,
+``cycle_index``) and keeps those that did the same work in every repeat (same verified nodes,
+position, draft levels and per-layer misses); :func:`mean_repeat_cycles` averages their timings;
+:func:`cycle_noise_pct` measures the per-cycle run-to-run coefficient of variation and
+:func:`repeat_spread_pct` the spread of the repeats' throughputs. :func:`compare_cell` compares
+the simulator with the pooled live throughput and the cost model with the per-cycle mean over
+repeats, and reports ``within_noise``: every missed timing target is inside that measured floor.
 """
 
 from __future__ import annotations

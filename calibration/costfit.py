@@ -14,7 +14,8 @@ H2D transfer   ``h2d_s = bytes / h2d_bytes_per_s            ``transfers`` rows (
 verify         ``T_verify = verify_base_s                   the verify target (below) vs
                + verify_s_per_node * N                      ``num_nodes_verified``, ``context_len``
                + verify_s_per_context_token * ctx``
-draft          ``draft_s = draft_s_per_level * levels``     cycles with ``num_draft_levels > 0``
+draft          ``draft_s = draft_base_s                     cycles with ``num_draft_levels > 0``
+               + draft_s_per_level * levels``               (base 0 when one depth only)
 =============  ===========================================  ==========================================
 
 Verify target: the live engine's ``cycle_s`` is the wall time of the whole cycle (draft +
@@ -352,15 +353,29 @@ def _fit_verify(cycles: pd.DataFrame, opts: FitOptions) -> tuple[float, float, f
     return coef[0], coef[1], coef[2], (coef[3] if per_miss else 0.0)
 
 
-def _fit_draft(cycles: pd.DataFrame, opts: FitOptions, notes: list[str]) -> float:
+def _fit_draft(cycles: pd.DataFrame, opts: FitOptions, notes: list[str]) -> tuple[float, float]:
+    """``(draft_base_s, draft_s_per_level)`` from the cycles that drafted (``draft_s ~ base + per_level * levels``).
+
+    The base is identifiable only when the drafting cycles drafted at least two different depths;
+    otherwise it is 0 and the per-level cost carries the whole draft time (exact at that depth; a
+    note says so)."""
     lev = cycles["num_draft_levels"].to_numpy(dtype=np.float64)
     y = cycles["draft_s"].to_numpy(dtype=np.float64)
     keep = (lev > 0) & (y > 0)
     if not keep.any():
-        notes.append("draft: no cycle drafted; draft_s_per_level set to 0")
-        return 0.0
-    fit = fit_non_negative(lev[keep, None], y[keep], ("draft_s_per_level",), **opts.lsq_kwargs())
-    return float(fit.coef[0])
+        notes.append("draft: no cycle drafted; draft_base_s and draft_s_per_level set to 0")
+        return 0.0, 0.0
+    depths = np.unique(lev[keep])
+    if depths.size < 2:
+        notes.append(
+            f"draft: every drafting cycle drafted {int(depths[0])} level(s); draft_base_s is not "
+            "identifiable and set to 0 (the per-level cost carries the whole draft time)"
+        )
+        fit = fit_non_negative(lev[keep, None], y[keep], ("draft_s_per_level",), **opts.lsq_kwargs())
+        return 0.0, float(fit.coef[0])
+    x = np.column_stack([np.ones(int(keep.sum())), lev[keep]])
+    fit = fit_non_negative(x, y[keep], ("draft_base_s", "draft_s_per_level"), **opts.lsq_kwargs())
+    return float(fit.coef[0]), float(fit.coef[1])
 
 
 def predict_terms(
@@ -519,9 +534,10 @@ def fit_cost_model(
             f"compute per cache miss {miss_compute_s * 1e6:.3g} us fitted with the verify term and "
             "added to h2d_s_per_transfer (miss_compute)"
         )
-    per_level = _fit_draft(fit_cycles, opts, notes)
+    draft_base, per_level = _fit_draft(fit_cycles, opts, notes)
     model = CycleCostModel(
         draft_s_per_level=per_level,
+        draft_base_s=draft_base,
         verify_base_s=base,
         verify_s_per_node=per_node,
         verify_s_per_context_token=per_ctx,

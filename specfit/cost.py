@@ -2,7 +2,7 @@
 
     T_cycle = T_draft(levels) + T_verify(nodes, context) + T_h2d(misses)          (no overlap)
     T_cycle = T_draft(levels) + max(T_verify, T_h2d)                              (overlap_h2d)
-    T_draft  = draft_s_per_level * levels
+    T_draft  = draft_base_s + draft_s_per_level * levels   (levels > 0; 0 when nothing is drafted)
     T_verify = verify_base_s + verify_s_per_node * nodes + verify_s_per_context_token * context_len
     T_h2d    = sum over layers of misses_l * (expert_bytes / h2d_bytes_per_s + h2d_s_per_transfer)
 
@@ -10,7 +10,10 @@ This is the cost of the SpecFit paper's objective (arXiv 2610.15417, abstract: t
 E[committed] / T_cycle with an expert-coverage H2D term), with a per-transfer latency term
 because measured offloading engines are dispatch-bound (docs/reference-figures.md).
 The overlapped form is the analytic bound (transfers hidden behind compute as far as the totals
-allow); the simulator gives the exact pipelined value. Calibration fits the parameters and writes
+allow); the simulator gives the exact pipelined value. ``draft_base_s`` is what a drafting cycle pays
+once whatever its depth (the draft model's catch-up forward over the tokens committed last cycle,
+launch overheads): measured live on the embedded default it is ~0.6 ms beside ~0.9 ms per level, so a
+per-level-only draft term mispredicts 1-level drafts by ~25 % and SpecFit's "draft at all?" question. Calibration fits the parameters and writes
 the JSON read by :meth:`CycleCostModel.load`; the planner, the simulator and the live engine all
 use this one object.
 """
@@ -29,11 +32,12 @@ import numpy as np
 from specfit.units import gb_per_s_to_bytes_per_s
 
 COST_MODEL_FORMAT = "specfit.CycleCostModel"
-COST_MODEL_VERSION = 1
+COST_MODEL_VERSION = 2  # 2: draft_base_s (version-1 files load with draft_base_s = 0)
 
 # field -> unit written beside it in JSON; load() rejects a file that states another unit.
 FIELD_UNITS: dict[str, str] = {
     "draft_s_per_level": "s/level",
+    "draft_base_s": "s",
     "verify_base_s": "s",
     "verify_s_per_node": "s/node",
     "verify_s_per_context_token": "s/token",
@@ -46,6 +50,7 @@ FIELD_UNITS: dict[str, str] = {
 }
 _FLOAT_FIELDS = (
     "draft_s_per_level",
+    "draft_base_s",
     "verify_base_s",
     "verify_s_per_node",
     "verify_s_per_context_token",
@@ -67,6 +72,7 @@ class CycleCostModel:
         h2d_s_per_transfer: fixed latency per expert transfer (s).
         expert_bytes: bytes of one expert (bytes).
         num_layers: MoE layers ``L`` (count, > 0).
+        draft_base_s: fixed seconds of a cycle that drafts at least one level (s; default 0).
         overlap_h2d: whether transfers overlap the verify compute (analytic bound, see module doc).
         source: where the parameters come from (free text, e.g. a calibration path).
 
@@ -83,6 +89,7 @@ class CycleCostModel:
     h2d_s_per_transfer: float
     expert_bytes: int
     num_layers: int
+    draft_base_s: float = 0.0
     overlap_h2d: bool = False
     source: str = "manual"
 
@@ -119,8 +126,15 @@ class CycleCostModel:
         return self.expert_bytes / self.h2d_bytes_per_s + self.h2d_s_per_transfer
 
     def draft_s(self, num_levels: int) -> float:
-        """Draft time for ``num_levels`` levels (s)."""
-        return self.draft_s_per_level * float(num_levels)
+        """Draft time for ``num_levels`` levels (s): ``draft_base_s + draft_s_per_level * levels``, 0 for 0."""
+        if num_levels <= 0:
+            return 0.0
+        return self.draft_base_s + self.draft_s_per_level * float(num_levels)
+
+    def draft_s_array(self, num_levels: Any) -> Any:
+        """:meth:`draft_s` element-wise over an array of level counts (float64, same shape)."""
+        levels = np.asarray(num_levels, dtype=np.float64)
+        return np.where(levels > 0, self.draft_base_s + self.draft_s_per_level * levels, 0.0)
 
     def verify_s(self, num_nodes: int, context_len: int) -> float:
         """Target forward time verifying ``num_nodes`` nodes over ``context_len`` tokens (s)."""
@@ -168,7 +182,7 @@ class CycleCostModel:
         verify = self.verify_base_s + self.verify_s_per_node * np.asarray(num_nodes, dtype=np.float64)
         verify = verify + self.verify_s_per_context_token * np.asarray(context_len, dtype=np.float64)
         h2d = self.s_per_miss * np.asarray(total_misses, dtype=np.float64)
-        out = self.combine_s(self.draft_s_per_level * np.asarray(num_levels, dtype=np.float64), verify, h2d)
+        out = self.combine_s(self.draft_s_array(num_levels), verify, h2d)
         return float(out) if np.ndim(out) == 0 else out
 
     def cycle_s(self, num_levels: int, num_nodes: int, context_len: int, misses_per_layer: Any) -> float:
@@ -194,6 +208,7 @@ class CycleCostModel:
         bandwidth_gb_per_s: float = 25.0,
         h2d_s_per_transfer: float = 10e-6,
         draft_s_per_level: float = 2e-3,
+        draft_base_s: float = 0.0,
         verify_base_s: float = 20e-3,
         verify_s_per_node: float = 0.2e-3,
         verify_s_per_context_token: float = 0.0,
@@ -205,6 +220,7 @@ class CycleCostModel:
         """
         return cls(
             draft_s_per_level=draft_s_per_level,
+            draft_base_s=draft_base_s,
             verify_base_s=verify_base_s,
             verify_s_per_node=verify_s_per_node,
             verify_s_per_context_token=verify_s_per_context_token,
@@ -252,7 +268,7 @@ class CycleCostModel:
         unknown = sorted(set(data) - set(names) - {"format", "version", "units"})
         if unknown:
             raise ValueError(f"{where}: unknown field(s) {unknown}; expected {names}")
-        required = [n for n in names if n not in ("overlap_h2d", "source")]
+        required = [n for n in names if n not in ("overlap_h2d", "source", "draft_base_s")]
         missing = [n for n in required if n not in data]
         if missing:
             raise ValueError(f"{where}: missing field(s) {missing}")

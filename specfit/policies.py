@@ -178,9 +178,11 @@ class SpecFitPolicy(TreePolicy):
         a union-size prediction and no H2D overlap the predicted misses of a subtree depend only
         on its size ``n`` (``F(n) = sum_l u_l(n) * miss_l``), so
         ``H(m) = s_per_miss * min_{1 <= n <= N} (F(n + m) - F(n))``; with per-node sets (oracle,
-        recent, token table) the next level's experts are unknown and ``H = 0``. Drafting stops
-        when no ``(k, m)`` beats ``R*``: ``min(k Q, m P_max) <= R* (k d + m v + H(m))`` for every
-        ``k`` up to the remaining depth and ``m`` up to ``ceil(k Q / P_max)``.
+        recent, token table) the next level's experts are unknown and ``H = 0``. Asked on the root
+        alone (nothing drafted yet), the first level also pays ``draft_base_s`` (``b``; sunk once a
+        level is drafted). Drafting stops when no ``(k, m)`` beats ``R*``:
+        ``min(k Q, m P_max) <= R* (b + k d + m v + H(m))`` for every ``k`` up to the remaining depth
+        and ``m`` up to ``ceil(k Q / P_max)``.
 
         Raises:
             ValueError: ``max_depth`` < 0 or ``topk`` < 1.
@@ -199,7 +201,8 @@ class SpecFitPolicy(TreePolicy):
         max_new = int(np.ceil(levels[-1] * mass / p_max - 1e-9))
         nodes = np.arange(1, max_new + 1, dtype=np.float64)
         gain = np.minimum(levels[:, None] * mass, nodes[None, :] * p_max)
-        cost_s = levels[:, None] * ctx.cost.draft_s_per_level + (nodes * ctx.cost.verify_s_per_node)[None, :]
+        base_s = ctx.cost.draft_base_s if ctx.num_levels == 0 else 0.0  # paid once per drafting cycle
+        cost_s = base_s + levels[:, None] * ctx.cost.draft_s_per_level + (nodes * ctx.cost.verify_s_per_node)[None, :]
         if not np.any(gain > best * cost_s):  # already stops without the transfer term (H >= 0)
             return False
         cost_s = cost_s + _min_added_h2d_s(ctx, max_new)[None, :]

@@ -10,6 +10,8 @@ popular ``cache_fraction`` of each layer's experts.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from specfit import bitsets
@@ -158,12 +160,15 @@ def random_small_context(
         overlap_h2d=overlap_h2d,
         source="random",
     )
+    context_len = int(rng.integers(0, 2000))
+    # drawn last so that the earlier draws (and the contexts of existing seeds) are unchanged
+    cost = dataclasses.replace(cost, draft_base_s=float(rng.uniform(0, 2e-3)))
     return PolicyContext(
         tree=tree,
         accept_probs=path_accept_probs(tree),
         node_experts=NodeExperts(num_experts, bits=bitsets.pack(ids, num_experts), source="random"),
         cached_bits=bitsets.pack(cached, num_experts),
         cost=cost,
-        context_len=int(rng.integers(0, 2000)),
+        context_len=context_len,
         num_levels=int(tree.max_depth),
     )

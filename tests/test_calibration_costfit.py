@@ -13,6 +13,7 @@ from specfit.cost import CycleCostModel
 
 TRUTH = CycleCostModel(
     draft_s_per_level=1.5e-3,
+    draft_base_s=0.8e-3,
     verify_base_s=12e-3,
     verify_s_per_node=0.25e-3,
     verify_s_per_context_token=4e-6,
@@ -56,6 +57,7 @@ def test_fit_recovers_known_parameters_within_2_percent(tables, weighting) -> No
     m = result.model
     for name in (
         "draft_s_per_level",
+        "draft_base_s",
         "verify_base_s",
         "verify_s_per_node",
         "verify_s_per_context_token",
@@ -216,3 +218,13 @@ def test_host_placing_time_and_compute_per_miss_join_the_per_transfer_cost(table
     lumped = evaluate(fit.model, cycles, transfers)  # every per-miss second counted as link time
     assert lumped["h2d_transfer"].median_abs_pct_error > 5.0
     assert lumped["h2d_cycle"].median_abs_pct_error > 5.0
+
+
+def test_draft_base_is_left_at_zero_when_one_depth_only() -> None:
+    """Drafting cycles of one depth cannot separate the base from the per-level cost: base 0,
+    the per-level cost carries it (exact at that depth), and a note says so."""
+    cycles, transfers = synthetic_tables(TRUTH, num_cycles=200, noise_rel=0.0, seed=5, max_levels=1)
+    fit = fit_cost_model(cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=TRUTH.num_layers)
+    assert fit.model.draft_base_s == 0.0
+    assert fit.model.draft_s_per_level == pytest.approx(TRUTH.draft_s(1), rel=1e-6)
+    assert any("draft_base_s is not identifiable" in n for n in fit.notes)

@@ -197,3 +197,12 @@ def test_quick_cost_estimate_uses_the_link_and_measures_compute(path):
     assert cost.expert_bytes == offload.bytes_per_expert and cost.num_layers == 2
     assert cost.draft_s_per_level > 0 and cost.verify_base_s + cost.verify_s_per_node > 0
     assert cost.verify_s(12, 6) < 1.0  # tiny model: well under a second per verification
+
+
+def test_quick_draft_estimate_is_a_line_through_one_level_and_full_depth() -> None:
+    from live.spec.costs import _line_through
+
+    assert _line_through({1: 1.5e-3, 4: 4.2e-3}) == pytest.approx((0.6e-3, 0.9e-3))
+    assert _line_through({3: 3e-3}) == pytest.approx((0.0, 1e-3))  # one depth: no base
+    assert _line_through({1: 1e-3, 3: 5e-3}) == pytest.approx((0.0, 5e-3 / 3))  # negative base: none
+    assert _line_through({}) == (0.0, 0.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -151,6 +152,13 @@ def test_cost_formula_values() -> None:
             [model.cycle_s(4, 1, 1000, [3, 0, 0]), model.cycle_s(4, 10, 1000, [40, 0, 0])]
         )
         assert isinstance(model.cycle_s_total(4, 10, 1000, 3), float)
+    based = _cost(draft_base_s=0.003)  # paid by a cycle that drafts, whatever its depth
+    assert based.draft_s(0) == 0.0 and based.draft_s(1) == pytest.approx(0.005)
+    assert based.draft_s(4) == pytest.approx(0.011)
+    assert based.cycle_s_total(np.array([0, 4]), 10, 1000, 0).tolist() == pytest.approx(
+        [based.cycle_s(0, 10, 1000, [0, 0, 0]), based.cycle_s(4, 10, 1000, [0, 0, 0])]
+    )
+    assert based.cycle_s(4, 10, 1000, [0, 0, 0]) - cost.cycle_s(4, 10, 1000, [0, 0, 0]) == pytest.approx(0.003)
 
 
 def test_reference_unit_check_mixtral_expert_at_32_gb_per_s() -> None:
@@ -186,6 +194,10 @@ def test_cost_json_round_trip_and_errors(tmp_path) -> None:
     (tmp_path / "bad_unit.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match="bad_unit.json.*h2d_bytes_per_s.*GB/s"):
         CycleCostModel.load(tmp_path / "bad_unit.json")
+    version_1 = cost.to_dict()  # written before draft_base_s existed
+    del version_1["draft_base_s"], version_1["units"]["draft_base_s"]
+    version_1["version"] = 1
+    assert CycleCostModel.from_dict(version_1) == dataclasses.replace(cost, draft_base_s=0.0)
     data = cost.to_dict()
     data["verify_base_s"] = -1
     with pytest.raises(ValueError, match="verify_base_s"):

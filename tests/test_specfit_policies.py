@@ -112,8 +112,30 @@ def test_keep_drafting_rule_on_a_hand_case() -> None:
         policy.keep_drafting(ctx, max_depth=5, topk=0)
 
 
+def test_draft_base_is_paid_by_the_first_level_only() -> None:
+    """Asked on the root alone, a level also costs draft_base_s; once drafted, the base is sunk."""
+    policy = make_tree_policy("specfit")
+    tree = _ctx().tree
+    root = dataclasses.replace(
+        _ctx(num_levels=0, draft_s=0.05),
+        tree=tree.subtree(np.array([0])),
+        accept_probs=np.array([1.0]),
+        node_experts=NodeExperts(8, bits=_ctx().node_experts.bits[:1]),
+    )
+    best = plan_exact(root).predicted_tokens_per_s  # 1 / 1.1 s
+    # one level, one node: gain <= P(root) = 1; cost >= base + 0.05 (level) + 0.1 (node)
+    assert policy.keep_drafting(root, max_depth=1) is True
+    for base_s, expected in ((0.8, True), (1.0, False)):
+        assert (1.0 > best * (base_s + 0.15)) is expected
+        priced = dataclasses.replace(root, cost=dataclasses.replace(root.cost, draft_base_s=base_s))
+        assert policy.keep_drafting(priced, max_depth=1) is expected
+    deep = _ctx(num_levels=2, draft_s=0.05)
+    sunk = dataclasses.replace(deep, cost=dataclasses.replace(deep.cost, draft_base_s=100.0))
+    assert policy.keep_drafting(sunk, max_depth=5) is policy.keep_drafting(deep, max_depth=5) is True
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.integers(2, 13), st.integers(1, 4))
+@given(st.integers(0, 2**32 - 1), st.integers(2, 13), st.integers(0, 4))
 def test_stopping_rule_never_stops_before_a_better_tree(seed, n, cut_depth) -> None:
     """If the rule says stop at depth d, no subtree of the deeper tree beats the best at depth d."""
     full = random_small_context(np.random.default_rng(seed), n, sibling_mass=True)
@@ -136,7 +158,7 @@ def test_stopping_rule_never_stops_before_a_better_tree(seed, n, cut_depth) -> N
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.integers(2, 13), st.integers(1, 4))
+@given(st.integers(0, 2**32 - 1), st.integers(2, 13), st.integers(0, 4))
 def test_stopping_rule_with_union_size_prices_never_stops_too_early(seed, n, cut_depth) -> None:
     """Union-size mode: the rule's H2D term (least predicted transfers of m more nodes) keeps it valid."""
     rng = np.random.default_rng(seed)

@@ -1,7 +1,8 @@
 """The default cycle cost model of a live run: the emulated link plus a quick measured compute estimate.
 
 Used by ``python -m live.record --mode policy`` when no ``--cost`` JSON is given. Before the run,
-on the first prompt: the draft time per level is a drafted tree's time divided by its levels; the
+on the first prompt: the draft time is fitted as ``draft_base_s + per_level * levels`` from a
+one-level draft and a full-depth draft (the base is 0 when the shape allows one level only); the
 target's verify time is fitted as ``base + per_node * nodes`` from root-only and full-tree
 verifications (median of ``repeats``, their H2D time subtracted); the H2D terms come from the
 link (``--bandwidth``, ``--latency-us``) or, for a plain memcpy link, from timing copies of one
@@ -11,6 +12,7 @@ expert. The context term is left at 0 (too small to fit in a few forwards). Cali
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 
@@ -31,6 +33,21 @@ def measure_copy_bytes_per_s(num_bytes: int, repeats: int = 20) -> float:
         dst.copy_(src)
         times.append(time.perf_counter() - start)
     return src.numel() / max(float(np.median(times)), 1e-9)
+
+
+def _line_through(points: dict[int, float]) -> tuple[float, float]:
+    """``(base, slope)`` >= 0 of the line through the smallest and largest level counts of
+    ``{levels: seconds}`` (one point: base 0, slope = seconds / levels; none: zeros)."""
+    if not points:
+        return 0.0, 0.0
+    lo, hi = min(points), max(points)
+    if hi == lo:
+        return 0.0, points[lo] / lo
+    slope = max((points[hi] - points[lo]) / (hi - lo), 0.0)
+    base = points[lo] - slope * lo
+    if base < 0:  # timing noise: keep the model non-negative, through the larger point
+        return 0.0, points[hi] / hi
+    return base, slope
 
 
 def estimate_cost_model(
@@ -55,17 +72,24 @@ def estimate_cost_model(
     """
     from specfit.cost import CycleCostModel
 
-    draft_per_level, verify_times = [], {}
+    draft_times: dict[int, list[float]] = {}
+    verify_times: dict[int, list[float]] = {}
+    one_level = dataclasses.replace(shape, depth=min(shape.depth, 1))
     for _ in range(repeats):
-        drafter.reset()
-        draft = drafter.grow(prompt_ids, shape)
-        draft_per_level.append(draft.draft_s / max(draft.num_levels, 1))
+        for draft_shape in (one_level, shape):
+            drafter.reset()
+            draft = drafter.grow(prompt_ids, draft_shape)
+            if draft.num_levels > 0:
+                draft_times.setdefault(draft.num_levels, []).append(draft.draft_s)
         for nodes in (np.zeros(1, np.int64), np.arange(draft.tree.num_nodes)):
             verifier.prefill(prompt_ids)
             offload.begin_forward()
             ver = verifier.verify(draft.tree, nodes)
             stats = offload.end_forward()
             verify_times.setdefault(len(nodes), []).append(max(ver.verify_s - stats.h2d_s, 0.0))
+    draft_base, draft_per_level = _line_through(
+        {levels: float(np.median(t)) for levels, t in draft_times.items()}
+    )
     sizes = sorted(verify_times)
     small, large = sizes[0], sizes[-1]
     t_small, t_large = (float(np.median(verify_times[s])) for s in (small, large))
@@ -73,7 +97,8 @@ def estimate_cost_model(
     info = offload.link.info
     bandwidth = info.bandwidth_bytes_per_s or measure_copy_bytes_per_s(offload.bytes_per_expert)
     return CycleCostModel(
-        draft_s_per_level=float(np.median(draft_per_level)),
+        draft_s_per_level=draft_per_level,
+        draft_base_s=draft_base,
         verify_base_s=max(t_small - per_node * small, 0.0),
         verify_s_per_node=per_node,
         verify_s_per_context_token=0.0,
