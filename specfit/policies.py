@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from specfit.context import Plan, PolicyContext, make_plan
+from specfit.context import Plan, PolicyContext, layer_misses, make_plan
 from specfit.planner import plan_exact
 
 TREE_POLICIES: tuple[str, ...] = ("ar", "chain", "topn", "specfit", "cascade")
@@ -144,20 +144,124 @@ def _min_added_h2d_s(ctx: PolicyContext, max_new: int) -> np.ndarray:
     return np.maximum(least, 0.0) * ctx.cost.s_per_miss
 
 
+STOPPING_RULES = ("expected", "bound")
+
+
 class SpecFitPolicy(TreePolicy):
     """SpecFit: exact throughput-optimal subtree, and when to stop drafting.
 
-    ``select`` runs :func:`specfit.planner.plan_exact`.
+    ``select`` runs :func:`specfit.planner.plan_exact`; :meth:`keep_drafting` decides after each
+    drafted level (and on the root alone, before any drafting) whether to draft another.
+
+    Args:
+        stopping: ``"expected"`` (default, :meth:`keep_drafting_expected`: continue when the
+            predicted throughput of the best path extended by the expected next levels beats the
+            current optimum) or ``"bound"`` (:meth:`keep_drafting_bound`: stop only when no deeper
+            tree can beat it, a provable but loose test that rarely stops early).
+        root_alpha_weight: weight of a new observation in the running estimate of the root's
+            best-child acceptance used by the expected rule on the root alone (0 < w <= 1).
+        reprobe_rate: after each cycle the expected rule declines to draft, the root estimate
+            moves this fraction of the way back to 1, so a policy that stopped drafting
+            eventually drafts again and re-measures (0 <= r <= 1).
+
+    The policy keeps that one running estimate across cycles; build one policy per run.
+
+    Raises:
+        ValueError: unknown ``stopping`` or a weight / rate out of range.
     """
 
     name = "specfit"
 
+    def __init__(
+        self, stopping: str = "expected", root_alpha_weight: float = 0.25, reprobe_rate: float = 0.05
+    ) -> None:
+        if stopping not in STOPPING_RULES:
+            raise ValueError(f"specfit policy: stopping must be one of {list(STOPPING_RULES)}, got {stopping!r}")
+        if not 0.0 < float(root_alpha_weight) <= 1.0:
+            raise ValueError(f"specfit policy: root_alpha_weight must be in (0, 1], got {root_alpha_weight}")
+        if not 0.0 <= float(reprobe_rate) <= 1.0:
+            raise ValueError(f"specfit policy: reprobe_rate must be in [0, 1], got {reprobe_rate}")
+        self.stopping = stopping
+        self.root_alpha_weight = float(root_alpha_weight)
+        self.reprobe_rate = float(reprobe_rate)
+        self.root_alpha = 1.0  # optimistic start: the first cycle drafts, then measures
+
     def select(self, ctx: PolicyContext) -> Plan:
-        """The exact optimum (see :mod:`specfit.planner`)."""
+        """The exact optimum (see :mod:`specfit.planner`); a drafted tree also updates the root estimate."""
+        if ctx.tree.max_depth >= 1:
+            observed = float(ctx.accept_probs[ctx.tree.nodes_at_depth(1)].max())
+            w = self.root_alpha_weight
+            self.root_alpha = (1.0 - w) * self.root_alpha + w * min(max(observed, 0.0), 1.0)
         return plan_exact(ctx)
 
     def keep_drafting(self, ctx: PolicyContext, max_depth: int, topk: int | None = None) -> bool:
-        """Stopping rule, called after each drafted level: True if another level could pay.
+        """True if another draft level should be drafted (the rule chosen by ``stopping``).
+
+        Raises:
+            ValueError: ``max_depth`` < 0 or ``topk`` < 1.
+        """
+        if self.stopping == "bound":
+            return self.keep_drafting_bound(ctx, max_depth, topk)
+        return self.keep_drafting_expected(ctx, max_depth, topk)
+
+    def keep_drafting_expected(self, ctx: PolicyContext, max_depth: int, topk: int | None = None) -> bool:
+        """Expected-value rule: draft on while the best path, extended by the expected next levels, pays.
+
+        Let ``S*`` be the optimum on the current tree (throughput ``R*``), ``v`` the most probable
+        node of the deepest level and ``alpha`` its edge acceptance ``P(v) / P(parent(v))`` (on the
+        root alone, the running estimate of the root's best child, see the class). A chain of
+        ``k`` more levels below ``v`` is expected to add nodes of acceptance ``P(v) alpha^j``,
+        ``j = 1..k`` (acceptance decays geometrically along a path, the usual model of draft
+        acceptance: Leviathan et al. 2023, Sec. 3.5). Drafting continues when, for some ``k`` up to
+        the remaining depth, ``S* + path(v) + chain(k)`` priced by the cost model (``k`` more draft
+        levels, ``draft_base_s`` on the root alone, ``k`` more verified nodes, its predicted misses)
+        has a higher predicted throughput than ``R*``. Chain nodes are priced with ``v``'s predicted
+        experts (per-node predictors) or by subtree size (union-size). An estimate, not a bound:
+        it can stop before a deeper tree that would have paid (see :meth:`keep_drafting_bound`).
+        On the root alone a "no" also moves the root estimate back towards 1 (``reprobe_rate``).
+        """
+        if int(max_depth) < 0:
+            raise ValueError(f"keep_drafting: max_depth must be >= 0, got {max_depth}")
+        if topk is not None and int(topk) < 1:
+            raise ValueError(f"keep_drafting: topk must be >= 1 or None, got {topk}")
+        tree = ctx.tree
+        if tree.max_depth >= int(max_depth):
+            return False
+        best = plan_exact(ctx)
+        probs = ctx.accept_probs
+        if tree.max_depth == 0:
+            leaf, alpha = 0, self.root_alpha
+        else:
+            deepest = tree.nodes_at_depth(tree.max_depth)
+            leaf = int(deepest[np.argmax(probs[deepest])])
+            parent_p = float(probs[tree.parents[leaf]])
+            alpha = min(float(probs[leaf]) / parent_p, 1.0) if parent_p > 0 else 0.0
+        chosen = np.zeros(tree.num_nodes, dtype=bool)
+        chosen[best.nodes] = True
+        v = leaf
+        while v > 0 and not chosen[v]:
+            chosen[v] = True
+            v = int(tree.parents[v])
+        base = np.flatnonzero(chosen)
+        base_gain = 1.0 + float(probs[base[base != 0]].sum())
+        remaining = int(max_depth) - int(tree.max_depth)
+        k = np.arange(1, remaining + 1, dtype=np.float64)
+        gain = base_gain + float(probs[leaf]) * np.cumsum(alpha**k)
+        nodes = base.shape[0] + k
+        ne = ctx.node_experts
+        if ne.is_union_size:
+            miss = ne.layer_miss_fraction(ctx.cached_bits)
+            misses = ne.expected_union_table(int(nodes[-1]))[nodes.astype(np.int64) - 1] @ miss
+        else:
+            misses = np.full(k.shape, float(layer_misses(ctx, base).sum()))
+        cycle = ctx.cost.cycle_s_total(ctx.num_levels + k, nodes, ctx.context_len, misses)
+        keep = bool(np.any(gain > best.predicted_tokens_per_s * cycle))
+        if tree.max_depth == 0 and not keep:
+            self.root_alpha += self.reprobe_rate * (1.0 - self.root_alpha)
+        return keep
+
+    def keep_drafting_bound(self, ctx: PolicyContext, max_depth: int, topk: int | None = None) -> bool:
+        """Stopping rule as a bound, called after each drafted level: True if another level could pay.
 
         Let ``R*`` be the best predicted throughput on the current tree (``ctx.num_levels``
         levels drafted) and ``Q`` the total P of the deepest level (only its ``topk`` most likely

@@ -235,7 +235,8 @@ def test_draft_levels_follow_the_live_engine(run) -> None:
         assert result.totals.draft_ns == sum(s_to_ns(_cost().draft_s(n)) for n in levels[policy])
     assert set(levels["ar"]) == {0}
     assert set(levels["topn"]) == {depth} and set(levels["chain"]) == {depth}  # full drafted tree
-    assert all(1 <= n <= depth for n in levels["specfit"])  # asked after each drafted level
+    assert all(0 <= n <= depth for n in levels["specfit"])  # asked on the root, then after each level
+    assert any(n > 0 for n in levels["specfit"])
 
 
 def test_specfit_drafts_nothing_when_no_level_can_pay(run) -> None:

@@ -97,7 +97,7 @@ def test_specfit_beats_or_ties_every_baseline() -> None:
 
 def test_keep_drafting_rule_on_a_hand_case() -> None:
     ctx = _ctx(num_levels=2, draft_s=0.05)
-    policy = make_tree_policy("specfit")
+    policy = make_tree_policy("specfit", stopping="bound")
     best = plan_exact(ctx).predicted_tokens_per_s
     deepest_mass = 0.42 + 0.12 + 0.27
     delta = 0.05 + 0.1
@@ -114,7 +114,7 @@ def test_keep_drafting_rule_on_a_hand_case() -> None:
 
 def test_draft_base_is_paid_by_the_first_level_only() -> None:
     """Asked on the root alone, a level also costs draft_base_s; once drafted, the base is sunk."""
-    policy = make_tree_policy("specfit")
+    policy = make_tree_policy("specfit", stopping="bound")
     tree = _ctx().tree
     root = dataclasses.replace(
         _ctx(num_levels=0, draft_s=0.05),
@@ -132,6 +132,44 @@ def test_draft_base_is_paid_by_the_first_level_only() -> None:
     deep = _ctx(num_levels=2, draft_s=0.05)
     sunk = dataclasses.replace(deep, cost=dataclasses.replace(deep.cost, draft_base_s=100.0))
     assert policy.keep_drafting(sunk, max_depth=5) is policy.keep_drafting(deep, max_depth=5) is True
+
+
+def test_expected_rule_on_a_hand_case() -> None:
+    """S* = {0,1,2,3,5}: G = 2.59, T = 2 d + 1.0 + 5 * 0.1. The deepest best node 3 (P .42) has
+    edge acceptance .42 / .6 = .7, so one more level is expected to add .294 for d + 0.1 s."""
+    for draft_s, expected in ((0.05, True), (0.2, False)):
+        ctx = _ctx(num_levels=2, draft_s=draft_s)
+        best = plan_exact(ctx)
+        assert best.nodes.tolist() == [0, 1, 2, 3, 5]
+        r_star = 2.59 / (2 * draft_s + 1.5)
+        one_more = (2.59 + 0.42 * 0.7) / (3 * draft_s + 1.6)
+        two_more = (2.59 + 0.42 * (0.7 + 0.49)) / (4 * draft_s + 1.7)
+        assert (max(one_more, two_more) > r_star) is expected
+        assert make_tree_policy("specfit").keep_drafting(ctx, max_depth=4) is expected
+        # the bound rule cannot rule the 0.2 s level out: Q = .81 > R* (d + v)
+        assert make_tree_policy("specfit", stopping="bound").keep_drafting(ctx, max_depth=4) is True
+
+
+def test_expected_rule_learns_the_root_acceptance_and_reprobes() -> None:
+    policy = make_tree_policy("specfit", root_alpha_weight=0.5, reprobe_rate=0.25)
+    assert policy.root_alpha == 1.0
+    policy.select(_ctx())  # best depth-1 P is .6
+    assert policy.root_alpha == pytest.approx(0.8)
+    tree = _ctx().tree
+    root = dataclasses.replace(
+        _ctx(num_levels=0, draft_s=1.0),  # a 1 s draft level never pays here
+        tree=tree.subtree(np.array([0])),
+        accept_probs=np.array([1.0]),
+        node_experts=NodeExperts(8, bits=_ctx().node_experts.bits[:1]),
+    )
+    assert policy.keep_drafting(root, max_depth=3) is False
+    assert policy.root_alpha == pytest.approx(0.8 + 0.25 * 0.2)  # moved back towards 1
+    cheap = dataclasses.replace(root, cost=dataclasses.replace(root.cost, draft_s_per_level=0.0))
+    assert policy.keep_drafting(cheap, max_depth=3) is True  # free drafting: expected gain > 0
+    with pytest.raises(ValueError, match="stopping"):
+        make_tree_policy("specfit", stopping="oracle")
+    with pytest.raises(ValueError, match="reprobe_rate"):
+        make_tree_policy("specfit", reprobe_rate=2.0)
 
 
 @settings(max_examples=300, deadline=None)
@@ -152,7 +190,7 @@ def test_stopping_rule_never_stops_before_a_better_tree(seed, n, cut_depth) -> N
         context_len=full.context_len,
         num_levels=cut_depth,
     )
-    if not make_tree_policy("specfit").keep_drafting(shallow, max_depth=100):
+    if not make_tree_policy("specfit", stopping="bound").keep_drafting(shallow, max_depth=100):
         deeper = plan_exact(full).predicted_tokens_per_s
         assert deeper <= plan_exact(shallow).predicted_tokens_per_s * (1 + 1e-9)
 
@@ -175,7 +213,7 @@ def test_stopping_rule_with_union_size_prices_never_stops_too_early(seed, n, cut
     shallow = dataclasses.replace(
         full, tree=tree.subtree(keep), accept_probs=full.accept_probs[keep], num_levels=cut_depth
     )
-    if not make_tree_policy("specfit").keep_drafting(shallow, max_depth=100):
+    if not make_tree_policy("specfit", stopping="bound").keep_drafting(shallow, max_depth=100):
         deeper = plan_exact(full).predicted_tokens_per_s
         assert deeper <= plan_exact(shallow).predicted_tokens_per_s * (1 + 1e-9)
 
@@ -192,7 +230,7 @@ def test_union_size_transfer_term_stops_drafting_when_misses_are_dear() -> None:
             ctx.node_experts.num_experts, union_size=union, miss_fraction=np.ones(num_layers)
         ),
     )
-    policy = make_tree_policy("specfit")
+    policy = make_tree_policy("specfit", stopping="bound")
     cheap = dataclasses.replace(
         sized, cost=dataclasses.replace(sized.cost, h2d_bytes_per_s=float("inf"), h2d_s_per_transfer=0.0)
     )
