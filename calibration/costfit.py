@@ -178,7 +178,10 @@ class CostFit:
     def term_split(self) -> dict[str, float]:
         """The non-link parts of ``model.h2d_s_per_transfer``, as keyword arguments of
         :func:`evaluate` (``compute_s_per_miss``, ``host_s_per_transfer``)."""
-        return {"compute_s_per_miss": self.compute_s_per_miss, "host_s_per_transfer": self.h2d_host_s_per_transfer}
+        return {
+            "compute_s_per_miss": self.compute_s_per_miss,
+            "host_s_per_transfer": self.h2d_host_s_per_transfer,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able report."""
@@ -572,6 +575,48 @@ def fit_cost_model(
     )
 
 
+def fit_tables(fit: CostFit) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The fit as two printable tables: ``(parameters, errors)``.
+
+    ``parameters``: one row per cost-model field (``parameter``, ``value``, ``unit``), the
+    per-transfer cost split into link latency, host placing and per-miss compute beneath it.
+    ``errors``: one row per term (``draft``, ``verify``, ``h2d_cycle``, ``h2d_transfer``, ``cycle``)
+    with samples, median / p90 absolute % error and R^2 on the fit and held-out sets.
+    """
+    m = fit.model
+    rows = [
+        ("draft_base_s", m.draft_base_s, "s"),
+        ("draft_s_per_level", m.draft_s_per_level, "s/level"),
+        ("verify_base_s", m.verify_base_s, "s"),
+        ("verify_s_per_node", m.verify_s_per_node, "s/node"),
+        ("verify_s_per_context_token", m.verify_s_per_context_token, "s/token"),
+        ("h2d_bytes_per_s", m.h2d_bytes_per_s, "bytes/s"),
+        ("h2d_s_per_transfer", m.h2d_s_per_transfer, "s/transfer"),
+        ("  link latency", fit.h2d_link_s_per_transfer, "s/transfer"),
+        ("  host placing", fit.h2d_host_s_per_transfer, "s/transfer"),
+        ("  compute per miss", fit.compute_s_per_miss, "s/miss"),
+    ]
+    params = pd.DataFrame(rows, columns=["parameter", "value", "unit"])
+    errors = pd.DataFrame(
+        [
+            {
+                "term": term,
+                **{f"{split}_{k}": getattr(e, a) for split, e in splits.items() for k, a in _ERROR_FIELDS},
+            }
+            for term, splits in fit.errors.items()
+        ]
+    )
+    return params, errors
+
+
+_ERROR_FIELDS = (
+    ("n", "num_samples"),
+    ("median_pct", "median_abs_pct_error"),
+    ("p90_pct", "p90_abs_pct_error"),
+    ("r2", "r2"),
+)
+
+
 def worst_term(errors: dict[str, TermError]) -> str | None:
     """Name of the component term (draft / verify / h2d_cycle) with the largest median |% error|."""
     terms = {k: v.median_abs_pct_error for k, v in errors.items() if k in ("draft", "verify", "h2d_cycle")}
@@ -588,6 +633,7 @@ __all__ = [
     "cycle_predictions",
     "evaluate",
     "fit_cost_model",
+    "fit_tables",
     "measured_terms",
     "model_cycle_s",
     "predict_terms",

@@ -24,11 +24,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from tqdm import tqdm
 
 from calibration.acceptance_fit import AcceptanceDataError, fit_acceptance
 from calibration.checks import CalibrationDataError
-from calibration.costfit import VERIFY_TARGETS, WEIGHTINGS, FitOptions, cycle_predictions, fit_cost_model
+from calibration.costfit import (
+    VERIFY_TARGETS,
+    WEIGHTINGS,
+    FitOptions,
+    cycle_predictions,
+    fit_cost_model,
+    fit_tables,
+)
 from calibration.predictor_tables import fit_predictor_tables
 from calibration.runs import LoadedRuns, RunInputError, load_runs
 from specfit.cli import ArgumentParser, non_negative_float, positive_int, print_summary, run_main
@@ -217,11 +225,18 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
     report["cost_fit_runs"] = cost_labels
     report["model"] = loaded.model.name
     report["options"] = {k: getattr(options, k) for k in options.__dataclass_fields__}
-    cycle_predictions(
+    predictions = cycle_predictions(
         fit.model, cycles, fit.heldout_mask, options.verify_target, fit.compute_s_per_miss
-    ).to_csv(
-        folder / CYCLES_NAME, index=False
     )
+    predictions.to_csv(folder / CYCLES_NAME, index=False)
+    params, errors = fit_tables(fit)
+    with pd.option_context("display.width", 160, "display.max_columns", 20):
+        print(params.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        print()
+        print("absolute % error per term (fit / held-out cycles; h2d_transfer per tensor copy):")
+        print(errors.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    for note in fit.notes:
+        print(f"note: {note}")
     summary: dict[str, Any] = {
         "cost": str(out),
         "num_cycles": len(cycles),

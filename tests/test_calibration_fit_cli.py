@@ -48,10 +48,15 @@ def test_fit_cli_writes_cost_acceptance_and_tables(runs, tmp_path, capsys) -> No
     rc = fit_cli.main(
         [str(policy), str(dense), "--out", str(out), "--h2d-latency-us", "40", "--model", "tiny-moe"]
     )
-    summary = _last_json(capsys)
+    printed = capsys.readouterr().out
+    summary = json.loads(printed.strip().splitlines()[-1])
     assert rc == 0, summary
     assert summary["ok"] is True
     model = CycleCostModel.load(out)
+    # the fitted parameters and per-term errors are printed as tables before the JSON line
+    row = next(line.split() for line in printed.splitlines() if line.strip().startswith("verify_s_per_node"))
+    assert float(row[1]) == pytest.approx(model.verify_s_per_node, rel=1e-3) and row[2] == "s/node"
+    assert any(line.split()[:1] == ["h2d_transfer"] for line in printed.splitlines())
     for name in ("draft_s_per_level", "verify_s_per_node", "h2d_bytes_per_s"):
         assert abs(getattr(model, name) / getattr(TRUTH, name) - 1) < 0.02, name
     assert model.h2d_s_per_transfer == pytest.approx(40e-6)
