@@ -82,10 +82,199 @@ def cycle_errors(cost: CycleCostModel, cycles: pd.DataFrame) -> np.ndarray:
     return metrics.percentage_error(predicted[keep], measured[keep])
 
 
+REPEAT_KEY = ("request_id", "cycle_index")
+# columns that must agree for a cycle to count as the same work in every repeat (when present)
+SAME_WORK_COLUMNS = ("position", "num_draft_levels", "layer_misses")
+# timing columns averaged over repeats by :func:`mean_repeat_cycles` (seconds)
+TIMING_COLUMNS = ("draft_s", "verify_s", "h2d_s", "cycle_s", "decision_s")
+
+
+def _ints(value: Any) -> tuple[int, ...]:
+    return tuple(int(x) for x in np.asarray(value, dtype=np.int64).ravel())
+
+
+@dataclass(frozen=True)
+class RepeatMatch:
+    """Cycles of R repeats of one live cell paired cycle by cycle (:func:`match_repeats`).
+
+    Attributes:
+        tables: R cycles tables restricted to the matched cycles, sorted by (``request_id``,
+            ``cycle_index``), row ``i`` of every table being the same cycle (index 0..M-1).
+        num_compared: cycles (``request_id``, ``cycle_index``) present in every repeat (count).
+        num_same_subtree: of those, cycles whose verified node sets agree in every repeat (count).
+    """
+
+    tables: list[pd.DataFrame]
+    num_compared: int
+    num_same_subtree: int
+
+    @property
+    def num_repeats(self) -> int:
+        """R, the number of repeats."""
+        return len(self.tables)
+
+    @property
+    def num_matched(self) -> int:
+        """M, cycles that did the same work in every repeat (rows of each table)."""
+        return len(self.tables[0])
+
+    @property
+    def same_subtree_fraction(self) -> float:
+        """``num_same_subtree / num_compared``; NaN with one repeat or no cycle in common."""
+        if self.num_repeats < 2 or not self.num_compared:
+            return float("nan")
+        return self.num_same_subtree / self.num_compared
+
+
+def match_repeats(repeats: Sequence[pd.DataFrame]) -> RepeatMatch:
+    """Pair the cycles of R repeats of one cell on (``request_id``, ``cycle_index``).
+
+    A cycle is *matched* when it is present in every repeat with the same verified node set
+    (``verified_nodes``, compared as sets) and, for the columns present, the same ``position``,
+    ``num_draft_levels`` and ``layer_misses``: the same work, so its timings differ only by
+    run-to-run noise. Decisions are deterministic, so normally every cycle matches; a cycle
+    whose subtree differs is dropped (and the repeats may then diverge, which the misses and
+    positions of the later cycles catch).
+
+    Args:
+        repeats: R >= 1 cycles tables (``live.record`` policy mode) of the same cell.
+
+    Returns:
+        :class:`RepeatMatch`. With R = 1 every cycle matches (``same_subtree_fraction`` NaN).
+
+    Raises:
+        ValueError: no table, a table missing ``request_id`` / ``cycle_index`` /
+            ``verified_nodes`` (named with its repeat), or a (request, cycle) twice in one table.
+    """
+    if not len(repeats):
+        raise ValueError("repeats: expected at least one cycles table, got none")
+    indexed = []
+    for r, df in enumerate(repeats, start=1):
+        missing = [c for c in (*REPEAT_KEY, "verified_nodes") if c not in df.columns]
+        if missing:
+            raise ValueError(f"repeats: repeat {r} cycles table lacks column(s) {missing}")
+        index = pd.MultiIndex.from_arrays([df[c].astype(np.int64).to_numpy() for c in REPEAT_KEY])
+        if index.has_duplicates:
+            raise ValueError(f"repeats: repeat {r} has a (request_id, cycle_index) more than once")
+        indexed.append(df.set_axis(index, axis=0))
+    common = indexed[0].index
+    for t in indexed[1:]:
+        common = common.intersection(t.index)
+    common = common.sort_values()
+    aligned = [t.loc[common] for t in indexed]
+    nodes = [[tuple(sorted(_ints(v))) for v in t["verified_nodes"]] for t in aligned]
+    same_nodes = np.array(
+        [all(n[i] == nodes[0][i] for n in nodes[1:]) for i in range(len(common))], dtype=bool
+    )
+    same_work = same_nodes.copy()
+    for col in SAME_WORK_COLUMNS:
+        if all(col in t.columns for t in aligned):
+            vals = [[_ints(v) for v in t[col]] for t in aligned]
+            same_work &= np.array(
+                [all(v[i] == vals[0][i] for v in vals[1:]) for i in range(len(common))], dtype=bool
+            )
+    tables = [t[same_work].reset_index(drop=True) for t in aligned]
+    return RepeatMatch(tables=tables, num_compared=len(common), num_same_subtree=int(same_nodes.sum()))
+
+
+def mean_repeat_cycles(match: RepeatMatch) -> pd.DataFrame:
+    """One cycles table of the matched cycles with each timing averaged over the repeats.
+
+    ``draft_s``, ``verify_s``, ``h2d_s``, ``cycle_s`` and ``decision_s`` (seconds) are the mean
+    over the R repeats of the same cycle (a null ``decision_s`` counts as 0 s, as in
+    :func:`calibration.costfit.model_cycle_s`; it stays null when null in every repeat); every
+    other column (levels, nodes, context, misses, ...) comes from repeat 1, where it is the same
+    in every repeat for the fields that define a match. With R = 1 it is repeat 1's table.
+    """
+    out = match.tables[0].copy()
+    for col in TIMING_COLUMNS:
+        if col not in out.columns:
+            continue
+        vals = np.stack(
+            [pd.to_numeric(t[col], errors="coerce").to_numpy(dtype=np.float64) for t in match.tables]
+        )
+        if col == "decision_s":
+            all_null = np.isnan(vals).all(axis=0)
+            mean = np.where(all_null, np.nan, np.nan_to_num(vals, nan=0.0).mean(axis=0))
+        else:
+            mean = vals.mean(axis=0)
+        out[col] = mean
+    return out
+
+
+def cycle_noise_pct(match: RepeatMatch) -> np.ndarray:
+    """float64[M] per matched cycle: coefficient of variation (%) of the model cycle time
+    (``cycle_s - decision_s``, :func:`calibration.costfit.model_cycle_s`) across the repeats,
+    ``100 * std(ddof=1) / mean``; all NaN with R = 1 (no noise measured), NaN where the mean is 0.
+    """
+    if match.num_repeats < 2 or not match.num_matched:
+        return np.full(match.num_matched, np.nan)
+    measured = np.stack([model_cycle_s(t) for t in match.tables])
+    mean = measured.mean(axis=0)
+    std = measured.std(axis=0, ddof=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(mean > 0, 100.0 * std / mean, np.nan)
+
+
+def repeat_spread_pct(tokens_per_s: Sequence[float]) -> float:
+    """Run-to-run spread of the repeats' throughputs: ``100 * (max - min) / mean`` (percent).
+
+    NaN with fewer than two values or a non-finite / zero mean.
+    """
+    values = np.asarray(list(tokens_per_s), dtype=np.float64)
+    if values.size < 2 or not np.all(np.isfinite(values)) or values.mean() <= 0:
+        return float("nan")
+    return float(100.0 * (values.max() - values.min()) / values.mean())
+
+
+def cycle_error_table(cost: CycleCostModel, match: RepeatMatch) -> pd.DataFrame:
+    """One row per matched cycle: ``request_id``, ``cycle_index``, ``measured_cycle_s`` (mean
+    over repeats of the model cycle, s), ``predicted_cycle_s`` (``cost.cycle_s`` with the
+    recorded levels, nodes, context, misses; s), ``cycle_error_pct`` (signed %, NaN where the
+    measured mean is 0) and ``cycle_noise_pct`` (:func:`cycle_noise_pct`)."""
+    mean = mean_repeat_cycles(match)
+    out = mean[list(REPEAT_KEY)].reset_index(drop=True).copy()
+    if not len(mean):
+        return out.assign(measured_cycle_s=[], predicted_cycle_s=[], cycle_error_pct=[], cycle_noise_pct=[])
+    measured = model_cycle_s(mean)
+    predicted = predict_terms(cost, mean)["cycle"]
+    errors = np.full(len(mean), np.nan)
+    keep = measured > 0
+    if keep.any():
+        errors[keep] = metrics.percentage_error(predicted[keep], measured[keep])
+    out["measured_cycle_s"] = measured
+    out["predicted_cycle_s"] = predicted
+    out["cycle_error_pct"] = errors
+    out["cycle_noise_pct"] = cycle_noise_pct(match)
+    return out
+
+
+def _floor(target: float, noise: float) -> float:
+    """The larger of a target and a measured noise figure (the target when noise is NaN)."""
+    return max(target, noise) if np.isfinite(noise) else target
+
+
+def _median(values: np.ndarray) -> float:
+    values = values[np.isfinite(values)]
+    return float(np.median(values)) if values.size else np.nan
+
+
+def _p90(values: np.ndarray) -> float:
+    values = values[np.isfinite(values)]
+    return float(np.percentile(values, 90)) if values.size else np.nan
+
+
+def _tables(name: str, value: pd.DataFrame | Sequence[pd.DataFrame]) -> list[pd.DataFrame]:
+    tables = [value] if isinstance(value, pd.DataFrame) else list(value)
+    if not tables:
+        raise ValueError(f"{name}: expected a table or one table per repeat, got none")
+    return tables
+
+
 def compare_cell(
     key: dict[str, Any],
-    live_cycles: pd.DataFrame,
-    live_transfers: pd.DataFrame,
+    live_cycles: pd.DataFrame | Sequence[pd.DataFrame],
+    live_transfers: pd.DataFrame | Sequence[pd.DataFrame],
     sim_totals: dict[str, Any],
     sim_cycles: pd.DataFrame,
     cost: CycleCostModel,
@@ -97,7 +286,8 @@ def compare_cell(
     Args:
         key: the cell's configuration (``bandwidth_gb_per_s``, ``cache_experts_per_layer``,
             ``policy``), copied into the row.
-        live_cycles, live_transfers: the live run's tables.
+        live_cycles, live_transfers: the live run's tables, or one table per repeat (R >= 1,
+            the same count for both).
         sim_totals: ``ReplayTotals.to_dict()`` of the replay (``tokens_per_s``, ``hit_rate``).
         sim_cycles: the replay's cycle records as a DataFrame.
         cost: the cost model both used.
@@ -106,15 +296,44 @@ def compare_cell(
             (:meth:`calibration.costfit.CostFit.term_split`), so the per-term errors compare each
             term with what it measures; ``None`` = all link time.
 
+    With R repeats the live throughput, hit rate and tau are pooled (the concatenated cycles:
+    total committed tokens / total ``cycle_s``); the same-subtree comparison with the replay uses
+    repeat 1; the per-cycle cost-model error (and the planner's and per-term errors) are computed
+    against the per-cycle MEAN over repeats of the matched cycles (:func:`match_repeats`,
+    :func:`mean_repeat_cycles`; averaging removes part of the run-to-run noise), transfers
+    pooled. With R = 1 this is the single run's table.
+
     Returns:
         dict with live/sim throughput and hit rate, ``throughput_error_pct``,
         ``hit_rate_diff_points``, ``num_decisions_compared``, ``same_subtree_fraction``, per-cycle
         cost-model error median / p90 (``cycle_error_median_pct``, ``cycle_error_p90_pct``), the
         planner's own logged prediction error median (``planner_error_median_pct``), per-term
-        median errors, ``ok`` and ``off_terms``.
+        median errors, the noise floor (``num_repeats``, ``num_cycles_matched``,
+        ``repeat_same_subtree_fraction``, ``live_repeat_spread_pct``, ``cycle_noise_median_pct``,
+        ``cycle_noise_p90_pct``; NaN with R = 1), ``ok`` (every target met), ``within_noise``
+        (every missed throughput / per-cycle target within the measured floor, hit-rate and
+        same-subtree targets met) and ``off_terms``. ``num_cycles_live`` counts the pooled cycles.
+
+    Raises:
+        ValueError: no live table, different numbers of cycles and transfers tables, an empty
+            or malformed cycles table (:func:`analysis.metrics.cycle_summary`,
+            :func:`match_repeats`).
     """
     t = targets or Targets()
-    live = live_totals(live_cycles)
+    cycles_r = _tables("live_cycles", live_cycles)
+    transfers_r = _tables("live_transfers", live_transfers)
+    if len(transfers_r) != len(cycles_r):
+        raise ValueError(
+            f"live_transfers: expected one table per repeat ({len(cycles_r)}), got {len(transfers_r)}"
+        )
+    pooled = pd.concat(cycles_r, ignore_index=True) if len(cycles_r) > 1 else cycles_r[0]
+    live = live_totals(pooled)
+    spread = repeat_spread_pct([live_totals(c)["tokens_per_s"] for c in cycles_r])
+    match = match_repeats(cycles_r)
+    mean_cycles = mean_repeat_cycles(match)
+    noise = cycle_noise_pct(match)
+    nonempty = [x for x in transfers_r if len(x)]
+    transfers = pd.concat(nonempty, ignore_index=True) if len(nonempty) > 1 else (nonempty or transfers_r)[0]
     sim_tps, sim_hit = float(sim_totals["tokens_per_s"]), float(sim_totals["hit_rate"])
     tp_err = float(metrics.percentage_error([sim_tps], [live["tokens_per_s"]])[0])
     hit_diff = (
@@ -122,16 +341,16 @@ def compare_cell(
         if np.isfinite(live["hit_rate"])
         else np.nan
     )
-    compared, same = same_subtree(live_cycles, sim_cycles) if len(sim_cycles) else (0, 0)
-    errors = cycle_errors(cost, live_cycles)
+    compared, same = same_subtree(cycles_r[0], sim_cycles) if len(sim_cycles) else (0, 0)
+    errors = cycle_errors(cost, mean_cycles)
     abs_err = np.abs(errors)
     planner_err = np.nan
-    planner = pd.to_numeric(live_cycles.get("predicted_cycle_s", pd.Series(dtype=float)), errors="coerce")
-    if len(planner) == len(live_cycles) and planner.notna().any():
+    planner = pd.to_numeric(mean_cycles.get("predicted_cycle_s", pd.Series(dtype=float)), errors="coerce")
+    if len(planner) == len(mean_cycles) and planner.notna().any():
         ok = planner.notna().to_numpy()
-        meas = model_cycle_s(live_cycles)[ok]
+        meas = model_cycle_s(mean_cycles)[ok]
         planner_err = float(np.median(np.abs(metrics.percentage_error(planner.to_numpy()[ok], meas))))
-    terms = evaluate(cost, live_cycles, live_transfers, **(cost_split or {}))
+    terms = evaluate(cost, mean_cycles, transfers, **(cost_split or {}))
     row: dict[str, Any] = dict(key)
     row.update(
         live_tokens_per_s=live["tokens_per_s"],
@@ -142,7 +361,7 @@ def compare_cell(
         hit_rate_diff_points=hit_diff,
         live_tau=live["tau"],
         sim_tau=float(sim_totals.get("tau", np.nan)),
-        num_cycles_live=len(live_cycles),
+        num_cycles_live=len(pooled),
         num_decisions_compared=compared,
         same_subtree_fraction=same / compared if compared else np.nan,
         cycle_error_median_pct=float(np.median(abs_err)) if abs_err.size else np.nan,
@@ -151,6 +370,12 @@ def compare_cell(
         draft_error_median_pct=terms["draft"].median_abs_pct_error,
         verify_error_median_pct=terms["verify"].median_abs_pct_error,
         h2d_error_median_pct=terms["h2d_cycle"].median_abs_pct_error,
+        num_repeats=match.num_repeats,
+        num_cycles_matched=match.num_matched,
+        repeat_same_subtree_fraction=match.same_subtree_fraction,
+        live_repeat_spread_pct=spread,
+        cycle_noise_median_pct=_median(noise),
+        cycle_noise_p90_pct=_p90(noise),
     )
     off: list[str] = []
     if not (
@@ -164,25 +389,71 @@ def compare_cell(
     if not abs(tp_err) <= t.throughput_pct and not off:
         off.append("throughput")
     row["ok"] = not off
+    row["within_noise"] = bool(
+        abs(tp_err) <= _floor(t.throughput_pct, spread)
+        and row["cycle_error_median_pct"] <= _floor(t.cycle_median_pct, row["cycle_noise_median_pct"])
+        and row["cycle_error_p90_pct"] <= _floor(t.cycle_p90_pct, row["cycle_noise_p90_pct"])
+        and abs(hit_diff) <= t.hit_rate_points
+        and (not compared or row["same_subtree_fraction"] >= t.same_subtree_fraction)
+    )
     row["off_terms"] = ";".join(off)
     return row
 
 
-def overall(rows: Sequence[dict[str, Any]], per_cycle_errors: Sequence[np.ndarray]) -> dict[str, Any]:
-    """Grid summary: pooled per-cycle |error| median / p90, worst cell figures, cells passing."""
+def overall(
+    rows: Sequence[dict[str, Any]],
+    per_cycle_errors: Sequence[np.ndarray],
+    per_cycle_noise: Sequence[np.ndarray] | None = None,
+) -> dict[str, Any]:
+    """Grid summary: pooled per-cycle |error| median / p90, worst cell figures, cells passing,
+    and the grid's noise floor.
+
+    Args:
+        rows: :func:`compare_cell` rows.
+        per_cycle_errors: per cell, the signed per-cycle errors (%); NaN entries are left out.
+        per_cycle_noise: per cell, the per-cycle noise (:func:`cycle_noise_pct`, %); NaN left out.
+
+    Returns:
+        dict with ``num_cells``, ``num_cells_ok``, ``cycle_error_median_pct``,
+        ``cycle_error_p90_pct``, ``noise_cycle_median_pct`` / ``noise_cycle_p90_pct`` (pooled
+        per-cycle noise, NaN when not measured) and, for a non-empty grid, the worst throughput
+        error, hit-rate difference and same-subtree fraction, ``median_live_repeat_spread_pct``
+        / ``max_live_repeat_spread_pct`` (NaN with one repeat), ``num_cells_within_noise`` and
+        ``all_within_noise``.
+    """
     pooled = (
-        np.abs(np.concatenate([np.asarray(e) for e in per_cycle_errors])) if per_cycle_errors else np.zeros(0)
+        np.abs(np.concatenate([np.asarray(e, dtype=np.float64) for e in per_cycle_errors]))
+        if per_cycle_errors
+        else np.zeros(0)
+    )
+    noise = (
+        np.concatenate([np.asarray(n, dtype=np.float64) for n in per_cycle_noise])
+        if per_cycle_noise
+        else np.zeros(0)
     )
     df = pd.DataFrame(list(rows))
     out: dict[str, Any] = {
         "num_cells": len(df),
         "num_cells_ok": int(df["ok"].sum()) if len(df) else 0,
-        "cycle_error_median_pct": float(np.median(pooled)) if pooled.size else np.nan,
-        "cycle_error_p90_pct": float(np.percentile(pooled, 90)) if pooled.size else np.nan,
+        "cycle_error_median_pct": _median(pooled),
+        "cycle_error_p90_pct": _p90(pooled),
+        "noise_cycle_median_pct": _median(noise),
+        "noise_cycle_p90_pct": _p90(noise),
     }
     if len(df):
         out["max_abs_throughput_error_pct"] = float(df["throughput_error_pct"].abs().max())
         out["max_abs_hit_rate_diff_points"] = float(df["hit_rate_diff_points"].abs().max())
         frac = df["same_subtree_fraction"].dropna()
         out["min_same_subtree_fraction"] = float(frac.min()) if len(frac) else np.nan
+        spread = (
+            df["live_repeat_spread_pct"].to_numpy(dtype=np.float64)
+            if "live_repeat_spread_pct" in df.columns
+            else np.zeros(0)
+        )
+        spread = spread[np.isfinite(spread)]
+        out["median_live_repeat_spread_pct"] = float(np.median(spread)) if spread.size else np.nan
+        out["max_live_repeat_spread_pct"] = float(spread.max()) if spread.size else np.nan
+        if "within_noise" in df.columns:
+            out["num_cells_within_noise"] = int(df["within_noise"].astype(bool).sum())
+            out["all_within_noise"] = bool(df["within_noise"].astype(bool).all())
     return out

@@ -334,11 +334,14 @@ def _fit_error_rows(label: str, report: dict) -> pd.DataFrame:
 
 
 def _add_validate(data: ReportData, path: Path) -> None:
-    """fidelity.csv rows, plus the dense and live runs the validation recorded (``live/*``)."""
+    """fidelity.csv rows, plus the dense and live runs the validation recorded (``live/<cell>`` and
+    its repeats ``live/<cell>/r<k>``)."""
     df = pd.read_csv(path / "fidelity.csv")
     expert_bytes = None
-    for run_dir in sorted((path / "live").glob("*/manifest.json")):
-        _add_trace(data, run_dir.parent, include_rates=False, label=f"{path.name}/{run_dir.parent.name}")
+    live = path / "live"
+    for run_dir in sorted([*live.glob("*/manifest.json"), *live.glob("*/r*/manifest.json")]):
+        label = f"{path.name}/{run_dir.parent.relative_to(live).as_posix()}"
+        _add_trace(data, run_dir.parent, include_rates=False, label=label)
         if expert_bytes is None:
             try:
                 expert_bytes = json.loads(run_dir.read_text())["model"]["bytes_per_expert"]

@@ -6,13 +6,25 @@ For a grid of (bandwidth, cache size, tree policy in autoregressive / top-N / Sp
    acceptance do not depend on the link or the cache).
 2. Per bandwidth, the policies that do not consult the cost model (``ar``, ``topn``) run live in
    policy mode at every cache size (emulated link on CPU at that bandwidth and ``--latency-us``;
-   the real link on CUDA); the cost model is fitted from their cycles
-   (:func:`calibration.costfit.fit_cost_model`, per-transfer latency = the link's configured
-   latency when emulated) unless ``--cost`` is given. Then SpecFit runs live with that cost, so
-   its cells are out-of-sample for the fit.
+   the real link on CUDA), ``--repeats`` times: repeat 1 of every such cell, then repeat 2, ...
+   (so slow drift of a shared machine spreads over the cells). The cost model is fitted from the
+   cycles of all those runs (:func:`calibration.costfit.fit_cost_model`, per-transfer latency =
+   the link's configured latency when emulated) unless ``--cost`` is given. Then SpecFit runs live
+   with that cost, repeat 1 at every cache size, then repeat 2, ..., so its cells are
+   out-of-sample for the fit.
 3. Every cell is replayed by ``sim.replay.replay_policy`` on the dense trace with the same policy,
    cache size, cache policy (LRU), cost model and the live cell's mean planner time, and compared
-   (:func:`analysis.fidelity.compare_cell`).
+   (:func:`analysis.fidelity.compare_cell`): the simulator with the live throughput pooled over
+   the repeats, the cost model with the per-cycle mean over repeats of the matched cycles.
+
+The noise floor: decisions are deterministic (same inputs, same cost JSON), so the repeats of a
+cell verify the same subtrees cycle by cycle (``repeat_same_subtree_fraction`` checks it) and
+differ only in their timings. Per cell, ``live_repeat_spread_pct`` is the spread of the repeats'
+throughputs ((max - min) / mean) and ``cycle_noise_median_pct`` / ``cycle_noise_p90_pct`` the
+median / p90 over matched cycles of the per-cycle coefficient of variation of the model cycle
+time across repeats (NaN with ``--repeats 1``). ``ok`` keeps the targets as they are;
+``within_noise`` says every missed timing target (throughput, per-cycle median, p90) is within
+that measured floor and the hit-rate and same-subtree targets are met.
 
 Both sides make their decisions from the same inputs: the simulator's default expert predictor
 ``union-size`` (priced at the cache's observed miss fraction) with the table fitted from the
@@ -23,12 +35,17 @@ by :func:`calibration.acceptance_fit.fit_acceptance`; draft probabilities on bot
 few nodes), and the same cost JSON per bandwidth.
 
 Outputs under ``--out`` (default ``runs/validate/<UTC time>``): ``fidelity.csv`` (one row per cell),
-``fidelity.json`` (grid summary), ``cycle_errors.csv`` (per-cycle predicted vs measured),
-``cost_<bw>.json`` per bandwidth, ``acceptance.json`` (both sides' acceptance map), ``figures/`` (sim vs live throughput, per-cycle error
-distribution, throughput against bandwidth), the live runs under ``live/`` with their logs.
-The table (one row per cell, ``ok`` = every target met) is followed by the targets line; the
-last stdout line is the JSON summary with the overall median and p90 per-cycle errors, ``ran``
-(the grid ran to the end) and ``all_targets_met`` (every cell's ``ok``).
+``fidelity.json`` (grid summary), ``cycle_errors.csv`` (one row per matched cycle: predicted vs
+mean measured cycle time, error and noise), ``cost_<bw>.json`` per bandwidth, ``acceptance.json``
+(both sides' acceptance map), ``figures/`` (sim vs live throughput, per-cycle error and noise
+distributions, throughput against bandwidth), the dense run under ``live/dense`` and every live
+repeat under ``live/<cell>/r<k>`` (a complete run there is reused on a rerun), logs under ``logs/``.
+The table (one row per cell, ``ok`` = every target met, ``within_noise`` = every miss within the
+noise floor) is followed by the targets line and the grid's noise-floor line; the last stdout
+line is the JSON summary with the overall median and p90 per-cycle errors, ``repeats``, the
+pooled per-cycle noise (``noise_cycle_median_pct``, ``noise_cycle_p90_pct``),
+``max_live_repeat_spread_pct``, ``ran`` (the grid ran to the end), ``all_targets_met`` (every
+cell's ``ok``) and ``all_within_noise`` (every cell's ``within_noise``).
 Exit status: 0 (also when targets are missed: the report says which term is off), 2 for a bad
 flag, 1 when a live run or the replay fails (the cell is named).
 """
@@ -157,6 +174,12 @@ def build_parser() -> ArgumentParser:
         "timed copies, e.g. transient-expert kernels and caches evicted by emulated copies; "
         "calibration.costfit.FitOptions.miss_compute)",
     )
+    p.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=2,
+        help="live runs per policy-mode cell (count); the repeats measure the run-to-run noise floor",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed (live runs and fit split)")
     p.add_argument(
         "--torch-threads",
@@ -248,9 +271,14 @@ class Validator:
             )
         return path
 
-    def run_live(self, cell: Cell, cost_path: Path | None) -> Path:
-        """Record one live policy-mode cell (reused when complete)."""
-        path = self.out / "live" / cell.name
+    def run_live(self, cell: Cell, cost_path: Path | None, repeat: int = 1) -> Path:
+        """Record repeat ``repeat`` (1-based) of one live policy-mode cell under
+        ``live/<cell>/r<repeat>`` (reused when complete); returns the run folder.
+
+        Raises:
+            ValidationError: the live run failed (the command and its log are named).
+        """
+        path = self.out / "live" / cell.name / f"r{repeat}"
         from traces.reader import read_manifest
 
         if (path / "manifest.json").is_file() and read_manifest(path).complete:
@@ -264,8 +292,17 @@ class Validator:
         argv += self._link_flags(cell.bandwidth_gb_per_s)
         if cost_path is not None:
             argv += ["--cost", str(cost_path)]
-        _live_record(argv, self.out / "logs" / f"{cell.name}.log")
+        _live_record(argv, self.out / "logs" / f"{cell.name}-r{repeat}.log")
         return path
+
+    def run_repeats(self, cells: list[Cell], cost_path: Path | None) -> dict[Cell, list[Path]]:
+        """Record ``--repeats`` runs of each cell: repeat 1 of every cell, then repeat 2, ...;
+        returns each cell's run folders in repeat order."""
+        paths: dict[Cell, list[Path]] = {cell: [] for cell in cells}
+        for repeat in range(1, self.args.repeats + 1):
+            for cell in cells:
+                paths[cell].append(self.run_live(cell, cost_path, repeat))
+        return paths
 
     def cost_for(self, bandwidth: float, runs: list[Path], model: Any) -> tuple[CycleCostModel, Path]:
         """The cost model of one bandwidth: ``--cost`` re-based, or fitted from ``runs``' cycles."""
@@ -327,26 +364,44 @@ class Validator:
         except ValueError as exc:
             raise ValidationError(f"cell {cell.name}: replay failed: {exc}") from None
 
-    def compare(self, dense: Any, cell: Cell, live_path: Path, cost: CycleCostModel) -> dict[str, Any]:
-        """Replay and compare one cell; keeps its per-cycle errors."""
+    def compare(self, dense: Any, cell: Cell, live_paths: list[Path], cost: CycleCostModel) -> dict[str, Any]:
+        """Replay and compare one cell against its live repeats (run folders in repeat order);
+        keeps its per-cycle errors and noise (one row per matched cycle).
+
+        Raises:
+            ValidationError: the replay failed or the live tables cannot be compared (cell named).
+        """
         from traces.reader import open_run
 
-        run = open_run(live_path)
-        cycles, transfers = run.cycles, run.transfers
-        decision = pd.to_numeric(cycles["decision_s"], errors="coerce").fillna(0.0)
+        runs = [open_run(p) for p in live_paths]
+        cycles, transfers = [r.cycles for r in runs], [r.transfers for r in runs]
+        decision = pd.concat([pd.to_numeric(c["decision_s"], errors="coerce") for c in cycles]).fillna(0.0)
         result = self.replay(dense, cell, cost, float(decision.mean()) if len(decision) else 0.0)
         sim_cycles = pd.DataFrame([dataclasses.asdict(r) for r in result.cycles])
-        row = fidelity.compare_cell(
-            cell.key(),
-            cycles,
-            transfers,
-            result.totals.to_dict(),
-            sim_cycles,
-            cost,
-            cost_split=self.cost_splits.get(cell.bandwidth_gb_per_s),
-        )
-        errs = fidelity.cycle_errors(cost, cycles)
-        self.per_cycle.append(pd.DataFrame({**cell.key(), "cycle_error_pct": errs}))
+        try:
+            row = fidelity.compare_cell(
+                cell.key(),
+                cycles,
+                transfers,
+                result.totals.to_dict(),
+                sim_cycles,
+                cost,
+                cost_split=self.cost_splits.get(cell.bandwidth_gb_per_s),
+            )
+            errors = fidelity.cycle_error_table(cost, fidelity.match_repeats(cycles))
+        except ValueError as exc:
+            raise ValidationError(f"cell {cell.name}: cannot compare the live runs: {exc}") from None
+        frac = row["repeat_same_subtree_fraction"]
+        if np.isfinite(frac) and frac < 1.0:
+            print(
+                f"warning: cell {cell.name}: the repeats verified different subtrees in "
+                f"{1.0 - frac:.1%} of the cycles they share; noise and errors use the "
+                f"{row['num_cycles_matched']} matched cycles",
+                file=sys.stderr,
+            )
+        for column, value in reversed(cell.key().items()):
+            errors.insert(0, column, value)
+        self.per_cycle.append(errors)
         return row
 
     def run(self, progress: bool = True) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -373,26 +428,31 @@ class Validator:
             cost = cost_path = None
             if self.args.cost is not None:
                 cost, cost_path = self.cost_for(bw, [], model)
-            live_paths = {}
-            for cell in (Cell(bw, c, p) for p in policies if p in COST_FREE_POLICIES for c in caches):
-                live_paths[cell] = self.run_live(cell, cost_path)
+            free = [Cell(bw, c, p) for p in policies if p in COST_FREE_POLICIES for c in caches]
+            live_paths = self.run_repeats(free, cost_path)
             if cost is None:
                 # only planned policies asked: record the cost-free ones at one cache size to calibrate from
-                fit_runs = list(live_paths.values()) or [
-                    self.run_live(Cell(bw, caches[0], p), None) for p in COST_FREE_POLICIES
-                ]
+                fit_paths = live_paths or self.run_repeats(
+                    [Cell(bw, caches[0], p) for p in COST_FREE_POLICIES], None
+                )
+                fit_runs = [path for paths in fit_paths.values() for path in paths]
                 try:
                     cost, cost_path = self.cost_for(bw, fit_runs, model)
                 except CalibrationDataError as exc:
                     raise ValidationError(f"bandwidth {bw:g} GB/s: cost fit failed: {exc}") from None
-            for cell in (Cell(bw, c, p) for p in policies if p not in COST_FREE_POLICIES for c in caches):
-                live_paths[cell] = self.run_live(cell, cost_path)
-            for cell, path in live_paths.items():
-                rows.append(self.compare(dense, cell, path, cost))
+            planned = [Cell(bw, c, p) for p in policies if p not in COST_FREE_POLICIES for c in caches]
+            live_paths.update(self.run_repeats(planned, cost_path))
+            for cell, paths in live_paths.items():
+                rows.append(self.compare(dense, cell, paths, cost))
                 bar.update(1)
         bar.close()
         table = pd.DataFrame(rows)
-        summary = fidelity.overall(rows, [d["cycle_error_pct"].to_numpy() for d in self.per_cycle])
+        summary = fidelity.overall(
+            rows,
+            [d["cycle_error_pct"].to_numpy() for d in self.per_cycle],
+            [d["cycle_noise_pct"].to_numpy() for d in self.per_cycle],
+        )
+        summary["repeats"] = self.args.repeats
         return table, summary
 
 
@@ -441,6 +501,24 @@ def targets_line(targets: fidelity.Targets | None = None) -> str:
         f"targets (ok = all met): per-cycle error median <= {t.cycle_median_pct:g} %, "
         f"p90 <= {t.cycle_p90_pct:g} %; throughput within {t.throughput_pct:g} %; "
         f"hit rate within {t.hit_rate_points:g} points; same subtree >= {t.same_subtree_fraction:.0%}"
+    )
+
+
+def noise_line(summary: dict[str, Any], repeats: int) -> str:
+    """The grid's measured noise floor (from :func:`analysis.fidelity.overall`'s summary), printed
+    under the targets line."""
+    if repeats < 2:
+        return "noise floor: not measured (--repeats 1); within_noise = ok"
+
+    def pct(key: str) -> str:
+        value = summary.get(key)
+        return f"{value:.2g} %" if isinstance(value, (int, float)) and np.isfinite(value) else "n/a"
+
+    return (
+        f"noise floor ({repeats} repeats per cell): live throughput spread median "
+        f"{pct('median_live_repeat_spread_pct')} over cells (max {pct('max_live_repeat_spread_pct')}); "
+        f"per-cycle cycle-time noise (CV across repeats, pooled) median {pct('noise_cycle_median_pct')}, "
+        f"p90 {pct('noise_cycle_p90_pct')}; within_noise = every missed timing target within it"
     )
 
 
@@ -516,7 +594,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         table, summary = validator.run()
     except (ValidationError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        print_summary({"ran": False, "all_targets_met": False, "error": str(exc), "out": str(out)})
+        print_summary(
+            {
+                "ran": False,
+                "repeats": args.repeats,
+                "all_targets_met": False,
+                "all_within_noise": False,
+                "error": str(exc),
+                "out": str(out),
+            }
+        )
         return 1
     finally:
         torch.set_num_threads(threads)
@@ -530,18 +617,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     cols += [
         "throughput_error_pct",
+        "live_repeat_spread_pct",
         "hit_rate_diff_points",
         "same_subtree_fraction",
         "cycle_error_median_pct",
+        "cycle_noise_median_pct",
     ]
     cols += ["cycle_error_p90_pct", "off_terms"]
-    cols += ["ok"]
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
+    cols += ["within_noise", "ok"]
+    with pd.option_context("display.width", 250, "display.max_columns", 30):
         print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print(targets_line())
+    print(noise_line(summary, args.repeats))
     summary.update(
         ran=True,
+        repeats=args.repeats,
         all_targets_met=bool(len(table)) and bool(table["ok"].all()),
+        all_within_noise=bool(len(table)) and bool(table["within_noise"].all()),
         out=str(out),
         fidelity_csv=str(out / "fidelity.csv"),
         figures=[str(p) for p in figs],

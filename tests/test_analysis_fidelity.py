@@ -83,3 +83,168 @@ def test_overall_pools_cycles() -> None:
     assert out["cycle_error_median_pct"] == pytest.approx(2.0)
     assert out["num_cells_ok"] == 1 and out["max_abs_throughput_error_pct"] == 3.0
     assert out["min_same_subtree_fraction"] == 1.0
+
+
+def _repeat(cycle_ms, decision_ms, nodes, misses=None, keys=((0, 0), (0, 1))) -> pd.DataFrame:
+    """A hand-built cycles table: one row per (request_id, cycle_index) in ``keys``."""
+    n = len(keys)
+    return pd.DataFrame(
+        {
+            "request_id": [k[0] for k in keys],
+            "cycle_index": [k[1] for k in keys],
+            "position": [k[1] for k in keys],
+            "context_len": [10 + k[1] for k in keys],
+            "num_draft_levels": [1] * n,
+            "num_nodes_verified": [len(v) for v in nodes],
+            "verified_nodes": nodes,
+            "layer_misses": misses or [[1, 0, 0, 0]] * n,
+            "draft_s": [1e-3] * n,
+            "verify_s": [2e-3] * n,
+            "h2d_s": [0.0] * n,
+            "cycle_s": [v * 1e-3 for v in cycle_ms],
+            "decision_s": [np.nan if v is None else v * 1e-3 for v in decision_ms],
+        }
+    )
+
+
+def test_match_repeats_drops_cycles_whose_subtrees_or_work_differ() -> None:
+    keys1 = ((0, 0), (0, 1), (1, 0), (1, 1))
+    keys2 = ((1, 1), (1, 0), (0, 1), (0, 0), (2, 0))  # other order, one cycle repeat 1 lacks
+    r1 = _repeat([10, 11, 12, 13], [None] * 4, [[0, 1], [0], [0, 2], [0]], keys=keys1)
+    # repeat 2 (rows in keys2 order): (1,1) same; (1,0) same nodes other order; (0,1) other
+    # subtree; (0,0) same subtree but other misses (other cache state): not the same work
+    r2 = _repeat(
+        [23, 22, 21, 20, 30],
+        [None] * 5,
+        [[0], [2, 0], [0, 1], [0, 1], [0]],
+        misses=[[1, 0, 0, 0]] * 3 + [[2, 0, 0, 0], [1, 0, 0, 0]],
+        keys=keys2,
+    )
+    match = fidelity.match_repeats([r1, r2])
+    assert match.num_repeats == 2 and match.num_compared == 4 and match.num_same_subtree == 3
+    assert match.same_subtree_fraction == pytest.approx(0.75)
+    assert match.num_matched == 2  # (1,0) and (1,1), sorted by key, aligned row for row
+    for table in match.tables:
+        assert list(zip(table["request_id"], table["cycle_index"])) == [(1, 0), (1, 1)]
+    assert list(match.tables[0]["cycle_s"] * 1e3) == pytest.approx([12, 13])
+    assert list(match.tables[1]["cycle_s"] * 1e3) == pytest.approx([22, 23])
+    single = fidelity.match_repeats([r1])
+    assert single.num_matched == 4 and np.isnan(single.same_subtree_fraction)
+    with pytest.raises(ValueError, match="repeat 2 .*cycle_index"):
+        fidelity.match_repeats([r1, r1.drop(columns="cycle_index")])
+    with pytest.raises(ValueError, match="repeat 1 has a"):
+        fidelity.match_repeats([pd.concat([r1, r1])])
+    with pytest.raises(ValueError, match="repeats"):
+        fidelity.match_repeats([])
+
+
+def test_mean_table_and_cycle_noise_on_two_repeats() -> None:
+    # model cycle = cycle_s - decision_s: cycle (0,0) 10 and 12 ms; cycle (0,1) 19 and 17 ms
+    r1 = _repeat([10, 20], [None, 1], [[0], [0, 1]])
+    r2 = _repeat([12, 20], [None, 3], [[0], [0, 1]])
+    match = fidelity.match_repeats([r1, r2])
+    mean = fidelity.mean_repeat_cycles(match)
+    assert list(mean["cycle_s"] * 1e3) == pytest.approx([11.0, 20.0])
+    assert np.isnan(mean["decision_s"].iloc[0]) and mean["decision_s"].iloc[1] == pytest.approx(2e-3)
+    noise = fidelity.cycle_noise_pct(match)
+    # sample std of (10, 12) is sqrt(2): CV = 100 * 1.41421 / 11; of (19, 17): 100 * 1.41421 / 18
+    assert noise == pytest.approx([100 * np.sqrt(2) / 11, 100 * np.sqrt(2) / 18])
+    assert np.isnan(fidelity.cycle_noise_pct(fidelity.match_repeats([r1]))).all()
+    table = fidelity.cycle_error_table(COST, match)
+    assert list(table["measured_cycle_s"] * 1e3) == pytest.approx([11.0, 18.0])
+    expected = 100 * (table["predicted_cycle_s"] - table["measured_cycle_s"]) / table["measured_cycle_s"]
+    assert list(table["cycle_error_pct"]) == pytest.approx(list(expected))
+    assert list(table["cycle_noise_pct"]) == pytest.approx(list(noise))
+
+
+def test_repeat_spread_pct() -> None:
+    assert fidelity.repeat_spread_pct([9.0, 10.0, 11.0]) == pytest.approx(20.0)
+    assert np.isnan(fidelity.repeat_spread_pct([10.0]))
+
+
+def _scaled(cycles: pd.DataFrame, factor: float) -> pd.DataFrame:
+    out = cycles.copy()
+    for col in ("draft_s", "verify_s", "h2d_s", "cycle_s"):
+        out[col] = out[col] * factor
+    return out
+
+
+def test_two_repeats_pooled_throughput_mean_error_and_noise_floor(live) -> None:
+    cycles, transfers = live  # noise-free: the cost model is exact on repeat 1
+    slow = _scaled(cycles, 1.1)  # repeat 2: every cycle 10 % slower
+    pooled = fidelity.live_totals(pd.concat([cycles, slow]))["tokens_per_s"]
+    tps1 = fidelity.live_totals(cycles)["tokens_per_s"]
+    assert pooled == pytest.approx(2 * tps1 / 2.1)  # total tokens / total seconds
+
+    def row(sim_factor: float) -> dict:
+        sim = {"tokens_per_s": pooled * sim_factor, "hit_rate": fidelity.live_totals(cycles)["hit_rate"]}
+        return fidelity.compare_cell(KEY, [cycles, slow], [transfers, transfers], sim, cycles, COST)
+
+    inside = row(1.05)
+    assert inside["live_tokens_per_s"] == pytest.approx(pooled)
+    assert inside["throughput_error_pct"] == pytest.approx(5.0)
+    # spread of (tps1, tps1 / 1.1): (1 - 1/1.1) / ((1 + 1/1.1) / 2) = 9.524 %
+    assert inside["live_repeat_spread_pct"] == pytest.approx(100 * (1 - 1 / 1.1) / ((1 + 1 / 1.1) / 2))
+    # the error is against the per-cycle mean (1.05x the prediction): -4.76 %, not repeat 2's -9.09 %
+    assert inside["cycle_error_median_pct"] == pytest.approx(100 * (1 - 1 / 1.05))
+    assert inside["cycle_error_p90_pct"] == pytest.approx(100 * (1 - 1 / 1.05))
+    assert inside["draft_error_median_pct"] == pytest.approx(100 * (1 - 1 / 1.05))
+    # CV of (x, 1.1x) with ddof=1: (0.1 / sqrt(2)) / 1.05 = 6.73 %
+    assert inside["cycle_noise_median_pct"] == pytest.approx(100 * 0.1 / np.sqrt(2) / 1.05)
+    assert inside["cycle_noise_p90_pct"] == pytest.approx(100 * 0.1 / np.sqrt(2) / 1.05)
+    assert inside["num_repeats"] == 2 and inside["num_cycles_live"] == 100
+    assert inside["num_cycles_matched"] == 50 and inside["repeat_same_subtree_fraction"] == 1.0
+    assert not inside["ok"] and inside["within_noise"]  # targets unchanged; misses inside the floor
+    outside = row(1.12)  # 12 % off: beyond the 9.5 % spread
+    assert not outside["ok"] and not outside["within_noise"]
+
+
+def test_single_repeat_is_todays_comparison_and_within_noise_equals_ok(live) -> None:
+    cycles, transfers = live
+    sim = {"tokens_per_s": fidelity.live_totals(cycles)["tokens_per_s"] * 1.03, "hit_rate": 0.5}
+    one = fidelity.compare_cell(KEY, cycles, transfers, sim, cycles, COST)
+    listed = fidelity.compare_cell(KEY, [cycles], [transfers], sim, cycles, COST)
+    assert one["throughput_error_pct"] == pytest.approx(3.0)
+    assert pd.Series(one).equals(pd.Series(listed))  # NaN-aware: a lone table = a one-item list
+    assert np.isnan(one["live_repeat_spread_pct"]) and np.isnan(one["cycle_noise_median_pct"])
+    assert np.isnan(one["repeat_same_subtree_fraction"]) and one["num_repeats"] == 1
+    assert one["within_noise"] == one["ok"]
+    with pytest.raises(ValueError, match="live_transfers"):
+        fidelity.compare_cell(KEY, [cycles, cycles], [transfers], sim, cycles, COST)
+
+
+def test_overall_reports_the_noise_floor() -> None:
+    rows = [
+        {"ok": False, "within_noise": True, "throughput_error_pct": 3.0, "hit_rate_diff_points": 0.0,
+         "same_subtree_fraction": 1.0, "live_repeat_spread_pct": 4.0},
+        {"ok": True, "within_noise": True, "throughput_error_pct": 1.0, "hit_rate_diff_points": 0.0,
+         "same_subtree_fraction": 1.0, "live_repeat_spread_pct": 2.0},
+        {"ok": False, "within_noise": False, "throughput_error_pct": 9.0, "hit_rate_diff_points": 0.0,
+         "same_subtree_fraction": 1.0, "live_repeat_spread_pct": 9.0},
+    ]  # fmt: skip
+    errors = [np.array([1.0, np.nan]), np.array([-3.0]), np.array([2.0])]
+    noise = [np.array([1.0, 2.0]), np.array([3.0]), np.array([np.nan, 4.0])]
+    out = fidelity.overall(rows, errors, noise)
+    assert out["cycle_error_median_pct"] == pytest.approx(2.0)  # |1|, |-3|, |2|: NaN left out
+    assert out["noise_cycle_median_pct"] == pytest.approx(2.5)
+    assert out["noise_cycle_p90_pct"] == pytest.approx(np.percentile([1, 2, 3, 4], 90))
+    assert out["median_live_repeat_spread_pct"] == 4.0 and out["max_live_repeat_spread_pct"] == 9.0
+    assert out["num_cells_within_noise"] == 2 and out["all_within_noise"] is False
+    assert fidelity.overall(rows[:2], errors[:2], noise[:2])["all_within_noise"] is True
+    assert np.isnan(fidelity.overall(rows, errors)["noise_cycle_median_pct"])
+
+
+def test_cycle_error_figure_adds_a_noise_panel_only_with_noise(tmp_path, monkeypatch) -> None:
+    from analysis import figures
+
+    drawn: list = []
+    save = figures._save
+    monkeypatch.setattr(figures, "_save", lambda fig, path: (drawn.append(len(fig.axes)), save(fig, path))[1])
+    errors = pd.DataFrame({"policy": ["ar"] * 4, "cycle_error_pct": [-3.0, -1.0, 1.0, 4.0]})
+    assert figures.cycle_error_distribution(errors, tmp_path / "a.png").stat().st_size > 1000
+    noisy = errors.assign(cycle_noise_pct=[0.5, 1.0, np.nan, 2.0])
+    assert figures.cycle_error_distribution(noisy, tmp_path / "b.png").stat().st_size > 1000
+    unmeasured = errors.assign(cycle_noise_pct=np.nan)  # --repeats 1: no noise panel
+    assert figures.cycle_error_distribution(unmeasured, tmp_path / "c.png").stat().st_size > 1000
+    assert figures.cycle_error_distribution(errors.iloc[:0], tmp_path / "d.png") is None
+    assert drawn == [1, 2, 1]

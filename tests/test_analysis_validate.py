@@ -30,13 +30,39 @@ def test_validate_tiny_grid(tiny_models, tmp_path, capsys) -> None:
     out = tmp_path / "val"
     argv = ["--model", str(target), "--draft", str(draft), "--prompts", str(prompts), "--num-prompts", "2"]
     argv += ["--max-new-tokens", "6", "--bandwidth", "1", "--cache-experts", "4", "--out", str(out)]
-    argv += ["--depth", "2", "--topk", "2", "--max-nodes", "5", "--min-cycles", "4"]
+    argv += ["--depth", "2", "--topk", "2", "--max-nodes", "5", "--min-cycles", "4", "--repeats", "2"]
     rc = validate.main(argv)
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    lines = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(lines[-1])
     assert rc == 0, summary
     table = pd.read_csv(out / "fidelity.csv")
     assert sorted(table["policy"]) == ["ar", "specfit", "topn"]
     assert (table["num_cycles_live"] > 0).all()
+    # every policy-mode cell recorded twice, live/<cell>/r1 and r2, each a complete run
+    from traces.reader import read_manifest
+
+    for policy in ("ar", "topn", "specfit"):
+        cell = out / "live" / f"bw1-c4-{policy}"
+        assert sorted(p.name for p in cell.iterdir()) == ["r1", "r2"]
+        assert all(read_manifest(cell / r).complete for r in ("r1", "r2"))
+    assert (out / "live" / "dense" / "manifest.json").is_file()
+    # the repeats decide alike cycle by cycle; their timings give the noise floor
+    assert (table["num_repeats"] == 2).all() and (table["repeat_same_subtree_fraction"] == 1.0).all()
+    assert (table["num_cycles_matched"] * 2 == table["num_cycles_live"]).all()
+    assert (table["live_repeat_spread_pct"] >= 0).all() and (table["cycle_noise_median_pct"] > 0).all()
+    assert (table["cycle_noise_median_pct"] <= table["cycle_noise_p90_pct"]).all()
+    assert table["within_noise"].dtype == bool and (table["within_noise"] | ~table["ok"]).all()
+    errors = pd.read_csv(out / "cycle_errors.csv")  # one row per matched cycle
+    assert len(errors) == table["num_cycles_matched"].sum()
+    assert {"request_id", "cycle_index", "cycle_error_pct", "cycle_noise_pct"} <= set(errors.columns)
+    assert summary["repeats"] == 2 and summary["all_within_noise"] == bool(table["within_noise"].all())
+    assert (
+        summary["noise_cycle_median_pct"] > 0
+        and summary["noise_cycle_p90_pct"] >= summary["noise_cycle_median_pct"]
+    )
+    assert summary["max_live_repeat_spread_pct"] == pytest.approx(table["live_repeat_spread_pct"].max())
+    assert lines[-3].startswith("targets") and lines[-2].startswith("noise floor (2 repeats per cell)")
+    assert "within_noise" in lines[0].split()
     # the greedy outputs are the same whatever the policy, so the replay commits as many tokens
     assert (table["live_tokens_per_s"] > 0).all() and (table["sim_tokens_per_s"] > 0).all()
     ar = table[table["policy"] == "ar"].iloc[0]
@@ -52,18 +78,52 @@ def test_validate_tiny_grid(tiny_models, tmp_path, capsys) -> None:
     assert json.loads((out / "fidelity.json").read_text())["num_cells"] == 3
     # both sides decide from the same inputs: the sim's union-size predictor on the dense trace's
     # table, the same acceptance map and cost, so SpecFit chooses the same subtrees and caches alike
-    from traces.reader import read_manifest
-
-    assert read_manifest(out / "live" / "bw1-c4-specfit").run.predictor == "union-size"
+    assert read_manifest(out / "live" / "bw1-c4-specfit" / "r1").run.predictor == "union-size"
     spec = table[table["policy"] == "specfit"].iloc[0]
     assert spec["same_subtree_fraction"] == 1.0
     assert (table["hit_rate_diff_points"].abs() < 1e-9).all()
+    # a rerun reuses every complete repeat (nothing re-recorded) and compares the same cycles
+    manifests = sorted((out / "live").glob("*/r*/manifest.json"))
+    assert len(manifests) == 6
+    stamps = [m.stat().st_mtime_ns for m in manifests]
+    capsys.readouterr()
+    assert validate.main(argv) == 0
+    assert [m.stat().st_mtime_ns for m in manifests] == stamps
+    again = pd.read_csv(out / "fidelity.csv")
+    assert list(again["num_cycles_matched"]) == list(table["num_cycles_matched"])
+    assert list(again["live_tokens_per_s"]) == pytest.approx(list(table["live_tokens_per_s"]))
     # the report reads the validation folder (fidelity rows + the runs it recorded): every figure
     from analysis import report
 
     capsys.readouterr()
     assert report.main([str(out), "--out", str(tmp_path / "report")]) == 0
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["missing_figures"] == []
+    missing = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["missing_figures"]
+    assert missing == []  # incl. predicted-vs-measured and time split, from live/<cell>/r<k>
+
+
+@pytest.mark.slow
+def test_validate_single_repeat_is_todays_run(tiny_models, tmp_path, capsys) -> None:
+    """``--repeats 1``: one run per cell under r1, no noise measured, within_noise == ok."""
+    target, draft, prompts = tiny_models
+    out = tmp_path / "val1"
+    argv = ["--model", str(target), "--draft", str(draft), "--prompts", str(prompts), "--num-prompts", "1"]
+    argv += ["--max-new-tokens", "6", "--bandwidth", "1", "--cache-experts", "4", "--out", str(out)]
+    argv += ["--depth", "2", "--topk", "2", "--max-nodes", "5", "--min-cycles", "4", "--repeats", "1"]
+    argv += ["--policies", "ar,topn"]
+    assert validate.main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(lines[-1])
+    assert sorted(p.name for p in (out / "live" / "bw1-c4-topn").iterdir()) == ["r1"]
+    table = pd.read_csv(out / "fidelity.csv")
+    assert (table["num_repeats"] == 1).all() and (
+        table["num_cycles_matched"] == table["num_cycles_live"]
+    ).all()
+    for col in ("live_repeat_spread_pct", "cycle_noise_median_pct", "repeat_same_subtree_fraction"):
+        assert table[col].isna().all()
+    assert (table["within_noise"] == table["ok"]).all()
+    assert summary["repeats"] == 1 and summary["noise_cycle_median_pct"] is None
+    assert summary["max_live_repeat_spread_pct"] is None
+    assert lines[-2].startswith("noise floor: not measured")
 
 
 def test_validate_bad_flags_exit_2(capsys) -> None:
@@ -73,6 +133,10 @@ def test_validate_bad_flags_exit_2(capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         validate.main(["--bandwidth", "0"])
     assert exc.value.code == 2 and "--bandwidth" in capsys.readouterr().err
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(SystemExit) as exc:
+            validate.main(["--repeats", bad])
+        assert exc.value.code == 2 and "--repeats" in capsys.readouterr().err
 
 
 def test_validate_bad_model_cache_and_prompts_exit_2_before_any_output(tiny_models, tmp_path, capsys) -> None:
@@ -105,19 +169,37 @@ def test_validate_summary_says_ran_and_whether_targets_were_met(tmp_path, capsys
                 "live_tokens_per_s": 10.0, "sim_tokens_per_s": 10.0 if ok else 12.0,
                 "throughput_error_pct": 0.0 if ok else 20.0, "hit_rate_diff_points": 0.0,
                 "same_subtree_fraction": 1.0, "cycle_error_median_pct": 1.0, "cycle_error_p90_pct": 3.0,
-                "off_terms": "" if ok else "throughput", "ok": ok,
+                "live_repeat_spread_pct": 4.0, "cycle_noise_median_pct": 1.5,
+                "off_terms": "" if ok else "throughput", "ok": ok, "within_noise": ok,
             }
         )  # fmt: skip
     table = pd.DataFrame(rows)
-    monkeypatch.setattr(validate.Validator, "run", lambda self: (table, {"num_cells": 2, "num_cells_ok": 1}))
+    noise = {
+        "median_live_repeat_spread_pct": 3.0,
+        "max_live_repeat_spread_pct": 5.5,
+        "noise_cycle_median_pct": 1.2,
+        "noise_cycle_p90_pct": 4.4,
+    }
+    monkeypatch.setattr(
+        validate.Validator, "run", lambda self: (table, {"num_cells": 2, "num_cells_ok": 1, **noise})
+    )
     monkeypatch.setattr(validate, "write_outputs", lambda *a, **k: [])
     assert validate.main(["--out", str(tmp_path / "v")]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(lines[-1])
     assert summary["ran"] is True and summary["all_targets_met"] is False and "ok" not in summary
-    assert lines[0].split()[-1] == "ok" and lines[-2].startswith("targets")
+    assert summary["all_within_noise"] is False and summary["repeats"] == 2
+    header = lines[0].split()
+    assert header[-2:] == ["within_noise", "ok"] and "live_repeat_spread_pct" in header
+    assert "cycle_noise_median_pct" in header and lines[-3].startswith("targets")
     for needle in ("median <= 2 %", "p90 <= 5 %", "within 2 %", "within 0.5 points", ">= 99%"):
+        assert needle in lines[-3]
+    assert lines[-2].startswith("noise floor (2 repeats per cell)")
+    for needle in ("spread median 3 %", "(max 5.5 %)", "median 1.2 %", "p90 4.4 %"):
         assert needle in lines[-2]
-    table["ok"] = True
-    assert validate.main(["--out", str(tmp_path / "v2")]) == 0
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["all_targets_met"] is True
+    table["ok"] = table["within_noise"] = True
+    assert validate.main(["--out", str(tmp_path / "v2"), "--repeats", "1"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(lines[-1])
+    assert summary["all_targets_met"] is True and summary["all_within_noise"] is True
+    assert summary["repeats"] == 1 and lines[-2].startswith("noise floor: not measured (--repeats 1)")
