@@ -43,6 +43,7 @@ definitions (calibration may not import analysis; analysis imports calibration).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -200,17 +201,39 @@ class CostFit:
         }
 
 
-def split_cycles(num_cycles: int, holdout_fraction: float, seed: int) -> np.ndarray:
+def split_cycles(
+    num_cycles: int, holdout_fraction: float, seed: int, groups: Sequence[Any] | None = None
+) -> np.ndarray:
     """Boolean mask of held-out cycles: ``round(fraction * n)`` of them, chosen by a seeded permutation.
+
+    With ``groups`` (one label per cycle), whole groups are held out instead: ``round(fraction *
+    number of groups)`` of them, so the copies of one cycle (its repeats, e.g. ``analysis.validate
+    --repeats``) never sit on both sides. Groups are numbered in order of first appearance, so
+    distinct labels give the same mask as no labels.
 
     Returns:
         bool[num_cycles], True = held out.
     """
+    if groups is None:
+        codes, num_groups = np.arange(num_cycles), num_cycles
+    else:
+        codes, uniques = pd.factorize(pd.Series(list(groups)), sort=False)
+        num_groups = len(uniques)
     rng = np.random.default_rng(seed)
-    mask = np.zeros(num_cycles, dtype=bool)
-    num_out = int(round(holdout_fraction * num_cycles))
-    mask[rng.permutation(num_cycles)[:num_out]] = True
-    return mask
+    held_groups = np.zeros(num_groups, dtype=bool)
+    num_out = int(round(holdout_fraction * num_groups))
+    held_groups[rng.permutation(num_groups)[:num_out]] = True
+    return held_groups[codes]
+
+
+def cycle_identity(cycles: pd.DataFrame) -> list[tuple[str, ...]] | None:
+    """One label per cycle naming the decision it repeats: ``(policy, request_id, cycle_index)``
+    (the columns present; ``None`` without ``request_id``/``cycle_index``). Repeats of a run share
+    labels; so do runs of the same policy at other cache sizes (a coarser split, still honest)."""
+    keys = [c for c in ("policy", "request_id", "cycle_index") if c in cycles.columns]
+    if not {"request_id", "cycle_index"} <= set(keys):
+        return None
+    return list(zip(*(cycles[k].astype(str) for k in keys)))
 
 
 def _stack(column: pd.Series) -> np.ndarray:
@@ -520,7 +543,7 @@ def fit_cost_model(
             f"need >= {opts.min_cycles} (flag --min-cycles) to fit and hold out"
         )
     cycles = cycles.reset_index(drop=True)
-    held = split_cycles(len(cycles), opts.holdout_fraction, opts.seed)
+    held = split_cycles(len(cycles), opts.holdout_fraction, opts.seed, cycle_identity(cycles))
     fit_cycles, held_cycles = cycles[~held], cycles[held]
     if len(transfers):
         held_keys = _cycle_keys(held_cycles)
@@ -638,6 +661,7 @@ __all__ = [
     "model_cycle_s",
     "predict_terms",
     "split_cycles",
+    "cycle_identity",
     "verify_target_s",
     "worst_term",
 ]

@@ -119,6 +119,11 @@ def test_robust_fit_resists_outliers(tables) -> None:
 
 
 def test_split_is_deterministic_by_seed() -> None:
+    labels = [f"cycle{i // 2}" for i in range(40)]  # every cycle recorded twice (two repeats)
+    grouped = split_cycles(40, 0.25, 7, labels)
+    assert grouped.sum() == 2 * round(0.25 * 20)
+    assert np.array_equal(grouped[0::2], grouped[1::2])  # both copies on the same side
+    assert np.array_equal(split_cycles(40, 0.25, 7, [str(i) for i in range(40)]), split_cycles(40, 0.25, 7))
     a, b, c = split_cycles(40, 0.25, 7), split_cycles(40, 0.25, 7), split_cycles(40, 0.25, 8)
     assert a.sum() == 10
     np.testing.assert_array_equal(a, b)
