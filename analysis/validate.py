@@ -11,7 +11,10 @@ For a grid of (bandwidth, cache size, tree policy in autoregressive / top-N / Sp
    cycles of all those runs (:func:`calibration.costfit.fit_cost_model`, per-transfer latency =
    the link's configured latency when emulated) unless ``--cost`` is given. Then SpecFit runs live
    with that cost, repeat 1 at every cache size, then repeat 2, ..., so its cells are
-   out-of-sample for the fit.
+   out-of-sample for the fit. Every grid cell drafts ``--depth`` levels except SpecFit, whose
+   stopping rule may draft fewer; so that the fixed per-draft cost (``draft_base_s``) is
+   identifiable, the fit also reads one calibration-only run, ``topn`` at depth 1
+   (``live/bw<B>-c<C>-topn-d1/r1``, not a grid cell), when ``--depth`` > 1.
 3. Every cell is replayed by ``sim.replay.replay_policy`` on the dense trace with the same policy,
    cache size, cache policy (LRU), cost model and the live cell's mean planner time, and compared
    (:func:`analysis.fidelity.compare_cell`): the simulator with the live throughput pooled over
@@ -93,16 +96,19 @@ class ValidationError(RuntimeError):
 
 @dataclass(frozen=True)
 class Cell:
-    """One grid cell: bandwidth (GB/s), cache size (experts per layer), tree policy."""
+    """One grid cell: bandwidth (GB/s), cache size (experts per layer), tree policy; ``depth`` set
+    only for the calibration-only runs (a draft depth other than ``--depth``)."""
 
     bandwidth_gb_per_s: float
     cache_experts_per_layer: int
     policy: str
+    depth: int | None = None
 
     @property
     def name(self) -> str:
-        """Folder-safe name, e.g. ``bw16-c8-specfit``."""
-        return f"bw{self.bandwidth_gb_per_s:g}-c{self.cache_experts_per_layer}-{self.policy}"
+        """Folder-safe name, e.g. ``bw16-c8-specfit`` (``bw16-c8-topn-d1`` with a depth)."""
+        name = f"bw{self.bandwidth_gb_per_s:g}-c{self.cache_experts_per_layer}-{self.policy}"
+        return name if self.depth is None else f"{name}-d{self.depth}"
 
     def key(self) -> dict[str, Any]:
         """The fidelity row's key columns."""
@@ -248,10 +254,11 @@ class Validator:
         self.acceptance_path = self.out / "acceptance.json"
         self.acceptance_path.write_text(json.dumps(self.acceptance, indent=2) + "\n")
 
-    def _common(self) -> list[str]:
+    def _common(self, depth: int | None = None) -> list[str]:
         a = self.args
+        depth = a.depth if depth is None else depth
         argv = ["--model", a.model, "--prompts", a.prompts, "--num-prompts", str(a.num_prompts)]
-        argv += ["--max-new-tokens", str(a.max_new_tokens), "--depth", str(a.depth), "--topk", str(a.topk)]
+        argv += ["--max-new-tokens", str(a.max_new_tokens), "--depth", str(depth), "--topk", str(a.topk)]
         argv += ["--max-nodes", str(a.max_nodes), "--device", a.device, "--seed", str(a.seed)]
         if a.draft is not None:
             argv += ["--draft", a.draft]
@@ -283,7 +290,7 @@ class Validator:
 
         if (path / "manifest.json").is_file() and read_manifest(path).complete:
             return path
-        argv = [*self._common(), "--mode", "policy", "--policy", cell.policy]
+        argv = [*self._common(cell.depth), "--mode", "policy", "--policy", cell.policy]
         argv += ["--predictor", SIM_PREDICTOR, "--predictor-tables", str(self.dense_path)]
         argv += ["--cache-policy", SIM_CACHE_POLICY]
         if self.acceptance_path is not None:
@@ -436,6 +443,8 @@ class Validator:
                     [Cell(bw, caches[0], p) for p in COST_FREE_POLICIES], None
                 )
                 fit_runs = [path for paths in fit_paths.values() for path in paths]
+                if self.args.depth > 1:  # one-level drafts too, so draft_base_s is identifiable
+                    fit_runs.append(self.run_live(Cell(bw, caches[0], "topn", depth=1), None))
                 try:
                     cost, cost_path = self.cost_for(bw, fit_runs, model)
                 except CalibrationDataError as exc:

@@ -84,7 +84,11 @@ def test_validate_tiny_grid(tiny_models, tmp_path, capsys) -> None:
     assert (table["hit_rate_diff_points"].abs() < 1e-9).all()
     # a rerun reuses every complete repeat (nothing re-recorded) and compares the same cycles
     manifests = sorted((out / "live").glob("*/r*/manifest.json"))
-    assert len(manifests) == 6
+    assert len(manifests) == 7  # 3 cells x 2 repeats + the depth-1 calibration run
+    calib = out / "live" / "bw1-c4-topn-d1" / "r1"
+    assert read_manifest(calib).complete and read_manifest(calib).draft.tree_depth == 1
+    notes = json.loads((out / "cost_1_report.json").read_text())["notes"]
+    assert not any("draft_base_s is not identifiable" in n for n in notes)  # depths 1 and 2 seen
     stamps = [m.stat().st_mtime_ns for m in manifests]
     capsys.readouterr()
     assert validate.main(argv) == 0
