@@ -528,7 +528,12 @@ class _Replayer:
             return contexts[levels]
 
         depth = int(tree.max_depth)
-        if self.config.policy == "specfit" and node_experts.is_union_size and depth > 1:
+        if (
+            self.config.policy == "specfit"
+            and node_experts.is_union_size
+            and depth > 1
+            and getattr(self.policy, "stopping", "bound") == "bound"
+        ):
             # the stopping rule plans every drafted level: score them all in one pass
             # (plan_exact_many remembers the plans, plan_exact then returns them as they are)
             mods["planner"].plan_exact_many([context(k)[0] for k in range(1, depth + 1)])
