@@ -15,6 +15,7 @@ import json
 import math
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -45,6 +46,24 @@ class ArgumentParser(argparse.ArgumentParser):
         if message.startswith(f"{flag}:"):
             message = message[len(flag) + 1 :].lstrip()
         self.error(f"{flag}: {message}")
+
+
+    def ensure_out_dir(self, flag: str, path: Any) -> Path:
+        """Create output folder ``path`` (and parents) now, before any work; exit 2 naming ``flag``
+        when it cannot be created or written (a file in the way, no permission, read-only disk).
+
+        Returns:
+            the folder as a :class:`pathlib.Path`.
+        """
+        folder = Path(path)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / ".write-test"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            self.fail(flag, f"cannot write to {str(folder)!r}: {exc.strerror or exc}")
+        return folder
 
 
 def positive_float(text: str) -> float:
