@@ -367,6 +367,13 @@ def _fit_verify(cycles: pd.DataFrame, opts: FitOptions) -> tuple[float, float, f
             f"verify: need >= 3 cycles with a positive verify time (fields 'verify_s' / 'cycle_s'), got {int(keep.sum())}"
         )
     n = cycles["num_nodes_verified"].to_numpy(dtype=np.float64)
+    sizes = np.unique(n[keep])
+    if sizes.size < 2:
+        raise CalibrationDataError(
+            f"verify: every cycle verified {int(sizes[0])} node(s) (field 'num_nodes_verified'), so "
+            "the fixed and per-node verify costs cannot be told apart; record cycles of different "
+            "tree sizes, e.g. `live.record --mode policy --policy ar` and `--policy topn`"
+        )
     ctx = cycles["context_len"].to_numpy(dtype=np.float64)
     columns = [np.ones_like(n), n, ctx]
     names = ["verify_base_s", "verify_s_per_node", "verify_s_per_context_token"]

@@ -176,16 +176,24 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
         tqdm(args.run_dirs, desc="runs", disable=len(args.run_dirs) < 3), expected_model=args.model
     )
     cycles, transfers, cost_labels = loaded.cost_fit_tables()
-    if len(cycles) == 0:
+    has_policy_runs = any(m.run.mode == "policy" for m in loaded.manifests())
+    if len(cycles) == 0 or not has_policy_runs:
         dense = loaded.node_arrays()
         if not dense:
             raise CalibrationDataError(
                 f"{', '.join(cost_labels)}: the cycles table is empty; record cycles with `python -m live.record`"
             )
-        # dense trees without timed cycles (e.g. traces.synthetic): acceptance map and predictor tables only
+        if len(cycles) == 0:  # dense trees without timed cycles (e.g. traces.synthetic)
+            note = "no timed cycles: cost model not fitted (acceptance map and predictor tables only)"
+        else:
+            note = (
+                "dense-mode cycles only: each verifies the whole tree and commits one token, so the "
+                "fixed and per-node verify costs cannot be told apart: cost model not fitted "
+                "(acceptance map and predictor tables only); add policy-mode runs of different tree "
+                "sizes, e.g. `python -m live.record --mode policy --policy ar` and `--policy topn`"
+            )
         folder = Path(args.out).parent
         folder.mkdir(parents=True, exist_ok=True)
-        note = "no timed cycles: cost model not fitted (acceptance map and predictor tables only)"
         report: dict[str, Any] = {"notes": [note], "runs": list(loaded.labels), "model": loaded.model.name}
         summary: dict[str, Any] = {"cost": None, "num_cycles": 0, "note": note}
         _fit_dense(dense, loaded, args, folder, report, summary)

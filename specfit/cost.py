@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -246,9 +247,13 @@ class CycleCostModel:
     def from_dict(cls, data: dict[str, Any], where: str = "cost model") -> CycleCostModel:
         """Inverse of :meth:`to_dict`.
 
+        Version 1 files (before ``draft_base_s``) load with ``draft_base_s = 0`` and a
+        ``UserWarning``; from version 2 every numeric field is required.
+
         Raises:
-            ValueError: wrong format tag, missing or unknown field, a stated unit differing from
-                :data:`FIELD_UNITS`, or a bad value; the message names ``where`` and the field.
+            ValueError: wrong format tag or an unknown ``version``, missing or unknown field, a
+                stated unit differing from :data:`FIELD_UNITS`, or a bad value; the message names
+                ``where`` and the field.
         """
         if not isinstance(data, dict):
             raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
@@ -264,14 +269,27 @@ class CycleCostModel:
                 raise ValueError(
                     f"{where}: field {name!r}: unit {unit!r} not supported, expected {FIELD_UNITS[name]!r}"
                 )
+        version = data.get("version", COST_MODEL_VERSION)
+        if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= COST_MODEL_VERSION:
+            raise ValueError(
+                f"{where}: field 'version': expected 1..{COST_MODEL_VERSION} (this toolkit's cost "
+                f"model format), got {version!r}; a newer file needs a newer toolkit"
+            )
         names = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(data) - set(names) - {"format", "version", "units"})
         if unknown:
             raise ValueError(f"{where}: unknown field(s) {unknown}; expected {names}")
-        required = [n for n in names if n not in ("overlap_h2d", "source", "draft_base_s")]
-        missing = [n for n in required if n not in data]
+        optional = ("overlap_h2d", "source") + (("draft_base_s",) if version == 1 else ())
+        missing = [n for n in names if n not in optional and n not in data]
         if missing:
             raise ValueError(f"{where}: missing field(s) {missing}")
+        if version == 1 and "draft_base_s" not in data:
+            warnings.warn(
+                f"{where}: a version-1 cost model has no draft_base_s; it is taken as 0 s (a drafting "
+                "cycle pays no fixed cost). Refit with `python -m calibration.fit` to price it.",
+                UserWarning,
+                stacklevel=2,
+            )
         kwargs = {n: data[n] for n in names if n in data}
         if kwargs.get("h2d_bytes_per_s") == "inf":
             kwargs["h2d_bytes_per_s"] = math.inf

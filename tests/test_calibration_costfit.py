@@ -233,3 +233,10 @@ def test_draft_base_is_left_at_zero_when_one_depth_only() -> None:
     assert fit.model.draft_base_s == 0.0
     assert fit.model.draft_s_per_level == pytest.approx(TRUTH.draft_s(1), rel=1e-6)
     assert any("draft_base_s is not identifiable" in n for n in fit.notes)
+
+
+def test_one_tree_size_cannot_separate_verify_base_and_per_node() -> None:
+    cycles, transfers = synthetic_tables(TRUTH, num_cycles=80, noise_rel=0.0, seed=2)
+    cycles = cycles.assign(num_nodes_verified=32)
+    with pytest.raises(CalibrationDataError, match="every cycle verified 32 node.*num_nodes_verified"):
+        fit_cost_model(cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=TRUTH.num_layers)

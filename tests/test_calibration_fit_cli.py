@@ -165,3 +165,16 @@ def test_runs_of_different_links_are_refused(runs, tmp_path, capsys) -> None:
     rc = fit_cli.main([str(policy), str(other), "--out", str(tmp_path / "c.json")])
     err = capsys.readouterr().err
     assert rc == 1 and "hardware.emulated_bandwidth_bytes_per_s" in err and str(other) in err
+
+
+def test_fit_cli_on_a_timed_dense_trace_fits_no_cost_model(tmp_path, capsys) -> None:
+    """The shipped sample is a dense run with timed cycles: every cycle verifies the whole tree,
+    so the verify term is not identifiable; the CLI says so and writes the acceptance map only."""
+    sample = Path(__file__).resolve().parents[1] / "traces" / "samples" / "default"
+    out = tmp_path / "cal" / "cost.json"
+    rc = fit_cli.main([str(sample), "--out", str(out)])
+    summary = _last_json(capsys)
+    assert rc == 0 and summary["ok"] is True
+    assert summary["cost"] is None and not out.exists()
+    assert "dense-mode cycles only" in summary["note"] and "--policy ar" in summary["note"]
+    assert (out.parent / fit_cli.ACCEPTANCE_NAME).is_file()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -200,8 +201,14 @@ def test_policy_run_transfers_recover_the_emulated_link(tiny, tmp_path, capsys):
     assert main(argv + ["--cache-experts", "2"]) == 0
     run = open_run(out)
     _assert_transfers_match_cycles(run)
+    ar = tmp_path / "ar-link"  # a second tree size, so the verify term is identifiable too
+    argv = _args(tiny, ar, "--mode", "policy", "--policy", "ar", "--bandwidth", "0.2", "--latency-us", "20")
+    assert main(argv + ["--cache-experts", "2"]) == 0
     capsys.readouterr()
-    assert fit_main([str(out), "--out", str(tmp_path / "cal" / "cost.json"), "--min-cycles", "4"]) == 0
+    cal = ["--out", str(tmp_path / "cal" / "cost.json"), "--min-cycles", "4"]
+    assert fit_main([str(out), *cal]) == 1  # one tree size: the verify term cannot be fitted
+    assert "every cycle verified" in _last_json(capsys)["error"]
+    assert fit_main([str(out), str(ar), *cal]) == 0
     fit = _last_json(capsys)
     assert fit["h2d_identifiable"] is True
     assert fit["h2d_bytes_per_s"] == pytest.approx(0.2e9, rel=0.03)
@@ -363,7 +370,7 @@ def test_planner_inputs_from_files(tiny, tmp_path, capsys):
 
     acceptance = tmp_path / "acceptance.json"
     acceptance.write_text(json.dumps(AcceptanceCalibration.identity().to_dict()))
-    cost = CycleCostModel(1e-3, 5e-3, 1e-4, 0.0, 1e9, 0.0, 4096, 2, source="test")
+    cost = CycleCostModel(1e-3, 5e-3, 1e-4, 0.0, 1e9, 0.0, 6144, 2, source="test")  # the tiny model's sizes
     cost_path = tmp_path / "cost.json"
     cost.save(cost_path)
     out = tmp_path / "run"
@@ -376,6 +383,13 @@ def test_planner_inputs_from_files(tiny, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(_args(tiny, tmp_path / "run2", "--mode", "policy", "--acceptance", str(bad)))
     assert exc.value.code == 2 and "--acceptance" in capsys.readouterr().err
+    other = tmp_path / "other_model.json"  # fitted for a 48-layer model
+    dataclasses.replace(cost, num_layers=48).save(other)
+    with pytest.raises(SystemExit) as exc:
+        main(_args(tiny, tmp_path / "run3", "--mode", "policy", "--policy", "specfit", "--cost", str(other)))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--cost" in err and "'num_layers' is 48 but the model has 2" in err
+    assert not (tmp_path / "run3" / "manifest.json").exists()
 
 
 def test_embedded_default_model_short_dense_run(tmp_path, capsys):

@@ -206,3 +206,16 @@ def test_quick_draft_estimate_is_a_line_through_one_level_and_full_depth() -> No
     assert _line_through({3: 3e-3}) == pytest.approx((0.0, 1e-3))  # one depth: no base
     assert _line_through({1: 1e-3, 3: 5e-3}) == pytest.approx((0.0, 5e-3 / 3))  # negative base: none
     assert _line_through({}) == (0.0, 0.0)
+
+
+def test_decode_clock_leaves_out_trace_recording(path):
+    """decode_s covers the cycles and the loop between them, not the on_cycle callbacks (the
+    trace writer): otherwise a policy with more cycles pays more recording time per token."""
+    import time
+
+    decoder, chooser = _engine(path, 1e15)
+    pause_s = 0.05
+    result = decoder.generate(PROMPT, 6, chooser, on_cycle=lambda event: time.sleep(pause_s))
+    cycles_s = sum(c.cycle_s for c in result.cycles)
+    assert len(result.cycles) >= 2
+    assert cycles_s <= result.decode_s < cycles_s + pause_s

@@ -197,7 +197,13 @@ def test_cost_json_round_trip_and_errors(tmp_path) -> None:
     version_1 = cost.to_dict()  # written before draft_base_s existed
     del version_1["draft_base_s"], version_1["units"]["draft_base_s"]
     version_1["version"] = 1
-    assert CycleCostModel.from_dict(version_1) == dataclasses.replace(cost, draft_base_s=0.0)
+    with pytest.warns(UserWarning, match="version-1 cost model has no draft_base_s"):
+        assert CycleCostModel.from_dict(version_1) == dataclasses.replace(cost, draft_base_s=0.0)
+    version_2 = dict(version_1, version=2)  # from version 2 the field is required
+    with pytest.raises(ValueError, match="missing field.*draft_base_s"):
+        CycleCostModel.from_dict(version_2)
+    with pytest.raises(ValueError, match="'version': expected 1..2.*got 3"):
+        CycleCostModel.from_dict(dict(cost.to_dict(), version=3))
     data = cost.to_dict()
     data["verify_base_s"] = -1
     with pytest.raises(ValueError, match="verify_base_s"):

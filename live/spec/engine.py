@@ -150,7 +150,9 @@ class GenerationResult:
         prompt_ids, generated_ids: token ids.
         prefill_expert_ids: int64[T, L, K] routing of the prefill tokens (``prompt[:-1]``);
         prefill_router_weights: float32[T, L, K]; prefill_stats: expert traffic of the prefill.
-        prefill_s, decode_s: wall seconds.
+        prefill_s, decode_s: wall seconds; ``decode_s`` runs from the first cycle to the last and
+            leaves out the ``on_cycle`` callbacks (trace recording), so every policy's tokens/s
+            is charged the same: its cycles and the loop between them.
         stopped_on_eos: True when an end-of-sequence token ended the output.
         cycles: every :class:`CycleEvent`, in order.
     """
@@ -244,6 +246,7 @@ class SpecDecoder:
         cycles: list[CycleEvent] = []
         eos = False
         start = time.perf_counter()
+        callback_s = 0.0
         while len(generated) < max_new_tokens and not eos:
             t0 = time.perf_counter()
             recent_arr = np.stack(list(recent)) if recent else np.zeros((0, num_layers, top_k), np.int64)
@@ -281,8 +284,10 @@ class SpecDecoder:
             committed.extend(toks)
             generated.extend(toks)
             cycles.append(event)
-            if on_cycle is not None:
+            if on_cycle is not None:  # recording is not decoding: kept off the decode clock
+                callback_start = time.perf_counter()
                 on_cycle(event)
+                callback_s += time.perf_counter() - callback_start
         return GenerationResult(
             tuple(int(t) for t in prompt_ids),
             tuple(generated),
@@ -290,7 +295,7 @@ class SpecDecoder:
             pre_w,
             prefill_stats,
             prefill_s,
-            time.perf_counter() - start,
+            time.perf_counter() - start - callback_s,
             eos,
             tuple(cycles),
         )

@@ -247,6 +247,17 @@ class RecordSession:
                 cost = CycleCostModel.load(config.cost)
             except (ValueError, OSError) as exc:
                 raise SessionError("--cost", str(exc)) from exc
+            for field, model_value in (
+                ("num_layers", self.offload.num_layers),
+                ("expert_bytes", self.offload.bytes_per_expert),
+            ):
+                if getattr(cost, field) != model_value:
+                    raise SessionError(
+                        "--cost",
+                        f"{config.cost}: field {field!r} is {getattr(cost, field)} but the model has "
+                        f"{model_value}; this cost model was fitted for another model (refit with "
+                        "`python -m calibration.fit` on runs of this one)",
+                    )
         else:
             from live.spec.costs import estimate_cost_model
 
