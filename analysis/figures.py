@@ -270,21 +270,36 @@ def hit_rate_vs_cache(hit_rates: pd.DataFrame, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def time_split(split: pd.DataFrame, path: Path, max_bars: int = 24) -> Path | None:
+MAX_TIME_SPLIT_BARS = 300  # one bar per row up to here (a 100 dpi figure about 9000 px tall)
+
+
+def time_split_rows(split: pd.DataFrame, max_bars: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(drawn, left_out)`` rows of :func:`time_split`: live and validate rows first (measured),
+    then simulated cells in table order; every row is drawn unless there are more than ``max_bars``
+    (default :data:`MAX_TIME_SPLIT_BARS`)."""
+    if split.empty:
+        return split, split
+    max_bars = MAX_TIME_SPLIT_BARS if max_bars is None else max_bars
+    simulated = split["label"].astype(str).str.startswith("sim")
+    ordered = pd.concat([split[~simulated], split[simulated]])
+    return ordered.head(max_bars), ordered.iloc[max_bars:]
+
+
+def time_split(split: pd.DataFrame, path: Path, max_bars: int | None = None) -> Path | None:
     """Share of decode time spent drafting, verifying (compute), in H2D copies and elsewhere.
 
-    At most ``max_bars`` bars: live and validate rows first (they are few and measured), then the
-    simulated cells in table order; the title says how many rows were left out.
+    One bar per row of ``split`` (the figure grows with the rows), measured rows first; only past
+    ``max_bars`` rows are the remaining ones left out, which the title says (and the report lists
+    them, :func:`time_split_rows`). Bars sit at their own positions, so rows sharing a label are
+    still drawn apart.
     """
     if split.empty:
         return None
-    measured = split["label"].astype(str).str.startswith("sim") if "label" in split else None
-    ordered = split if measured is None else pd.concat([split[~measured], split[measured]])
-    df = ordered.head(max_bars)
-    left_out = len(split) - len(df)
+    df, left_out = time_split_rows(split, max_bars)
     plt = _pyplot()
     total = df[["draft_s", "verify_s", "h2d_s", "other_s"]].sum(axis=1).replace(0, np.nan)
-    fig, ax = plt.subplots(figsize=(7, 0.35 * len(df) + 1.5))
+    fig, ax = plt.subplots(figsize=(7, 0.3 * len(df) + 1.5))
+    y = np.arange(len(df))
     left = np.zeros(len(df))
     for col, name in (
         ("draft_s", "draft"),
@@ -293,12 +308,15 @@ def time_split(split: pd.DataFrame, path: Path, max_bars: int = 24) -> Path | No
         ("other_s", "other"),
     ):
         share = (100 * df[col] / total).fillna(0).to_numpy()
-        ax.barh(df["label"], share, left=left, label=name)
+        ax.barh(y, share, left=left, label=name)
         left += share
+    ax.set_yticks(y, df["label"].astype(str).tolist())
+    ax.set_ylim(len(df) - 0.5, -0.5)  # first row on top
     ax.set_xlabel("share of decode time (%)")
-    ax.set_title(
-        "Time split: draft / compute / H2D" + (f" (first {len(df)} of {len(split)} rows)" if left_out else "")
-    )
+    title = f"Time split: draft / compute / H2D ({len(df)} rows)"
+    if len(left_out):
+        title = f"Time split: draft / compute / H2D (first {len(df)} of {len(split)} rows; rest listed in the report)"
+    ax.set_title(title)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.tick_params(axis="y", labelsize=7)
     return _save(fig, path)

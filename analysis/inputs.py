@@ -55,7 +55,9 @@ class ReportData:
         time_split: :data:`SPLIT_COLUMNS` (seconds summed over a run or cell).
         cycle_scatter: :data:`SCATTER_COLUMNS`, one row per cycle (seconds).
         dense: ``(label, NodeArrays, num_experts)`` of dense runs.
-        run_summaries: ``(label, metrics.cycle_summary dict)`` of recorded runs with cycles.
+        run_summaries: ``(label, dict)`` of every trace run, dense and policy: ``mode``,
+            ``num_requests``, ``num_trees`` and, for runs with cycles, ``metrics.cycle_summary``
+            plus ``wall_s``, ``tokens_per_s``, ``throughput_basis`` (``num_cycles`` 0 without).
         fidelity: the rows of validation folders.
         fit_errors: per-term cost-fit errors of calibration folders (``cost_fit_report.json``):
             ``label, term, split, num_samples, median_abs_pct_error, p90_abs_pct_error, r2``.
@@ -150,7 +152,7 @@ def _add_sweep(data: ReportData, path: Path) -> None:
         split = pd.DataFrame(
             {
                 "label": [
-                    f"sim {p} {b:g}GB/s c{c}{extra}"
+                    f"sim {label}: {p} {b:g}GB/s c{c}{extra}"
                     for p, b, c, extra in zip(
                         df["policy"], df["bandwidth_gb_per_s"], df["cache_experts_per_layer"], _flags(df)
                     )
@@ -231,15 +233,22 @@ def _add_trace(data: ReportData, path: Path, include_rates: bool = True, label: 
         raise ReportInputError(f"{path}: {exc}") from None
     manifest = run.manifest
     label = label or path.name
+    num_trees = 0
     if run.num_rows("nodes"):
-        data.dense.append((label, run.node_arrays(), manifest.model.num_experts))
+        arrays = run.node_arrays()
+        num_trees = arrays.num_trees
+        data.dense.append((label, arrays, manifest.model.num_experts))
     cycles = run.cycles
-    if not len(cycles) or manifest.run.mode != "policy":
+    listed = {"mode": manifest.run.mode, "num_requests": len(run.request_ids), "num_trees": num_trees}
+    if not len(cycles):  # e.g. a synthetic dense trace: trees only
+        data.run_summaries.append((label, {**listed, "num_cycles": 0}))
         return
     summary = metrics.cycle_summary(cycles)
     tokens_per_s, wall_s, basis = live_throughput(path, summary)
-    summary = {**summary, "wall_s": wall_s, "tokens_per_s": tokens_per_s, "throughput_basis": basis}
+    summary = {**listed, **summary, "wall_s": wall_s, "tokens_per_s": tokens_per_s, "throughput_basis": basis}
     data.run_summaries.append((label, summary))
+    if manifest.run.mode != "policy":  # dense cycles verify whole trees: listed, not in the regime map
+        return
     bw = manifest.hardware.emulated_bandwidth_bytes_per_s
     policy = manifest.run.tree_policy or str(cycles["policy"].iloc[0])
     cache = manifest.run.cache_capacity_per_layer

@@ -7,8 +7,10 @@ autoregressive, and where SpecFit sits), per-cycle predicted vs measured, per-de
 expert-union growth against tree size per layer, hit rate against cache size, and the draft /
 compute / H2D time split. The metric conventions (docs/metrics.md) are stated in the report.
 
-Writes ``report.md`` and ``figures/*.png`` under ``--out`` (default ``runs/report``); exit 0 on
-success, 2 for a bad flag, 1 for an unreadable input (named). Last stdout line: JSON summary.
+Writes ``report.md`` and ``figures/*.png`` under ``--out`` (default ``runs/report``; created
+before any work, exit 2 naming ``--out`` when it cannot be); exit 0 on success, 2 for a bad flag,
+1 for an unreadable input (named). Stdout: a few lines saying what was written (report path,
+figures written, figures missing and why), then, as the last line, a JSON summary.
 """
 
 from __future__ import annotations
@@ -58,6 +60,24 @@ CAPTIONS = {
 }
 
 
+# Why a figure is missing: the data it draws, and which inputs provide it.
+MISSING_REASONS = {
+    "throughput_vs_bandwidth": "no throughput at a known bandwidth: needs a sim.sweep folder, an "
+    "analysis.validate folder or a policy-mode trace run recorded with an emulated link",
+    "predicted_vs_measured": "no cycle with a planner prediction (cycles.predicted_cycle_s): needs a "
+    "policy-mode trace run recorded with a planner",
+    "acceptance_per_depth": "no dense trees (nodes table): needs a dense-mode trace run",
+    "expert_union_growth": "no dense trees (nodes table): needs a dense-mode trace run",
+    "hit_rate_vs_cache": "no hit rates: needs a sim.sweep folder with hit_rate, a validate folder or a "
+    "policy-mode trace run",
+    "time_split": "no time split: needs a sim.sweep folder with draft_s/verify_s/h2d_s/decode_s or a "
+    "policy-mode trace run",
+}
+
+# Leading columns of the "Recorded runs" table (the rest follow in metrics.cycle_summary order).
+RUN_COLUMNS = ("run", "mode", "num_requests", "num_trees", "num_cycles")
+
+
 def build_parser() -> ArgumentParser:
     """The CLI's parser."""
     p = ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
@@ -103,6 +123,19 @@ def throughput_config_lines(throughput: pd.DataFrame) -> list[str]:
     return lines
 
 
+def time_split_left_out_lines(split: pd.DataFrame) -> list[str]:
+    """Markdown lines naming the time-split rows the figure leaves out (none below its bar limit)."""
+    _, left_out = figures.time_split_rows(split)
+    if not len(left_out):
+        return []
+    return [
+        f"Not drawn in the time split ({len(left_out)} of {len(split)} rows, over the "
+        f"{figures.MAX_TIME_SPLIT_BARS}-bar limit of one readable figure, measured rows first): "
+        + "; ".join(left_out["label"].astype(str))
+        + "\n"
+    ]
+
+
 def render_figures(data: ReportData, fig_dir: Path) -> dict[str, Path | None]:
     """Draw every figure that the data allow; ``{name: path or None}`` in :data:`figures.FIGURES` order."""
     jobs = {
@@ -128,8 +161,13 @@ def write_report(data: ReportData, out_dir: Path, title: str) -> tuple[Path, dic
     lines.append(CONVENTIONS)
     if data.run_summaries:
         lines.append("## Recorded runs\n")
+        lines.append(
+            "Every trace run in the inputs, dense and policy mode (cycle figures are `-` for a run "
+            "without cycles; dense runs are listed here but not placed on the regime map).\n"
+        )
         rows = pd.DataFrame([{"run": label, **s} for label, s in data.run_summaries])
-        lines.append(markdown_table(rows))
+        lead = [c for c in RUN_COLUMNS if c in rows.columns]
+        lines.append(markdown_table(rows[lead + [c for c in rows.columns if c not in lead]]))
     slow = figures.slower_than_ar(data.throughput)
     lines.append("## Regime map\n")
     lines += throughput_config_lines(data.throughput)
@@ -151,11 +189,13 @@ def write_report(data: ReportData, out_dir: Path, title: str) -> tuple[Path, dic
     for name in figures.FIGURES:
         path = fig_paths[name]
         if path is None:
-            lines.append(f"- {name}: not drawn (no input provides the data).")
+            lines.append(f"- {name}: not drawn ({MISSING_REASONS[name]}).")
         else:
             lines.append(
                 f"### {name.replace('_', ' ')}\n\n![{name}](figures/{path.name})\n\n{CAPTIONS[name]}\n"
             )
+            if name == "time_split":
+                lines += time_split_left_out_lines(data.time_split)
     report = out_dir / "report.md"
     out_dir.mkdir(parents=True, exist_ok=True)
     report.write_text("\n".join(lines) + "\n")
@@ -169,21 +209,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in args.inputs:
         if not Path(path).exists():
             parser.fail("DIR", f"{path} does not exist")
+    out_dir = parser.ensure_out_dir("--out", args.out)  # before any work: exit 2 naming --out
     try:
         data = collect(args.inputs)
     except ReportInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         print_summary({"ok": False, "error": str(exc)})
         return 1
-    report, fig_paths = write_report(data, Path(args.out), args.title)
+    report, fig_paths = write_report(data, out_dir, args.title)
     drawn = [n for n, p in fig_paths.items() if p is not None]
-    print(f"report -> {report} ({len(drawn)} of {len(fig_paths)} figures)")
+    missing = {n: MISSING_REASONS[n] for n, p in fig_paths.items() if p is None}
+    _, split_left_out = figures.time_split_rows(data.time_split)
+    print(f"report: {report} ({len(data.inputs)} inputs, {len(data.run_summaries)} trace runs listed)")
+    print(f"figures written ({len(drawn)} of {len(fig_paths)}) in {out_dir / 'figures'}:")
+    for name in drawn:
+        extra = ""
+        if name == "time_split" and len(split_left_out):
+            extra = f" ({len(split_left_out)} of {len(data.time_split)} rows left out, listed in report.md)"
+        print(f"  {fig_paths[name]}{extra}")
+    if missing:
+        print(f"figures missing ({len(missing)}):")
+        for name, why in missing.items():
+            print(f"  {name}: {why}")
     print_summary(
         {
             "ok": True,
             "report": str(report),
             "figures": drawn,
-            "missing_figures": [n for n, p in fig_paths.items() if p is None],
+            "missing_figures": list(missing),
+            "missing_reasons": missing,
+            "time_split_rows_left_out": len(split_left_out),
             "num_inputs": len(data.inputs),
         }
     )

@@ -70,7 +70,8 @@ def test_report_renders_every_figure(inputs, tmp_path, capsys) -> None:
     text = (out / "report.md").read_text()
     assert "2.67" in text and "conditional" in text  # conventions stated
     assert text.count("![") == len(figures.FIGURES)
-    assert "| policy | 40 |" in text  # the recorded run's summary row
+    assert "| policy | policy | 8 | 0 | 40 |" in text  # the recorded runs: run, mode, requests, trees, cycles
+    assert "| dense | dense | 2 | 60 | 0 |" in text  # a dense trace (no cycles) is listed too
     assert "## Cost-model fit" in text and "| calib | cycle | heldout |" in text
 
 
@@ -145,10 +146,10 @@ def test_sweep_cells_of_different_overlap_are_not_averaged(tmp_path) -> None:
     assert slow["config"].tolist() == ["sweep s: overlap off, cache policy lru"]
     assert slow["full_tokens_per_s"].tolist() == [60.0]
     assert data.time_split["label"].tolist() == [
-        "sim ar 16GB/s c8",
-        "sim topn 16GB/s c8",
-        "sim ar 16GB/s c8 overlap",
-        "sim topn 16GB/s c8 overlap",
+        "sim s: ar 16GB/s c8",
+        "sim s: topn 16GB/s c8",
+        "sim s: ar 16GB/s c8 overlap",
+        "sim s: topn 16GB/s c8 overlap",
     ]
     out = tmp_path / "report"
     report_cli.write_report(data, out, "t")
@@ -296,3 +297,99 @@ def test_legends_do_not_cover_data(tmp_path, monkeypatch) -> None:
     figures.cycle_error_distribution(errors, tmp_path / "e.png")
     texts = [t.get_text() for t in figs[2].axes[0].get_legend().get_texts()]
     assert sorted(texts) == ["+/- 2 % target", "+/- 5 % target", "ar"]
+
+
+def _split_rows() -> pd.DataFrame:
+    """39 time-split rows like a sweep of 3 policies x 4 bandwidths x 3 caches plus 3 live runs."""
+    sim = [
+        f"sim s: {p} {b}GB/s c{c}"
+        for b in (2, 8, 16, 64)
+        for c in (4, 8, 16)
+        for p in ("ar", "topn", "specfit")
+    ]
+    labels = ["live a", "live b", "live a", *sim]  # two live runs share a label: drawn apart all the same
+    n = len(labels)
+    return pd.DataFrame(
+        {
+            "label": labels,
+            "draft_s": [1.0] * n,
+            "verify_s": [2.0] * n,
+            "h2d_s": [3.0] * n,
+            "other_s": [0.5] * n,
+        }
+    )
+
+
+def test_time_split_draws_every_row(tmp_path, monkeypatch) -> None:
+    figs = _capture(monkeypatch)
+    split = _split_rows()
+    assert len(split) == 39
+    figures.time_split(split, tmp_path / "t.png")
+    ax = figs[0].axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert len(labels) == 39 and "sim s: specfit 64GB/s c16" in labels  # the cells past the old 24-bar cap
+    assert labels[:3] == ["live a", "live b", "live a"]  # measured rows first
+    assert len({round(p.get_y(), 3) for p in ax.patches}) == 39  # one bar position per row
+    assert "first" not in ax.get_title() and "39 rows" in ax.get_title()
+    assert report_cli.time_split_left_out_lines(split) == []
+
+
+def test_time_split_past_the_bar_limit_names_what_is_left_out(tmp_path, monkeypatch) -> None:
+    figs = _capture(monkeypatch)
+    monkeypatch.setattr(figures, "MAX_TIME_SPLIT_BARS", 30)
+    split = _split_rows()
+    figures.time_split(split, tmp_path / "t.png")
+    assert "first 30 of 39 rows" in figs[0].axes[0].get_title()
+    (line,) = report_cli.time_split_left_out_lines(split)
+    assert line.startswith("Not drawn in the time split (9 of 39 rows, over the 30-bar limit")
+    assert line.count("; ") == 8 and "sim s: specfit 64GB/s c16" in line and "sim s: ar 2GB/s c4" not in line
+
+
+def test_recorded_runs_list_a_dense_run_with_cycles(tmp_path) -> None:
+    from analysis.inputs import collect
+
+    sample = Path(__file__).resolve().parents[1] / "traces" / "samples" / "default"
+    data = collect([sample])
+    ((label, summary),) = data.run_summaries
+    assert label == "default" and summary["mode"] == "dense"
+    assert (summary["num_requests"], summary["num_trees"], summary["num_cycles"]) == (24, 1152, 1152)
+    assert data.throughput.empty  # listed, but dense cycles stay off the regime map
+    data.dense = []  # the table is the point here: skip drawing the dense figures
+    report, _ = report_cli.write_report(data, tmp_path / "r", "t")
+    assert "| default | dense | 24 | 1152 | 1152 |" in report.read_text()
+
+
+def test_out_blocked_by_a_file_exits_2_before_any_work(inputs, tmp_path, capsys, monkeypatch) -> None:
+    def no_work(paths):
+        raise AssertionError("inputs were read before --out was checked")
+
+    monkeypatch.setattr(report_cli, "collect", no_work)
+    (tmp_path / "blocker").write_text("")
+    with pytest.raises(SystemExit) as exc:
+        report_cli.main([str(inputs["dense"]), "--out", str(tmp_path / "blocker" / "report")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--out" in err and "is a file, not a folder" in err
+    assert "Traceback" not in err
+
+
+def test_stdout_says_what_was_written_and_what_is_missing(inputs, tmp_path, capsys) -> None:
+    capsys.readouterr()
+    out = tmp_path / "r"
+    assert report_cli.main([str(inputs["dense"]), "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(lines[-1])
+    text = "\n".join(lines[:-1])
+    assert lines[0] == f"report: {out / 'report.md'} (1 inputs, 1 trace runs listed)"
+    assert f"figures written (2 of 6) in {out / 'figures'}:" in text
+    assert f"  {out / 'figures' / 'acceptance_per_depth.png'}" in lines
+    assert "figures missing (4):" in text
+    assert "  time_split: no time split: needs a sim.sweep folder" in text
+    assert summary["missing_figures"] == [
+        "throughput_vs_bandwidth",
+        "predicted_vs_measured",
+        "hit_rate_vs_cache",
+        "time_split",
+    ]
+    assert summary["missing_reasons"]["time_split"].startswith("no time split")
+    report_md = (out / "report.md").read_text()
+    assert "- time_split: not drawn (no time split: needs" in report_md  # the report says why too

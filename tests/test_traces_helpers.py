@@ -69,20 +69,21 @@ def write_small_run(
 ) -> Path:
     """A complete policy-mode-manifest run with requests, prefill, nodes, cycles and transfers.
 
-    Rows per request: 4 prefill tokens, ``positions`` trees of 6 nodes, ``positions`` cycles,
+    Rows per request: 4 prefill tokens, ``positions`` trees of 6 nodes, ``positions`` cycles
+    (each commits 3 tokens, cycle ``i`` at position ``3 i``; ``3 * positions`` generated tokens),
     2 transfers per cycle.
     """
     rng = np.random.default_rng(seed)
     with TraceWriter(run_dir, small_manifest(), flush_every_rows=flush_every_rows) as writer:
         for rid in range(num_requests):
             prompt = rng.integers(0, 100, size=4)
-            generated = rng.integers(0, 100, size=positions + 2)
+            generated = rng.integers(0, 100, size=3 * positions)
             writer.add_prefill(rid, *random_routing(rng, 4))
             for pos in range(positions):
                 rows = tree_rows(rng, pos, generated)
                 ids, w = random_routing(rng, 6)
                 writer.add_tree(rid, pos, 4 + pos, expert_ids=ids, router_weights=w, **rows)
-                writer.add_cycle(small_cycle(rid, pos))
+                writer.add_cycle(small_cycle(rid, pos, position=3 * pos, context_len=4 + 3 * pos))
                 writer.add_transfers(rid, pos, [0, 2], [3, 5], 768, [1e-6, 2e-6])
             writer.add_request(rid, prompt, generated, f"test:{rid}")
     return Path(run_dir)

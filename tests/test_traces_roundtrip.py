@@ -18,15 +18,15 @@ from traces.writer import TraceWriter
 
 def test_small_run_round_trips_every_table(tmp_path):
     rng = np.random.default_rng(5)
-    prompt, generated = np.arange(4), np.arange(10, 15)
+    prompt, generated = np.arange(4), np.arange(10, 16)  # two cycles of 3 committed tokens
     rows = tree_rows(rng, 1, generated)
     ids, weights = random_routing(rng, 6)
     pre_ids, pre_w = random_routing(rng, 4)
     with TraceWriter(tmp_path / "run", small_manifest()) as writer:
         writer.add_prefill(3, pre_ids, pre_w)
         writer.add_tree(3, 1, 5, expert_ids=ids, router_weights=weights, **rows)
-        writer.add_cycle(small_cycle(3, 0, position=1, context_len=5))
-        writer.add_cycle(small_cycle(3, 1, position=4, context_len=8))
+        writer.add_cycle(small_cycle(3, 0, position=0, context_len=4))
+        writer.add_cycle(small_cycle(3, 1, position=3, context_len=7))
         writer.add_transfers(3, 0, [0, 2], [3, 5], 768, [1e-6, 2e-6])
         writer.add_request(3, prompt, generated, "unit")
     run = open_run(tmp_path / "run")
@@ -35,7 +35,7 @@ def test_small_run_round_trips_every_table(tmp_path):
     req = run.requests
     assert req["request_id"].tolist() == [3]
     assert req["prompt_token_ids"][0].tolist() == [0, 1, 2, 3]
-    assert req["generated_token_ids"][0].tolist() == [10, 11, 12, 13, 14]
+    assert req["generated_token_ids"][0].tolist() == [10, 11, 12, 13, 14, 15]
     assert req["source"][0] == "unit"
     np.testing.assert_array_equal(run.prefill_experts(3), pre_ids)
     (dense,) = list(run.iter_trees())

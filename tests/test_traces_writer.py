@@ -83,9 +83,9 @@ def _partial_run(run_dir: Path) -> None:
             writer.add_tree(
                 rid, pos, 4 + pos, expert_ids=ids, router_weights=w, **tree_rows(rng, pos, generated)
             )
-        writer.add_cycle(small_cycle(rid, 0))
+        writer.add_cycle(small_cycle(rid, 0))  # commits 3 tokens
         if rid < 2:
-            writer.add_request(rid, [1, 2, 3, 4], generated, "r")
+            writer.add_request(rid, [1, 2, 3, 4], generated[:3], "r")
     writer.flush()  # no close(): like a killed process
 
 
@@ -105,13 +105,14 @@ def test_resume_drops_unfinished_requests_and_continues(tmp_path):
             writer.add_tree(
                 2, pos, 4 + pos, expert_ids=ids, router_weights=w, **tree_rows(rng, pos, generated)
             )
-        writer.add_request(2, [1, 2, 3, 4], generated, "r")
+        writer.add_cycle(small_cycle(2, 0))
+        writer.add_request(2, [1, 2, 3, 4], generated[:3], "r")
         with pytest.raises(ValueError, match="request_id 1 already recorded"):
             writer.add_request(1, [1], [2], "dup")
     run = open_run(run_dir)
     assert run.complete
     assert run.request_ids.tolist() == [0, 1, 2]
-    assert run.num_rows("nodes") == 36 and run.num_rows("cycles") == 2
+    assert run.num_rows("nodes") == 36 and run.num_rows("cycles") == 3
     parts = sorted(p.name for p in (run_dir / "nodes").glob("part-*.parquet"))
     assert parts == ["part-00000.parquet", "part-00001.parquet"]  # numbering continued
     assert len(run.manifest.resumed_at) == 1

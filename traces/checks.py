@@ -8,12 +8,16 @@ first problem. Per-file checks (columns, types, expert ids, router weights) alre
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow.compute as pc
 
 from traces import validate as V
+from traces.errors import TraceError
+from traces.schema import MANIFEST_FILE, TABLE_NAMES, Manifest
+from traces.storage import list_parts
 
 if TYPE_CHECKING:
     from traces.reader import TraceRun
@@ -209,3 +213,232 @@ def run_checks(run: TraceRun) -> Iterator[tuple[str, V.Violation]]:
             found = check()
             if found is not None:
                 yield table, found
+
+
+# ------------------------------------------------------------------------ files and tables
+
+
+def _ranges_text(values: np.ndarray, limit: int = 4) -> str:
+    """``12-23, 30, 41-44`` for sorted distinct ints (first ``limit`` ranges, then ``(+N more)``)."""
+    values = np.asarray(values, dtype=np.int64)
+    breaks = np.flatnonzero(np.diff(values) != 1) + 1
+    runs = [(int(chunk[0]), int(chunk[-1])) for chunk in np.split(values, breaks)]
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:limit])
+    return text + (f" (+{len(runs) - limit} more ranges)" if len(runs) > limit else "")
+
+
+def _part_name(index: int) -> str:
+    return f"part-{index:05d}.parquet"
+
+
+def _recorded_counts(run_dir: Path, manifest: Manifest) -> dict[str, tuple[int, int]] | None:
+    """``manifest.table_counts`` as ``{table: (parts, rows)}``, or ``None`` when not recorded."""
+    counts = manifest.table_counts
+    if counts is None:
+        return None
+    path = Path(run_dir) / MANIFEST_FILE
+    out = {}
+    for table in TABLE_NAMES:
+        entry = counts.get(table)
+        values = [entry.get(k) if isinstance(entry, dict) else None for k in ("parts", "rows")]
+        for key, value in zip(("parts", "rows"), values):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise TraceError(
+                    path,
+                    "manifest",
+                    None,
+                    f"manifest.table_counts.{table}.{key}: expected an integer >= 0, got {value!r}",
+                )
+        out[table] = (values[0], values[1])
+    return out
+
+
+def check_part_files(run_dir: str | Path, manifest: Manifest) -> None:
+    """Check the part files of every table from the directory listing alone (no file is read).
+
+    - Part numbers run ``00000, 00001, ...`` without gaps: the writer numbers parts that way and
+      never deletes one (checked for every run written with ``table_counts`` and every run never
+      resumed: writers before ``table_counts`` existed deleted parts emptied by a resume).
+    - When the manifest records ``table_counts``, each table has exactly that many parts.
+
+    Raises:
+        TraceError: naming the table folder, the missing part(s) and what was expected.
+    """
+    run_dir = Path(run_dir)
+    recorded = _recorded_counts(run_dir, manifest)
+    gap_free = recorded is not None or not manifest.resumed_at
+    for table in TABLE_NAMES:
+        folder = run_dir / table
+        indices = [index for index, _ in list_parts(run_dir, table)]
+        if gap_free and indices and indices != list(range(len(indices))):
+            expected = next(i for i, index in enumerate(indices) if index != i)
+            found = indices[expected]
+            missing = (
+                _part_name(expected)
+                if found == expected + 1
+                else (f"{_part_name(expected)} .. {_part_name(found - 1)}")
+            )
+            after = f"jump from {expected - 1:05d} to {found:05d}" if expected else f"start at {found:05d}"
+            raise TraceError(
+                folder,
+                table,
+                None,
+                f"{missing} missing: part numbers {after} (the writer numbers parts 00000, "
+                "00001, ... without gaps; a part was deleted or not copied)",
+            )
+        if recorded is not None and len(indices) != recorded[table][0]:
+            parts = recorded[table][0]
+            if len(indices) < parts:
+                what = f"{_part_name(len(indices))}" + (
+                    f" .. {_part_name(parts - 1)}" if parts - len(indices) > 1 else ""
+                )
+                message = f"{what} missing: manifest.table_counts records {parts} parts, found {len(indices)}"
+            else:
+                message = (
+                    f"{len(indices)} parts, manifest.table_counts records {parts}: "
+                    f"{_part_name(indices[parts])} and later were not written by this run's writer"
+                )
+            raise TraceError(folder, table, None, message)
+
+
+def _group_ends(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start index and length of each run of equal values in a sorted 1-D array."""
+    if len(sorted_keys) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+    return starts, np.diff(np.r_[starts, len(sorted_keys)])
+
+
+def consistency_errors(run: TraceRun) -> Iterator[TraceError]:
+    """Cross-table checks that lost rows (a deleted part) break; exact for runs of our writer.
+
+    Only rows of finished requests (those with a ``requests`` row) are checked: the writer flushes
+    ``requests`` after every other table, so all rows of a finished request are on disk.
+
+    - ``manifest.table_counts`` (when recorded): each table holds that many rows.
+    - ``cycles``: a finished request's ``cycle_index`` values are ``0..n-1`` without gaps.
+    - ``cycles``: a finished request's cycle ``i`` starts at ``position`` = tokens committed by its
+      cycles ``0..i-1``, and its cycles commit ``len(generated_token_ids)`` tokens in all.
+    - ``cycles``: when the run has cycles, every finished request with generated tokens has cycles
+      (every generated token is committed by a cycle).
+    - dense runs: every ``(request_id, position)`` of a cycle has its tree in ``nodes`` (a dense
+      cycle verifies the whole tree at its position, and ``live.record`` writes both).
+    - ``transfers``: each ``(request_id, cycle_index)`` names a cycle.
+    """
+    run_dir = run.run_dir
+    recorded = _recorded_counts(run_dir, run.manifest)
+    if recorded is not None:
+        for table in TABLE_NAMES:
+            rows = run.num_rows(table)
+            if rows != recorded[table][1]:
+                yield TraceError(
+                    run_dir / table,
+                    table,
+                    None,
+                    f"parts hold {rows} rows, manifest.table_counts records {recorded[table][1]} "
+                    "(a part was replaced or truncated after the run was written)",
+                )
+                return
+    finished = run.request_ids
+    c_rid = _col(run, "cycles", "request_id").astype(np.int64)
+    c_index = _col(run, "cycles", "cycle_index").astype(np.int64)
+    c_pos = _col(run, "cycles", "position").astype(np.int64)
+    keep = np.isin(c_rid, finished)
+    c_rid, c_index, c_pos = c_rid[keep], c_index[keep], c_pos[keep]
+    order = np.lexsort((c_index, c_rid))
+    s_rid, s_index = c_rid[order], c_index[order]
+    starts, sizes = _group_ends(s_rid)
+    if len(starts):
+        last = s_index[starts + sizes - 1]
+        first = s_index[starts]
+        bad = V.first_true((first != 0) | (last != sizes - 1))
+        if bad is not None:
+            lo, n = int(starts[bad]), int(sizes[bad])
+            present = s_index[lo : lo + n]
+            missing = np.setdiff1d(np.arange(int(present.max()) + 1), present)
+            others = int(np.count_nonzero((first != 0) | (last != sizes - 1))) - 1
+            yield TraceError(
+                run_dir / "cycles",
+                "cycles",
+                None,
+                f"request {int(s_rid[lo])} cycle_index {_ranges_text(missing)} missing "
+                f"(has {n} cycles up to cycle_index {int(present.max())}; expected 0..n-1)"
+                + (f"; {others} more requests have gaps" if others > 0 else ""),
+            )
+            return
+    generated = pc.list_value_length(run.arrow("requests").column("generated_token_ids"))
+    generated = np.nan_to_num(generated.to_numpy(zero_copy_only=False).astype(np.float64)).astype(np.int64)
+    req_ids = _col(run, "requests", "request_id").astype(np.int64)
+    if len(starts):
+        committed = _col(run, "cycles", "num_committed").astype(np.int64)[keep][order]
+        s_pos = c_pos[order]
+        total = np.cumsum(committed)
+        before = total - committed - np.repeat(total[starts] - committed[starts], sizes)
+        bad = V.first_true(s_pos != before)
+        if bad is not None:
+            yield TraceError(
+                run_dir / "cycles",
+                "cycles",
+                None,
+                f"request {int(s_rid[bad])} cycle_index {int(s_index[bad])} has position {int(s_pos[bad])}, "
+                f"expected {int(before[bad])} (tokens committed by its cycles before it): cycles are missing",
+            )
+            return
+        sums = np.add.reduceat(committed, starts)
+        lookup = dict(zip(req_ids.tolist(), generated.tolist()))
+        expected = np.asarray([lookup[int(r)] for r in s_rid[starts]], dtype=np.int64)
+        bad = V.first_true(sums != expected)
+        if bad is not None:
+            yield TraceError(
+                run_dir / "cycles",
+                "cycles",
+                None,
+                f"request {int(s_rid[starts[bad]])}: its {int(sizes[bad])} cycles commit {int(sums[bad])} "
+                f"tokens, its requests row has {int(expected[bad])} generated tokens: cycles are missing",
+            )
+            return
+    if run.num_rows("cycles"):
+        lacking = np.sort(req_ids[(generated > 0) & ~np.isin(req_ids, c_rid)])
+        if len(lacking):
+            yield TraceError(
+                run_dir / "cycles",
+                "cycles",
+                None,
+                f"finished request(s) {_ranges_text(lacking)} have generated tokens but no cycles "
+                f"({len(lacking)} of {len(req_ids)} requests; every generated token is committed by a cycle)",
+            )
+            return
+    if run.manifest.run.mode == "dense" and len(c_rid):
+        arrays = run.node_arrays()
+        width = np.int64(1) << 32
+        tree_keys = arrays.request_ids * width + arrays.positions
+        cycle_keys = c_rid * width + c_pos
+        no_tree = ~np.isin(cycle_keys, tree_keys)
+        if no_tree.any():
+            rids = np.unique(c_rid[no_tree])
+            rid = int(rids[0])
+            positions = np.unique(c_pos[no_tree & (c_rid == rid)])
+            more = f"; {len(rids) - 1} more requests lack trees" if len(rids) > 1 else ""
+            yield TraceError(
+                run_dir / "nodes",
+                "nodes",
+                None,
+                f"request {rid} positions {_ranges_text(positions)} have cycles but no tree "
+                f"({int(no_tree.sum())} of {len(c_rid)} cycles of finished requests lack their tree{more}; "
+                "a dense run records the tree of every cycle)",
+            )
+            return
+    t_rid = _col(run, "transfers", "request_id").astype(np.int64)
+    t_index = _col(run, "transfers", "cycle_index").astype(np.int64)
+    width = np.int64(1) << 32
+    orphan = np.isin(t_rid, finished) & ~np.isin(t_rid * width + t_index, c_rid * width + c_index)
+    row = V.first_true(orphan)
+    if row is not None:
+        file, local = run._load("transfers").locate(row)
+        yield TraceError(
+            file,
+            "transfers",
+            local,
+            f"request {int(t_rid[row])} cycle_index {int(t_index[row])} has no row in table 'cycles' "
+            f"({int(orphan.sum())} transfer rows name missing cycles)",
+        )

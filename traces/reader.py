@@ -3,7 +3,8 @@
 ``open_run(run_dir)`` reads ``manifest.json``, checks every Parquet part of every table against
 the column specs of :mod:`traces.schema` (readable file, format version, required columns,
 column types) and, by default, validates all values (ranges, tree structure, references
-between tables). Any problem raises :class:`~traces.errors.TraceError` naming the file, the
+between tables) and that no rows were lost (part numbering, ``manifest.table_counts``, tables
+that must agree, :mod:`traces.checks`). Any problem raises :class:`~traces.errors.TraceError` naming the file, the
 table and the row; pyarrow's own exceptions never escape.
 
 Runs whose manifest says ``complete: false`` (a writer still running, or killed) are readable:
@@ -545,17 +546,21 @@ class TraceRun:
 
     # ------------------------------------------------------------------------- validation
     def validate(self) -> None:
-        """Read every table and check every value (see :mod:`traces.validate`).
+        """Read every table and check every value (:mod:`traces.validate`, :mod:`traces.checks`),
+        then that the tables agree with each other and with ``manifest.table_counts``
+        (:func:`traces.checks.consistency_errors`: lost rows, e.g. a deleted part).
 
         Raises:
-            TraceError: the first problem found, naming file, table and row.
+            TraceError: the first problem found, naming file (or table folder), table and row.
         """
         for table in TABLE_NAMES:
             self._load(table)
-        from traces.checks import run_checks
+        from traces.checks import consistency_errors, run_checks
 
         for table, violation in run_checks(self):
             raise self._error(table, violation)
+        for error in consistency_errors(self):
+            raise error
 
 
 def open_run(run_dir: str | os.PathLike[str], *, validate: bool = True) -> TraceRun:
@@ -563,13 +568,21 @@ def open_run(run_dir: str | os.PathLike[str], *, validate: bool = True) -> Trace
 
     Args:
         run_dir: directory holding ``manifest.json`` and the table folders.
-        validate: read and check every table now (default); ``False`` only reads the manifest,
-            tables are then read (and their schemas checked) on first use.
+        validate: read and check every table now (default), including the cross-table checks
+            that find lost rows (:func:`traces.checks.consistency_errors`); ``False`` only reads
+            the manifest and lists the part files (numbering without gaps, counts recorded in the
+            manifest: :func:`traces.checks.check_part_files`), tables are then read (and their
+            schemas checked) on first use.
 
     Raises:
-        TraceError: missing/bad manifest, unreadable part, missing column, wrong type or bad value.
+        TraceError: missing/bad manifest, missing part file, unreadable part, missing column,
+            wrong type, bad value, or tables that disagree (rows lost).
     """
-    run = TraceRun(run_dir, read_manifest(run_dir))
+    from traces.checks import check_part_files
+
+    manifest = read_manifest(run_dir)
+    check_part_files(run_dir, manifest)
+    run = TraceRun(run_dir, manifest)
     if validate:
         run.validate()
     return run

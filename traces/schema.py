@@ -314,6 +314,9 @@ class Manifest:
         format_version: :data:`FORMAT_VERSION`; complete: set true by ``close(complete=True)``.
         resumed_at: UTC ISO times the run was re-opened with resume.
         config: the resolved configuration (free-form JSON object).
+        table_counts: ``{table: {"parts": P, "rows": R}}`` of every table, recorded by
+            ``TraceWriter.close`` (``None`` while the run is being written, and in traces written
+            before this field existed); the reader checks the files against it.
     """
 
     model: ModelSpec
@@ -328,6 +331,7 @@ class Manifest:
     complete: bool = False
     resumed_at: tuple[str, ...] = ()
     config: dict[str, Any] = field(default_factory=dict)
+    table_counts: dict[str, Any] | None = None
 
     @classmethod
     def create(

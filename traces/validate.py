@@ -76,7 +76,7 @@ def check_expert_ids(expert_ids: np.ndarray, num_experts: int, top_k: int) -> Vi
 def check_router_weights(router_weights: np.ndarray) -> Violation | None:
     """Router weights ``[R, ...]``: finite and ``>= 0``."""
     w = np.asarray(router_weights)
-    flat = w.reshape(w.shape[0], -1)
+    flat = w.reshape(w.shape[0], int(np.prod(w.shape[1:], dtype=np.int64)))  # also for 0 rows
     row = first_true((~np.isfinite(flat) | (flat < 0)).any(axis=1))
     if row is not None:
         value = flat[row][~np.isfinite(flat[row]) | (flat[row] < 0)][0]

@@ -70,7 +70,8 @@ class TraceWriter:
         FileExistsError: ``run_dir`` holds files and ``resume`` is false.
         FileNotFoundError: ``resume`` is true and there is no ``manifest.json``.
         ValueError: on resume, a model spec that differs from the stored one (naming the field).
-        traces.errors.TraceError: on resume, existing parts that do not validate.
+        traces.errors.TraceError: on resume, existing parts that do not validate, or a lost part
+            (a gap in part numbering, or fewer parts than ``manifest.table_counts`` records).
 
     Input errors of the ``add_*`` methods raise ``ValueError`` naming the argument and row.
     """
@@ -96,6 +97,8 @@ class TraceWriter:
         self._buffers: dict[str, list[pa.RecordBatch]] = {t: [] for t in TABLE_NAMES}
         self._buffered_rows = dict.fromkeys(TABLE_NAMES, 0)
         self._next_part = dict.fromkeys(TABLE_NAMES, 0)
+        self._parts_on_disk = dict.fromkeys(TABLE_NAMES, 0)  # -> manifest.table_counts at close
+        self._rows_on_disk = dict.fromkeys(TABLE_NAMES, 0)
         self._request_ids: set[int] = set()
         self._tree_keys: set[tuple[int, int]] = set()  # (request_id, position) of written trees
         self._cycle_keys: set[tuple[int, int]] = set()  # (request_id, cycle_index) of written cycles
@@ -105,7 +108,7 @@ class TraceWriter:
             manifest = self._resume(manifest)
         else:
             self._create()
-            manifest = manifest.replace(complete=False)
+            manifest = manifest.replace(complete=False, table_counts=None)
         self.manifest = manifest
         self._schemas = {t: arrow_schema(t, manifest.model) for t in TABLE_NAMES}
         model = manifest.model
@@ -141,9 +144,12 @@ class TraceWriter:
             folder.mkdir(exist_ok=True)
             for tmp in folder.glob(".*.tmp"):
                 tmp.unlink()
+        self._restore_or_check_numbering(stored)
         for _, path in list_parts(self.run_dir, "requests"):
             ids = read_part(path, "requests", stored).column("request_id").to_numpy()
             self._request_ids.update(int(r) for r in ids)
+            self._parts_on_disk["requests"] += 1
+            self._rows_on_disk["requests"] += len(ids)
         keep = pa.array(sorted(self._request_ids), type=pa.int64())
         for table in TABLE_NAMES:
             parts = list_parts(self.run_dir, table)
@@ -155,16 +161,34 @@ class TraceWriter:
                 mask = pc.is_in(part.column("request_id"), value_set=keep)
                 num_kept = pc.sum(mask).as_py() or 0
                 self._remember_keys(table, part.filter(mask))
+                self._parts_on_disk[table] += 1
+                self._rows_on_disk[table] += num_kept
                 if num_kept == part.num_rows:
                     continue
                 self.dropped_rows[table] += part.num_rows - num_kept
-                if num_kept == 0:
-                    path.unlink()
-                else:
-                    write_part(
-                        path, part.filter(mask), compression_level=self.compression_level, fsync=self.fsync
-                    )
-        return stored.replace(complete=False, resumed_at=(*stored.resumed_at, utc_now_iso()))
+                # a part left with no rows is kept as an empty part (not deleted), so part numbers
+                # stay gap-free and the reader can tell a lost part from a dropped one
+                write_part(
+                    path, part.filter(mask), compression_level=self.compression_level, fsync=self.fsync
+                )
+        return stored.replace(
+            complete=False, resumed_at=(*stored.resumed_at, utc_now_iso()), table_counts=None
+        )
+
+    def _restore_or_check_numbering(self, stored: Manifest) -> None:
+        """Before resuming: a run resumed by a writer from before ``table_counts`` may lack parts
+        that writer deleted when a resume emptied them; they come back as empty parts so numbering
+        is gap-free again. Any other run must pass :func:`traces.checks.check_part_files` (a lost
+        part is refused, not built upon)."""
+        from traces.checks import check_part_files
+
+        if stored.resumed_at and stored.table_counts is None:
+            for table in TABLE_NAMES:
+                present = {index for index, _ in list_parts(self.run_dir, table)}
+                for index in sorted(set(range(max(present, default=-1))) - present):
+                    empty = arrow_schema(table, stored.model).empty_table()
+                    write_part(part_path(self.run_dir, table, index), empty, fsync=self.fsync)
+        check_part_files(self.run_dir, stored)
 
     def _remember_keys(self, table: str, part: pa.Table) -> None:
         second = {"nodes": "position", "cycles": "cycle_index"}.get(table)
@@ -437,6 +461,8 @@ class TraceWriter:
             fsync=self.fsync,
         )
         self._next_part[table] = index + 1
+        self._parts_on_disk[table] += 1
+        self._rows_on_disk[table] += data.num_rows
         self._buffers[table] = []
         self._buffered_rows[table] = 0
 
@@ -449,11 +475,13 @@ class TraceWriter:
         self._last_flush_at = time.monotonic()
 
     def close(self, complete: bool = True) -> None:
-        """Flush and rewrite the manifest with ``complete``; idempotent."""
+        """Flush and rewrite the manifest with ``complete`` and ``table_counts`` (parts and rows
+        of every table on disk, checked by the reader); idempotent."""
         if self._closed:
             return
         self.flush()
-        self.manifest = self.manifest.replace(complete=bool(complete))
+        counts = {t: {"parts": self._parts_on_disk[t], "rows": self._rows_on_disk[t]} for t in TABLE_NAMES}
+        self.manifest = self.manifest.replace(complete=bool(complete), table_counts=counts)
         write_manifest(self.run_dir, self.manifest, fsync=self.fsync)
         self._closed = True
 
