@@ -75,8 +75,8 @@ from calibration.costfit import WEIGHTINGS, FitOptions, fit_cost_model
 from specfit.cli import (
     ArgumentParser,
     comma_list,
+    gb_per_s,
     non_negative_float,
-    positive_float,
     positive_int,
     print_summary,
     run_main,
@@ -133,9 +133,10 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument(
         "--bandwidth",
-        type=comma_list(positive_float),
+        type=comma_list(gb_per_s),
         default=[1.0, 8.0],
-        help="emulated H2D bandwidths in GB/s (CPU); on a GPU one value, a label of the real link",
+        help="emulated H2D bandwidths in GB/s (CPU; 1 GB = 1e9 B, at most 10,000); on a GPU one value, a "
+        "label of the real link",
     )
     p.add_argument(
         "--latency-us", type=non_negative_float, default=20.0, help="emulated per-transfer latency (us)"
@@ -531,26 +532,74 @@ def noise_line(summary: dict[str, Any], repeats: int) -> str:
     )
 
 
-def _experts_per_layer(model: str) -> int | None:
-    """Routed experts per layer from a checkpoint's ``config.json`` (``None`` when not stated)."""
+def _model_config(model: str) -> dict[str, Any]:
+    """A checkpoint's ``config.json`` (its ``text_config`` when nested); ``{}`` when unreadable."""
     if model == "default":
         from live.assets import default_model_paths
 
         try:
             folder = default_model_paths()[0]
         except FileNotFoundError:
-            return None
+            return {}
     else:
         folder = Path(model)
     try:
         config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
-        return None
+        return {}
     config = config.get("text_config", config) if isinstance(config, dict) else {}
+    return config if isinstance(config, dict) else {}
+
+
+def _experts_per_layer(model: str) -> int | None:
+    """Routed experts per layer from a checkpoint's ``config.json`` (``None`` when not stated)."""
+    config = _model_config(model)
     for key in ("num_experts", "num_local_experts", "n_routed_experts"):
         if isinstance(config.get(key), int):
             return int(config[key])
     return None
+
+
+def _moe_layers(model: str) -> int | None:
+    """MoE decoder layers (dense ones not counted) from a checkpoint's ``config.json``, as the
+    architectures place them: Qwen-MoE ``mlp_only_layers`` / ``decoder_sparse_step``, DeepSeek
+    ``first_k_dense_replace`` / ``moe_layer_freq``, else every layer (Mixtral, OLMoE).
+    ``None`` when the file does not state the layer count."""
+    config = _model_config(model)
+    layers = config.get("num_hidden_layers")
+    if not isinstance(layers, int) or _experts_per_layer(model) is None:
+        return None
+    try:
+        if "first_k_dense_replace" in config or "moe_layer_freq" in config:
+            first = int(config.get("first_k_dense_replace") or 0)
+            freq = max(1, int(config.get("moe_layer_freq") or 1))
+            return sum(1 for i in range(layers) if i >= first and i % freq == 0)
+        dense = {int(i) for i in config.get("mlp_only_layers") or []}
+        step = max(1, int(config.get("decoder_sparse_step") or 1))
+    except (TypeError, ValueError):
+        return None  # a layout this check does not know: left to the engine
+    return sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
+
+
+def check_cost(args: Any, parser: ArgumentParser) -> CycleCostModel | None:
+    """Load and check ``--cost`` before any work: a readable, valid ``CycleCostModel`` JSON whose
+    ``num_layers`` matches the model's MoE layers. Exits 2 naming ``--cost`` and the field."""
+    if args.cost is None:
+        return None
+    if not Path(args.cost).is_file():
+        parser.fail("--cost", f"no such file: {args.cost} (expected a CycleCostModel JSON)")
+    try:
+        cost = CycleCostModel.load(args.cost)
+    except ValueError as exc:
+        parser.fail("--cost", str(exc))
+    layers = _moe_layers(args.model)
+    if layers is not None and cost.num_layers != layers:
+        parser.fail(
+            "--cost",
+            f"{args.cost}: field 'num_layers' is {cost.num_layers} but the model {args.model!r} has "
+            f"{layers} MoE layers (calibrate the cost on this model)",
+        )
+    return cost
 
 
 def check_model_and_prompts(args: Any, parser: ArgumentParser) -> None:
@@ -581,8 +630,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad = [p for p in args.policies if p not in GRID_POLICIES]
     if bad:
         parser.fail("--policies", f"expected names from {list(GRID_POLICIES)}, got {bad}")
-    if args.cost is not None and not Path(args.cost).is_file():
-        parser.fail("--cost", f"no such file: {args.cost}")
     if not args.device.startswith("cpu") and len(args.bandwidth) > 1:
         parser.fail(
             "--bandwidth", "on a GPU the real link is measured: give one value (it only labels the cells)"
@@ -590,10 +637,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.model != "default" and not Path(args.model).is_dir():
         parser.fail("--model", f"{args.model!r} is not a checkpoint directory (or 'default')")
     check_model_and_prompts(args, parser)
-    out = Path(
-        args.out or Path("runs") / "validate" / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    check_cost(args, parser)
+    out = parser.ensure_out_dir(
+        "--out",
+        args.out or Path("runs") / "validate" / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ"),
     )
-    out.mkdir(parents=True, exist_ok=True)
     import torch
 
     threads = torch.get_num_threads()

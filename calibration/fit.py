@@ -353,6 +353,12 @@ def _json_safe(obj: Any) -> Any:
     return obj
 
 
+def _finite(value: Any) -> bool:
+    import math
+
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status (see the module docstring)."""
     parser = build_parser()
@@ -361,6 +367,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.fail("--h2d-table", "give either --h2d-table or --h2d-latency-us, not both")
     if args.h2d_table is not None and not Path(args.h2d_table).is_file():
         parser.fail("--h2d-table", f"no such file: {args.h2d_table}")
+    if Path(args.out).is_dir():
+        parser.fail("--out", f"{args.out!r} is a folder; expected the cost JSON file to write (e.g. {DEFAULT_OUT})")
+    parser.ensure_out_dir("--out", Path(args.out).parent)  # --out is a file: its folder, before the fit
     try:
         summary = calibrate(args, parser)
     except (RunInputError, CalibrationDataError, AcceptanceDataError, ValueError) as exc:
@@ -370,6 +379,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary["ok"] = True
     if summary["cost"] is None:
         print(f"{summary['note']}: acceptance -> {summary.get('acceptance')}")
+    elif args.holdout == 0 or not _finite(summary.get("cycle_heldout_median_pct")):
+        why = "--holdout 0" if args.holdout == 0 else f"too few cycles for --holdout {args.holdout:g}"
+        print(f"cost model -> {summary['cost']}: no held-out cycles ({why})")
     else:
         print(
             f"cost model -> {summary['cost']}: held-out cycle error median "

@@ -31,6 +31,7 @@ from calibration.link import fit_link
 from specfit.cli import (
     ArgumentParser,
     comma_list,
+    gb_per_s,
     non_negative_float,
     positive_float,
     positive_int,
@@ -60,15 +61,16 @@ def build_parser() -> ArgumentParser:
         "--sizes-mib",
         type=comma_list(positive_float),
         default=[0.0625, 0.25, 1.0, 4.0, 16.0],
-        help="transfer sizes in MiB (2**20 bytes), comma-separated",
+        help="transfer sizes in MiB (2**20 bytes), comma-separated; >= 2 distinct sizes (they separate "
+        "bandwidth from latency)",
     )
     p.add_argument("--repeats", type=positive_int, default=8, help="timed transfers per size (count)")
     p.add_argument("--warmup", type=int, default=2, help="untimed transfers per size (count)")
     p.add_argument(
         "--bandwidth",
-        type=positive_float,
+        type=gb_per_s,
         default=16.0,
-        help="emulated link bandwidth in GB/s (CPU, 1 GB = 1e9 B)",
+        help="emulated link bandwidth in GB/s (CPU, 1 GB = 1e9 B; at most 10,000)",
     )
     p.add_argument(
         "--latency-us",
@@ -205,14 +207,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.fail("--warmup", f"expected an integer >= 0, got {args.warmup}")
     if args.torch_threads < 0:
         parser.fail("--torch-threads", f"expected an integer >= 0, got {args.torch_threads}")
+    sizes = sorted({max(2, int(round(s * BYTES_PER_MIB))) for s in args.sizes_mib})
+    if len(sizes) < 2:
+        shown = ",".join(f"{s:g}" for s in args.sizes_mib)
+        parser.fail(
+            "--sizes-mib",
+            f"needs >= 2 sizes to separate bandwidth and latency, got {shown!r} ({len(sizes)} distinct "
+            f"size in bytes: {sizes[0]})",
+        )
     import torch
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.fail(
+            "--device", "'cuda' is not available here (torch.cuda.is_available() is False); use cpu or auto"
+        )
+    out = parser.ensure_out_dir("--out-dir", args.out_dir)  # before any transfer is timed
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    sizes = sorted({max(2, int(round(s * BYTES_PER_MIB))) for s in args.sizes_mib})
     try:
         table = measure(
             device,
@@ -227,8 +241,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         print_summary({"ok": False, "error": str(exc)})
         return 1
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "h2d.csv", index=False)
     result.update(device=device, sizes_bytes=sizes, repeats=args.repeats)
     (out / "h2d.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -37,9 +37,9 @@ from typing import Any
 from live.spec.names import CACHE_POLICIES, DTYPES, LIVE_POLICIES, LIVE_PREDICTORS, MODES, PLANNED_POLICIES
 from specfit.cli import (
     ArgumentParser,
+    gb_per_s,
     non_negative_float,
     non_negative_int,
-    positive_float,
     positive_int,
     print_summary,
 )
@@ -127,9 +127,9 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument(
         "--bandwidth",
-        type=positive_float,
+        type=gb_per_s,
         default=None,
-        help="emulated H2D bandwidth (GB/s, 1 GB = 1e9 B); default: plain copy",
+        help="emulated H2D bandwidth (GB/s, 1 GB = 1e9 B, at most 10,000); default: plain copy",
     )
     p.add_argument(
         "--latency-us", type=non_negative_float, default=0.0, help="emulated per-transfer latency (us)"
@@ -334,7 +334,7 @@ def resolve_config(args: Any, parser: ArgumentParser, explicit: set[str] | None 
             "--policy",
             "only with --mode policy (--mode dense verifies the full drafted tree at every position)",
         )
-    if not args.resume and args.out is not None and Path(args.out).exists() and any(Path(args.out).iterdir()):
+    if not args.resume and args.out is not None and Path(args.out).is_dir() and any(Path(args.out).iterdir()):
         parser.fail("--out", f"{args.out} exists and is not empty (pass --resume to continue it)")
     if args.model != "default" and not Path(args.model).is_dir():
         parser.fail("--model", f"{args.model!r} is not a checkpoint directory (or 'default')")
@@ -430,6 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     config = resolve_config(args, parser, explicit_flags(argv))
+    parser.ensure_out_dir("--out", config.out)  # before the model loads
     head = {"run_dir": str(Path(config.out)), "mode": config.mode, "policy": config.policy}
     if config.resume:
         from traces.reader import read_manifest

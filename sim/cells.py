@@ -102,11 +102,12 @@ def parse_cache_sizes(items: Sequence[str], num_experts: int) -> list[tuple[int,
     """Resolve ``--cache`` items to ``(experts per layer, fraction of E)``, in the given order.
 
     An item with a ``.`` (``"0.25"``) or a ``%`` (``"25%"``) is a fraction of the ``num_experts``
-    experts per layer (rounded to the nearest count); otherwise it is a count (``"32"``).
+    experts per layer (rounded to the nearest count); otherwise it is a count (``"32"``). Only an
+    explicit count ``0`` means no cache: a fraction that rounds to 0 experts is an error.
 
     Raises:
-        ValueError: not a number, a fraction outside (0, 1], a negative count or one above
-            ``num_experts``; the message names ``--cache`` and the item.
+        ValueError: not a number, a fraction outside (0, 1] or one that rounds to 0 experts, a
+            negative count or one above ``num_experts``; the message names ``--cache`` and the item.
     """
     out: list[tuple[int, float]] = []
     for raw in items:
@@ -125,6 +126,12 @@ def parse_cache_sizes(items: Sequence[str], num_experts: int) -> list[tuple[int,
             if not 0 < frac <= 1:
                 raise ValueError(f"--cache: a fraction must be in (0, 1], got {text!r}")
             count = int(round(frac * num_experts))
+            if count == 0:
+                raise ValueError(
+                    f"--cache: {text!r} of the trace's {num_experts} experts per layer is "
+                    f"{frac * num_experts:.3g} experts, which rounds to 0 (no cache); give 0 explicitly for "
+                    f"no cache, else a fraction >= {1.0 / num_experts:.3g} (1 expert) or a count"
+                )
         if not 0 <= count <= num_experts:
             raise ValueError(
                 f"--cache: {text!r} gives {count} experts per layer; the trace has {num_experts}"

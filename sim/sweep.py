@@ -10,16 +10,26 @@ command resumes): ``cells/<cell_id>.json`` (one per finished cell, written as it
 ``results.parquet`` and ``results.csv`` (one tidy row per cell), ``table.txt``,
 ``throughput_vs_bandwidth.png`` and ``sweep.json`` (resolved config, command line, versions,
 seed). The last stdout line is a JSON summary.
+
+Bandwidths: ``--bandwidth`` when given (it replaces the cost's link bandwidth, and the header
+says so); otherwise the link's bandwidth when ``--cost`` names one (``COMPUTE+LINK``), else
+16, 32 and 64 GB/s. Ctrl-C stops the worker processes, keeps the finished cells (re-running the
+same command skips them), prints a JSON summary with ``"interrupted": true`` and exits 130.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import multiprocessing
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import BrokenExecutor, InvalidStateError
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +38,32 @@ import pandas as pd
 from sim.cells import CellSpec, make_cells, parse_cache_sizes
 from sim.config import DEFAULT_POLICIES, canonical_policy
 from sim.executors import EXECUTORS, RayAddressError, run_cells
-from sim.presets import DEFAULT_COST, preset_names, resolve_cost
+from sim.presets import DEFAULT_COST, link_presets, preset_names, resolve_cost
 from sim.report import format_table, plot_throughput, results_frame
 from sim.traceselect import SyntheticSpec, resolve_trace
 from specfit.cli import (
     ArgumentParser,
     comma_list,
+    gb_per_s,
     non_negative_float,
     non_negative_int,
-    positive_float,
     positive_int,
     print_summary,
     run_main,
 )
-from specfit.units import bytes_to_gb, us_to_s
+from specfit.units import bytes_per_s_to_gb_per_s, bytes_to_gb, us_to_s
 
 DEFAULT_MODEL_SHAPE = "qwen3-30b-a3b"
+DEFAULT_BANDWIDTHS = (16.0, 32.0, 64.0)
+REPEATED_SIGINT_S = 2.0  # a second SIGINT this soon after the first is the same Ctrl-C (seconds)
+
+
+class _DefaultList(list):
+    """A list flag's default value: told apart from the same values given on the command line."""
+
+
+class _DefaultText(str):
+    """A text flag's default value: told apart from the same text given on the command line."""
 MODES = {"off": (False,), "on": (True,), "both": (False, True)}
 
 
@@ -66,6 +86,73 @@ def _load_done(cells_dir: Path, wanted: set[str]) -> dict[str, dict[str, Any]]:
                 except (OSError, json.JSONDecodeError):
                     continue
     return done
+
+
+class _workers_stop_on_interrupt:  # noqa: N801 - used as a context manager
+    """While active, SIGINT (Ctrl-C) stops this process's worker processes at once.
+
+    With workers running (the local pool), the handler only terminates them and sets
+    :attr:`interrupted`: raising in the main thread at an arbitrary point could leave a lock of
+    the pool's futures held and hang its shutdown. The pool then fails with ``BrokenExecutor``,
+    which :func:`run_sweep` turns into :class:`KeyboardInterrupt`. Without workers (``--jobs 1``,
+    Ray) it raises :class:`KeyboardInterrupt` as Python does. A second SIGINT within
+    :data:`REPEATED_SIGINT_S` is the same Ctrl-C delivered twice and is ignored; a later one
+    raises. Forked workers inherit the handler and ignore SIGINT (a terminal's Ctrl-C reaches
+    them too; the parent stops them), so no worker prints a traceback. No-op outside the main
+    thread.
+    """
+
+    def __enter__(self) -> _workers_stop_on_interrupt:
+        self.previous = None
+        self.previous_hook = threading.excepthook
+        self.interrupted_at: float | None = None
+        if threading.current_thread() is threading.main_thread():
+            parent = os.getpid()
+
+            def on_sigint(signum: int, frame: Any) -> None:
+                if os.getpid() != parent:
+                    return  # a forked worker: the parent terminates it
+                now = time.monotonic()
+                if self.interrupted_at is not None:
+                    if now - self.interrupted_at < REPEATED_SIGINT_S:
+                        return  # the same Ctrl-C again (timeout(1) signals the process and its group)
+                    raise KeyboardInterrupt  # a later Ctrl-C: stop waiting for the pool's shutdown
+                self.interrupted_at = now
+                children = multiprocessing.active_children()
+                if not children:
+                    raise KeyboardInterrupt
+                for child in children:
+                    child.terminate()
+                # let the pool's manager thread mark every future broken before the executor
+                # cancels the pending ones (bounded: it may need a future's lock this thread holds)
+                for thread in threading.enumerate():
+                    if type(thread).__name__ == "_ExecutorManagerThread":
+                        thread.join(timeout=2.0)
+
+            def quiet_hook(hook_args: Any) -> None:
+                # Python 3.11's pool manager fails on a future cancelled while it marks them broken
+                if self.interrupted and hook_args.exc_type is InvalidStateError:
+                    return
+                self.previous_hook(hook_args)
+
+            self.previous = signal.signal(signal.SIGINT, on_sigint)
+            threading.excepthook = quiet_hook
+        return self
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether a SIGINT arrived while active."""
+        return self.interrupted_at is not None
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            threading.excepthook = self.previous_hook
+
+
+def cells_done(cells: Sequence[CellSpec], out_dir: str | Path) -> int:
+    """How many of ``cells`` are finished under ``out_dir`` (``cells/<cell_id>.json`` readable)."""
+    return len(_load_done(Path(out_dir) / "cells", {c.cell_id for c in cells}))
 
 
 def run_sweep(
@@ -115,15 +202,21 @@ def run_sweep(
         done[cell.cell_id] = json.loads(json.dumps(row, sort_keys=True))  # exactly what a resume reads
         bar.update(1)
 
+    stopper = _workers_stop_on_interrupt()
     try:
-        run_cells(
-            todo,
-            on_result,
-            executor=executor,
-            jobs=jobs,
-            ray_address=ray_address,
-            cycles_dir=str(out / "cycles") if per_cycle else None,
-        )
+        with stopper:
+            run_cells(
+                todo,
+                on_result,
+                executor=executor,
+                jobs=jobs,
+                ray_address=ray_address,
+                cycles_dir=str(out / "cycles") if per_cycle else None,
+            )
+    except BrokenExecutor:
+        if stopper.interrupted:
+            raise KeyboardInterrupt from None  # the workers were stopped by Ctrl-C
+        raise
     finally:
         bar.close()
     rows = [done[c.cell_id] for c in cells]
@@ -135,9 +228,10 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m sim.sweep", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--bandwidth",
-        type=comma_list(positive_float),
-        default=[16.0, 32.0, 64.0],
-        help="H2D bandwidths, GB/s (1 GB = 1e9 bytes), comma-separated",
+        type=comma_list(gb_per_s),
+        default=_DefaultList(DEFAULT_BANDWIDTHS),
+        help="H2D bandwidths, GB/s (1 GB = 1e9 bytes), comma-separated, each <= 10,000; when not given and "
+        "--cost names a link (COMPUTE+LINK), that link's bandwidth",
     )
     p.add_argument(
         "--cache",
@@ -174,8 +268,9 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument(
         "--cost",
-        default=DEFAULT_COST,
-        help=f"named hardware preset COMPUTE[+LINK] ({', '.join(preset_names())}) or a calibrated cost JSON",
+        default=_DefaultText(DEFAULT_COST),
+        help=f"named hardware preset COMPUTE[+LINK] ({', '.join(preset_names())}) or a calibrated cost JSON "
+        "(the default's link bandwidth is replaced by --bandwidth)",
     )
     p.add_argument(
         "--acceptance",
@@ -286,15 +381,16 @@ def _check_names(parser: ArgumentParser, args: Any) -> list[str]:
 
 def _resolve_acceptance(
     parser: ArgumentParser, spec: str, cost_spec: str, trace_path: Path
-) -> dict[str, Any] | None:
-    """``--acceptance`` -> an ``AcceptanceCalibration`` dict, or ``None`` for draft probabilities.
+) -> tuple[dict[str, Any] | None, str | None]:
+    """``--acceptance`` -> ``(AcceptanceCalibration dict, the file read)``, or ``(None, None)`` for
+    draft probabilities.
 
     ``auto``: the ``acceptance.json`` beside a ``--cost`` file, else the one inside the trace
     directory (``calibration.fit TRACE --out TRACE/cost.json`` writes it; the shipped sample has
     one, fitted on itself), else draft probabilities.
     """
     if spec == "draft":
-        return None
+        return None, None
     if spec == "auto":
         sibling = Path(cost_spec).parent / "acceptance.json"
         in_trace = Path(trace_path) / "acceptance.json"
@@ -303,15 +399,51 @@ def _resolve_acceptance(
         elif in_trace.is_file():
             spec = str(in_trace)
         else:
-            return None
+            return None, None
     from specfit.acceptance import AcceptanceCalibration
 
     try:
         data = json.loads(Path(spec).read_text())
-        return AcceptanceCalibration.from_dict(data).to_dict()
+        return AcceptanceCalibration.from_dict(data).to_dict(), spec
     except (OSError, json.JSONDecodeError, ValueError, TypeError, AttributeError) as exc:
         parser.fail("--acceptance", f"{spec}: expected 'draft', 'auto' or an acceptance JSON file: {exc}")
-    return None
+    return None, None
+
+
+def _is_cost_file(spec: str) -> bool:
+    """Whether ``--cost`` names a file (as :func:`sim.presets.resolve_cost` decides)."""
+    return spec.endswith(".json") or "/" in spec or Path(spec).is_file()
+
+
+def _resolve_bandwidths(args: Any, cost: Any, cost_explicit: bool) -> tuple[list[float], str]:
+    """The swept bandwidths (GB/s) and the header line saying where they come from.
+
+    ``--bandwidth`` given: those, and the line says they replace the cost's link bandwidth.
+    Not given: the link preset's bandwidth when ``--cost`` names one (``COMPUTE+LINK``), else
+    :data:`DEFAULT_BANDWIDTHS` (the plain ``python -m sim.sweep``, priced over a replaced link).
+    """
+    import math
+
+    link_gb_per_s = bytes_per_s_to_gb_per_s(cost.h2d_bytes_per_s)
+    is_file = _is_cost_file(args.cost)
+    link_name = None if is_file else (args.cost.partition("+")[2] or None)
+    if is_file:
+        link = f"the cost file's {link_gb_per_s:g} GB/s"
+    elif link_name is not None:
+        link = f"the {link_name} link's {link_gb_per_s:g} GB/s"
+    else:
+        link = f"the default {DEFAULT_COST.partition('+')[2]} link's {link_gb_per_s:g} GB/s"
+    given = not isinstance(args.bandwidth, _DefaultList)
+    if not given and cost_explicit and link_name is not None and link_name in link_presets():
+        return [link_gb_per_s], f"bandwidth: {link} (--bandwidth not given)"
+    bandwidths = [float(b) for b in args.bandwidth]
+    shown = ", ".join(f"{b:g}" for b in bandwidths)
+    origin = "--bandwidth" if given else "--bandwidth default"
+    if all(math.isclose(b, link_gb_per_s, rel_tol=1e-9) for b in bandwidths):
+        return bandwidths, f"bandwidth: {shown} GB/s ({origin}), equal to {link}"
+    return bandwidths, (
+        f"bandwidth: {shown} GB/s ({origin}) replaces {link}; the link's per-transfer latency is kept"
+    )
 
 
 def _resolve_cost(parser: ArgumentParser, args: Any, num_layers: int) -> tuple[Any, str]:
@@ -343,9 +475,13 @@ def _resolve_cost(parser: ArgumentParser, args: Any, num_layers: int) -> tuple[A
 
 
 def _build_cells(
-    parser: ArgumentParser, args: Any, policies: list[str]
+    parser: ArgumentParser, args: Any, policies: list[str], cost_explicit: bool = True
 ) -> tuple[list[CellSpec], list[str], Path]:
-    """Resolve trace, cost, acceptance and cache sizes; return (cells, header lines, trace path)."""
+    """Resolve trace, cost, bandwidths, acceptance and cache sizes; return (cells, header lines,
+    trace path). ``args.bandwidth`` is set to the swept bandwidths (GB/s).
+
+    ``cost_explicit``: ``--cost`` was given (a link it names then sets the default bandwidth).
+    """
     synthetic = SyntheticSpec(
         num_requests=args.synthetic_requests, positions_per_request=args.synthetic_positions, seed=args.seed
     )
@@ -363,7 +499,8 @@ def _build_cells(
         )
     model = manifest.model
     cost, size_name = _resolve_cost(parser, args, model.num_layers)
-    acceptance = _resolve_acceptance(parser, args.acceptance, args.cost, trace_path)
+    args.bandwidth, bandwidth_line = _resolve_bandwidths(args, cost, cost_explicit)
+    acceptance, acceptance_file = _resolve_acceptance(parser, args.acceptance, args.cost, trace_path)
     try:
         caches = parse_cache_sizes(args.cache, model.num_experts)
     except ValueError as exc:
@@ -388,12 +525,16 @@ def _build_cells(
         seed=args.seed,
         acceptance=acceptance,
     )
-    accept = "draft path probabilities (uncalibrated)" if acceptance is None else acceptance["source"]
+    if acceptance is None:
+        accept = "draft path probabilities (uncalibrated)"
+    else:
+        accept = f"{acceptance['source']} (map read from {acceptance_file})"
     header = [
         f"trace: {trace_desc}",
         f"model shape: {size_name} expert size, {cost.expert_bytes:,} bytes/expert; routing of the trace's "
         f"model {model.name} ({model.num_layers} layers x {model.num_experts} experts, top-{model.top_k})",
         f"cost: {cost.source}",
+        bandwidth_line,
         f"planner: predictor {', '.join(args.predictor)}; acceptance {accept}",
     ]
     return cells, header, Path(trace_path)
@@ -419,18 +560,68 @@ def _min_or_none(values: pd.Series) -> float | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the sweep CLI; returns the exit status (2 on bad flags, 1 if a replay fails)."""
+    """Run the sweep CLI; returns the exit status (2 on bad flags, 1 if a replay fails, 130 on Ctrl-C)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    # the default --out (runs/sim/sweep-<hash>) is named once the cells are known: check its parent now
+    parser.ensure_out_dir("--out", args.out if args.out is not None else Path("runs/sim"))
     started = time.perf_counter()
+    cost_explicit = not isinstance(args.cost, _DefaultText)
+    args.cost = str(args.cost)
+    state: dict[str, Any] = {"out": Path(args.out) if args.out else None, "cells": []}
+    try:
+        return _run(parser, args, argv, cost_explicit, started, state)
+    except KeyboardInterrupt:
+        previous = None
+        with contextlib.suppress(ValueError):  # ValueError: not the main thread, SIGINT left alone
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a repeated Ctrl-C: summary stays whole
+        try:
+            _report_interrupt(state, started)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        return 130
+
+
+def _report_interrupt(state: dict[str, Any], started: float) -> None:
+    """The Ctrl-C message (stderr) and JSON summary of an interrupted sweep."""
+    out, cells = state["out"], state["cells"]
+    done = cells_done(cells, out) if out is not None and cells else 0
+    where = f" in {out}" if out is not None else ""
+    progress = f"{done} of {len(cells)} cells finished" if cells else "before any cell ran"
+    sys.stderr.write(
+        f"\ninterrupted: {progress}; finished cells are kept{where} and re-running the same command "
+        "skips them\n"
+    )
+    print_summary(
+        {
+            "interrupted": True,
+            "out": None if out is None else str(out),
+            "num_cells": len(cells),
+            "cells_done": done,
+            "wall_s": round(time.perf_counter() - started, 3),
+        }
+    )
+
+
+def _run(
+    parser: ArgumentParser,
+    args: Any,
+    argv: Sequence[str] | None,
+    cost_explicit: bool,
+    started: float,
+    state: dict[str, Any],
+) -> int:
+    """The body of :func:`main` (``state`` receives ``out`` and ``cells`` for the Ctrl-C summary)."""
     policies = _check_names(parser, args)
-    cells, header, trace_path = _build_cells(parser, args, policies)
+    cells, header, trace_path = _build_cells(parser, args, policies, cost_explicit)
     sweep_id = hashlib.sha256("".join(sorted(c.cell_id for c in cells)).encode()).hexdigest()[:12]
     out = Path(args.out) if args.out else Path("runs/sim") / f"sweep-{sweep_id}"
+    if args.out is None:
+        parser.ensure_out_dir("--out", out)
+    state.update(out=out, cells=cells)
     from traces.schema import software_versions
 
-    if out.exists() and not out.is_dir():
-        parser.fail("--out", f"{out} exists and is not a directory")
     _write_json(
         out / "sweep.json",
         {

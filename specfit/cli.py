@@ -47,7 +47,6 @@ class ArgumentParser(argparse.ArgumentParser):
             message = message[len(flag) + 1 :].lstrip()
         self.error(f"{flag}: {message}")
 
-
     def ensure_out_dir(self, flag: str, path: Any) -> Path:
         """Create output folder ``path`` (and parents) now, before any work; exit 2 naming ``flag``
         when it cannot be created or written (a file in the way, no permission, read-only disk).
@@ -62,7 +61,9 @@ class ArgumentParser(argparse.ArgumentParser):
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as exc:
-            self.fail(flag, f"cannot write to {str(folder)!r}: {exc.strerror or exc}")
+            blocker = next((q for q in (folder, *folder.parents) if q.exists() and not q.is_dir()), None)
+            why = f"{str(blocker)!r} is a file, not a folder" if blocker is not None else exc.strerror or exc
+            self.fail(flag, f"cannot create or write the output folder {str(folder)!r}: {why}")
         return folder
 
 
@@ -85,6 +86,32 @@ def non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from exc
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+MAX_GB_PER_S = 10_000.0
+"""Largest bandwidth :func:`gb_per_s` accepts (GB/s): far above any host-to-device link, far
+below a byte count per second typed by mistake (``16e9``)."""
+
+
+def gb_per_s(text: str) -> float:
+    """argparse type: a bandwidth in GB/s (1 GB = 1e9 bytes): finite, > 0 and <= :data:`MAX_GB_PER_S`.
+
+    A larger value is rejected with a message saying the flag is in GB/s and the value looks like
+    bytes/s (``16e9`` -> "did you mean 16 GB/s?").
+    """
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a bandwidth in GB/s (a number > 0), got {text!r}") from exc
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a bandwidth in GB/s (a number > 0), got {text!r}")
+    if value > MAX_GB_PER_S:
+        hint = f" (did you mean {value / 1e9:g} GB/s?)" if value >= 1e7 else ""
+        raise argparse.ArgumentTypeError(
+            f"{text!r} GB/s is above {MAX_GB_PER_S:,.0f} GB/s: this flag is in GB/s (1 GB = 1e9 bytes) and "
+            f"the value looks like bytes/s{hint}"
+        )
     return value
 
 
@@ -111,12 +138,19 @@ def non_negative_int(text: str) -> int:
 
 
 def comma_list(item_type: Callable[[str], Any]) -> Callable[[str], list[Any]]:
-    """argparse type factory: ``"16,32,64"`` -> ``[item_type("16"), ...]`` (non-empty)."""
+    """argparse type factory: ``"16,32,64"`` -> ``[item_type("16"), ...]`` (non-empty).
+
+    An empty item (``"16,,32"``, a leading or trailing comma) is an error, not dropped.
+    """
 
     def parse(text: str) -> list[Any]:
-        parts = [p.strip() for p in text.split(",") if p.strip()]
-        if not parts:
+        parts = [p.strip() for p in text.split(",")]
+        if not any(parts):
             raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+        if not all(parts):
+            raise argparse.ArgumentTypeError(
+                f"empty item in {text!r} (expected comma-separated values, no empty or trailing items)"
+            )
         return [item_type(p) for p in parts]
 
     parse.__name__ = f"comma_list({getattr(item_type, '__name__', 'item')})"

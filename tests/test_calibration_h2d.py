@@ -39,7 +39,14 @@ def test_h2d_cli_fits_the_emulated_link(tmp_path, capsys) -> None:
 
 
 def test_h2d_cli_bad_flags_exit_2(capsys) -> None:
-    for argv, flag in ((["--sizes-mib", "0"], "--sizes-mib"), (["--bandwidth", "-1"], "--bandwidth")):
+    cases = (
+        (["--sizes-mib", "0"], "--sizes-mib"),
+        (["--sizes-mib", "1"], "--sizes-mib"),
+        (["--sizes-mib", "4,,16"], "--sizes-mib"),
+        (["--bandwidth", "-1"], "--bandwidth"),
+        (["--bandwidth", "16e9"], "--bandwidth"),
+    )
+    for argv, flag in cases:
         with pytest.raises(SystemExit) as exc:
             h2d.main(argv)
         assert exc.value.code == 2

@@ -154,6 +154,9 @@ def test_help_lists_flags_with_units_and_defaults(capsys) -> None:
         (["--model-shape", "gpt-5"], "--model-shape"),
         (["--acceptance", "/nonexistent.json"], "--acceptance"),
         (["--trace", "/nonexistent-trace"], "--trace"),
+        (["--bandwidth", "16,,32"], "--bandwidth"),
+        (["--bandwidth", "16e9"], "--bandwidth"),
+        (["--cache", "0.001"], "--cache"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(trace: str, argv: list[str], flag: str, capsys, tmp_path) -> None:

@@ -468,8 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         name = str(exc).split(":")[0]
         parser.fail(_FLAGS.get(name, "--" + name.replace("_", "-")), str(exc))
-    out = Path(args.out)
-    if out.exists() and any(out.iterdir()):
+    out = parser.ensure_out_dir("--out", args.out)
+    if any(out.iterdir()):
         parser.fail("--out", f"{out} is not empty; choose a new directory")
     try:
         generate_dense_trace(

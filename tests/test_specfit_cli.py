@@ -1,0 +1,92 @@
+"""specfit.cli: list and bandwidth parser types, output-folder checks (exit 2 naming the flag)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import pytest
+
+from specfit.cli import MAX_GB_PER_S, ArgumentParser, comma_list, gb_per_s, positive_float
+
+
+def test_comma_list_parses_and_strips() -> None:
+    assert comma_list(positive_float)("16, 32,64") == [16.0, 32.0, 64.0]
+    assert comma_list(str)("ar") == ["ar"]
+
+
+@pytest.mark.parametrize("text", ["16,,32", "16,", ",16", "16, ,32"])
+def test_comma_list_rejects_an_empty_item(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="empty item in") as exc:
+        comma_list(positive_float)(text)
+    assert repr(text) in str(exc.value)
+
+
+@pytest.mark.parametrize("text", ["", ",", " "])
+def test_comma_list_rejects_an_empty_list(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a comma-separated list"):
+        comma_list(positive_float)(text)
+
+
+def test_gb_per_s_accepts_link_bandwidths() -> None:
+    assert gb_per_s("16") == 16.0
+    assert gb_per_s("0.5") == 0.5
+    assert gb_per_s("1e4") == MAX_GB_PER_S == 10_000.0
+
+
+@pytest.mark.parametrize("text", ["0", "-3", "nan", "inf", "fast"])
+def test_gb_per_s_rejects_non_positive_or_non_finite(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="bandwidth in GB/s"):
+        gb_per_s(text)
+
+
+def test_gb_per_s_says_bytes_per_s_was_typed() -> None:
+    with pytest.raises(argparse.ArgumentTypeError) as exc:
+        gb_per_s("16e9")
+    message = str(exc.value)
+    assert "in GB/s" in message and "looks like bytes/s" in message and "did you mean 16 GB/s" in message
+    with pytest.raises(argparse.ArgumentTypeError, match="looks like bytes/s"):
+        gb_per_s("10001")
+
+
+def test_bad_list_item_exits_2_naming_the_flag(capsys) -> None:
+    parser = ArgumentParser(prog="t")
+    parser.add_argument("--bandwidth", type=comma_list(gb_per_s), default=[16.0])
+    assert parser.parse_args(["--bandwidth", "8,16"]).bandwidth == [8.0, 16.0]
+    for bad in ("16,,32", "16e9"):
+        with pytest.raises(SystemExit) as exc:
+            parser.parse_args(["--bandwidth", bad])
+        assert exc.value.code == 2
+        assert "--bandwidth" in capsys.readouterr().err
+
+
+def test_ensure_out_dir_creates_the_folder(tmp_path) -> None:
+    parser = ArgumentParser(prog="t")
+    folder = parser.ensure_out_dir("--out", tmp_path / "a" / "b")
+    assert folder.is_dir() and list(folder.iterdir()) == []  # the write probe is removed
+
+
+def test_ensure_out_dir_names_the_file_in_the_way(tmp_path, capsys) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    parser = ArgumentParser(prog="t")
+    for target in (afile, afile / "sub"):
+        with pytest.raises(SystemExit) as exc:
+            parser.ensure_out_dir("--out-dir", target)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert "--out-dir:" in err and f"'{afile}' is a file, not a folder" in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only folders")
+def test_ensure_out_dir_unwritable_folder(tmp_path, capsys) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        with pytest.raises(SystemExit) as exc:
+            ArgumentParser(prog="t").ensure_out_dir("--out", locked / "run")
+        assert exc.value.code == 2
+        assert "--out:" in capsys.readouterr().err
+    finally:
+        locked.chmod(0o700)
