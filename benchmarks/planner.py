@@ -33,7 +33,14 @@ import numpy as np
 from tqdm import tqdm
 
 from specfit import bitsets
-from specfit.cli import ArgumentParser, comma_list, positive_float, positive_int, print_summary, run_main
+from specfit.cli import (
+    ArgumentParser,
+    comma_list,
+    gb_per_s,
+    positive_int,
+    print_summary,
+    run_main,
+)
 from specfit.context import PolicyContext
 from specfit.cost import CycleCostModel
 from specfit.node_experts import NodeExperts
@@ -62,7 +69,7 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument(
         "--bandwidth",
-        type=comma_list(positive_float),
+        type=comma_list(gb_per_s),
         default=[4.0, 12.0, 25.0, 55.0, 100.0],
         help="H2D bandwidths cycled over the trees (GB/s, 1 GB = 1e9 bytes)",
     )

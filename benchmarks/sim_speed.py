@@ -30,7 +30,7 @@ from sim.presets import DEFAULT_COST, cost_from_preset
 from sim.replay import replay_policy
 from sim.sweep import run_sweep
 from sim.traceselect import SyntheticSpec, synthetic_trace
-from specfit.cli import ArgumentParser, comma_list, positive_float, positive_int, print_summary
+from specfit.cli import ArgumentParser, comma_list, gb_per_s, positive_int, print_summary
 from traces.reader import open_run
 
 AIM_CYCLES_PER_S = 5000.0
@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=200,
         help="positions per request replayed for the cycles/s figure (tokens)",
     )
-    p.add_argument("--bandwidth", type=comma_list(positive_float), default=[16.0, 32.0, 64.0], help="GB/s")
+    p.add_argument("--bandwidth", type=comma_list(gb_per_s), default=[16.0, 32.0, 64.0], help="GB/s")
     p.add_argument("--cache", type=comma_list(str), default=["0.125", "0.25", "0.5"], help="cache sizes")
     p.add_argument(
         "--skip-serial", action="store_true", help="skip the 1-worker sweep (no efficiency figure)"

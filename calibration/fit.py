@@ -280,7 +280,7 @@ def _fit_dense(
             dense_nodes_frame(dense),
             num_bins=args.acceptance_bins,
             seed=args.seed,
-            source=f"calibration.fit {args.out}",
+            source=f"calibration.fit {' '.join(label for label, _ in dense)}",
         )
     except AcceptanceDataError as exc:
         report["notes"].append(f"acceptance map not fitted: {exc}")
@@ -368,7 +368,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.h2d_table is not None and not Path(args.h2d_table).is_file():
         parser.fail("--h2d-table", f"no such file: {args.h2d_table}")
     if Path(args.out).is_dir():
-        parser.fail("--out", f"{args.out!r} is a folder; expected the cost JSON file to write (e.g. {DEFAULT_OUT})")
+        parser.fail(
+            "--out", f"{args.out!r} is a folder; expected the cost JSON file to write (e.g. {DEFAULT_OUT})"
+        )
     parser.ensure_out_dir("--out", Path(args.out).parent)  # --out is a file: its folder, before the fit
     try:
         summary = calibrate(args, parser)
