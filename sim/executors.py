@@ -42,7 +42,15 @@ def run_local(
             on_result(cell, run_cell(cell.to_dict(), cycles_dir))
         return
     methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    fork = "fork" in methods
+    context = multiprocessing.get_context("fork" if fork else "spawn")
+    if fork:
+        # the first cell runs here: the trace's decoded arrays and fitted tables (seconds of
+        # per-process setup) are then inherited by every forked worker instead of rebuilt in each
+        first, *cells = cells
+        on_result(first, run_cell(first.to_dict(), cycles_dir))
+        if not cells:
+            return
     with ProcessPoolExecutor(max_workers=min(jobs, len(cells)), mp_context=context) as pool:
         pending = {pool.submit(run_cell, cell.to_dict(), cycles_dir): cell for cell in cells}
         try:
