@@ -440,7 +440,7 @@ class RecordSession:
             ("tau (committed per cycle)", f"{summary['tau']:.3f}"),
             ("tau of the verified tree", f"{summary['full_tree_tau']:.3f}"),
             ("mean nodes verified", f"{summary['mean_nodes_verified']:.2f}"),
-            ("expert cache hit rate", f"{summary['hit_rate']:.1%}"),
+            ("expert cache hit rate", f"{summary['hit_rate']:.3f}"),
             ("H2D GB", f"{bytes_to_gb(summary['h2d_bytes']):.4f}"),
             (
                 "time: draft / verify / H2D s",
