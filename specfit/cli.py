@@ -101,11 +101,9 @@ def gb_per_s(text: str) -> float:
     bytes/s (``16e9`` -> "did you mean 16 GB/s?").
     """
     try:
-        value = float(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a bandwidth in GB/s (a number > 0), got {text!r}") from exc
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a bandwidth in GB/s (a number > 0), got {text!r}")
+        value = positive_float(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a bandwidth in GB/s (a number > 0), got {text!r}") from None
     if value > MAX_GB_PER_S:
         hint = f" (did you mean {value / 1e9:g} GB/s?)" if value >= 1e7 else ""
         raise argparse.ArgumentTypeError(

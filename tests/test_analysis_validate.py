@@ -24,13 +24,19 @@ def tiny_models(tiny_checkpoint, tiny_draft, tmp_path_factory):
     return target, tiny_draft, prompts
 
 
+def _tiny_argv(tiny_models, out, num_prompts: int, repeats: int) -> list[str]:
+    """The tiny grid: one bandwidth (1 GB/s), one cache size (4 experts), depth-2 trees."""
+    target, draft, prompts = tiny_models
+    argv = ["--model", str(target), "--draft", str(draft), "--prompts", str(prompts)]
+    argv += ["--num-prompts", str(num_prompts), "--max-new-tokens", "6", "--bandwidth", "1"]
+    argv += ["--cache-experts", "4", "--out", str(out), "--depth", "2", "--topk", "2", "--max-nodes", "5"]
+    return argv + ["--min-cycles", "4", "--repeats", str(repeats)]
+
+
 @pytest.mark.slow
 def test_validate_tiny_grid(tiny_models, tmp_path, capsys) -> None:
-    target, draft, prompts = tiny_models
     out = tmp_path / "val"
-    argv = ["--model", str(target), "--draft", str(draft), "--prompts", str(prompts), "--num-prompts", "2"]
-    argv += ["--max-new-tokens", "6", "--bandwidth", "1", "--cache-experts", "4", "--out", str(out)]
-    argv += ["--depth", "2", "--topk", "2", "--max-nodes", "5", "--min-cycles", "4", "--repeats", "2"]
+    argv = _tiny_argv(tiny_models, out, num_prompts=2, repeats=2)
     rc = validate.main(argv)
     lines = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(lines[-1])
@@ -108,12 +114,8 @@ def test_validate_tiny_grid(tiny_models, tmp_path, capsys) -> None:
 @pytest.mark.slow
 def test_validate_single_repeat_is_todays_run(tiny_models, tmp_path, capsys) -> None:
     """``--repeats 1``: one run per cell under r1, no noise measured, within_noise == ok."""
-    target, draft, prompts = tiny_models
     out = tmp_path / "val1"
-    argv = ["--model", str(target), "--draft", str(draft), "--prompts", str(prompts), "--num-prompts", "1"]
-    argv += ["--max-new-tokens", "6", "--bandwidth", "1", "--cache-experts", "4", "--out", str(out)]
-    argv += ["--depth", "2", "--topk", "2", "--max-nodes", "5", "--min-cycles", "4", "--repeats", "1"]
-    argv += ["--policies", "ar,topn"]
+    argv = _tiny_argv(tiny_models, out, num_prompts=1, repeats=1) + ["--policies", "ar,topn"]
     assert validate.main(argv) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(lines[-1])
