@@ -50,8 +50,9 @@ class SimConfig:
         prefetch: copy the predicted misses of the chosen subtree when it is chosen.
         engine: ``"auto"``, ``"fast"`` or ``"simpy"`` (same results; fast needs concurrency 1).
         link_concurrency: expert copies in flight at once (copy engines; the wire is shared).
-        decision_s: modelled planner time per cycle (s, >= 0). A constant rather than the
-            planner's measured wall time, so the same seed gives byte-identical results.
+        decision_s: modelled planner time per cycle (s, >= 0) of a drafting policy; ``ar`` pays
+            none (as live, where autoregressive decoding asks no planner). A constant rather than
+            the planner's measured wall time, so the same seed gives byte-identical results.
         history_tokens: committed tokens whose experts the predictor sees (count, >= 1; 8 as
             ``live.spec.engine``'s ``recent_window``).
         max_requests, max_positions: replay at most this many requests / generated positions

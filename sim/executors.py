@@ -9,6 +9,8 @@ the caller sorts them.
 from __future__ import annotations
 
 import multiprocessing
+import signal
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
@@ -51,8 +53,15 @@ def run_local(
         on_result(first, run_cell(first.to_dict(), cycles_dir))
         if not cells:
             return
-    with ProcessPoolExecutor(max_workers=min(jobs, len(cells)), mp_context=context) as pool:
+    # Ctrl-C while the workers fork would be raised inside the fork hooks, where Python ignores
+    # it: hold SIGINT until every worker exists (then the sweep's handler stops them)
+    held = _hold_sigint()
+    try:
+        pool = ProcessPoolExecutor(max_workers=min(jobs, len(cells)), mp_context=context)
         pending = {pool.submit(run_cell, cell.to_dict(), cycles_dir): cell for cell in cells}
+    finally:
+        _release_sigint(held)
+    with pool:
         try:
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -63,6 +72,20 @@ def run_local(
             for future in pending:
                 future.cancel()
             raise
+
+
+def _hold_sigint() -> bool:
+    """Block SIGINT in this thread (POSIX, main thread only); returns whether it did."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        return False
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    return True
+
+
+def _release_sigint(held: bool) -> None:
+    """Undo :func:`_hold_sigint`; a SIGINT that arrived meanwhile is delivered now."""
+    if held:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def run_ray(

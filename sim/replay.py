@@ -281,6 +281,8 @@ class _Replayer:
         model = trace_run.manifest.model
         self.num_layers, self.num_experts = int(model.num_layers), int(model.num_experts)
         self.cost = config.cost
+        # as live: autoregressive decoding asks no planner (live records decision_s = 0 for it)
+        self.decision_s = 0.0 if config.policy == "ar" else float(config.decision_s)
         if self.cost.num_layers != self.num_layers:
             raise ReplayError(
                 f"cost model has num_layers={self.cost.num_layers} but the trace "
@@ -610,7 +612,7 @@ class _Replayer:
         timing = engine.run_cycle(
             CyclePlan(
                 draft_ns=s_to_ns(self.cost.draft_s(levels)),
-                decision_ns=s_to_ns(cfg.decision_s),
+                decision_ns=s_to_ns(self.decision_s),
                 layer_compute_ns=layer_compute,
                 hits=hits,
                 demand=demand,
@@ -719,7 +721,7 @@ class _Replayer:
             cache_misses=int(access.num_misses.sum()),
             predicted_expected_committed=float(plan.expected_committed),
             predicted_cycle_s=float(plan.predicted_cycle_s),
-            decision_s=float(self.config.decision_s),
+            decision_s=float(self.decision_s),
             committed_token_ids=list(tokens),
         )
 

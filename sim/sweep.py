@@ -301,7 +301,8 @@ def build_parser() -> ArgumentParser:
         "--decision-us",
         type=non_negative_float,
         default=0.0,
-        help="modelled planner time per cycle, microseconds",
+        help="modelled planner time per cycle of the drafting policies (ar pays none), microseconds; "
+        "live.record's summary gives the measured decision_s / num_cycles",
     )
     p.add_argument(
         "--engine",
@@ -535,7 +536,12 @@ def _build_cells(
         f"model {model.name} ({model.num_layers} layers x {model.num_experts} experts, top-{model.top_k})",
         f"cost: {cost.source}",
         bandwidth_line,
-        f"planner: predictor {', '.join(args.predictor)}; acceptance {accept}",
+        f"planner: predictor {', '.join(args.predictor)}; acceptance {accept}; planner time "
+        + (
+            f"{args.decision_us:g} us per cycle of every drafting policy (--decision-us; ar pays none)"
+            if args.decision_us > 0
+            else "not modelled (--decision-us 0: add the live engine's measured decision_s per cycle)"
+        ),
     ]
     return cells, header, Path(trace_path)
 

@@ -248,3 +248,16 @@ def test_specfit_drafts_nothing_when_no_level_can_pay(run) -> None:
     assert spec.totals.tokens_per_s == pytest.approx(ar.totals.tokens_per_s)
     cheap = replay_policy(run, SimConfig(cost=_cost(), policy="specfit", cache_capacity_per_layer=4))
     assert any(c.num_draft_levels > 0 for c in cheap.cycles)
+
+
+def test_planner_time_is_charged_to_drafting_policies_only(run) -> None:
+    """As live: autoregressive decoding asks no planner, so --decision-us leaves ar unchanged."""
+    base = {"cost": _cost(), "cache_capacity_per_layer": 4}
+    for policy in ("ar", "topn"):
+        free = replay_policy(run, SimConfig(policy=policy, **base))
+        slow = replay_policy(run, SimConfig(policy=policy, decision_s=2e-3, **base))
+        extra_s = slow.totals.decode_s - free.totals.decode_s
+        if policy == "ar":
+            assert extra_s == 0.0 and slow.cycles and all(c.decision_s == 0.0 for c in slow.cycles)
+        else:
+            assert extra_s == pytest.approx(2e-3 * slow.totals.num_cycles, rel=1e-6)
