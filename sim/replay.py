@@ -232,11 +232,7 @@ class _MaskRows(Sequence):
 
 def _unchecked_tree(cls: type, fields: dict[str, np.ndarray]) -> Any:
     """A ``cls`` (``DraftTree``) holding ``fields`` read-only, without running its validation."""
-    tree = object.__new__(cls)
-    for name, arr in fields.items():
-        arr.setflags(write=False)
-        object.__setattr__(tree, name, arr)
-    return tree
+    return cls.trusted(**fields)
 
 
 def _depth_subtree(tree: Any, keep: np.ndarray) -> Any:

@@ -133,6 +133,23 @@ class DraftTree:
             path_logprobs=path,
         )
 
+    @classmethod
+    def trusted(cls, **fields: np.ndarray) -> DraftTree:
+        """A tree from its five arrays WITHOUT the constructor's checks, for trusted internal callers.
+
+        For hot loops that rebuild trees already validated elsewhere (the simulator's recorded
+        trees, the live drafter's :class:`live.spec.tree.TokenTree`): the caller guarantees
+        int64 ``token_ids``/``parents``/``depths`` and float64 ``draft_logprobs``/``path_logprobs``
+        of one length, consistent as the constructor would check. The arrays are made read-only.
+        Bad input here gives wrong plans, not errors: use the constructor for anything external.
+        """
+        tree = object.__new__(cls)
+        for name in ("token_ids", "parents", "depths", "draft_logprobs", "path_logprobs"):
+            arr = fields[name]
+            arr.setflags(write=False)
+            object.__setattr__(tree, name, arr)
+        return tree
+
     @property
     def num_nodes(self) -> int:
         """Number of nodes ``N`` (also callable: ``tree.num_nodes()``)."""

@@ -219,3 +219,25 @@ def test_decode_clock_leaves_out_trace_recording(path):
     cycles_s = sum(c.cycle_s for c in result.cycles)
     assert len(result.cycles) >= 2
     assert cycles_s <= result.decode_s < cycles_s + pause_s
+
+
+def test_selection_reuses_the_context_the_stopping_rule_just_planned(path):
+    """When the rule stops drafting, select gets the very context it was asked on (the planner
+    remembers plans per context, so the final plan is not searched twice)."""
+    decoder, chooser = _engine(path, 1e15)
+    asked, selected = [], []
+
+    class Probe:
+        name = "probe"
+
+        def keep_drafting(self, ctx, max_depth, topk):
+            asked.append(ctx)
+            return ctx.num_levels < 2
+
+        def select(self, ctx):
+            selected.append(ctx)
+            return make_plan(ctx, np.arange(ctx.num_nodes), "probe", 1e-6, 1)
+
+    chooser.policy = Probe()
+    decoder.generate(PROMPT, 4, chooser)
+    assert selected and all(any(s is a for a in asked) for s in selected)

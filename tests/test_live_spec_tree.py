@@ -19,6 +19,23 @@ def test_from_parents_derives_depths_and_paths():
     assert tree.max_depth == 2 and tree.num_nodes == 4
 
 
+def test_planner_view_equals_the_validated_draft_tree():
+    """to_draft_tree skips re-validation (hot loop); its arrays equal the checked constructor's."""
+    import numpy as np
+
+    from specfit.tree import DraftTree
+
+    tree = TokenTree.from_parents([7, 8, 9, 10, 11], [-1, 0, 0, 1, 3], [0.0, -0.5, -1.0, -0.25, -2.0])
+    fast = tree.to_draft_tree()
+    checked = DraftTree.from_parents(tree.token_ids, tree.parents, tree.draft_logprobs)
+    for name in ("token_ids", "parents", "depths", "draft_logprobs", "path_logprobs"):
+        assert np.array_equal(getattr(fast, name), getattr(checked, name)), name
+        assert getattr(fast, name).dtype == getattr(checked, name).dtype
+    assert fast.max_depth == 3 and fast.subtree(np.array([0, 1, 3])).num_nodes == 3
+    with pytest.raises(ValueError):
+        fast.parents[0] = 5
+
+
 @pytest.mark.parametrize(
     ("parents", "match"),
     [([0, 0], r"parents\[0\]"), ([-1, 1], r"parents\[1\]"), ([-1, 0, 3, 1], r"parents\[2\]")],

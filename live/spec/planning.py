@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 import numpy as np
 
@@ -126,7 +127,7 @@ class PlannedChooser:
         cached = state.cached_bits
         if cached is None:
             cached = bitsets.empty((self.cost.num_layers,), self.num_experts)
-        return PolicyContext(
+        return PolicyContext.trusted(  # built here from checked parts (see to_draft_tree)
             tree=dtree,
             accept_probs=path_accept_probs(dtree, self.calibration),
             node_experts=self._predict(dtree, state, recent_bits),
@@ -148,28 +149,36 @@ class PlannedChooser:
         if self.predictor_name == "token-table":
             self._learn(state, recent_bits)
         asked_s = 0.0
+        last_asked: list[Any] = [None, -1, None]  # (tree, levels, context) of the last question
 
         def keep_drafting(tree: TokenTree, levels: int) -> bool:
             nonlocal asked_s
             start = time.perf_counter()
             ctx = self._context(tree, levels, state, recent_bits)
+            last_asked[:] = [tree, levels, ctx]
             keep = self.policy.keep_drafting(ctx, self.shape.depth, self.shape.topk)
             asked_s += time.perf_counter() - start
             return keep
 
+        def final_context(tree: TokenTree, levels: int) -> Any:
+            # the rule's last context when drafting stopped on its "no" (same tree, same levels):
+            # the planner remembers its plan per context, so the selection is not searched twice
+            if last_asked[0] is tree and last_asked[1] == levels:
+                return last_asked[2]
+            return self._context(tree, levels, state, recent_bits)
+
         ask = keep_drafting if hasattr(self.policy, "keep_drafting") else None
         if ask is not None and not ask(TokenTree.root_only(int(state.committed[-1])), 0):
             # the rule, asked on the root alone, says no level can pay: verify the root, draft nothing
-            root = TokenTree.root_only(int(state.committed[-1]))
             start = time.perf_counter()
-            plan = self.policy.select(self._context(root, 0, state, recent_bits))
+            plan = self.policy.select(last_asked[2])  # the root's context, just asked
             plan = dataclasses.replace(plan, decision_s=time.perf_counter() - start + asked_s)
-            return Choice(DraftResult(root, 0, 0.0), np.zeros(1, np.int64), plan)
+            return Choice(DraftResult(last_asked[0], 0, 0.0), np.zeros(1, np.int64), plan)
         asked_before_s = asked_s  # the level-0 question ran before grow: not inside its draft_s
         draft = self.drafter.grow(state.committed, self.shape, ask)
         asked_in_grow_s = asked_s - asked_before_s
         start = time.perf_counter()
-        plan = self.policy.select(self._context(draft.tree, draft.num_levels, state, recent_bits))
+        plan = self.policy.select(final_context(draft.tree, draft.num_levels))
         decision_s = time.perf_counter() - start + asked_s
         plan = dataclasses.replace(plan, decision_s=decision_s)
         draft = dataclasses.replace(draft, draft_s=max(draft.draft_s - asked_in_grow_s, 0.0))

@@ -123,7 +123,18 @@ class TokenTree:
         return 0 in chosen and all(v == 0 or int(self.parents[v]) in chosen for v in chosen)
 
     def to_draft_tree(self) -> Any:
-        """The same tree as :class:`specfit.tree.DraftTree` (docs/contracts.md)."""
+        """The same tree as :class:`specfit.tree.DraftTree` (docs/contracts.md).
+
+        Built with ``DraftTree.trusted``: this tree's constructor has checked the parent order and
+        depths, and its arrays are the drafter's own (log-softmax log-probs, their path sums); the
+        planner asks for it after every draft level, where re-validation costs more than the plan.
+        """
         from specfit.tree import DraftTree
 
-        return DraftTree.from_parents(self.token_ids, self.parents, self.draft_logprobs)
+        return DraftTree.trusted(
+            token_ids=np.array(self.token_ids, dtype=np.int64),
+            parents=np.array(self.parents, dtype=np.int64),
+            depths=np.array(self.depths, dtype=np.int64),
+            draft_logprobs=np.array(self.draft_logprobs, dtype=np.float64),
+            path_logprobs=np.array(self.path_logprobs, dtype=np.float64),
+        )
