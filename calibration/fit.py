@@ -12,8 +12,11 @@ Writes, in the folder of ``--out``:
   :class:`specfit.acceptance.AcceptanceCalibration` map), ``acceptance_reliability.csv`` and
   ``predictor_tables.npz`` (:mod:`calibration.predictor_tables`).
 
-Exit status: 0 on success, 2 for a bad flag (named), 1 for bad or insufficient data (the message
-names the run and the field). The last stdout line is the JSON summary.
+Exit status: 0 on success; 2 for a bad flag (named) or a run directory that cannot be read (not
+a directory, or not a valid trace: named as ``RUN_DIR``, as ``sim.sweep`` names its ``--trace``);
+1 for data that is readable but bad or insufficient (too few cycles, runs of different models or
+links; the message names the run and the field). Errors are printed once, on stderr; the last
+stdout line is the JSON summary (on exit 1 ``{"ok": false, "error": message, "error_type": ...}``).
 """
 
 from __future__ import annotations
@@ -359,6 +362,22 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+def _unreadable_input(exc: BaseException) -> bool:
+    """Whether ``exc`` says a run directory cannot be read (a trace format error), rather than that
+    readable data is bad or insufficient.
+
+    :func:`calibration.runs.load_runs` wraps a failed ``open_run`` (``TraceError``, ``ValueError``,
+    ``OSError``) in a :class:`RunInputError` raised while handling it (its other errors, about
+    readable runs, are raised outside any handler); a later ``TraceError`` (a part that fails to
+    decode when its table is read) propagates as itself.
+    """
+    from traces.errors import TraceError
+
+    if isinstance(exc, TraceError):
+        return True
+    return isinstance(exc, RunInputError) and isinstance(exc.__context__, (ValueError, OSError))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status (see the module docstring)."""
     parser = build_parser()
@@ -372,11 +391,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--out", f"{args.out!r} is a folder; expected the cost JSON file to write (e.g. {DEFAULT_OUT})"
         )
     parser.ensure_out_dir("--out", Path(args.out).parent)  # --out is a file: its folder, before the fit
+    for run_dir in args.run_dirs:  # every input folder, before any work
+        if not Path(run_dir).is_dir():
+            parser.fail(
+                "RUN_DIR", f"{run_dir}: not a directory (expected a run directory with manifest.json)"
+            )
     try:
         summary = calibrate(args, parser)
     except (RunInputError, CalibrationDataError, AcceptanceDataError, ValueError) as exc:
+        if _unreadable_input(exc):
+            parser.fail("RUN_DIR", str(exc))
         print(f"error: {exc}", file=sys.stderr)
-        print_summary({"ok": False, "error": str(exc)})
+        print_summary({"ok": False, "error": str(exc), "error_type": type(exc).__name__})
         return 1
     summary["ok"] = True
     if summary["cost"] is None:

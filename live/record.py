@@ -43,6 +43,7 @@ from specfit.cli import (
     positive_int,
     print_summary,
 )
+from specfit.policies import STOPPING_RULES
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class RecordConfig:
     cost: str | None
     acceptance: str | None = None
     predictor_tables: str | None = None
+    stopping: str | None = None  # SpecFit's stopping rule; None unless --mode policy --policy specfit
 
 
 def build_parser() -> ArgumentParser:
@@ -97,6 +99,13 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument("--mode", choices=MODES, default="dense", help="dense trace (for replay) or a live policy")
     p.add_argument("--policy", choices=LIVE_POLICIES, default="specfit", help="tree policy in --mode policy")
+    p.add_argument(
+        "--stopping",
+        choices=STOPPING_RULES,
+        default="expected",
+        help="SpecFit's stopping rule (--policy specfit only; recorded in the manifest): expected = draft on "
+        "while the expected next levels pay, bound = stop only when no deeper tree can pay",
+    )
     p.add_argument(
         "--predictor",
         choices=("auto", *LIVE_PREDICTORS),
@@ -244,6 +253,7 @@ _RESUMED_FLAGS: tuple[tuple[str, str, str, Any], ...] = (
     ("cost", "--cost", "cost", None),
     ("acceptance", "--acceptance", "acceptance", None),
     ("predictor_tables", "--predictor-tables", "predictor_tables", None),
+    ("stopping", "--stopping", "stopping", None),
 )
 
 
@@ -289,6 +299,8 @@ def apply_stored_config(
                 continue
             if dest == "policy" and dense:
                 continue  # an explicit --policy with a dense run fails below (dense verifies the full tree)
+            if dest == "stopping" and recorded is None:
+                continue  # a run without a stopping rule (not specfit): an explicit --stopping fails below
             if not _same(value, recorded):
                 shown = given if unit != "us" else f"{given:g}"
                 was = recorded if unit != "us" else f"{recorded * 1e6:g}"
@@ -333,6 +345,16 @@ def resolve_config(args: Any, parser: ArgumentParser, explicit: set[str] | None 
         parser.fail(
             "--policy",
             "only with --mode policy (--mode dense verifies the full drafted tree at every position)",
+        )
+    if "stopping" in explicit and not (args.mode == "policy" and args.policy == "specfit"):
+        parser.fail(
+            "--stopping",
+            "only with --mode policy --policy specfit ("
+            + (
+                f"--policy {args.policy} has no stopping rule)"
+                if args.mode == "policy"
+                else "--mode dense drafts and verifies the full tree at every position)"
+            ),
         )
     if not args.resume and args.out is not None and Path(args.out).is_dir() and any(Path(args.out).iterdir()):
         parser.fail("--out", f"{args.out} exists and is not empty (pass --resume to continue it)")
@@ -412,6 +434,7 @@ def resolve_config(args: Any, parser: ArgumentParser, explicit: set[str] | None 
         cost=args.cost,
         acceptance=resolve_acceptance(args.acceptance, args.model, args.mode, args.policy),
         predictor_tables=predictor_tables,
+        stopping=args.stopping if args.mode == "policy" and args.policy == "specfit" else None,
     )
 
 

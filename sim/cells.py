@@ -44,6 +44,9 @@ class CellSpec:
         policy, cache_policy, predictor: names; overlap, prefetch: link modes.
         engine, link_concurrency, decision_s, max_requests, max_positions, seed, acceptance:
             see :class:`sim.config.SimConfig`.
+        policy_options: keyword arguments of the tree policy (``SimConfig.policy_options``), e.g.
+            ``{"stopping": "bound"}`` for ``specfit``; ``None``: the policy's defaults. Part of
+            :attr:`cell_id` only when set, so cells without options keep their earlier ids.
     """
 
     trace_path: str
@@ -63,6 +66,7 @@ class CellSpec:
     max_positions: int | None = None
     seed: int = 0
     acceptance: dict | None = None
+    policy_options: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (JSON-able)."""
@@ -70,8 +74,15 @@ class CellSpec:
 
     @property
     def cell_id(self) -> str:
-        """16 hex digits of the SHA-256 of the canonical JSON: same content, same id."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """16 hex digits of the SHA-256 of the canonical JSON: same content, same id.
+
+        ``policy_options`` enters the JSON only when set (cells of policies without options keep
+        the ids they had before the field existed; a resumed sweep still finds them).
+        """
+        content = self.to_dict()
+        if content["policy_options"] is None:
+            del content["policy_options"]
+        blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def sim_config(self, record_cycles: bool = False) -> SimConfig:
@@ -95,6 +106,7 @@ class CellSpec:
             seed=self.seed,
             record_cycles=record_cycles,
             acceptance=self.acceptance,
+            policy_options=tuple(sorted((self.policy_options or {}).items())),
         )
 
 
@@ -151,9 +163,15 @@ def make_cells(
     predictors: Sequence[str] = ("union-size",),
     overlaps: Sequence[bool] = (False,),
     prefetches: Sequence[bool] = (False,),
+    policy_options: dict[str, dict[str, Any]] | None = None,
     **common: Any,
 ) -> list[CellSpec]:
-    """The Cartesian product of the sweep axes as cells (deterministic order, duplicates dropped)."""
+    """The Cartesian product of the sweep axes as cells (deterministic order, duplicates dropped).
+
+    ``policy_options``: per canonical policy name, that policy's keyword arguments (e.g.
+    ``{"specfit": {"stopping": "bound"}}``); cells of other policies get none.
+    """
+    options = {canonical_policy(k): dict(v) for k, v in (policy_options or {}).items() if v}
     cells, seen = [], set()
     cost_dict = cost.to_dict()
     for cache, bw, cpol, pred, ovl, pre, pol in itertools.product(
@@ -170,6 +188,7 @@ def make_cells(
             predictor=pred,
             overlap=bool(ovl),
             prefetch=bool(pre),
+            policy_options=options.get(canonical_policy(pol)),
             **common,
         )
         if cell.cell_id not in seen:
@@ -179,6 +198,15 @@ def make_cells(
 
 
 _TRACES: dict[str, Any] = {}
+
+
+def _default_stopping() -> str:
+    """``SpecFitPolicy``'s default stopping rule (read from its signature, not restated here)."""
+    import inspect
+
+    from specfit.policies import SpecFitPolicy
+
+    return str(inspect.signature(SpecFitPolicy.__init__).parameters["stopping"].default)
 
 
 def _open_trace(path: str) -> Any:
@@ -218,6 +246,8 @@ def run_cell(cell: dict[str, Any] | CellSpec, cycles_dir: str | None = None) -> 
         "prefetch": spec.prefetch,
         "policy": spec.policy,
     }
+    if spec.policy == "specfit":  # the stopping rule it ran with (the policy's default when not set)
+        row["stopping"] = (spec.policy_options or {}).get("stopping", _default_stopping())
     row.update(result.totals.to_dict())
     return row
 

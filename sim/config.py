@@ -58,7 +58,8 @@ class SimConfig:
         max_requests, max_positions: replay at most this many requests / generated positions
             per request (``None`` = all).
         seed: seed for anything random (predictors that sample).
-        policy_options: extra keyword arguments for ``make_tree_policy`` as ``(name, value)`` pairs.
+        policy_options: extra keyword arguments for ``make_tree_policy`` as ``(name, value)`` pairs,
+            e.g. ``(("stopping", "bound"),)`` for ``specfit`` (checked by building the policy once).
         record_cycles: keep one :class:`traces.schema.CycleRecord` per cycle in the result.
         acceptance: ``specfit.acceptance.AcceptanceCalibration.to_dict()`` (e.g. the
             ``acceptance.json`` of ``calibration.fit``) mapping draft path probability to
@@ -119,6 +120,13 @@ class SimConfig:
             except (ValueError, TypeError) as exc:
                 raise ValueError(f"SimConfig.acceptance: {exc}") from None
         object.__setattr__(self, "policy_options", tuple((str(k), v) for k, v in self.policy_options))
+        if self.policy_options:
+            from specfit.policies import make_tree_policy
+
+            try:
+                make_tree_policy(self.policy, **dict(self.policy_options))
+            except ValueError as exc:
+                raise ValueError(f"SimConfig.policy_options: {exc}") from None
         if self.cost.overlap_h2d != self.overlap:
             object.__setattr__(self, "cost", dataclasses.replace(self.cost, overlap_h2d=bool(self.overlap)))
 

@@ -12,9 +12,13 @@ command resumes): ``cells/<cell_id>.json`` (one per finished cell, written as it
 seed). The last stdout line is a JSON summary.
 
 Bandwidths: ``--bandwidth`` when given (it replaces the cost's link bandwidth, and the header
-says so); otherwise the link's bandwidth when ``--cost`` names one (``COMPUTE+LINK``), else
-16, 32 and 64 GB/s. Ctrl-C stops the worker processes, keeps the finished cells (re-running the
-same command skips them), prints a JSON summary with ``"interrupted": true`` and exits 130.
+says so); otherwise the link's bandwidth when ``--cost`` names one (``COMPUTE+LINK``) or is a
+cost JSON (its ``h2d_bytes_per_s``, in GB/s), else 16, 32 and 64 GB/s. Ctrl-C stops the worker
+processes, keeps the finished cells (re-running the same command skips them), prints a JSON
+summary with ``"interrupted": true`` and exits 130.
+
+``--stopping`` picks SpecFit's stopping rule; it goes into the SpecFit cells (their id and result
+row, column ``stopping``), so sweeps with different rules never reuse each other's SpecFit cells.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from specfit.cli import (
     print_summary,
     run_main,
 )
+from specfit.policies import STOPPING_RULES
 from specfit.units import bytes_per_s_to_gb_per_s, bytes_to_gb, us_to_s
 
 DEFAULT_MODEL_SHAPE = "qwen3-30b-a3b"
@@ -64,6 +69,8 @@ class _DefaultList(list):
 
 class _DefaultText(str):
     """A text flag's default value: told apart from the same text given on the command line."""
+
+
 MODES = {"off": (False,), "on": (True,), "both": (False, True)}
 
 
@@ -231,7 +238,8 @@ def build_parser() -> ArgumentParser:
         type=comma_list(gb_per_s),
         default=_DefaultList(DEFAULT_BANDWIDTHS),
         help="H2D bandwidths, GB/s (1 GB = 1e9 bytes), comma-separated, each <= 10,000; when not given and "
-        "--cost names a link (COMPUTE+LINK), that link's bandwidth",
+        "--cost names a link (COMPUTE+LINK) or a cost JSON, that link's bandwidth (the JSON's "
+        "h2d_bytes_per_s)",
     )
     p.add_argument(
         "--cache",
@@ -245,6 +253,13 @@ def build_parser() -> ArgumentParser:
         type=comma_list(str),
         default=list(DEFAULT_POLICIES),
         help="tree policies: autoregressive|ar, chain, top-n|topn, specfit, cascade",
+    )
+    p.add_argument(
+        "--stopping",
+        choices=STOPPING_RULES,
+        default="expected",
+        help="SpecFit's stopping rule (specfit cells only; part of their cell id): expected = draft on "
+        "while the expected next levels pay, bound = stop only when no deeper tree can pay",
     )
     p.add_argument("--cache-policy", type=comma_list(str), default=["lru"], help="expert-cache policies")
     p.add_argument(
@@ -270,7 +285,8 @@ def build_parser() -> ArgumentParser:
         "--cost",
         default=_DefaultText(DEFAULT_COST),
         help=f"named hardware preset COMPUTE[+LINK] ({', '.join(preset_names())}) or a calibrated cost JSON "
-        "(the default's link bandwidth is replaced by --bandwidth)",
+        "(the default's link bandwidth is replaced by --bandwidth; a named link's or a cost JSON's is "
+        "swept when --bandwidth is not given)",
     )
     p.add_argument(
         "--acceptance",
@@ -420,7 +436,8 @@ def _resolve_bandwidths(args: Any, cost: Any, cost_explicit: bool) -> tuple[list
     """The swept bandwidths (GB/s) and the header line saying where they come from.
 
     ``--bandwidth`` given: those, and the line says they replace the cost's link bandwidth.
-    Not given: the link preset's bandwidth when ``--cost`` names one (``COMPUTE+LINK``), else
+    Not given: the link preset's bandwidth when ``--cost`` names one (``COMPUTE+LINK``), the
+    file's ``h2d_bytes_per_s`` when ``--cost`` is a cost JSON (a calibrated, measured link), else
     :data:`DEFAULT_BANDWIDTHS` (the plain ``python -m sim.sweep``, priced over a replaced link).
     """
     import math
@@ -437,6 +454,10 @@ def _resolve_bandwidths(args: Any, cost: Any, cost_explicit: bool) -> tuple[list
     given = not isinstance(args.bandwidth, _DefaultList)
     if not given and cost_explicit and link_name is not None and link_name in link_presets():
         return [link_gb_per_s], f"bandwidth: {link} (--bandwidth not given)"
+    if not given and cost_explicit and is_file:
+        return [link_gb_per_s], (
+            f"bandwidth: {link} (its h2d_bytes_per_s {cost.h2d_bytes_per_s:.6g} B/s; --bandwidth not given)"
+        )
     bandwidths = [float(b) for b in args.bandwidth]
     shown = ", ".join(f"{b:g}" for b in bandwidths)
     origin = "--bandwidth" if given else "--bandwidth default"
@@ -525,13 +546,14 @@ def _build_cells(
         max_positions=args.max_positions,
         seed=args.seed,
         acceptance=acceptance,
+        policy_options={"specfit": {"stopping": args.stopping}},
     )
     if acceptance is None:
         accept = "draft path probabilities (uncalibrated)"
     else:
         accept = f"{acceptance['source']} (map read from {acceptance_file})"
     header = [
-        f"trace: {trace_desc}",
+        f"trace: {trace_desc.removeprefix('trace ')}",
         f"model shape: {size_name} expert size, {cost.expert_bytes:,} bytes/expert; routing of the trace's "
         f"model {model.name} ({model.num_layers} layers x {model.num_experts} experts, top-{model.top_k})",
         f"cost: {cost.source}",
@@ -541,7 +563,8 @@ def _build_cells(
             f"{args.decision_us:g} us per cycle of every drafting policy (--decision-us; ar pays none)"
             if args.decision_us > 0
             else "not modelled (--decision-us 0: add the live engine's measured decision_s per cycle)"
-        ),
+        )
+        + (f"; SpecFit stopping rule {args.stopping} (--stopping)" if "specfit" in policies else ""),
     ]
     return cells, header, Path(trace_path)
 

@@ -92,11 +92,51 @@ def test_fit_cli_rejects_other_model(runs, tmp_path, capsys) -> None:
 
 
 def test_fit_cli_too_few_cycles_and_missing_dir(runs, tmp_path, capsys) -> None:
+    """Readable but insufficient data: exit 1, the message once (stderr), a JSON line last. A run
+    folder that does not exist: exit 2 naming RUN_DIR, before any work."""
     policy, _ = runs
     rc = fit_cli.main([str(policy), "--out", str(tmp_path / "c.json"), "--min-cycles", "1000"])
-    assert rc == 1 and "--min-cycles" in capsys.readouterr().err
-    rc = fit_cli.main([str(tmp_path / "nope"), "--out", str(tmp_path / "c.json")])
-    assert rc == 1 and "not a directory" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert rc == 1 and captured.err.count("--min-cycles") == 1  # said once on stderr
+    assert captured.err.startswith("error: ") and captured.err.count("error:") == 1
+    summary = json.loads(captured.out.strip().splitlines()[-1])  # and once for scripts, in the JSON
+    assert summary["ok"] is False and summary["error_type"] == "CalibrationDataError"
+    assert "--min-cycles" in summary["error"] and captured.out.count("--min-cycles") == 1
+    with pytest.raises(SystemExit) as exc:
+        fit_cli.main([str(policy), str(tmp_path / "nope"), "--out", str(tmp_path / "c.json")])
+    captured = capsys.readouterr()
+    assert exc.value.code == 2 and captured.out == ""
+    assert f"error: RUN_DIR: {tmp_path / 'nope'}: not a directory" in captured.err
+    assert captured.err.count("not a directory") == 1
+
+
+@pytest.mark.parametrize("damage", ["manifest", "no-manifest", "part"])
+def test_fit_cli_unreadable_trace_exits_2_naming_run_dir(runs, tmp_path, capsys, damage) -> None:
+    """A run folder that is not a readable trace exits 2 naming RUN_DIR (as sim.sweep names --trace),
+    with the trace error printed once and nothing fitted."""
+    import shutil
+
+    _, dense = runs
+    broken = tmp_path / "broken"
+    shutil.copytree(dense, broken)
+    if damage == "manifest":
+        (broken / "manifest.json").write_text("{")
+        needle = "not valid JSON"
+    elif damage == "no-manifest":
+        (broken / "manifest.json").unlink()
+        needle = "manifest.json"
+    else:
+        part = sorted((broken / "nodes").glob("part-*.parquet"))[0]
+        part.write_bytes(b"not parquet")
+        needle = part.name
+    out = tmp_path / "cal" / "c.json"
+    with pytest.raises(SystemExit) as exc:
+        fit_cli.main([str(broken), "--out", str(out)])
+    captured = capsys.readouterr()
+    assert exc.value.code == 2, captured.err
+    assert "error: RUN_DIR: " in captured.err and str(broken) in captured.err and needle in captured.err
+    assert captured.err.count("error:") == 1 and captured.out == ""
+    assert not out.exists() and not (out.parent / "acceptance.json").exists()
 
 
 def test_fit_cli_dense_only_run_fits_acceptance_without_a_cost_model(runs, tmp_path, capsys) -> None:

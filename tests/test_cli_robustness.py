@@ -378,3 +378,39 @@ def test_fit_holdout_0_says_no_held_out_cycles(tmp_path: Path, capsys) -> None:
     assert "nan%" not in printed
     summary = _last_json(printed)
     assert summary["ok"] is True and summary["num_cycles"] == 40
+
+
+# 10. trace check messages count in words
+
+
+def test_lost_part_message_counts_one_part_in_the_singular(tmp_path: Path) -> None:
+    from traces.errors import TraceError
+    from traces.reader import open_run
+
+    run = generate_dense_trace(
+        tmp_path / "t", SHAPE, num_requests=1, positions_per_request=4, prompt_len=4, tree_depth=2,
+        tree_topk=2, max_nodes=5, seed=1,
+    )  # fmt: skip
+    assert json.loads((Path(run) / "manifest.json").read_text())["table_counts"]["prefill"]["parts"] == 1
+    (Path(run) / "prefill" / "part-00000.parquet").unlink()
+    with pytest.raises(TraceError) as exc:
+        open_run(run)
+    message = str(exc.value)
+    assert "manifest.table_counts records 1 part, found 0" in message and "1 parts" not in message
+
+
+def test_fit_and_sweep_refuse_a_broken_trace_alike(trace: str, tmp_path: Path, capsys) -> None:
+    """The same unreadable trace: both exit 2, naming their trace argument, the error said once."""
+    import shutil
+
+    from calibration import fit
+    from sim import sweep
+
+    broken = tmp_path / "broken"
+    shutil.copytree(trace, broken)
+    (broken / "manifest.json").write_text("{")
+    argv = ["--trace", str(broken), "--out", str(tmp_path / "s"), "--no-progress"]
+    err = _exits_2(sweep.main, argv, capsys)
+    assert "error: --trace: " in err and err.count("not valid JSON") == 1
+    err = _exits_2(fit.main, [str(broken), "--out", str(tmp_path / "c" / "cost.json")], capsys)
+    assert f"error: RUN_DIR: {broken}" in err and err.count("not valid JSON") == 1

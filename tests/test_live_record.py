@@ -78,8 +78,10 @@ def test_help_lists_units_and_defaults(capsys):
         "(default: 32)",
         "--resume",
         "us)",
+        "--stopping {expected,bound}",
     ):
         assert needle in text
+    assert "pay (default: expected)" in " ".join(text.split())
 
 
 @pytest.mark.parametrize(
@@ -97,6 +99,9 @@ def test_help_lists_units_and_defaults(capsys):
         (["--device", "tpu"], "--device"),
         (["--mode", "policy", "--predictor", "union-size"], "--predictor"),
         (["--predictor-tables", "/nonexistent/tables.npz"], "--predictor-tables"),
+        (["--stopping", "never"], "--stopping"),
+        (["--stopping", "bound"], "--stopping"),  # dense mode has no stopping rule
+        (["--mode", "policy", "--policy", "topn", "--stopping", "bound"], "--stopping"),
     ],
 )
 def test_bad_values_exit_2_naming_the_flag(capsys, argv, flag):
@@ -207,7 +212,10 @@ def test_policy_run_transfers_recover_the_emulated_link(tiny, tmp_path, capsys):
     capsys.readouterr()
     cal = ["--out", str(tmp_path / "cal" / "cost.json"), "--min-cycles", "4"]
     assert fit_main([str(out), *cal]) == 1  # one tree size: the verify term cannot be fitted
-    assert "every cycle verified" in _last_json(capsys)["error"]
+    captured = capsys.readouterr()
+    assert "every cycle verified" in captured.err
+    assert "every cycle verified" in json.loads(captured.out.strip().splitlines()[-1])["error"]
+    assert json.loads(captured.out.strip().splitlines()[-1])["ok"] is False
     assert fit_main([str(out), str(ar), *cal]) == 0
     fit = _last_json(capsys)
     assert fit["h2d_identifiable"] is True
@@ -244,6 +252,12 @@ def test_resume_continues_the_recorded_configuration(tiny, tmp_path, capsys):
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "--policy ar (recorded: topn)" in err and "--bandwidth 8" in err
     assert "(recorded: 4.0)" in err
+    # a stopping rule for a topn run: exit 2, it has none (not "recorded: None")
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(out), "--resume", "--stopping", "bound"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--stopping: only with --mode policy --policy specfit" in err
+    assert "--policy topn has no stopping rule" in err and "None" not in err
     # complete run, same prompt count: "already complete", exit 0, JSON line last
     assert main(["--out", str(out), "--resume"]) == 0
     captured = capsys.readouterr().out
@@ -470,3 +484,54 @@ def test_dense_trace_as_predictor_tables(tiny, dense_run, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(_args(tiny, tmp_path / "bad", "--mode", "policy", "--predictor-tables", str(tmp_path)))
     assert exc.value.code == 2 and "--predictor-tables" in capsys.readouterr().err
+
+
+def test_stopping_rule_is_recorded_and_followed_on_resume(tiny, tmp_path, capsys):
+    """--stopping reaches SpecFitPolicy and the manifest; --resume keeps it and refuses another."""
+    from live.record import build_parser, resolve_config
+
+    out = tmp_path / "bound"
+    argv = _args(
+        tiny, out, "--mode", "policy", "--policy", "specfit", "--stopping", "bound", "--num-prompts", "1"
+    )
+    assert main(argv) == 0
+    assert _last_json(capsys)["num_tokens"] == 8
+    run = open_run(out)
+    assert run.manifest.config["stopping"] == "bound"
+    other = tmp_path / "expected"
+    assert main(_args(tiny, other, "--mode", "policy", "--policy", "specfit", "--num-prompts", "1")) == 0
+    capsys.readouterr()
+    exp = open_run(other)
+    assert exp.manifest.config["stopping"] == "expected"
+    # both lossless (same tokens); the bound rule drafts at least as deep on average
+    tokens = [r.requests["generated_token_ids"].map(list).tolist() for r in (run, exp)]
+    assert tokens[0] == tokens[1] and len(tokens[0][0]) == 8
+    assert run.cycles["num_draft_levels"].mean() >= exp.cycles["num_draft_levels"].mean()
+    assert (run.cycles["num_draft_levels"] <= 3).all()
+    # the resumed configuration follows the manifest; a contradicting flag exits 2 naming both values
+    parser = build_parser()
+    args = parser.parse_args(["--out", str(out), "--resume"])
+    assert resolve_config(args, parser, {"out", "resume"}).stopping == "bound"
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(out), "--resume", "--stopping", "expected"])
+    assert exc.value.code == 2 and "--stopping expected (recorded: bound)" in capsys.readouterr().err
+    # the default rule is recorded too; policies without a stopping rule record none
+    args = parser.parse_args(_args(tiny, tmp_path / "e", "--mode", "policy"))
+    assert resolve_config(args, parser).stopping == "expected"
+    args = parser.parse_args(_args(tiny, tmp_path / "t", "--mode", "policy", "--policy", "topn"))
+    assert resolve_config(args, parser, {"mode", "policy"}).stopping is None
+
+
+def test_planned_chooser_builds_the_chosen_stopping_rule():
+    from live.spec.draft import TreeShape
+    from live.spec.planning import PlannedChooser
+
+    shape = TreeShape(3, 2, 7)
+    for rule in ("expected", "bound"):
+        chooser = PlannedChooser(None, shape, "specfit", "recent", None, 16, stopping=rule)
+        assert chooser.policy.stopping == rule
+    assert PlannedChooser(None, shape, "specfit", "recent", None, 16).policy.stopping == "expected"
+    with pytest.raises(ValueError, match="only policy 'specfit'"):
+        PlannedChooser(None, shape, "topn", "recent", None, 16, stopping="bound")
+    with pytest.raises(ValueError, match="stopping must be one of"):
+        PlannedChooser(None, shape, "specfit", "recent", None, 16, stopping="never")

@@ -70,7 +70,7 @@ def test_cli_runs_writes_tidy_results_and_resumes(trace: str, tmp_path, capsys) 
     assert summary["expert_bytes"] == 9_437_184
     lines = printed.splitlines()
     assert (
-        lines[0].startswith("trace: trace ")
+        lines[0] == f"trace: {trace}"  # the path once, not "trace: trace PATH"
         and "model shape: qwen3-30b-a3b expert size, 9,437,184 bytes/expert" in lines[1]
     )
     assert lines[2].startswith("cost: preset qwen3-30b-a3b-2gpu+pcie5-x16")
@@ -134,9 +134,11 @@ def test_help_lists_flags_with_units_and_defaults(capsys) -> None:
         "--executor",
         "--ray-address",
         "--seed",
+        "--stopping",
     ):
         assert flag in text
     assert "GB/s (1 GB = 1e9 bytes)" in text and "default: 16,32,64" in text
+    assert "--stopping {expected,bound}" in text and "can pay (default: expected)" in text
 
 
 @pytest.mark.parametrize(
@@ -157,6 +159,7 @@ def test_help_lists_flags_with_units_and_defaults(capsys) -> None:
         (["--bandwidth", "16,,32"], "--bandwidth"),
         (["--bandwidth", "16e9"], "--bandwidth"),
         (["--cache", "0.001"], "--cache"),
+        (["--stopping", "never"], "--stopping"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(trace: str, argv: list[str], flag: str, capsys, tmp_path) -> None:
@@ -303,3 +306,88 @@ def test_out_file_and_policy_mode_trace_are_flag_errors(trace: str, tmp_path, ca
 
     with pytest.raises(ReplayError, match="no dense trees to replay"):
         replay_policy(open_run(policy_run), SimConfig(cost=cost, cache_capacity_per_layer=4))
+
+
+def test_stopping_rule_is_part_of_the_cell_and_recorded(trace: str, tmp_path, capsys) -> None:
+    """--stopping reaches SpecFitPolicy: the bound rule drafts at least as many levels per cycle as
+    the expected rule in every cell; the rule is in the specfit cells' ids and results, so a sweep
+    with the other rule in the same --out redoes the specfit cells and reuses only the others."""
+    out = tmp_path / "stop"
+    base = [
+        "--trace",
+        trace,
+        "--bandwidth",
+        "16,64",
+        "--cache",
+        "4",
+        "--policy",
+        "ar,specfit",
+        "--out",
+        str(out),
+    ]
+    base += ["--jobs", "1", "--no-progress", "--no-figures"]
+    assert main(base) == 0  # default: expected
+    printed = capsys.readouterr().out
+    assert "SpecFit stopping rule expected (--stopping)" in printed
+    expected = pd.read_parquet(out / "results.parquet")
+    assert main([*base, "--stopping", "bound"]) == 0
+    printed = capsys.readouterr().out
+    summary = _last_json(printed)
+    assert "SpecFit stopping rule bound (--stopping)" in printed
+    assert summary["cells_run"] == 2 and summary["cells_skipped"] == 2  # the 2 ar cells reused
+    bound = pd.read_parquet(out / "results.parquet")
+    spec_e = expected[expected["policy"] == "specfit"].reset_index(drop=True)
+    spec_b = bound[bound["policy"] == "specfit"].reset_index(drop=True)
+    assert spec_e["stopping"].tolist() == ["expected", "expected"]
+    assert spec_b["stopping"].tolist() == ["bound", "bound"]
+    assert bound.loc[bound["policy"] == "ar", "stopping"].isna().all()
+    assert set(spec_e["cell_id"]).isdisjoint(spec_b["cell_id"])
+    assert (spec_b["mean_draft_levels"] >= spec_e["mean_draft_levels"]).all()
+    assert spec_b["mean_draft_levels"].mean() > spec_e["mean_draft_levels"].mean()  # the rules differ here
+    assert (spec_b["mean_draft_levels"] == 3.0).all()  # the trace's full depth: bound rarely stops
+    cells = json.loads((out / "sweep.json").read_text())["cells"]
+    assert [c["policy_options"] for c in cells if c["policy"] == "specfit"] == [{"stopping": "bound"}] * 2
+    assert all(c["policy_options"] is None for c in cells if c["policy"] == "ar")
+
+
+def test_cell_options_keep_ids_and_are_checked(trace: str) -> None:
+    import dataclasses
+
+    from sim.cells import CellSpec
+
+    cell = _cells(trace)[2]
+    assert cell.policy == "specfit" and cell.policy_options is None
+    # a cell without options hashes as before the field existed
+    legacy = {k: v for k, v in cell.to_dict().items() if k != "policy_options"}
+    assert cell.cell_id == CellSpec(**legacy).cell_id
+    bound = dataclasses.replace(cell, policy_options={"stopping": "bound"})
+    assert bound.cell_id != cell.cell_id
+    assert bound.sim_config().policy_options == (("stopping", "bound"),)
+    with pytest.raises(ValueError, match="SimConfig.policy_options: .*stopping must be one of"):
+        dataclasses.replace(cell, policy_options={"stopping": "never"}).sim_config()
+
+
+def test_cost_file_without_bandwidth_sweeps_its_own_link(trace: str, tmp_path, capsys) -> None:
+    """A calibrated cost JSON and no --bandwidth: the sweep runs at the file's h2d_bytes_per_s (in
+    GB/s) and says so; --bandwidth given still replaces it."""
+    import dataclasses
+
+    cost = cost_from_preset("qwen3-30b-a3b-2gpu", expert_bytes=1_000, num_layers=SHAPE.num_layers)
+    cost = dataclasses.replace(cost, h2d_bytes_per_s=4.25e9)
+    cost_path = cost.save(tmp_path / "cal" / "cost.json")
+    base = ["--trace", trace, "--cache", "4", "--policy", "ar", "--cost", str(cost_path)]
+    base += ["--jobs", "1", "--no-progress", "--no-figures", "--acceptance", "draft"]
+    assert main([*base, "--out", str(tmp_path / "own")]) == 0
+    printed = capsys.readouterr().out
+    own = pd.read_parquet(tmp_path / "own" / "results.parquet")
+    assert own["bandwidth_gb_per_s"].tolist() == [pytest.approx(4.25)]
+    line = next(x for x in printed.splitlines() if x.startswith("bandwidth: "))
+    assert line == (
+        "bandwidth: the cost file's 4.25 GB/s (its h2d_bytes_per_s 4.25e+09 B/s; --bandwidth not given)"
+    )
+    assert main([*base, "--bandwidth", "16,64", "--out", str(tmp_path / "given")]) == 0
+    printed = capsys.readouterr().out
+    given = pd.read_parquet(tmp_path / "given" / "results.parquet")
+    assert given["bandwidth_gb_per_s"].tolist() == [16.0, 64.0]
+    assert "bandwidth: 16, 64 GB/s (--bandwidth) replaces the cost file's 4.25 GB/s" in printed
+    assert (given["tokens_per_s"] > own["tokens_per_s"].iloc[0]).all()  # a faster link than the file's

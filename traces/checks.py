@@ -292,10 +292,14 @@ def check_part_files(run_dir: str | Path, manifest: Manifest) -> None:
                 what = f"{_part_name(len(indices))}" + (
                     f" .. {_part_name(parts - 1)}" if parts - len(indices) > 1 else ""
                 )
-                message = f"{what} missing: manifest.table_counts records {parts} parts, found {len(indices)}"
+                message = (
+                    f"{what} missing: manifest.table_counts records {parts} part{'' if parts == 1 else 's'}, "
+                    f"found {len(indices)}"
+                )
             else:
                 message = (
-                    f"{len(indices)} parts, manifest.table_counts records {parts}: "
+                    f"{len(indices)} part{'' if len(indices) == 1 else 's'}, manifest.table_counts records "
+                    f"{parts}: "
                     f"{_part_name(indices[parts])} and later were not written by this run's writer"
                 )
             raise TraceError(folder, table, None, message)
@@ -335,7 +339,8 @@ def consistency_errors(run: TraceRun) -> Iterator[TraceError]:
                     run_dir / table,
                     table,
                     None,
-                    f"parts hold {rows} rows, manifest.table_counts records {recorded[table][1]} "
+                    f"parts hold {rows} row{'' if rows == 1 else 's'}, manifest.table_counts records "
+                    f"{recorded[table][1]} "
                     "(a part was replaced or truncated after the run was written)",
                 )
                 return

@@ -45,10 +45,12 @@ class PlannedChooser:
         window: recent target tokens used by the predictors.
         tables: arrays of ``calibration.fit``'s ``predictor_tables.npz`` (``union_size``
             float[L, M+1], ``token_ids`` int[V], ``token_bits`` uint64[V, L, W]), or None.
+        stopping: ``specfit``'s stopping rule (``SpecFitPolicy(stopping=...)``: ``"expected"`` or
+            ``"bound"``); ``None``: the policy's default. Only ``specfit`` takes one.
 
     Raises:
-        ValueError: unknown policy or predictor (lists the valid ones), or ``union-size``
-            without ``tables``.
+        ValueError: unknown policy or predictor (lists the valid ones), ``union-size`` without
+            ``tables``, or a ``stopping`` rule that is unknown or given to another policy.
     """
 
     def __init__(
@@ -63,6 +65,7 @@ class PlannedChooser:
         calibration=None,
         window: int = 4,
         tables: dict[str, np.ndarray] | None = None,
+        stopping: str | None = None,
     ) -> None:
         from specfit.policies import make_tree_policy
         from specfit.predictors import make_predictor
@@ -71,7 +74,11 @@ class PlannedChooser:
             raise ValueError(f"unknown planned policy {policy!r}; expected one of {list(PLANNED_POLICIES)}")
         if predictor not in LIVE_PREDICTORS:
             raise ValueError(f"unknown live predictor {predictor!r}; expected one of {list(LIVE_PREDICTORS)}")
-        kwargs = {"num_draft_nodes": shape.max_nodes - 1} if policy == "topn" else {}
+        kwargs: dict[str, Any] = {"num_draft_nodes": shape.max_nodes - 1} if policy == "topn" else {}
+        if stopping is not None:
+            if policy != "specfit":
+                raise ValueError(f"stopping rule {stopping!r}: only policy 'specfit' has one, not {policy!r}")
+            kwargs["stopping"] = stopping
         self.name = policy
         self.policy = make_tree_policy(policy, **kwargs)
         self.predictor_name = predictor

@@ -292,9 +292,10 @@ class RecordSession:
                 self.spec.num_experts,
                 calibration=calibration,
                 tables=tables,
+                stopping=getattr(config, "stopping", None),
             )
         except ValueError as exc:
-            raise SessionError("--policy", str(exc)) from exc
+            raise SessionError("--stopping" if "stopping" in str(exc) else "--policy", str(exc)) from exc
 
     def _manifest(self):
         from traces.schema import DraftSpec, HardwareSpec, Manifest, ModelSpec, RunConfig
