@@ -45,6 +45,38 @@ class Targets:
     same_subtree_fraction: float = 0.99
 
 
+# Short headers of the printed / Markdown per-cell tables (``analysis.validate`` stdout,
+# ``analysis.report``); fidelity.csv keeps the full names (docs/metrics.md defines them).
+SHORT_COLUMNS = {
+    "bandwidth_gb_per_s": "bw_GBps",
+    "cache_experts_per_layer": "cache",
+    "policy": "policy",
+    "live_tokens_per_s": "live_tps",
+    "sim_tokens_per_s": "sim_tps",
+    "throughput_error_pct": "tput_err%",
+    "live_repeat_spread_pct": "spread%",
+    "hit_rate_diff_points": "hit_dpts",
+    "same_subtree_fraction": "same_sub",
+    "cycle_error_median_pct": "err_med%",
+    "cycle_error_p90_pct": "err_p90%",
+    "cycle_noise_median_pct": "noise_med%",
+    "cycle_noise_p90_pct": "noise_p90%",
+    "planner_error_median_pct": "planner_med%",
+    "off_terms": "off_terms",
+    "within_noise": "within_noise",
+    "ok": "ok",
+}
+
+
+def short_table(table: pd.DataFrame, columns: Sequence[str]) -> tuple[pd.DataFrame, str]:
+    """``table[columns]`` (those present) renamed to :data:`SHORT_COLUMNS`, and a legend line
+    mapping every renamed header to its fidelity.csv name (``"columns: bw_GBps = ..., ..."``)."""
+    cols = [c for c in columns if c in table.columns]
+    renamed = {c: SHORT_COLUMNS.get(c, c) for c in cols}
+    legend = ", ".join(f"{short} = {full}" for full, short in renamed.items() if short != full)
+    return table[cols].rename(columns=renamed), f"columns (fidelity.csv names): {legend}"
+
+
 def live_totals(cycles: pd.DataFrame) -> dict[str, float]:
     """Live decode throughput (committed tokens / sum of ``cycle_s``) and hit rate of a cycles table."""
     summary = metrics.cycle_summary(cycles)

@@ -33,6 +33,22 @@ POLICY_COLORS = {
 }
 
 
+# Regime-map bands (a full-tree policy slower than autoregressive), one style per source so a
+# band always says whose throughput it is: simulated = red "//" hatch, live = blue "\\" hatch
+# (both at one bandwidth: cross-hatched).
+SLOW_BAND_STYLES = {
+    "sim": {"facecolor": (1.0, 0.0, 0.0, 0.08), "edgecolor": (0.8, 0.0, 0.0, 0.55), "hatch": "//"},
+    "live": {"facecolor": (0.0, 0.3, 1.0, 0.08), "edgecolor": (0.0, 0.2, 0.8, 0.55), "hatch": "\\\\"},
+}
+OTHER_BAND_STYLE = {"facecolor": (0.5, 0.5, 0.5, 0.1), "edgecolor": (0.3, 0.3, 0.3, 0.55), "hatch": ".."}
+
+
+def slow_band_label(source: str) -> str:
+    """Legend label of a regime-map band of ``source`` (``sim`` / ``live``)."""
+    name = {"sim": "simulated", "live": "live"}.get(str(source), str(source))
+    return f"full tree slower than AR ({name})"
+
+
 def _color(policy: str) -> str | None:
     return POLICY_COLORS.get(str(policy))
 
@@ -104,8 +120,10 @@ def throughput_vs_bandwidth(
     Each configuration (``config`` column; one when absent) gets its own row of panels, one
     panel per cache size, so cells of different expert sizes, overlap, prefetch, predictor, cache
     policy or source never share a line and are never averaged (only repeated cells of one
-    configuration are). Shaded bandwidths: a full-tree policy (top-N / full) is slower than
-    autoregressive there. Solid lines are simulated, dashed lines live. Legends sit outside.
+    configuration are). Hatched bandwidths: a full-tree policy (top-N / full) is slower than
+    autoregressive there, per source (:data:`SLOW_BAND_STYLES`: red ``//`` from the simulated
+    cells, blue ``\\`` from the live ones; cross-hatched when both), each band named in the
+    legend. Solid lines are simulated, dashed lines live. Legends sit outside.
     """
     df = with_config(throughput).dropna(subset=["bandwidth_gb_per_s", "tokens_per_s"])
     if df.empty:
@@ -138,48 +156,79 @@ def throughput_vs_bandwidth(
                     label=f"{policy} ({source})",
                 )
             mine = slow[(slow["config"] == config) & (slow["cache_experts_per_layer"] == cache)]
-            for bw in mine["bandwidth_gb_per_s"].unique():
-                ax.axvspan(bw / 1.15, bw * 1.15, color="red", alpha=0.12, lw=0)
+            for source, bands in mine.groupby("source", sort=True):
+                style = SLOW_BAND_STYLES.get(str(source), OTHER_BAND_STYLE)
+                for i, bw in enumerate(sorted(bands["bandwidth_gb_per_s"].unique())):
+                    ax.axvspan(
+                        bw / 1.15,
+                        bw * 1.15,
+                        lw=0,
+                        label=slow_band_label(source) if i == 0 else None,
+                        **style,
+                    )
             ax.set_xscale("log")
             ticks = sorted(sub["bandwidth_gb_per_s"].unique())
             ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
             ax.minorticks_off()
             ax.set_xlabel("H2D bandwidth (GB/s, 1 GB = 1e9 B)")
             ax.set_ylabel("throughput (committed tokens / s)")
-            title = f"cache {cache} experts/layer (red: full tree slower than AR)"
+            title = f"cache {cache} experts/layer (hatched: full tree slower than AR, per source)"
             ax.set_title(f"{textwrap.fill(config, 60)}\n{title}" if config else title, fontsize=8)
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
 
 
+def _ms_label(value: float, _pos: Any = None) -> str:
+    """Tick label in milliseconds for 1, 2 and 5 x 10^k seconds (others unlabelled: log axes
+    stay uncluttered)."""
+    if not value > 0:
+        return ""
+    lead = value / 10 ** np.floor(np.log10(value) + 1e-9)
+    return f"{value * 1e3:g}" if any(abs(lead - d) < 1e-6 for d in (1, 2, 5)) else ""
+
+
 def predicted_vs_measured(scatter: pd.DataFrame, path: Path) -> Path | None:
-    """Per-cycle predicted vs measured cycle seconds (log-log), y = x line, median/p90 |error| in the legend."""
+    """Per-cycle predicted vs measured cycle time (log-log, ms), y = x line, one series per ``label``
+    with its median/p90 |error| in the legend, which sits below the axes (never over the points;
+    the figure grows with the series). A ``"... calibrated: <policy>"`` series takes its policy's
+    colour; planner series (``"(planner)"``) are drawn as crosses."""
     df = scatter.dropna()
     df = df[(df["measured_s"] > 0) & (df["predicted_s"] > 0)]
     if df.empty:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 5))
-    for label, g in df.groupby("label"):
+    from matplotlib.ticker import FuncFormatter
+
+    groups = list(df.groupby("label"))
+    fig, ax = plt.subplots(figsize=(6.0, 5.5 + 0.17 * len(groups)))
+    for label, g in groups:
         s = metrics.error_summary(g["predicted_s"], g["measured_s"])
+        policy = str(label).rsplit("calibrated: ", 1)[-1] if "calibrated: " in str(label) else None
         ax.scatter(
             g["measured_s"],
             g["predicted_s"],
-            s=8,
+            s=10 if "(planner)" in str(label) else 8,
             alpha=0.6,
+            marker="x" if "(planner)" in str(label) else "o",
+            color=_color(policy) if policy else None,
             label=f"{label}: median {s.median_abs_pct_error:.1f}%, p90 {s.p90_abs_pct_error:.1f}%",
         )
     lo, hi = (
         float(df[["measured_s", "predicted_s"]].min().min()),
         float(df[["measured_s", "predicted_s"]].max().max()),
     )
-    ax.plot([lo, hi], [lo, hi], "k-", lw=1)
+    ax.plot([lo, hi], [lo, hi], "k-", lw=1, label="y = x")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("measured cycle time (s, planner time excluded)")
-    ax.set_ylabel("predicted cycle time (s)")
+    # under a decade every minor tick is labelled (else few or none would be), else 1, 2, 5 x 10^k
+    minor = _ms_label if hi / lo >= 10 else (lambda v, _pos=None: f"{v * 1e3:.3g}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(FuncFormatter(_ms_label))
+        axis.set_minor_formatter(FuncFormatter(minor))
+    ax.set_xlabel("measured cycle time (ms, planner time excluded)")
+    ax.set_ylabel("predicted cycle time (ms)")
     ax.set_title("Per-cycle predicted vs measured")
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1)  # below the axes
     return _save(fig, path)
 
 

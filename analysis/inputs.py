@@ -5,8 +5,9 @@ Recognised directories (by their files):
 - trace run (``manifest.json``; dense and/or policy cycles), read with ``traces.reader.open_run``;
 - sim sweep (``results.parquet`` or ``results.csv`` of ``python -m sim.sweep``);
 - calibration folder (``cost_fit_cycles.csv`` of ``python -m calibration.fit``);
-- validation folder (``fidelity.csv`` of ``python -m analysis.validate``; the dense and live runs it
-  recorded under ``live/`` are read too).
+- validation folder (``fidelity.csv`` of ``python -m analysis.validate``, with its ``fidelity.json``
+  summary, ``cycle_errors.csv`` per-cycle predictions of the calibrated cost model and its two
+  fidelity figures; the dense and live runs it recorded under ``live/`` are read too).
 
 Everything is reduced to a few long-format tables (:class:`ReportData`), one row per
 (source, configuration), so each figure reads one table.
@@ -37,6 +38,8 @@ THROUGHPUT_COLUMNS = (
 HIT_COLUMNS = ("label", "source", "cache_experts_per_layer", "policy", "hit_rate")
 SPLIT_COLUMNS = ("label", "draft_s", "verify_s", "h2d_s", "other_s")
 SCATTER_COLUMNS = ("label", "predicted_s", "measured_s")
+# the fidelity figures analysis.validate writes under <folder>/figures/ (the report shows them)
+VALIDATE_FIGURES = ("sim_vs_live_throughput", "cycle_error_distribution")
 
 
 class ReportInputError(ValueError):
@@ -53,12 +56,23 @@ class ReportData:
             configurations are never averaged together).
         hit_rates: :data:`HIT_COLUMNS`.
         time_split: :data:`SPLIT_COLUMNS` (seconds summed over a run or cell).
-        cycle_scatter: :data:`SCATTER_COLUMNS`, one row per cycle (seconds).
+        cycle_scatter: :data:`SCATTER_COLUMNS`, one row per cycle (seconds): a policy-mode trace
+            run's planner predictions (``"<run> (planner)"``), a calibration folder's fitted model
+            (``"<folder> (calibrated, <split>)"``) and a validate folder's calibrated cost model
+            from ``cycle_errors.csv``, one series per policy (``"<folder> calibrated: <policy>"``;
+            the planner predictions of its live runs are not drawn, their median error is
+            ``planner_error_median_pct`` in its fidelity table).
         dense: ``(label, NodeArrays, num_experts)`` of dense runs.
         run_summaries: ``(label, dict)`` of every trace run, dense and policy: ``mode``,
             ``num_requests``, ``num_trees`` and, for runs with cycles, ``metrics.cycle_summary``
-            plus ``wall_s``, ``tokens_per_s``, ``throughput_basis`` (``num_cycles`` 0 without).
+            plus ``decode_s`` (decode seconds: ``summary.json`` ``decode_s``, which leaves out the
+            prefill and trace writing, or the sum of ``cycle_s``), ``tokens_per_s``,
+            ``throughput_basis`` (which of the two; ``num_cycles`` 0 without cycles).
         fidelity: the rows of validation folders.
+        validations: one dict per validation folder: ``label`` (folder name), ``path``,
+            ``table`` (its fidelity.csv), ``summary`` (``fidelity.json``, or recomputed by
+            :func:`analysis.fidelity.overall` from fidelity.csv and cycle_errors.csv when absent),
+            ``repeats`` and ``figures`` (``{name: path or None}`` of :data:`VALIDATE_FIGURES`).
         fit_errors: per-term cost-fit errors of calibration folders (``cost_fit_report.json``):
             ``label, term, split, num_samples, median_abs_pct_error, p90_abs_pct_error, r2``.
         inputs: ``(path, kind)`` of every input.
@@ -72,6 +86,7 @@ class ReportData:
     run_summaries: list = field(default_factory=list)
     fidelity: pd.DataFrame = field(default_factory=pd.DataFrame)
     fit_errors: pd.DataFrame = field(default_factory=pd.DataFrame)
+    validations: list = field(default_factory=list)
     inputs: list = field(default_factory=list)
 
     def _add(self, name: str, rows: pd.DataFrame) -> None:
@@ -224,7 +239,13 @@ def live_throughput(path: Path, summary: dict) -> tuple[float, float, str]:
     return float(summary["tokens_per_s"]), float(summary["wall_s"]), "sum cycle_s"
 
 
-def _add_trace(data: ReportData, path: Path, include_rates: bool = True, label: str | None = None) -> None:
+def _add_trace(
+    data: ReportData,
+    path: Path,
+    include_rates: bool = True,
+    label: str | None = None,
+    include_planner: bool = True,
+) -> None:
     from traces.reader import open_run
 
     try:
@@ -245,7 +266,16 @@ def _add_trace(data: ReportData, path: Path, include_rates: bool = True, label: 
         return
     summary = metrics.cycle_summary(cycles)
     tokens_per_s, wall_s, basis = live_throughput(path, summary)
-    summary = {**listed, **summary, "wall_s": wall_s, "tokens_per_s": tokens_per_s, "throughput_basis": basis}
+    # cycle_summary's wall_s (sum of cycle_s) becomes decode_s, in its place: the decode seconds
+    # the throughput divides by (summary.json decode_s, or that sum per throughput_basis)
+    summary = {("decode_s" if k == "wall_s" else k): v for k, v in summary.items()}
+    summary = {
+        **listed,
+        **summary,
+        "decode_s": wall_s,
+        "tokens_per_s": tokens_per_s,
+        "throughput_basis": basis,
+    }
     data.run_summaries.append((label, summary))
     if manifest.run.mode != "policy":  # dense cycles verify whole trees: listed, not in the regime map
         return
@@ -276,7 +306,7 @@ def _add_trace(data: ReportData, path: Path, include_rates: bool = True, label: 
     predicted = pd.to_numeric(cycles["predicted_cycle_s"], errors="coerce")
     decision = pd.to_numeric(cycles["decision_s"], errors="coerce").fillna(0.0)
     ok = predicted.notna()
-    if ok.any():
+    if include_planner and ok.any():
         data._add(
             "cycle_scatter",
             pd.DataFrame(
@@ -350,7 +380,8 @@ def _add_validate(data: ReportData, path: Path) -> None:
     live = path / "live"
     for run_dir in sorted([*live.glob("*/manifest.json"), *live.glob("*/r*/manifest.json")]):
         label = f"{path.name}/{run_dir.parent.relative_to(live).as_posix()}"
-        _add_trace(data, run_dir.parent, include_rates=False, label=label)
+        # rates come from fidelity.csv; per-cycle predictions from cycle_errors.csv (calibrated)
+        _add_trace(data, run_dir.parent, include_rates=False, label=label, include_planner=False)
         if expert_bytes is None:
             try:
                 expert_bytes = json.loads(run_dir.read_text())["model"]["bytes_per_expert"]
@@ -358,6 +389,38 @@ def _add_validate(data: ReportData, path: Path) -> None:
                 expert_bytes = None
     config = config_label(f"validate {path.name}", expert_bytes=expert_bytes)
     data.fidelity = pd.concat([data.fidelity, df.assign(label=path.name)], ignore_index=True)
+    errors = _read_cycle_errors(path)
+    if len(errors):
+        data._add(
+            "cycle_scatter",
+            pd.DataFrame(
+                {
+                    "label": [f"{path.name} calibrated: {p}" for p in errors["policy"]],
+                    "predicted_s": pd.to_numeric(errors["predicted_cycle_s"], errors="coerce"),
+                    "measured_s": pd.to_numeric(errors["measured_cycle_s"], errors="coerce"),
+                }
+            ),
+        )
+    summary = _validate_summary(path, df, errors)
+    repeats = summary.get("repeats")
+    if not isinstance(repeats, (int, float)) or not np.isfinite(repeats):
+        nr = pd.to_numeric(df.get("num_repeats", pd.Series(dtype=float)), errors="coerce").dropna()
+        repeats = int(nr.max()) if len(nr) else 1
+    data.validations.append(
+        {
+            "label": path.name,
+            "path": path,
+            "table": df,
+            "summary": summary,
+            "repeats": int(repeats),
+            "figures": {
+                name: (
+                    path / "figures" / f"{name}.png" if (path / "figures" / f"{name}.png").is_file() else None
+                )
+                for name in VALIDATE_FIGURES
+            },
+        }
+    )
     for source in ("live", "sim"):
         col = f"{source}_tokens_per_s"
         if col in df.columns:
@@ -370,6 +433,59 @@ def _add_validate(data: ReportData, path: Path) -> None:
         if col in df.columns:
             hr = df[["cache_experts_per_layer", "policy", col]].rename(columns={col: "hit_rate"})
             data._add("hit_rates", hr.assign(label=path.name, source=source)[list(HIT_COLUMNS)])
+
+
+def _read_cycle_errors(path: Path) -> pd.DataFrame:
+    """A validate folder's ``cycle_errors.csv`` (empty when absent or without rows).
+
+    Raises:
+        ReportInputError: the file lacks ``policy`` / ``measured_cycle_s`` / ``predicted_cycle_s``.
+    """
+    file = path / "cycle_errors.csv"
+    if not file.is_file():
+        return pd.DataFrame()
+    try:
+        df = pd.read_csv(file)
+    except pd.errors.EmptyDataError:  # a grid without matched cycles writes an empty file
+        return pd.DataFrame()
+    need = ("policy", "measured_cycle_s", "predicted_cycle_s")
+    missing = [c for c in need if c not in df.columns]
+    if len(df) and missing:
+        raise ReportInputError(f"{file}: lacks column(s) {missing}")
+    return df
+
+
+def _validate_summary(path: Path, table: pd.DataFrame, errors: pd.DataFrame) -> dict:
+    """``fidelity.json`` of a validate folder, or the same summary recomputed from ``fidelity.csv``
+    and ``cycle_errors.csv`` (:func:`analysis.fidelity.overall`) when the file is absent.
+
+    Raises:
+        ReportInputError: ``fidelity.json`` is not valid JSON.
+    """
+    file = path / "fidelity.json"
+    if file.is_file():
+        try:
+            summary = json.loads(file.read_text())
+        except json.JSONDecodeError as exc:
+            raise ReportInputError(f"{file}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        if isinstance(summary, dict):
+            return {k: (np.nan if v is None else v) for k, v in summary.items()}
+    from analysis import fidelity
+
+    keys = ["bandwidth_gb_per_s", "cache_experts_per_layer", "policy"]
+    per_cell_err, per_cell_noise = [], []
+    if len(errors) and set(keys) <= set(errors.columns):
+        for _, g in errors.groupby(keys, sort=False):
+            per_cell_err.append(pd.to_numeric(g.get("cycle_error_pct"), errors="coerce").to_numpy(float))
+            if "cycle_noise_pct" in g.columns:
+                per_cell_noise.append(pd.to_numeric(g["cycle_noise_pct"], errors="coerce").to_numpy(float))
+    rows = (
+        table.to_dict("records")
+        if {"ok", "throughput_error_pct", "hit_rate_diff_points", "same_subtree_fraction"}
+        <= set(table.columns)
+        else []
+    )
+    return fidelity.overall(rows, per_cell_err, per_cell_noise)
 
 
 _READERS = {

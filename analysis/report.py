@@ -11,10 +11,17 @@ Writes ``report.md`` and ``figures/*.png`` under ``--out`` (default ``runs/repor
 before any work, exit 2 naming ``--out`` when it cannot be); exit 0 on success, 2 for a bad flag,
 1 for an unreadable input (named). Stdout: a few lines saying what was written (report path,
 figures written, figures missing and why), then, as the last line, a JSON summary.
+
+For an ``analysis.validate`` folder the report adds a "Fidelity (analysis.validate)" section: its
+targets and noise-floor lines (:func:`analysis.validate.targets_line`,
+:func:`analysis.validate.noise_line` from ``fidelity.json``, or recomputed from ``fidelity.csv`` /
+``cycle_errors.csv``), a compact per-cell table and its two fidelity figures (copied to ``figures/<folder>-<name>.png``); the
+per-cycle figure draws its calibrated cost model's predictions (``cycle_errors.csv``).
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,8 +31,8 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from analysis import figures
-from analysis.inputs import ReportData, ReportInputError, collect
+from analysis import fidelity, figures
+from analysis.inputs import VALIDATE_FIGURES, ReportData, ReportInputError, collect
 from specfit.cli import ArgumentParser, print_summary, run_main
 
 CONVENTIONS = """\
@@ -50,8 +57,16 @@ CAPTIONS = {
     "throughput_vs_bandwidth": "Throughput against H2D bandwidth per policy, one row of panels per "
     "configuration (listed above; never averaged across configurations), one panel per cache size "
     "(solid: simulated, dashed: live). "
-    "Red bands: bandwidths where the full tree (top-N) is slower than autoregressive decoding.",
-    "predicted_vs_measured": "Per-cycle predicted against measured cycle time (log-log; the line is y = x).",
+    "Hatched bands: bandwidths where the full tree (top-N) is slower than autoregressive decoding, "
+    "per source: red `//` in the simulated cells, blue `\\` in the live ones (cross-hatched: both); "
+    "the legend names each.",
+    "predicted_vs_measured": "Per-cycle predicted against measured cycle time (log-log; the line is y = x). "
+    "Series: `<run> (planner)` = the planner's own logged `predicted_cycle_s` of a policy-mode run; "
+    "`<folder> (calibrated, <split>)` = a calibration folder's fitted cost model; `<folder> calibrated: "
+    "<policy>` = a validate folder's calibrated cost model (`cycle_errors.csv`: per matched cycle, "
+    "the mean over repeats, pooled over its bandwidths and cache sizes; per-cell errors in the "
+    "fidelity table). For validate folders the planner's own predictions of their live runs are "
+    "not drawn (their median error is the fidelity table's `planner_med%`).",
     "acceptance_per_depth": "Per-depth conditional acceptance of the full dense trees.",
     "expert_union_growth": "Distinct experts per layer against the number of verified nodes "
     "(thin: each layer; bold: mean; dashed: no expert sharing).",
@@ -64,8 +79,9 @@ CAPTIONS = {
 MISSING_REASONS = {
     "throughput_vs_bandwidth": "no throughput at a known bandwidth: needs a sim.sweep folder, an "
     "analysis.validate folder or a policy-mode trace run recorded with an emulated link",
-    "predicted_vs_measured": "no cycle with a planner prediction (cycles.predicted_cycle_s): needs a "
-    "policy-mode trace run recorded with a planner",
+    "predicted_vs_measured": "no per-cycle prediction: needs an analysis.validate folder with "
+    "cycle_errors.csv, a calibration.fit folder or a policy-mode trace run recorded with a planner "
+    "(cycles.predicted_cycle_s)",
     "acceptance_per_depth": "no dense trees (nodes table): needs a dense-mode trace run",
     "expert_union_growth": "no dense trees (nodes table): needs a dense-mode trace run",
     "hit_rate_vs_cache": "no hit rates: needs a sim.sweep folder with hit_rate, a validate folder or a "
@@ -76,6 +92,24 @@ MISSING_REASONS = {
 
 # Leading columns of the "Recorded runs" table (the rest follow in metrics.cycle_summary order).
 RUN_COLUMNS = ("run", "mode", "num_requests", "num_trees", "num_cycles")
+
+# The per-cell table of the "Fidelity (analysis.validate)" section (short headers, see
+# analysis.fidelity.SHORT_COLUMNS; fidelity.csv keeps every column under its full name).
+FIDELITY_COLUMNS = (
+    "cell",
+    "throughput_error_pct",
+    "live_repeat_spread_pct",
+    "cycle_error_median_pct",
+    "cycle_error_p90_pct",
+    "cycle_noise_median_pct",
+    "cycle_noise_p90_pct",
+    "hit_rate_diff_points",
+    "same_subtree_fraction",
+    "planner_error_median_pct",
+    "within_noise",
+    "ok",
+    "off_terms",
+)
 
 
 def build_parser() -> ArgumentParser:
@@ -136,6 +170,81 @@ def time_split_left_out_lines(split: pd.DataFrame) -> list[str]:
     ]
 
 
+def cell_names(table: pd.DataFrame) -> list[str]:
+    """Per fidelity row, the cell's name as ``analysis.validate`` names its ``live/`` folder
+    (``bw1-c16-ar``)."""
+    return [
+        f"bw{float(bw):g}-c{float(c):g}-{p}"
+        for bw, c, p in zip(table["bandwidth_gb_per_s"], table["cache_experts_per_layer"], table["policy"])
+    ]
+
+
+def fidelity_section(validations: list, out_dir: Path) -> tuple[list[str], list[Path]]:
+    """Markdown lines of the "Fidelity (analysis.validate)" section (one block per validate folder:
+    targets line, noise-floor line, compact per-cell table, its two figures copied under
+    ``out_dir/figures/<folder>-<name>.png``) and the copied figure paths."""
+    from analysis.validate import noise_line, targets_line
+
+    if not validations:
+        return [], []
+    lines = ["## Fidelity (analysis.validate)\n"]
+    copied: list[Path] = []
+    level = "####" if len(validations) > 1 else "###"
+    for v in validations:
+        table = v["table"]
+        if len(validations) > 1:
+            lines.append(f"### {v['label']}\n")
+        lines.append(f"- {targets_line()}")
+        lines.append(f"- {noise_line(v['summary'], v['repeats'])}")
+        lines.append(
+            f"- cells: {len(table)}; ok (every target met): {_count(table, 'ok')}; within_noise (every "
+            f"miss within the measured noise floor): {_count(table, 'within_noise')}\n"
+        )
+        if {"bandwidth_gb_per_s", "cache_experts_per_layer", "policy"} <= set(table.columns):
+            table = table.assign(cell=cell_names(table))
+        compact, legend = fidelity.short_table(table, FIDELITY_COLUMNS)
+        lines.append(markdown_table(compact))
+        lines.append(
+            f"{legend}. `cell`: bandwidth (GB/s), cache (experts per layer) and policy, as the "
+            "validation names its `live/` folders. Errors and noise are absolute percentages except "
+            "`tput_err%` and `hit_dpts` (signed, simulated minus live); every fidelity.csv column is "
+            "defined in docs/metrics.md.\n"
+        )
+        for name in VALIDATE_FIGURES:
+            src = v["figures"].get(name)
+            if src is None:
+                lines.append(f"- {name}: not in `{v['path']}/figures/` (not drawn by that validation).")
+                continue
+            dst = out_dir / "figures" / f"{v['label']}-{name}.png"
+            if dst in copied:  # two validate folders of one name
+                dst = dst.with_name(f"{v['label']}-{len(copied)}-{name}.png")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+            copied.append(dst)
+            lines.append(
+                f"{level} {v['label']}: {name.replace('_', ' ')}\n\n![{name}](figures/{dst.name})\n\n"
+                f"{VALIDATE_CAPTIONS[name]}\n"
+            )
+        lines.append("")
+    return lines, copied
+
+
+def _count(table: pd.DataFrame, column: str) -> str:
+    if column not in table.columns:
+        return "n/a"
+    values = table[column].astype(str).str.lower().isin(("true", "1"))
+    return f"{int(values.sum())} of {len(table)}"
+
+
+VALIDATE_CAPTIONS = {
+    "sim_vs_live_throughput": "Simulated against live throughput per cell (live pooled over the "
+    "repeats; grey band: +/- 2 % target). Copied from the validate folder.",
+    "cycle_error_distribution": "Per-cycle error of the calibrated cost model against the mean "
+    "measured cycle over repeats (dashed: 2 % target, dotted: 5 %), and, with repeats, the |error| "
+    "beside the per-cycle run-to-run noise. Copied from the validate folder.",
+}
+
+
 def render_figures(data: ReportData, fig_dir: Path) -> dict[str, Path | None]:
     """Draw every figure that the data allow; ``{name: path or None}`` in :data:`figures.FIGURES` order."""
     jobs = {
@@ -152,8 +261,11 @@ def render_figures(data: ReportData, fig_dir: Path) -> dict[str, Path | None]:
     return out
 
 
-def write_report(data: ReportData, out_dir: Path, title: str) -> tuple[Path, dict[str, Path | None]]:
-    """Render the figures and write ``report.md``; returns its path and the figure paths."""
+def write_report(
+    data: ReportData, out_dir: Path, title: str, copied: list[Path] | None = None
+) -> tuple[Path, dict[str, Path | None]]:
+    """Render the figures and write ``report.md``; returns its path and the figure paths. The
+    validate folders' fidelity figures copied next to it are appended to ``copied`` when given."""
     fig_paths = render_figures(data, out_dir / "figures")
     lines = [f"# {title}\n", "## Inputs\n"]
     lines += [f"- `{p}` ({kind})" for p, kind in data.inputs]
@@ -163,7 +275,10 @@ def write_report(data: ReportData, out_dir: Path, title: str) -> tuple[Path, dic
         lines.append("## Recorded runs\n")
         lines.append(
             "Every trace run in the inputs, dense and policy mode (cycle figures are `-` for a run "
-            "without cycles; dense runs are listed here but not placed on the regime map).\n"
+            "without cycles; dense runs are listed here but not placed on the regime map). "
+            "`decode_s`: seconds of the decode phase, `summary.json` `decode_s` of `live.record` (first "
+            "cycle to last, without prefill and trace writing) or, where `throughput_basis` says "
+            "`sum cycle_s`, the sum of the cycle times; `tokens_per_s` = committed tokens / `decode_s`.\n"
         )
         rows = pd.DataFrame([{"run": label, **s} for label, s in data.run_summaries])
         lead = [c for c in RUN_COLUMNS if c in rows.columns]
@@ -182,9 +297,10 @@ def write_report(data: ReportData, out_dir: Path, title: str) -> tuple[Path, dic
         lines.append("## Cost-model fit (calibration)\n")
         lines.append("Per term, |% error| of the fitted cost model on fit and held-out cycles.\n")
         lines.append(markdown_table(data.fit_errors))
-    if len(data.fidelity):
-        lines.append("## Simulator vs live fidelity\n")
-        lines.append(markdown_table(data.fidelity))
+    fidelity_lines, fidelity_figures = fidelity_section(data.validations, out_dir)
+    lines += fidelity_lines
+    if copied is not None:
+        copied += fidelity_figures
     lines.append("## Figures\n")
     for name in figures.FIGURES:
         path = fig_paths[name]
@@ -216,7 +332,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         print_summary({"ok": False, "error": str(exc)})
         return 1
-    report, fig_paths = write_report(data, out_dir, args.title)
+    copied: list[Path] = []
+    report, fig_paths = write_report(data, out_dir, args.title, copied)
     drawn = [n for n, p in fig_paths.items() if p is not None]
     missing = {n: MISSING_REASONS[n] for n, p in fig_paths.items() if p is None}
     _, split_left_out = figures.time_split_rows(data.time_split)
@@ -227,6 +344,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "time_split" and len(split_left_out):
             extra = f" ({len(split_left_out)} of {len(data.time_split)} rows left out, listed in report.md)"
         print(f"  {fig_paths[name]}{extra}")
+    if copied:
+        print(f"validate fidelity figures copied ({len(copied)}):")
+        for path in copied:
+            print(f"  {path}")
     if missing:
         print(f"figures missing ({len(missing)}):")
         for name, why in missing.items():
@@ -239,6 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "missing_figures": list(missing),
             "missing_reasons": missing,
             "time_split_rows_left_out": len(split_left_out),
+            "validate_figures": [str(p) for p in copied],
             "num_inputs": len(data.inputs),
         }
     )

@@ -44,11 +44,12 @@ mean measured cycle time, error and noise), ``cost_<bw>.json`` per bandwidth, ``
 distributions, throughput against bandwidth), the dense run under ``live/dense`` and every live
 repeat under ``live/<cell>/r<k>`` (a complete run there is reused on a rerun), logs under ``logs/``.
 The table (one row per cell, ``ok`` = every target met, ``within_noise`` = every miss within the
-noise floor) is followed by the targets line and the grid's noise-floor line; the last stdout
-line is the JSON summary with the overall median and p90 per-cycle errors, ``repeats``, the
-pooled per-cycle noise (``noise_cycle_median_pct``, ``noise_cycle_p90_pct``),
-``max_live_repeat_spread_pct``, ``ran`` (the grid ran to the end), ``all_targets_met`` (every
-cell's ``ok``) and ``all_within_noise`` (every cell's ``within_noise``).
+noise floor; short headers, then a line mapping them to the fidelity.csv names) is followed by the
+targets line and the grid's noise-floor line; the last stdout line is the JSON summary with the
+overall median and p90 per-cycle errors, ``repeats``, the pooled per-cycle noise
+(``noise_cycle_median_pct``, ``noise_cycle_p90_pct``), ``max_live_repeat_spread_pct``, ``ran``
+(the grid ran to the end), ``all_targets_met`` (every cell's ``ok``) and ``all_within_noise``
+(every cell's ``within_noise``).
 Exit status: 0 (also when targets are missed: the report says which term is off), 2 for a bad
 flag, 1 when a live run or the replay fails (the cell is named).
 """
@@ -88,6 +89,28 @@ GRID_POLICIES = ("ar", "topn", "specfit")
 COST_FREE_POLICIES = ("ar", "topn")  # their choices do not depend on the cost model
 SIM_PREDICTOR = "union-size"  # the expert predictor both sides use (sim default; live.record --predictor)
 SIM_CACHE_POLICY = "lru"
+
+
+# The per-cell table printed on stdout (short headers, :data:`analysis.fidelity.SHORT_COLUMNS`,
+# with a legend line under it; fidelity.csv keeps the full names and every other column).
+PRINTED_COLUMNS = (
+    "bandwidth_gb_per_s",
+    "cache_experts_per_layer",
+    "policy",
+    "live_tokens_per_s",
+    "sim_tokens_per_s",
+    "throughput_error_pct",
+    "live_repeat_spread_pct",
+    "hit_rate_diff_points",
+    "same_subtree_fraction",
+    "cycle_error_median_pct",
+    "cycle_noise_median_pct",
+    "cycle_error_p90_pct",
+    "cycle_noise_p90_pct",
+    "off_terms",
+    "within_noise",
+    "ok",
+)
 
 
 class ValidationError(RuntimeError):
@@ -665,25 +688,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         torch.set_num_threads(threads)
     figs = write_outputs(out, table, summary, validator.per_cycle)
-    cols = [
-        "bandwidth_gb_per_s",
-        "cache_experts_per_layer",
-        "policy",
-        "live_tokens_per_s",
-        "sim_tokens_per_s",
-    ]
-    cols += [
-        "throughput_error_pct",
-        "live_repeat_spread_pct",
-        "hit_rate_diff_points",
-        "same_subtree_fraction",
-        "cycle_error_median_pct",
-        "cycle_noise_median_pct",
-    ]
-    cols += ["cycle_error_p90_pct", "off_terms"]
-    cols += ["within_noise", "ok"]
+    printed, legend = fidelity.short_table(table, PRINTED_COLUMNS)
     with pd.option_context("display.width", 250, "display.max_columns", 30):
-        print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        print(printed.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print(legend)
     print(targets_line())
     print(noise_line(summary, args.repeats))
     summary.update(

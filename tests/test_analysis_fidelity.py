@@ -248,3 +248,34 @@ def test_cycle_error_figure_adds_a_noise_panel_only_with_noise(tmp_path, monkeyp
     assert figures.cycle_error_distribution(unmeasured, tmp_path / "c.png").stat().st_size > 1000
     assert figures.cycle_error_distribution(errors.iloc[:0], tmp_path / "d.png") is None
     assert drawn == [1, 2, 1]
+
+
+def test_docs_define_every_fidelity_csv_column(live) -> None:
+    """docs/metrics.md has a column table for fidelity.csv: every column compare_cell writes, with
+    a unit and a definition (off_terms, planner/draft/verify/h2d errors, counts, tau included)."""
+    from pathlib import Path
+
+    cycles, transfers = live
+    totals = fidelity.live_totals(cycles)
+    row = fidelity.compare_cell(KEY, [cycles, cycles], [transfers, transfers], totals, cycles, COST)
+    text = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    table = text[text.index("### `fidelity.csv` columns") :]
+    defined = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) >= 3:
+            defined[cells[0].strip("`")] = cells
+    missing = [c for c in row if c not in defined]
+    assert missing == []
+    for name in row:
+        unit, definition = defined[name][1], " ".join(defined[name][2:])
+        assert unit and len(definition) >= 10, name
+    for name in ("off_terms", "planner_error_median_pct", "num_decisions_compared", "live_tau", "sim_tau"):
+        assert name in defined
+
+
+def test_short_table_maps_every_short_header_to_its_csv_name() -> None:
+    table = pd.DataFrame([{"policy": "ar", "cycle_noise_p90_pct": 6.5, "ok": True, "extra": 1}])
+    short, legend = fidelity.short_table(table, ["policy", "cycle_noise_p90_pct", "ok", "absent"])
+    assert list(short.columns) == ["policy", "noise_p90%", "ok"]
+    assert legend == "columns (fidelity.csv names): noise_p90% = cycle_noise_p90_pct"

@@ -72,6 +72,9 @@ def test_report_renders_every_figure(inputs, tmp_path, capsys) -> None:
     assert text.count("![") == len(figures.FIGURES)
     assert "| policy | policy | 8 | 0 | 40 |" in text  # the recorded runs: run, mode, requests, trees, cycles
     assert "| dense | dense | 2 | 60 | 0 |" in text  # a dense trace (no cycles) is listed too
+    header = next(line for line in text.splitlines() if line.startswith("| run | mode |"))
+    assert "| decode_s |" in header and "wall_s" not in header  # decode seconds, named as such
+    assert "without prefill and trace writing" in text
     assert "## Cost-model fit" in text and "| calib | cycle | heldout |" in text
 
 
@@ -210,7 +213,8 @@ def test_live_throughput_uses_decode_wall_seconds(inputs, tmp_path) -> None:
     data = collect([run])
     assert data.throughput["tokens_per_s"].iloc[0] == pytest.approx(123 / decode_s)
     label, summary = data.run_summaries[0]
-    assert summary["tokens_per_s"] == pytest.approx(123 / decode_s) and summary["wall_s"] == decode_s
+    assert summary["tokens_per_s"] == pytest.approx(123 / decode_s) and summary["decode_s"] == decode_s
+    assert "wall_s" not in summary  # it is the decode phase's seconds, labelled as such
     assert summary["throughput_basis"] == "decode_s"
     # a summary of one --resume call only: counts and time would disagree in scope, so use the cycles
     partial = {"num_tokens": 12, "decode_s": 0.5, "summary_covers": "requests decoded by this --resume call"}
@@ -393,3 +397,157 @@ def test_stdout_says_what_was_written_and_what_is_missing(inputs, tmp_path, caps
     assert summary["missing_reasons"]["time_split"].startswith("no time split")
     report_md = (out / "report.md").read_text()
     assert "- time_split: not drawn (no time split: needs" in report_md  # the report says why too
+
+
+def _validate_dir(root: Path, policy_run: Path, with_json: bool = True) -> Path:
+    """A small analysis.validate folder: fidelity.csv (2 cells, 2 repeats), cycle_errors.csv,
+    fidelity.json, its two fidelity figures and one live run (with planner predictions)."""
+    import shutil
+
+    val = root / "val"
+    shutil.copytree(policy_run, val / "live" / "bw1-c8-topn" / "r1")
+    rows = []
+    for policy, tp_err in (("ar", 0.5), ("topn", 3.0)):
+        rows.append(
+            {
+                "bandwidth_gb_per_s": 1.0, "cache_experts_per_layer": 8, "policy": policy,
+                "live_tokens_per_s": 100.0, "sim_tokens_per_s": 100.0 + tp_err,
+                "throughput_error_pct": tp_err, "live_hit_rate": 0.5, "sim_hit_rate": 0.5,
+                "hit_rate_diff_points": 0.0, "same_subtree_fraction": 1.0,
+                "cycle_error_median_pct": 1.5, "cycle_error_p90_pct": 4.0,
+                "planner_error_median_pct": np.nan if policy == "ar" else 7.25,
+                "num_repeats": 2, "live_repeat_spread_pct": 4.5,
+                "cycle_noise_median_pct": 2.25, "cycle_noise_p90_pct": 6.75,
+                "ok": policy == "ar", "within_noise": True,
+                "off_terms": "" if policy == "ar" else "throughput",
+            }
+        )  # fmt: skip
+    table = pd.DataFrame(rows)
+    table.to_csv(val / "fidelity.csv", index=False)
+    rng = np.random.default_rng(0)
+    measured = rng.uniform(5e-3, 20e-3, 40)
+    errors = pd.DataFrame(
+        {
+            "bandwidth_gb_per_s": 1.0,
+            "cache_experts_per_layer": 8,
+            "policy": ["ar"] * 20 + ["topn"] * 20,
+            "request_id": 0,
+            "cycle_index": list(range(20)) * 2,
+            "measured_cycle_s": measured,
+            "predicted_cycle_s": measured * rng.uniform(0.97, 1.03, 40),
+            "cycle_noise_pct": np.linspace(1.0, 10.0, 40),
+        }
+    )
+    errors["cycle_error_pct"] = 100 * (errors["predicted_cycle_s"] / errors["measured_cycle_s"] - 1)
+    errors.to_csv(val / "cycle_errors.csv", index=False)
+    if with_json:
+        summary = {
+            "repeats": 2,
+            "median_live_repeat_spread_pct": 4.5,
+            "max_live_repeat_spread_pct": 4.5,
+            "noise_cycle_median_pct": 3.25,
+            "noise_cycle_p90_pct": 8.5,
+        }
+        (val / "fidelity.json").write_text(json.dumps(summary))
+    figures.sim_vs_live_throughput(table, val / "figures" / "sim_vs_live_throughput.png")
+    figures.cycle_error_distribution(errors, val / "figures" / "cycle_error_distribution.png")
+    return val
+
+
+def _legend_below(ax) -> bool:
+    return ax.get_legend().get_window_extent().y1 <= ax.get_window_extent().y0
+
+
+def test_validate_folder_plots_the_calibrated_model_not_the_planner(inputs, tmp_path, monkeypatch) -> None:
+    """predicted_vs_measured of a validate folder draws cycle_errors.csv (the calibrated model
+    validate reports), one series per policy, legend off the axes; not its runs' planner series."""
+    from analysis.inputs import collect
+
+    assert open_run(inputs["policy"]).cycles["predicted_cycle_s"].notna().any()  # a planner was logged
+    val = _validate_dir(tmp_path, inputs["policy"])
+    scatter = collect([val]).cycle_scatter
+    assert sorted(scatter["label"].unique()) == ["val calibrated: ar", "val calibrated: topn"]
+    errors = pd.read_csv(val / "cycle_errors.csv")
+    mine = scatter[scatter["label"] == "val calibrated: topn"]
+    assert mine["predicted_s"].tolist() == pytest.approx(errors["predicted_cycle_s"][20:].tolist())
+    assert mine["measured_s"].tolist() == pytest.approx(errors["measured_cycle_s"][20:].tolist())
+    # a plain policy run keeps its planner series
+    assert collect([inputs["policy"]]).cycle_scatter["label"].unique().tolist() == ["policy (planner)"]
+    figs = _capture(monkeypatch)
+    figures.predicted_vs_measured(scatter, tmp_path / "pm.png")
+    ax = figs[0].axes[0]
+    texts = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(t.startswith("val calibrated: ar: median") for t in texts)
+    assert _legend_below(ax) or _legend_outside(ax)  # never over the points
+
+
+def test_report_of_a_validate_folder_has_its_fidelity_section(inputs, tmp_path, capsys) -> None:
+    from analysis import fidelity
+    from analysis.validate import noise_line, targets_line
+
+    val = _validate_dir(tmp_path, inputs["policy"])
+    out = tmp_path / "report"
+    assert report_cli.main([str(val), "--out", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    text = (out / "report.md").read_text()
+    section = text[text.index("## Fidelity (analysis.validate)") : text.index("## Figures")]
+    assert targets_line() in section
+    assert noise_line(json.loads((val / "fidelity.json").read_text()), 2) in section
+    assert "median 3.2 %" in section and "p90 8.5 %" in section  # from fidelity.json
+    header = next(line for line in section.splitlines() if line.startswith("| cell |"))
+    for short in ("tput_err%", "spread%", "err_med%", "err_p90%", "noise_med%", "noise_p90%"):
+        assert f"| {short} |" in header
+    assert header.endswith("| within_noise | ok | off_terms |")
+    assert (
+        "| bw1-c8-topn | 3 | 4.5 | 1.5 | 4 | 2.25 | 6.75 | 0 | 1 | 7.25 | True | False | throughput |"
+        in section
+    )
+    assert "noise_p90% = cycle_noise_p90_pct" in section
+    for name in ("sim_vs_live_throughput", "cycle_error_distribution"):
+        copy = out / "figures" / f"val-{name}.png"
+        assert copy.read_bytes() == (val / "figures" / f"{name}.png").read_bytes()
+        assert f"](figures/val-{name}.png)" in section
+        assert str(copy) in summary["validate_figures"]
+    assert "## Simulator vs live fidelity" not in text  # the 29-column dump is gone
+    # without fidelity.json the noise line is recomputed from fidelity.csv and cycle_errors.csv
+    (val / "fidelity.json").unlink()
+    assert report_cli.main([str(val), "--out", str(tmp_path / "r2")]) == 0
+    text = (tmp_path / "r2" / "report.md").read_text()
+    errors = pd.read_csv(val / "cycle_errors.csv")
+    expected = fidelity.overall(
+        pd.read_csv(val / "fidelity.csv").to_dict("records"),
+        [g["cycle_error_pct"].to_numpy() for _, g in errors.groupby("policy")],
+        [g["cycle_noise_pct"].to_numpy() for _, g in errors.groupby("policy")],
+    )
+    line = noise_line(expected, 2)
+    assert line.startswith("noise floor (2 repeats per cell)") and f"- {line}" in text
+    assert f"p90 {np.percentile(errors['cycle_noise_pct'], 90):.2g} %" in line
+
+
+def test_regime_map_says_which_source_is_slower(tmp_path, monkeypatch) -> None:
+    """Full-tree-slower bands are styled per source and named in the legend: sim at 2 GB/s only,
+    live at 32 GB/s only."""
+    rows = []
+    for source, slow_bw in (("sim", 2.0), ("live", 32.0)):
+        for bw in (2.0, 32.0):
+            rows.append({"source": source, "bandwidth_gb_per_s": bw, "policy": "ar", "tokens_per_s": 10.0})
+            topn = 5.0 if bw == slow_bw else 20.0
+            rows.append({"source": source, "bandwidth_gb_per_s": bw, "policy": "topn", "tokens_per_s": topn})
+    tp = pd.DataFrame(rows).assign(label="x", config="c", cache_experts_per_layer=4)
+    figs = _capture(monkeypatch)
+    figures.throughput_vs_bandwidth(tp, tmp_path / "tp.png")
+    ax = next(a for a in figs[0].axes if a.get_legend() is not None)
+    texts = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "full tree slower than AR (simulated)" in texts and "full tree slower than AR (live)" in texts
+    bands = {}
+    for patch in ax.patches:
+        x0 = patch.get_path().vertices[:, 0].min()
+        x = patch.get_transform().transform([[x0, 0]])[0, 0]
+        data_x = ax.transData.inverted().transform([[x, 0]])[0, 0]
+        bands[round(data_x * 1.15, 3)] = patch.get_hatch()
+    assert bands == {
+        2.0: figures.SLOW_BAND_STYLES["sim"]["hatch"],
+        32.0: figures.SLOW_BAND_STYLES["live"]["hatch"],
+    }
+    assert figures.SLOW_BAND_STYLES["sim"]["hatch"] != figures.SLOW_BAND_STYLES["live"]["hatch"]
+    assert "per source" in ax.get_title()
