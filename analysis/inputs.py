@@ -16,6 +16,7 @@ Everything is reduced to a few long-format tables (:class:`ReportData`), one row
 from __future__ import annotations
 
 import json
+from typing import Any
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,15 +192,24 @@ def _flags(df: pd.DataFrame) -> list[str]:
     return out
 
 
+def _read_json(file: Path) -> Any:
+    """The JSON value in ``file``.
+
+    Raises:
+        ReportInputError: invalid JSON (file, line and message named).
+    """
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as exc:
+        raise ReportInputError(f"{file}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+
+
 def _sweep_expert_bytes(path: Path, df: pd.DataFrame) -> list:
     """Per row of ``df``, the expert bytes the sweep priced (``sweep.json`` cells by ``cell_id``)."""
     by_cell: dict = {}
     meta = path / "sweep.json"
     if meta.is_file():
-        try:
-            sweep = json.loads(meta.read_text())
-        except json.JSONDecodeError as exc:
-            raise ReportInputError(f"{meta}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        sweep = _read_json(meta)
         for cell in sweep.get("cells", []):
             if isinstance(cell, dict) and isinstance(cell.get("cost"), dict):
                 by_cell[cell.get("cell_id")] = cell["cost"].get("expert_bytes")
@@ -223,10 +233,7 @@ def live_throughput(path: Path, summary: dict) -> tuple[float, float, str]:
     """
     file = path / "summary.json"
     if file.is_file():
-        try:
-            recorded = json.loads(file.read_text()).get("summary", {})
-        except json.JSONDecodeError as exc:
-            raise ReportInputError(f"{file}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        recorded = _read_json(file).get("summary", {})
         tokens, decode_s = recorded.get("num_tokens"), recorded.get("decode_s")
         partial = recorded.get("summary_covers", "whole run") != "whole run"  # a --resume call's part
         if (
@@ -342,10 +349,7 @@ def _add_calibration(data: ReportData, path: Path) -> None:
     df = pd.read_csv(path / "cost_fit_cycles.csv")
     report_path = path / "cost_fit_report.json"
     if report_path.is_file():
-        try:
-            report = json.loads(report_path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ReportInputError(f"{report_path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        report = _read_json(report_path)
         data._add("fit_errors", _fit_error_rows(path.name, report))
     need = ("predicted_cycle_s", "measured_cycle_s")
     if any(c not in df.columns for c in need):
@@ -464,10 +468,7 @@ def _validate_summary(path: Path, table: pd.DataFrame, errors: pd.DataFrame) -> 
     """
     file = path / "fidelity.json"
     if file.is_file():
-        try:
-            summary = json.loads(file.read_text())
-        except json.JSONDecodeError as exc:
-            raise ReportInputError(f"{file}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        summary = _read_json(file)
         if isinstance(summary, dict):
             return {k: (np.nan if v is None else v) for k, v in summary.items()}
     from analysis import fidelity
