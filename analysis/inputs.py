@@ -16,10 +16,10 @@ Everything is reduced to a few long-format tables (:class:`ReportData`), one row
 from __future__ import annotations
 
 import json
-from typing import Any
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
