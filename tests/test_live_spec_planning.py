@@ -241,3 +241,16 @@ def test_selection_reuses_the_context_the_stopping_rule_just_planned(path):
     chooser.policy = Probe()
     decoder.generate(PROMPT, 4, chooser)
     assert selected and all(any(s is a for a in asked) for s in selected)
+
+
+def test_link_measurement_recovers_an_emulated_link(path):
+    """measure_link (the quick estimate's real-link path on CUDA) times fetches of one expert per
+    copy and separates bandwidth and per-expert latency; checked here on an emulated link."""
+    from live.spec.costs import measure_link
+
+    offload = offload_model(
+        _model(path), cache_experts=4, link=make_link("cpu", bandwidth_gb_per_s=0.2, latency_s=20e-6)
+    )
+    bytes_per_s, s_per_transfer = measure_link(offload, repeats=10)
+    assert bytes_per_s == pytest.approx(0.2e9, rel=0.1)
+    assert s_per_transfer == pytest.approx(20e-6, rel=0.25)

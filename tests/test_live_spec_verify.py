@@ -43,7 +43,8 @@ def reference_greedy(model, prompt, n, eos=()):
     seq = list(prompt)
     with torch.inference_mode():
         for _ in range(n):
-            tok = int(model(input_ids=torch.tensor([seq])).logits[0, -1].argmax())
+            ids = torch.tensor([seq], device=next(model.parameters()).device)
+            tok = int(model(input_ids=ids).logits[0, -1].argmax())
             seq.append(tok)
             if tok in eos:
                 break

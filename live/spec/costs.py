@@ -5,8 +5,9 @@ on the first prompt: the draft time is fitted as ``draft_base_s + per_level * le
 one-level draft and a full-depth draft (the base is 0 when the shape allows one level only); the
 target's verify time is fitted as ``base + per_node * nodes`` from root-only and full-tree
 verifications (median of ``repeats``, their H2D time subtracted); the H2D terms come from the
-link (``--bandwidth``, ``--latency-us``) or, for a plain memcpy link, from timing copies of one
-expert. The context term is left at 0 (too small to fit in a few forwards). Calibrated models
+link (``--bandwidth``, ``--latency-us``), for a plain memcpy link from timing copies of one
+expert, and on CUDA from event-timed fetches of one expert over the real link
+(:func:`measure_link`). The context term is left at 0 (too small to fit in a few forwards). Calibrated models
 (``python -m calibration.fit``) replace this estimate through ``--cost``.
 """
 
@@ -33,6 +34,29 @@ def measure_copy_bytes_per_s(num_bytes: int, repeats: int = 20) -> float:
         dst.copy_(src)
         times.append(time.perf_counter() - start)
     return src.numel() / max(float(np.median(times)), 1e-9)
+
+
+def measure_link(offload, repeats: int = 20) -> tuple[float, float]:
+    """``(bytes_per_s, s_per_transfer)`` of the real link, from ``repeats`` timed fetches of one
+    stored expert (layer 0, expert 0) into scratch device tensors, per copy as the engine times
+    them (CUDA events on the link's copy stream), fitted as ``seconds = bytes / bandwidth +
+    latency`` by least squares (an expert's copies differ in size, which separates the two; a
+    negative latency is clipped to 0 and the bandwidth refitted through the origin). The latency
+    returned is per expert (per-copy latency times copies per expert)."""
+    store = offload.store
+    sources = (store.gate_up[0][0], store.down[0][0])
+    pairs = [(torch.empty(src.shape, dtype=src.dtype, device=offload.link.device), src) for src in sources]
+    offload.link.fetch([pairs])  # warm-up
+    sizes, seconds = [], []
+    for _ in range(repeats):
+        fetch = offload.link.fetch([pairs])
+        seconds.extend(fetch.copy_seconds().tolist())
+        sizes.extend(fetch.copy_bytes.tolist())
+    x, y = np.asarray(sizes, dtype=np.float64), np.asarray(seconds, dtype=np.float64)
+    (s_per_byte, latency_s), *_ = np.linalg.lstsq(np.column_stack([x, np.ones_like(x)]), y, rcond=None)
+    if latency_s < 0 or s_per_byte <= 0:
+        latency_s, s_per_byte = 0.0, float(y.sum() / x.sum())
+    return 1.0 / float(s_per_byte), float(latency_s) * len(pairs)
 
 
 def _line_through(points: dict[int, float]) -> tuple[float, float]:
@@ -95,7 +119,13 @@ def estimate_cost_model(
     t_small, t_large = (float(np.median(verify_times[s])) for s in (small, large))
     per_node = max((t_large - t_small) / (large - small), 0.0) if large > small else 0.0
     info = offload.link.info
-    bandwidth = info.bandwidth_bytes_per_s or measure_copy_bytes_per_s(offload.bytes_per_expert)
+    latency_s = float(info.latency_s)
+    if info.bandwidth_bytes_per_s is not None:
+        bandwidth = float(info.bandwidth_bytes_per_s)
+    elif offload.link.device.type == "cuda":
+        bandwidth, latency_s = measure_link(offload)
+    else:
+        bandwidth = measure_copy_bytes_per_s(offload.bytes_per_expert)
     return CycleCostModel(
         draft_s_per_level=draft_per_level,
         draft_base_s=draft_base,
@@ -103,7 +133,7 @@ def estimate_cost_model(
         verify_s_per_node=per_node,
         verify_s_per_context_token=0.0,
         h2d_bytes_per_s=float(bandwidth),
-        h2d_s_per_transfer=float(info.latency_s),
+        h2d_s_per_transfer=latency_s,
         expert_bytes=int(offload.bytes_per_expert),
         num_layers=int(offload.num_layers),
         overlap_h2d=False,

@@ -205,6 +205,13 @@ class RecordSession:
             )
         frequency = None
         if config.cache_policy == "static":
+            if not str(config.device).startswith("cpu"):
+                raise SessionError(
+                    "--cache-policy",
+                    "static is not available with a CUDA device yet: its expert frequencies are "
+                    "counted by a forward pass before offloading, while the experts are still on the "
+                    "host and the rest of the model on the device; use lru or lfu",
+                )
             frequency = _expert_frequency(target, self.prompt_ids, spec.num_experts)
         try:
             link = make_link(config.device, config.bandwidth_gb_per_s, config.latency_s)

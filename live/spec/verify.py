@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from torch import nn
 
 from live.spec.routing import RouterCapture
@@ -117,6 +118,8 @@ class TreeVerifier:
         start = time.perf_counter()
         if len(prompt_ids) > 1:
             self.lm.feed_causal(list(prompt_ids[:-1]), last_only=True)
+        if self.lm.device.type == "cuda":  # the last layers may still be queued: time their end
+            torch.cuda.synchronize(self.lm.device)
         seconds = time.perf_counter() - start
         ids, weights = self.capture.take()
         if len(prompt_ids) == 1:
