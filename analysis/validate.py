@@ -243,6 +243,16 @@ def _live_record(argv: list[str], log: Path) -> None:
         raise ValidationError(f"live.record {' '.join(argv)} exited {code}; see {log}")
 
 
+def _started(path: Path) -> bool | None:
+    """Whether the run at ``path`` is complete (True), started but interrupted (False), or absent
+    (None)."""
+    from traces.reader import read_manifest
+
+    if not (path / "manifest.json").is_file():
+        return None
+    return bool(read_manifest(path).complete)
+
+
 class Validator:
     """Runs the grid (see the module docstring). ``args`` are the parsed flags."""
 
@@ -294,12 +304,13 @@ class Validator:
         return ["--bandwidth", f"{bandwidth:g}", "--latency-us", f"{self.args.latency_us:g}"]
 
     def record_dense(self) -> Path:
-        """Record (or reuse) the dense trace."""
+        """Record the dense trace, reuse it when complete, or finish it (``--resume``) when a
+        previous call was interrupted."""
         path = self.out / "live" / "dense"
-        if not (path / "manifest.json").is_file():
-            _live_record(
-                [*self._common(), "--mode", "dense", "--out", str(path)], self.out / "logs" / "dense.log"
-            )
+        argv = [*self._common(), "--mode", "dense", "--out", str(path)]
+        started = _started(path)
+        if started is None or not started:
+            _live_record(argv + (["--resume"] if started is False else []), self.out / "logs" / "dense.log")
         return path
 
     def run_live(self, cell: Cell, cost_path: Path | None, repeat: int = 1) -> Path:
@@ -310,9 +321,8 @@ class Validator:
             ValidationError: the live run failed (the command and its log are named).
         """
         path = self.out / "live" / cell.name / f"r{repeat}"
-        from traces.reader import read_manifest
-
-        if (path / "manifest.json").is_file() and read_manifest(path).complete:
+        started = _started(path)
+        if started:
             return path
         argv = [*self._common(cell.depth), "--mode", "policy", "--policy", cell.policy]
         argv += ["--predictor", SIM_PREDICTOR, "--predictor-tables", str(self.dense_path)]
@@ -323,6 +333,8 @@ class Validator:
         argv += self._link_flags(cell.bandwidth_gb_per_s)
         if cost_path is not None:
             argv += ["--cost", str(cost_path)]
+        if started is False:  # an interrupted earlier call: finish it
+            argv.append("--resume")
         _live_record(argv, self.out / "logs" / f"{cell.name}-r{repeat}.log")
         return path
 

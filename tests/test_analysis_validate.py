@@ -109,6 +109,13 @@ def test_validate_tiny_grid(tiny_models, tmp_path, capsys) -> None:
     assert report.main([str(out), "--out", str(tmp_path / "report")]) == 0
     missing = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["missing_figures"]
     assert missing == []  # incl. predicted-vs-measured and time split, from live/<cell>/r<k>
+    # an interrupted repeat (manifest not complete) is finished with --resume on the next call
+    cut = out / "live" / "bw1-c4-ar" / "r2"
+    manifest = json.loads((cut / "manifest.json").read_text())
+    (cut / "manifest.json").write_text(json.dumps(dict(manifest, complete=False)))
+    assert validate.main(argv) == 0
+    assert read_manifest(cut).complete
+    assert len(read_manifest(cut).resumed_at) == 1  # resumed once, not re-recorded from scratch
 
 
 @pytest.mark.slow
