@@ -235,7 +235,7 @@ def live_throughput(path: Path, summary: dict) -> tuple[float, float, str]:
     if file.is_file():
         recorded = _read_json(file).get("summary", {})
         tokens, decode_s = recorded.get("num_tokens"), recorded.get("decode_s")
-        partial = recorded.get("summary_covers", "whole run") != "whole run"  # a --resume call's part
+        partial = recorded.get("summary_covers", "whole run") != "whole run"  # part of a resumed run
         if (
             not partial
             and isinstance(tokens, (int, float))

@@ -16,8 +16,11 @@ every policy: the committed tokens equal autoregressive greedy decoding's.
 manifest: flags not given take the recorded values, a flag given with another value exits 2
 (naming it and both values; ``--num-prompts`` may differ, to extend or shorten the run); finished
 prompts are skipped (the trace writer drops rows of unfinished ones). The summary table and JSON
-line cover the prompts decoded by this call (``summary_covers``), and ``num_requests_recorded``
-counts every request of the run. Resuming a complete run prints "already complete" and exits 0.
+line cover the whole run: each finished request's totals are kept beside the trace
+(``request_totals.json``, written atomically after the request), and a resumed call adds its
+requests to those of earlier calls (``summary_covers`` says "whole run", or which share when some
+requests were recorded without per-request totals); ``num_requests_recorded`` counts every
+request of the run. Resuming a complete run prints "already complete" and exits 0.
 """
 
 from __future__ import annotations
@@ -474,9 +477,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         try:
             session = RecordSession.open(config)
+            session.run()
         except SessionError as exc:
             parser.fail(exc.flag, exc.message)
-        totals = session.run()
     except KeyboardInterrupt:
         sys.stderr.write(
             f"interrupted; finished prompts are saved: continue with --out {config.out} --resume\n"
@@ -490,11 +493,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
         )
         return 130
+    covered, recorded = session.run_totals_cover
     summary = {
         **head,
         "wall_s": time.perf_counter() - started,
-        **totals.to_dict(),
-        "summary_covers": "requests decoded by this --resume call" if config.resume else "whole run",
+        **session.run_totals.to_dict(),
+        "summary_covers": "whole run"
+        if covered == recorded
+        else f"{covered} of {recorded} recorded requests (the others were recorded without per-request totals)",
         "num_requests_recorded": _recorded_requests(config.out),
     }
     session.write_summary(summary, asdict(config))

@@ -233,10 +233,23 @@ def test_resume_skips_finished_prompts(tiny, tmp_path, capsys):
     assert first["num_requests"] == 1
     main(_args(tiny, out, "--num-prompts", "3", "--resume"))
     second = _last_json(capsys)
-    assert second["num_requests"] == 2
     run = open_run(out)
     assert sorted(run.requests["request_id"].tolist()) == [0, 1, 2]
     assert np.array_equal(np.sort(run.cycles["request_id"].unique()), [0, 1, 2])
+    # the summary covers the whole run: the first call's request and the two decoded now
+    assert second["summary_covers"] == "whole run" and second["num_requests"] == 3
+    assert second["num_tokens"] == sum(len(t) for t in run.requests["generated_token_ids"])
+    assert second["num_cycles"] == len(run.cycles)
+    assert second["decode_s"] > first["decode_s"]
+    # a run recorded before per-request totals existed: the summary says which share it covers
+    (out / "request_totals.json").unlink()
+    out2 = tmp_path / "resume2"
+    main(_args(tiny, out2, "--num-prompts", "1"))
+    (out2 / "request_totals.json").unlink()
+    capsys.readouterr()
+    main(_args(tiny, out2, "--num-prompts", "2", "--resume"))
+    third = _last_json(capsys)
+    assert third["num_requests"] == 1 and third["summary_covers"].startswith("1 of 2 recorded requests")
 
 
 def test_resume_continues_the_recorded_configuration(tiny, tmp_path, capsys):
@@ -269,8 +282,8 @@ def test_resume_continues_the_recorded_configuration(tiny, tmp_path, capsys):
     assert "--num-prompts 5: only 3 prompts" in captured.err and "using 3" in captured.err
     summary = json.loads(captured.out.strip().splitlines()[-1])
     assert summary["mode"] == "policy" and summary["policy"] == "topn"
-    assert summary["num_requests"] == 2 and summary["num_requests_recorded"] == 3
-    assert summary["summary_covers"] == "requests decoded by this --resume call"
+    assert summary["num_requests"] == 3 and summary["num_requests_recorded"] == 3
+    assert summary["summary_covers"] == "whole run"
     run = open_run(out)
     assert run.manifest.config["bandwidth_gb_per_s"] == 4.0 and run.manifest.run.tree_policy == "topn"
     assert set(run.cycles["policy"]) == {"topn"} and sorted(run.requests["request_id"]) == [0, 1, 2]

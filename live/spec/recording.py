@@ -10,7 +10,7 @@ verify, H2D and bookkeeping). In dense mode one token is committed per cycle by 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -138,6 +138,29 @@ class RunTotals:
             self.decision_s += 0.0 if c.choice.plan is None else float(c.choice.plan.decision_s)
             self.committed_per_cycle.append(len(c.committed))
             self.tree_accept_lengths.append(c.num_accepted + 1)
+
+    def merge(self, other: RunTotals) -> None:
+        """Add ``other``'s totals to these (e.g. the requests of an earlier, interrupted call)."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def to_state(self) -> dict:
+        """Every field as plain JSON (the inverse of :meth:`from_state`)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_state(cls, state: dict) -> RunTotals:
+        """Totals from :meth:`to_state` output.
+
+        Raises:
+            ValueError: a field missing or unknown (the message names it).
+        """
+        names = {f.name for f in fields(cls)}
+        if set(state) != names:
+            raise ValueError(
+                f"run totals: fields {sorted(set(state) ^ names)} missing or unknown; expected {sorted(names)}"
+            )
+        return cls(**state)
 
     def to_dict(self) -> dict:
         """Summary figures (SI units, names carry them)."""

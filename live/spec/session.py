@@ -8,6 +8,8 @@ experts per layer, an empty prompt file, an unsupported architecture, missing to
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,9 @@ from live.spec.names import PLANNED_POLICIES
 from live.spec.recording import RunTotals, cycle_record, write_transfers, write_tree
 from live.spec.routing import RouterCapture
 from live.spec.verify import TreeVerifier
+
+REQUEST_TOTALS_NAME = "request_totals.json"
+"""Per-request run totals beside the trace, so a --resume summary covers the whole run."""
 
 
 class SessionError(Exception):
@@ -365,8 +370,30 @@ class RecordSession:
         except (FileExistsError, FileNotFoundError, ValueError) as exc:
             raise SessionError("--resume" if self.config.resume else "--out", str(exc)) from exc
 
+    def _request_totals_path(self) -> Path:
+        return Path(self.config.out) / REQUEST_TOTALS_NAME
+
+    def _load_request_totals(self) -> dict[int, RunTotals]:
+        """Per-request totals of earlier calls on this run (``request_totals.json``; empty when absent)."""
+        path = self._request_totals_path()
+        if not path.is_file():
+            return {}
+        try:
+            raw = json.loads(path.read_text())
+            return {int(k): RunTotals.from_state(v) for k, v in raw.items()}
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise SessionError("--resume", f"{path}: unreadable per-request totals ({exc}); delete it to go on") from None
+
+    def _save_request_totals(self, per_request: dict[int, RunTotals]) -> None:
+        """Write ``request_totals.json`` atomically (a kill never leaves half a file)."""
+        path = self._request_totals_path()
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({str(k): v.to_state() for k, v in sorted(per_request.items())}))
+        os.replace(tmp, path)
+
     def run(self, progress: bool = True) -> RunTotals:
-        """Decode every prompt not yet recorded; stream trees and cycles to the trace; return totals."""
+        """Decode every prompt not yet recorded; stream trees and cycles to the trace; return the
+        totals of this call (:attr:`run_totals` then holds the whole run's, see there)."""
         from tqdm import tqdm
 
         config = self.config
@@ -382,6 +409,7 @@ class RecordSession:
             file=sys.stderr,
         )
         try:
+            per_request = {k: v for k, v in self._load_request_totals().items() if k in done}
             for request_id in todo:
 
                 def on_cycle(event, request_id=request_id):
@@ -404,12 +432,20 @@ class RecordSession:
                     request_id, ids, result.generated_ids, self.prompts[request_id].source
                 )
                 totals.add(result)
+                per_request[request_id] = RunTotals()
+                per_request[request_id].add(result)
+                self._save_request_totals(per_request)
             self.writer.close(complete=True)
         except BaseException:
             self.writer.close(complete=False)
             raise
         finally:
             bar.close()
+        # the whole run: this call's requests and those of earlier calls that kept their totals
+        self.run_totals = RunTotals()
+        for request_totals in per_request.values():
+            self.run_totals.merge(request_totals)
+        self.run_totals_cover = (len(per_request), len(set(done) | set(todo)))
         return totals
 
     def write_summary(self, summary: dict[str, Any], config: dict[str, Any]) -> Path:
