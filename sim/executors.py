@@ -9,8 +9,6 @@ the caller sorts them.
 from __future__ import annotations
 
 import multiprocessing
-import signal
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
@@ -44,24 +42,9 @@ def run_local(
             on_result(cell, run_cell(cell.to_dict(), cycles_dir))
         return
     methods = multiprocessing.get_all_start_methods()
-    fork = "fork" in methods
-    context = multiprocessing.get_context("fork" if fork else "spawn")
-    if fork:
-        # the first cell runs here: the trace's decoded arrays and fitted tables (seconds of
-        # per-process setup) are then inherited by every forked worker instead of rebuilt in each
-        first, *cells = cells
-        on_result(first, run_cell(first.to_dict(), cycles_dir))
-        if not cells:
-            return
-    # Ctrl-C while the workers fork would be raised inside the fork hooks, where Python ignores
-    # it: hold SIGINT until every worker exists (then the sweep's handler stops them)
-    held = _hold_sigint()
-    try:
-        pool = ProcessPoolExecutor(max_workers=min(jobs, len(cells)), mp_context=context)
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(cells)), mp_context=context) as pool:
         pending = {pool.submit(run_cell, cell.to_dict(), cycles_dir): cell for cell in cells}
-    finally:
-        _release_sigint(held)
-    with pool:
         try:
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -72,20 +55,6 @@ def run_local(
             for future in pending:
                 future.cancel()
             raise
-
-
-def _hold_sigint() -> bool:
-    """Block SIGINT in this thread (POSIX, main thread only); returns whether it did."""
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
-        return False
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    return True
-
-
-def _release_sigint(held: bool) -> None:
-    """Undo :func:`_hold_sigint`; a SIGINT that arrived meanwhile is delivered now."""
-    if held:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def run_ray(
