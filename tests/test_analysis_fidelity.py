@@ -3,21 +3,12 @@
 import numpy as np
 import pandas as pd
 import pytest
+from tiny_shapes import TINY_COST
 
 from analysis import fidelity
 from calibration.synthetic import synthetic_tables
-from specfit.cost import CycleCostModel
 
-COST = CycleCostModel(
-    draft_s_per_level=2e-3,
-    verify_base_s=8e-3,
-    verify_s_per_node=0.3e-3,
-    verify_s_per_context_token=2e-6,
-    h2d_bytes_per_s=5e9,
-    h2d_s_per_transfer=40e-6,
-    expert_bytes=2_000_000,
-    num_layers=4,
-)
+COST = TINY_COST  # 2 MB experts, 4 layers (tests/tiny_shapes.py)
 KEY = {"bandwidth_gb_per_s": 5.0, "cache_experts_per_layer": 4, "policy": "specfit"}
 
 

@@ -393,7 +393,13 @@ class RecordSession:
 
     def run(self, progress: bool = True) -> RunTotals:
         """Decode every prompt not yet recorded; stream trees and cycles to the trace; return the
-        totals of this call (:attr:`run_totals` then holds the whole run's, see there)."""
+        totals of this call. Afterwards ``run_totals`` holds the whole run's totals (this call's
+        requests plus earlier calls' from ``request_totals.json``) and ``run_totals_cover`` is
+        ``(requests with totals, requests recorded)``.
+
+        Raises:
+            SessionError: ``request_totals.json`` of an earlier call is unreadable (flag --resume).
+        """
         from tqdm import tqdm
 
         config = self.config
