@@ -40,8 +40,9 @@ def measure_link(offload, repeats: int = 20) -> tuple[float, float]:
     """``(bytes_per_s, s_per_transfer)`` of the real link, from ``repeats`` timed fetches of one
     stored expert (layer 0, expert 0) into scratch device tensors, per copy as the engine times
     them (CUDA events on the link's copy stream), fitted as ``seconds = bytes / bandwidth +
-    latency`` by least squares (an expert's copies differ in size, which separates the two; a
-    negative latency is clipped to 0 and the bandwidth refitted through the origin). The latency
+    latency`` through the median time of each copy size (an expert's copies differ in size, which
+    separates the two; medians keep a copy delayed by another process from skewing the line; a
+    negative latency is clipped to 0 and the bandwidth taken through the origin). The latency
     returned is per expert (per-copy latency times copies per expert)."""
     store = offload.store
     sources = (store.gate_up[0][0], store.down[0][0])
@@ -53,9 +54,12 @@ def measure_link(offload, repeats: int = 20) -> tuple[float, float]:
         seconds.extend(fetch.copy_seconds().tolist())
         sizes.extend(fetch.copy_bytes.tolist())
     x, y = np.asarray(sizes, dtype=np.float64), np.asarray(seconds, dtype=np.float64)
-    (s_per_byte, latency_s), *_ = np.linalg.lstsq(np.column_stack([x, np.ones_like(x)]), y, rcond=None)
+    medians = {size: float(np.median(y[x == size])) for size in np.unique(x)}
+    lo, hi = min(medians), max(medians)
+    s_per_byte = (medians[hi] - medians[lo]) / (hi - lo) if hi > lo else 0.0
+    latency_s = medians[lo] - s_per_byte * lo
     if latency_s < 0 or s_per_byte <= 0:
-        latency_s, s_per_byte = 0.0, float(y.sum() / x.sum())
+        latency_s, s_per_byte = 0.0, medians[hi] / hi
     return 1.0 / float(s_per_byte), float(latency_s) * len(pairs)
 
 
