@@ -37,6 +37,7 @@ import torch
 from live.expert_store import DeviceExpertPool, ExpertView, HostExpertStore
 from live.h2d import H2DFetch, H2DLink, H2DLinkInfo
 from live.loader import MoESpec, describe_moe, find_moe_blocks
+from live.spec.routing import order_by_weight
 
 CACHE_POLICY_NAMES = ("lru", "lfu", "static")
 
@@ -597,7 +598,8 @@ class OffloadedMoE:
 
         Returns ``(expert_ids int64[T, L, K], router_weights float32[T, L, K])``: the top-k ids
         and the weights the experts' outputs were combined with (after the architecture's
-        normalisation/scaling, e.g. DeepSeek-V3's ``routed_scaling_factor``).
+        normalisation/scaling, e.g. DeepSeek-V3's ``routed_scaling_factor``), each token's K
+        choices in descending router weight (:func:`live.spec.routing.order_by_weight`).
         Raises ``RuntimeError`` if routing recording is off or no forward has finished.
         """
         if not self.record_routing:
@@ -607,7 +609,7 @@ class OffloadedMoE:
             raise RuntimeError("last_routing: no finished forward pass yet")
         ids = np.stack([c[0] if len(c) == 1 else np.concatenate(c) for c in state.ids], axis=1)
         weights = torch.stack([c[0] if len(c) == 1 else torch.cat(c) for c in state.weights], dim=1)
-        return ids.astype(np.int64, copy=False), weights.float().cpu().numpy()
+        return order_by_weight(ids.astype(np.int64, copy=False), weights.float().cpu().numpy())
 
     # -- forward wrappers ------------------------------------------------------------------------
     def _bracketed_model_forward(self, forward: Callable) -> Callable:

@@ -132,6 +132,21 @@ def make_tiny_draft(tmp_path: Path, *, seed: int = 1, vocab_size: int = TINY_VOC
     return out
 
 
+def save_tiny_tokenizer(folder: Path) -> None:
+    """Write a word-level tokenizer over the tiny vocabulary ('w4'..'w95') into ``folder``, so the
+    CLIs can tokenize text prompts for a tiny checkpoint."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3} | {f"w{i}": i for i in range(4, TINY_VOCAB_SIZE)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>", pad_token="<pad>"
+    )
+    fast.save_pretrained(folder)
+
+
 class FakeLRUCache:
     """Minimal LRU expert cache following the ``specfit.cache.ExpertCache`` contract.
 

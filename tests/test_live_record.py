@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from live_fixtures import TINY_VOCAB_SIZE, make_tiny_checkpoint, make_tiny_draft
+from live_fixtures import make_tiny_checkpoint, make_tiny_draft
+from live_fixtures import save_tiny_tokenizer as _save_tokenizer
 
 from live.record import main
 
@@ -25,20 +26,6 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-def _save_tokenizer(folder) -> None:
-    """A word-level tokenizer over the tiny vocabulary ('w4'..'w95'), so the CLI can tokenize text."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3} | {f"w{i}": i for i in range(4, TINY_VOCAB_SIZE)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>", pad_token="<pad>"
-    )
-    fast.save_pretrained(folder)
 
 
 @pytest.fixture(scope="module")

@@ -44,9 +44,9 @@ def small_manifest(mode: str = "policy", shape: ModelShape = SMALL_SHAPE) -> Man
 def random_routing(
     rng: np.random.Generator, n: int, shape: ModelShape = SMALL_SHAPE
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct top-k expert ids ``[n, L, K]`` and normalised weights ``[n, L, K]``."""
+    """Distinct top-k expert ids ``[n, L, K]`` and normalised weights ``[n, L, K]`` (descending per layer)."""
     ids = np.argsort(rng.random((n, shape.num_layers, shape.num_experts)), axis=2)[:, :, : shape.top_k]
-    w = rng.random((n, shape.num_layers, shape.top_k)) + 0.1
+    w = -np.sort(-(rng.random((n, shape.num_layers, shape.top_k)) + 0.1), axis=2)
     return ids, w / w.sum(axis=2, keepdims=True)
 
 

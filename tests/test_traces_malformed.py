@@ -107,6 +107,30 @@ def test_repeated_expert_within_a_layer(run_dir):
     _expect(run_dir, "prefill", 2, "expert ids repeat within layer 0")
 
 
+def _swap_router_weights(t: pa.Table, row: int, a: int, b: int) -> pa.Table:
+    values = t.column("router_weights").to_pylist()
+    values[row][a], values[row][b] = values[row][b], values[row][a]
+    i = t.schema.get_field_index("router_weights")
+    return t.set_column(i, t.schema.field(i), pa.array(values, type=t.schema.field(i).type))
+
+
+@pytest.mark.parametrize("table, row", [("nodes", 20), ("prefill", 3)])
+def test_router_weights_not_descending(run_dir, table, row):
+    """The format stores each layer's choices in descending router weight; the validator enforces it."""
+    edit_part(first_part(run_dir, table), lambda t: _swap_router_weights(t, row, 2, 3))  # layer 1's 2 slots
+    _expect(run_dir, table, row, r"router weights of layer 1 are not in descending order")
+
+
+def test_inspect_validate_reports_unsorted_router_weights(run_dir, capsys):
+    from traces.inspect import main
+
+    edit_part(first_part(run_dir, "nodes"), lambda t: _swap_router_weights(t, 7, 0, 1))
+    assert main([str(run_dir), "--validate"]) != 0
+    out, err = capsys.readouterr()
+    assert "table 'nodes' row 7" in err and "router weights of layer 0 are not in descending order" in err
+    assert json.loads(out.strip().splitlines()[-1])["valid"] is False
+
+
 def test_orphan_node(run_dir):
     _edit(run_dir, "nodes", "parent", 9, 5)  # node 3 of tree (0, 1) points at a later node
     _expect(

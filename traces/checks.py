@@ -59,6 +59,19 @@ def _col(run: TraceRun, table: str, name: str) -> np.ndarray:
     return run.arrow(table).column(name).to_numpy(zero_copy_only=False)
 
 
+def _routing_order(run: TraceRun, table: str) -> Check:
+    """Each row's per-layer choices in descending router weight (docs/trace-format.md)."""
+
+    def check() -> V.Violation | None:
+        lengths, values = _lists(run, table, "router_weights")
+        if not len(lengths):
+            return None
+        top_k = run.manifest.model.top_k
+        return V.check_router_weight_order(values.reshape(len(lengths), -1), top_k)
+
+    return check
+
+
 def _references(run: TraceRun, table: str) -> Iterator[Check]:
     """Rows must name a recorded request (complete runs); context length = prompt + position."""
     request_id = _col(run, table, "request_id")
@@ -126,6 +139,7 @@ def _prefill(run: TraceRun) -> Iterator[Check]:
     yield lambda: V.check_unique(
         [_col(run, "prefill", "request_id"), token_index], "(request_id, token_index)"
     )
+    yield _routing_order(run, "prefill")
     yield from _references(run, "prefill")
 
 
@@ -145,6 +159,7 @@ def _nodes(run: TraceRun) -> Iterator[Check]:
         "path_logprob",
     )
     yield lambda: V.check_trees(**{n: _col(run, "nodes", n) for n in names})
+    yield _routing_order(run, "nodes")
     yield from _references(run, "nodes")
 
 

@@ -84,6 +84,28 @@ def check_router_weights(router_weights: np.ndarray) -> Violation | None:
     return None
 
 
+def check_router_weight_order(router_weights: np.ndarray, top_k: int) -> Violation | None:
+    """Router weights ``[R, L*K]`` (or ``[R, L, K]``): each layer's K choices in descending weight.
+
+    The trace contract (docs/trace-format.md): slot ``l*K + k`` is layer l's k-th choice, choices
+    in descending router weight (ties allowed). Routers that return their top-k unsorted (e.g.
+    DeepSeek-V3) must be reordered at capture (``live.spec.routing.order_by_weight``).
+    """
+    w = np.asarray(router_weights)
+    rows = w.reshape(w.shape[0], -1, top_k) if w.size else w.reshape(0, 1, top_k)
+    rising = np.diff(rows, axis=2) > 0  # [R, L, K-1]
+    row = first_true(rising.any(axis=(1, 2)))
+    if row is None:
+        return None
+    layer = int(np.flatnonzero(rising[row].any(axis=1))[0])
+    values = [float(v) for v in rows[row, layer]]
+    return Violation(
+        row,
+        f"router weights of layer {layer} are not in descending order: {values} "
+        "(each node's experts must be sorted by descending router weight)",
+    )
+
+
 def tree_starts(request_id: np.ndarray, position: np.ndarray) -> np.ndarray:
     """Row index where each tree begins (a tree = a run of rows with one ``(request, position)``)."""
     n = len(request_id)

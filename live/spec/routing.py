@@ -4,6 +4,9 @@ transformers 5 MoE blocks call a router module (``Qwen3MoeTopKRouter``, ``Mixtra
 ``OlmoeTopKRouter``, ``Qwen2MoeTopKRouter``, ``DeepseekV3TopkRouter``) that returns
 ``(router_logits, top_k_weights, top_k_index)``. A forward hook on each router records the last
 two, in layer order, so the routing of every token is kept even where ``generate`` drops it.
+Some routers return their top-k in no particular order (DeepSeek-V3 picks experts by bias-corrected
+scores, ``topk(sorted=False)`` over groups); :func:`order_by_weight` puts every token's choices in
+descending router weight, the order docs/trace-format.md promises for every architecture.
 """
 
 from __future__ import annotations
@@ -15,6 +18,23 @@ import torch
 from torch import nn
 
 _ROUTER_CLASS = re.compile(r"Top[Kk]Router$")
+
+
+def order_by_weight(ids: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Reorder each token's top-k choices by descending router weight (ties keep the router's order).
+
+    Args:
+        ids: int[..., K] expert ids; weights: float[..., K] router weights, same shape.
+    Returns:
+        ``(ids, weights)`` permuted along the last axis, same shapes and dtypes (new arrays).
+    Raises:
+        ValueError: when the shapes differ.
+    Source: the trace contract (docs/trace-format.md, "choices in descending router weight").
+    """
+    if ids.shape != weights.shape:
+        raise ValueError(f"order_by_weight: ids {ids.shape} and weights {weights.shape} differ in shape")
+    order = np.argsort(-weights, axis=-1, kind="stable")
+    return np.take_along_axis(ids, order, axis=-1), np.take_along_axis(weights, order, axis=-1)
 
 
 def find_routers(model: nn.Module) -> list[nn.Module]:
@@ -67,6 +87,8 @@ class RouterCapture:
     def take(self) -> tuple[np.ndarray, np.ndarray]:
         """Return (ids int64[T, L, K], weights float32[T, L, K]) captured since the last take, and clear.
 
+        Each token's K choices are in descending router weight (:func:`order_by_weight`).
+
         Raises:
             RuntimeError: when layers saw different token counts (a forward was interrupted).
         """
@@ -78,7 +100,7 @@ class RouterCapture:
         counts = {int(t.shape[0]) for t in ids}
         if len(counts) != 1:
             raise RuntimeError(f"RouterCapture: layers saw different token counts {sorted(counts)}")
-        return (
+        return order_by_weight(
             torch.stack(ids, dim=1).numpy().astype(np.int64),
             torch.stack(weights, dim=1).numpy().astype(np.float32),
         )
