@@ -22,18 +22,21 @@ DEFAULT_SYNTHETIC_SHAPE = "qwen3-30b-a3b"
 class SyntheticSpec:
     """Parameters of the synthetic trace a sweep generates (see ``traces.synthetic``).
 
-    Defaults follow EAGLE-3's tree (depth 7, 60 nodes; docs/reference-figures.md) with
-    ``tree_topk`` 4 to keep trees bushy but small.
+    Tree geometry and routing / acceptance parameters left ``None`` come from the shape's
+    calibration to public figures (:mod:`traces.synthcal`: EAGLE-3's tree, depth 7, 60 nodes,
+    top-10 per level; docs/reference-figures.md) when ``calibrated``, else from the generator's
+    defaults.
     """
 
     shape: str = DEFAULT_SYNTHETIC_SHAPE
     num_requests: int = 2
     positions_per_request: int = 96
     prompt_len: int = 32
-    tree_depth: int = 7
-    tree_topk: int = 4
-    max_nodes: int = 60
+    tree_depth: int | None = None
+    tree_topk: int | None = None
+    max_nodes: int | None = None
     seed: int = 0
+    calibrated: bool = True
 
     def key(self) -> str:
         """Directory name: ``synthetic-<shape>-<12 hex of the parameters' hash>``."""
@@ -57,7 +60,7 @@ def synthetic_trace(spec: SyntheticSpec, root: Path) -> Path:
     Raises:
         ValueError: bad parameter or unknown shape name (from ``traces.synthetic``).
     """
-    from traces.synthetic import generate_dense_trace
+    from traces.synthetic import generate_dense_trace, resolve_config
 
     out = root / spec.key()
     if (out / "manifest.json").is_file():
@@ -67,8 +70,9 @@ def synthetic_trace(spec: SyntheticSpec, root: Path) -> Path:
     if tmp.exists():
         shutil.rmtree(tmp)
     params = asdict(spec)
-    shape = params.pop("shape")
-    generate_dense_trace(tmp, shape, command_line=["sim.sweep", "--trace", f"synthetic:{shape}"], **params)
+    shape, calibrated = params.pop("shape"), params.pop("calibrated")
+    cfg = resolve_config(shape, calibrated, **params)
+    generate_dense_trace(tmp, shape, command_line=["sim.sweep", "--trace", f"synthetic:{shape}"], **asdict(cfg))
     try:
         tmp.rename(out)
     except OSError:  # another process won the race: keep theirs
@@ -101,8 +105,9 @@ def resolve_trace(spec: str, *, synthetic: SyntheticSpec, root: Path) -> tuple[P
         shape = spec.partition(":")[2] or synthetic.shape
         chosen = SyntheticSpec(**{**asdict(synthetic), "shape": shape})
         path = synthetic_trace(chosen, root)
+        calibrated = "calibrated to public figures, traces/synthcal.py" if chosen.calibrated else "uncalibrated"
         return path, (
-            f"synthetic {shape} trace {path} ({chosen.num_requests} requests x "
+            f"synthetic {shape} trace {path} ({calibrated}; {chosen.num_requests} requests x "
             f"{chosen.positions_per_request} positions, seed {chosen.seed})"
         )
     path = Path(spec)

@@ -57,8 +57,9 @@ def test_synthetic_cli_writes_a_valid_run(tmp_path, capsys):
     )
     assert code == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["num_trees"] == 8 and summary["num_nodes"] == 8 * 32
     run = open_run(out)
+    assert summary["num_trees"] == 8 and summary["num_nodes"] == 8 * run.manifest.draft.max_nodes
+    assert summary["calibrated"] is True  # mixtral-8x7b has a calibration (traces/synthcal.py)
     assert run.manifest.command_line[:3] == ("python", "-m", "traces.synthetic")
     assert run.manifest.config["num_requests"] == 2 and run.manifest.seed == 0
 
@@ -102,5 +103,5 @@ def test_help_lists_flags_with_defaults(capsys):
             entry(["--help"])
         assert info.value.code == 0
     text = capsys.readouterr().out
-    assert "--expert-locality" in text and "(default: 0.5)" in text
+    assert "--expert-locality" in text and "(default: the shape's calibration" in text
     assert "--union-sizes" in text and "(default: 1,2,4,8,16,32,64,128)" in text

@@ -18,6 +18,10 @@ Model of the data (all vectorised numpy; one seed fixes everything):
   target's greedy token after that node, chosen with probability proportional to its draft
   probability; all other tokens are random. So per-depth conditional acceptance is about
   ``acceptance`` times the chance the matching child survived pruning.
+- Draft calibration: the stored draft probabilities are the Dirichlet draw times
+  ``draft_confidence`` in (0, 1] (same ranking; smaller = less confident draft; 1 = as drawn).
+- Calibrated presets: :mod:`traces.synthcal` holds per-model parameters fitted to public figures
+  (docs/reference-figures.md) and the statistics that check them.
 - Consistency with a real dense trace: a node on the accepted path at depth ``d`` of the tree at
   ``position`` carries generated token ``position + d - 1`` and routes exactly like that token
   in the sequence; every other node routes with locality ``rho`` to its parent's latent.
@@ -28,6 +32,7 @@ Each request gets ``positions_per_request`` trees (positions ``0..P-1``) and
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from collections.abc import Sequence
@@ -74,6 +79,7 @@ class SyntheticConfig:
     draft_concentration: float = 0.5
     vocab_size: int = 32000
     seed: int = 0
+    draft_confidence: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("num_requests", "positions_per_request", "prompt_len", "tree_depth", "tree_topk"):
@@ -92,6 +98,8 @@ class SyntheticConfig:
             raise ValueError(f"acceptance: expected 0 <= value <= 1, got {self.acceptance!r}")
         if not self.draft_concentration > 0:
             raise ValueError(f"draft_concentration: expected > 0, got {self.draft_concentration!r}")
+        if not 0 < self.draft_confidence <= 1:
+            raise ValueError(f"draft_confidence: expected 0 < value <= 1, got {self.draft_confidence!r}")
 
 
 @dataclass(frozen=True)
@@ -126,9 +134,11 @@ def _grow_trees(cfg: SyntheticConfig, num_trees: int, rng: np.random.Generator) 
         q = np.sort(
             rng.dirichlet(np.full(k + 1, cfg.draft_concentration), size=(num_trees, num_parents)), axis=2
         )
-        q = np.clip(q[:, :, ::-1][:, :, :k], 1e-12, 1.0)  # k largest, descending
+        q = np.clip(q[:, :, ::-1], 1e-12, 1.0)  # descending; the last share = all other tokens
         chosen = rng.random((num_trees, num_parents)) < cfg.acceptance
-        cdf = np.cumsum(q / q.sum(axis=2, keepdims=True), axis=2)
+        cdf = np.cumsum(q[:, :, :k] / q[:, :, :k].sum(axis=2, keepdims=True), axis=2)
+        # the draft's stored probabilities: scaled by draft_confidence (< 1: mass left to other tokens)
+        q = cfg.draft_confidence * q[:, :, :k]
         which = (rng.random((num_trees, num_parents, 1)) > cdf).sum(axis=2)
         child_match = chosen[:, :, None] & (np.arange(k) == np.minimum(which, k - 1)[:, :, None])
         parents = np.repeat(level_ids, k, axis=1)
@@ -326,6 +336,7 @@ def generate_dense_trace(
     seed: int = 0,
     draft_concentration: float = 0.5,
     vocab_size: int = 32000,
+    draft_confidence: float = 1.0,
     progress: bool = False,
     command_line: Sequence[str] | None = None,
     writer_kwargs: dict[str, Any] | None = None,
@@ -344,6 +355,7 @@ def generate_dense_trace(
         seed: seed of the numpy Generator (same seed, same files apart from the manifest time).
         draft_concentration: Dirichlet concentration of draft child probabilities (small = peaky).
         vocab_size: token id range.
+        draft_confidence: factor in (0, 1] on the stored draft probabilities (1 = as drawn).
         progress: show a tqdm bar over requests.
         command_line: recorded in the manifest (default ``sys.argv``).
         writer_kwargs: extra :class:`~traces.writer.TraceWriter` arguments.
@@ -367,6 +379,7 @@ def generate_dense_trace(
         draft_concentration=float(draft_concentration),
         vocab_size=vocab_size,
         seed=seed,
+        draft_confidence=float(draft_confidence),
     )
     rng = np.random.default_rng(seed)
     ranks = np.argsort(rng.random((shape.num_layers, shape.num_experts)), axis=1)
@@ -395,76 +408,93 @@ def _fraction(text: str) -> float:
 
 
 _FLAGS = {"positions_per_request": "--positions"}
+_CALIBRATED = (
+    "tree_depth",
+    "tree_topk",
+    "max_nodes",
+    "routing_skew",
+    "expert_locality",
+    "acceptance",
+    "draft_concentration",
+    "draft_confidence",
+)
+
+
+def resolve_config(shape: str, calibrated: bool = True, **given: Any) -> SyntheticConfig:
+    """The generation parameters of ``shape``: ``SyntheticConfig`` defaults, then the shape's
+    calibration (:data:`traces.synthcal.CALIBRATIONS`, when ``calibrated`` and the shape has one),
+    then ``given`` (values ``None`` are ignored).
+
+    Raises:
+        ValueError: a bad parameter, naming it.
+    """
+    from traces.synthcal import get_calibration
+
+    fields = asdict(SyntheticConfig())
+    calibration = get_calibration(shape) if calibrated else None
+    if calibration is not None:
+        fields.update(calibration.params)
+    fields.update({k: v for k, v in given.items() if v is not None})
+    return SyntheticConfig(**fields)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m traces.synthetic``: write a synthetic dense trace; last line is a JSON summary."""
-    defaults = SyntheticConfig()
+    """``python -m traces.synthetic``: write a synthetic dense trace, print its calibration table;
+    the last line is a JSON summary."""
     parser = ArgumentParser(
         prog="python -m traces.synthetic",
         description="Write a synthetic dense trace at a real model shape (see traces/synthetic.py for the "
-        "routing, tree and acceptance model). The last stdout line is a JSON summary.",
+        "routing, tree and acceptance model) with the parameters calibrated to public figures of that "
+        "model (traces/synthcal.py; flags given override them), and print the trace's figures beside "
+        "their targets (figure | target | generated | source). The last stdout line is a JSON summary.",
     )
     parser.add_argument(
         "--shape", default="qwen3-30b-a3b", help=f"model shape preset, one of {sorted(MODEL_SHAPES)}"
     )
     parser.add_argument("--out", default="runs/synth", help="output run directory (must be new or empty)")
+    parser.add_argument("--num-requests", type=positive_int, default=argparse.SUPPRESS, help="requests (count) (default: 4)")
+    parser.add_argument("--positions", type=positive_int, default=argparse.SUPPRESS, help="trees per request (default: 64)")
+    parser.add_argument("--prompt-len", type=positive_int, default=argparse.SUPPRESS, help="prompt length (tokens) (default: 32)")
+    cal = "(default: the shape's calibration, traces/synthcal.py; else the generator's default)"
+    parser.add_argument("--tree-depth", type=positive_int, default=argparse.SUPPRESS, help=f"draft depth (levels); {cal}")
+    parser.add_argument("--tree-topk", type=positive_int, default=argparse.SUPPRESS, help=f"children per expanded node; {cal}")
+    parser.add_argument("--max-nodes", type=positive_int, default=argparse.SUPPRESS, help=f"nodes per tree incl. root; {cal}")
     parser.add_argument(
-        "--num-requests", type=positive_int, default=defaults.num_requests, help="requests (count)"
+        "--routing-skew", type=non_negative_float, default=argparse.SUPPRESS, help=f"Zipf exponent (0 = uniform); {cal}"
     )
     parser.add_argument(
-        "--positions",
-        type=positive_int,
-        default=defaults.positions_per_request,
-        help="trees per request (positions)",
+        "--expert-locality", type=_fraction, default=argparse.SUPPRESS, help=f"AR(1) logit correlation, [0, 1); {cal}"
     )
-    parser.add_argument(
-        "--prompt-len", type=positive_int, default=defaults.prompt_len, help="prompt length (tokens)"
-    )
-    parser.add_argument(
-        "--tree-depth", type=positive_int, default=defaults.tree_depth, help="draft depth (levels)"
-    )
-    parser.add_argument(
-        "--tree-topk", type=positive_int, default=defaults.tree_topk, help="children per expanded node"
-    )
-    parser.add_argument(
-        "--max-nodes", type=positive_int, default=defaults.max_nodes, help="nodes per tree incl. root"
-    )
-    parser.add_argument(
-        "--routing-skew",
-        type=non_negative_float,
-        default=defaults.routing_skew,
-        help="Zipf exponent (0 = uniform)",
-    )
-    parser.add_argument(
-        "--expert-locality",
-        type=_fraction,
-        default=defaults.expert_locality,
-        help="AR(1) logit correlation, [0, 1)",
-    )
-    parser.add_argument(
-        "--acceptance", type=_fraction, default=defaults.acceptance, help="P(a child matches), [0, 1]"
-    )
+    parser.add_argument("--acceptance", type=_fraction, default=argparse.SUPPRESS, help=f"P(a child matches), [0, 1]; {cal}")
     parser.add_argument(
         "--draft-concentration",
         type=positive_float,
-        default=defaults.draft_concentration,
-        help="Dirichlet concentration of draft child probabilities (small = confident draft)",
+        default=argparse.SUPPRESS,
+        help=f"Dirichlet concentration of draft child probabilities (small = confident draft); {cal}",
     )
-    parser.add_argument("--vocab-size", type=positive_int, default=defaults.vocab_size, help="token ids")
-    parser.add_argument("--seed", type=non_negative_int, default=defaults.seed, help="random seed")
+    parser.add_argument(
+        "--draft-confidence",
+        type=positive_float,
+        default=argparse.SUPPRESS,
+        help=f"factor in (0, 1] on the stored draft probabilities; {cal}",
+    )
+    parser.add_argument("--vocab-size", type=positive_int, default=argparse.SUPPRESS, help="token ids (default: 32000)")
+    parser.add_argument("--seed", type=non_negative_int, default=argparse.SUPPRESS, help="random seed (default: 0)")
+    parser.add_argument(
+        "--uncalibrated", action="store_true", help="ignore the shape's calibration (generator defaults)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = parser.parse_args(argv)
     try:
         shape = get_model_shape(args.shape)
     except ValueError as exc:
         parser.fail("--shape", str(exc))
-    if args.expert_locality >= 1:
+    if getattr(args, "expert_locality", None) is not None and args.expert_locality >= 1:
         parser.fail("--expert-locality", f"expected a number in [0, 1), got {args.expert_locality}")
-    fields = {f: getattr(args, f, None) for f in SyntheticConfig.__dataclass_fields__}
-    fields["positions_per_request"] = args.positions
+    given = {f: getattr(args, f, None) for f in SyntheticConfig.__dataclass_fields__}
+    given["positions_per_request"] = getattr(args, "positions", None)
     try:
-        SyntheticConfig(**fields)
+        cfg = resolve_config(shape.name, not args.uncalibrated, **given)
     except ValueError as exc:
         name = str(exc).split(":")[0]
         parser.fail(_FLAGS.get(name, "--" + name.replace("_", "-")), str(exc))
@@ -475,37 +505,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         generate_dense_trace(
             out,
             shape,
-            num_requests=args.num_requests,
-            positions_per_request=args.positions,
-            prompt_len=args.prompt_len,
-            tree_depth=args.tree_depth,
-            tree_topk=args.tree_topk,
-            max_nodes=args.max_nodes,
-            routing_skew=args.routing_skew,
-            expert_locality=args.expert_locality,
-            acceptance=args.acceptance,
-            seed=args.seed,
-            draft_concentration=args.draft_concentration,
-            vocab_size=args.vocab_size,
+            **asdict(cfg),
             progress=not args.no_progress,
             command_line=["python", "-m", "traces.synthetic", *(argv if argv is not None else sys.argv[1:])],
         )
     except ValueError as exc:
         parser.error(str(exc))
     from traces.reader import open_run
+    from traces.synthcal import figure_rows, format_figure_table, get_calibration, trace_figures
 
     run = open_run(out, validate=False)
     num_nodes = run.num_rows("nodes")
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    print(f"wrote {out}: {args.num_requests} requests, {num_nodes} nodes, {size} bytes")
+    print(f"wrote {out}: {cfg.num_requests} requests, {num_nodes} nodes, {size} bytes")
+    calibration = None if args.uncalibrated else get_calibration(shape.name)
+    rows = []
+    if calibration is not None:
+        overridden = sorted(k for k in _CALIBRATED if given.get(k) is not None)
+        rows = figure_rows(calibration, trace_figures(run))
+        print(f"calibration of {shape.name} (sources: docs/reference-figures.md)"
+              + (f"; overridden by flags: {', '.join(overridden)}" if overridden else ""))
+        print(format_figure_table(rows))
     print_summary(
         {
             "out": str(out),
             "shape": shape.name,
-            "num_requests": args.num_requests,
-            "num_trees": args.num_requests * args.positions,
+            "num_requests": cfg.num_requests,
+            "num_trees": cfg.num_requests * cfg.positions_per_request,
             "num_nodes": num_nodes,
             "bytes_on_disk": size,
+            "calibrated": calibration is not None,
+            "figures_out_of_tolerance": [r["figure"] for r in rows if not r["ok"]],
         }
     )
     return 0
