@@ -4,11 +4,20 @@ Every executor calls :func:`sim.cells.run_cell` on each cell and hands each fini
 ``on_result`` as soon as it arrives (the sweep writes it to disk at once, which makes sweeps
 resumable). Each cell is a pure function of its spec, so the executors give the same rows;
 the caller sorts them.
+
+Pool workers die with the sweep process on any signal, SIGKILL included: each worker asks the
+kernel for SIGKILL when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``) and, everywhere, a
+watcher thread ends it once its parent process is gone (``os.getppid()`` changes).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
@@ -17,11 +26,53 @@ from sim.cells import CellSpec, run_cell
 
 EXECUTORS = ("local", "ray")
 OnResult = Callable[[CellSpec, dict[str, Any]], None]
-
+PARENT_POLL_S = 0.5  # how often a worker checks that its parent is alive (fallback to PDEATHSIG)
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class RayAddressError(ValueError):
     """No Ray cluster answered at the given ``--ray-address``."""
+
+
+def _set_parent_death_signal(signum: int) -> bool:
+    """Ask Linux to send ``signum`` to this process when its parent dies (``prctl(2)``,
+    ``PR_SET_PDEATHSIG``); returns whether the call succeeded (False off Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _exit_when_orphaned(parent_pid: int, interval_s: float) -> None:
+    """Watcher thread body: end this process (SIGKILL to itself) once ``parent_pid`` is no longer
+    its parent (the parent died and the process was re-parented)."""
+    while os.getppid() == parent_pid:
+        time.sleep(interval_s)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def init_worker(parent_pid: int, poll_s: float = PARENT_POLL_S) -> None:
+    """Initializer of every pool worker: die with the parent ``parent_pid``, whatever kills it.
+
+    SIGINT is ignored (a terminal's Ctrl-C reaches the whole process group; the parent stops the
+    workers) and SIGTERM has its default action (the parent's :meth:`multiprocessing.Process.terminate`
+    ends a worker), replacing the handlers a forked worker inherits from the sweep. Then
+    ``PR_SET_PDEATHSIG`` (SIGKILL) on Linux plus a daemon thread polling ``os.getppid()`` every
+    ``poll_s`` seconds; a parent that died before this ran is caught by the first check.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(
+        target=_exit_when_orphaned, args=(parent_pid, poll_s), name="exit-when-orphaned", daemon=True
+    ).start()
 
 
 def run_local(
@@ -30,7 +81,7 @@ def run_local(
     """Run ``cells`` in this process (``jobs == 1``) or on a pool of ``jobs`` worker processes.
 
     Workers are forked (Linux) so they start without re-importing; each opens the trace once
-    and reuses it for all its cells.
+    and reuses it for all its cells. They die with this process (:func:`init_worker`).
 
     Raises:
         ValueError: ``jobs < 1``. Errors of a cell propagate (remaining cells are cancelled).
@@ -43,7 +94,12 @@ def run_local(
         return
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(cells)), mp_context=context) as pool:
+    with ProcessPoolExecutor(
+        max_workers=min(jobs, len(cells)),
+        mp_context=context,
+        initializer=init_worker,
+        initargs=(os.getpid(),),
+    ) as pool:
         pending = {pool.submit(run_cell, cell.to_dict(), cycles_dir): cell for cell in cells}
         try:
             while pending:

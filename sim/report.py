@@ -34,6 +34,9 @@ CHECK_NOTE = (
     "below a baseline; mean predicted vs realised committed tokens are in the results "
     "(mean_predicted_committed, tau)."
 )
+VARIED_KEYS = ("cache_policy", "predictor", "overlap", "prefetch", "stopping")
+"""Columns the table and figure show only when they vary (``stopping``: SpecFit rows of two
+stopping rules, e.g. sweeps with each ``--stopping`` into one folder)."""
 TABLE_COLUMNS = (
     ("cache_experts_per_layer", "cache", "{:d}"),
     ("bandwidth_gb_per_s", "GB/s", "{:g}"),
@@ -88,7 +91,7 @@ def format_table(df: pd.DataFrame, header: Sequence[str] = ()) -> str:
     SpecFit rows failing the check end in ``!`` and :data:`CHECK_NOTE` follows the table.
     """
     columns = list(TABLE_COLUMNS)
-    for key in ("cache_policy", "predictor", "overlap", "prefetch"):
+    for key in VARIED_KEYS:
         if key in df and df[key].nunique() > 1:
             columns.insert(2, (key, key, "{}"))
     lines = list(header)
@@ -121,14 +124,16 @@ def plot_throughput(df: pd.DataFrame, path: Path, title: str = "") -> Path:
     import matplotlib.pyplot as plt
 
     caches = sorted(df["cache_experts_per_layer"].unique())
-    varied = [k for k in ("cache_policy", "predictor", "overlap", "prefetch") if df[k].nunique() > 1]
+    varied = [k for k in VARIED_KEYS if k in df and df[k].nunique() > 1]
     fig, axes = plt.subplots(1, len(caches), figsize=(4.2 * len(caches), 3.6), squeeze=False, sharey=True)
     for ax, cache in zip(axes[0], caches):
         part = df[df["cache_experts_per_layer"] == cache]
-        for label_keys, series in part.groupby(["policy", *varied], sort=False):
+        for label_keys, series in part.groupby(["policy", *varied], sort=False, dropna=False):
             keys = label_keys if isinstance(label_keys, tuple) else (label_keys,)
             label = " ".join(
-                f"{k}={v}" if i else str(v) for i, (k, v) in enumerate(zip(["policy", *varied], keys))
+                f"{k}={v}" if i else str(v)
+                for i, (k, v) in enumerate(zip(["policy", *varied], keys))
+                if not pd.isna(v)  # e.g. no stopping rule off SpecFit rows
             )
             series = series.sort_values("bandwidth_gb_per_s")
             ax.plot(series["bandwidth_gb_per_s"], series["tokens_per_s"], marker="o", label=label)

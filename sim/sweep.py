@@ -15,7 +15,8 @@ Bandwidths: ``--bandwidth`` when given (it replaces the cost's link bandwidth, a
 says so); otherwise the link's bandwidth when ``--cost`` names one (``COMPUTE+LINK``) or is a
 cost JSON (its ``h2d_bytes_per_s``, in GB/s), else 16, 32 and 64 GB/s. Ctrl-C stops the worker
 processes, keeps the finished cells (re-running the same command skips them), prints a JSON
-summary with ``"interrupted": true`` and exits 130.
+summary with ``"interrupted": true`` and exits 130; SIGTERM does the same and exits 143. Worker
+processes die with the sweep whatever stops it, SIGKILL included (``sim.executors.init_worker``).
 
 ``--stopping`` picks SpecFit's stopping rule; it goes into the SpecFit cells (their id and result
 row, column ``stopping``), so sweeps with different rules never reuse each other's SpecFit cells.
@@ -39,7 +40,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.cells import CellSpec, make_cells, parse_cache_sizes
+from sim.cells import KEY_COLUMNS, CellSpec, make_cells, parse_cache_sizes
 from sim.config import DEFAULT_POLICIES, canonical_policy
 from sim.executors import EXECUTORS, RayAddressError, run_cells
 from sim.presets import DEFAULT_COST, link_presets, preset_names, resolve_cost
@@ -95,46 +96,55 @@ def _load_done(cells_dir: Path, wanted: set[str]) -> dict[str, dict[str, Any]]:
     return done
 
 
-class _workers_stop_on_interrupt:  # noqa: N801 - used as a context manager
-    """While active, SIGINT (Ctrl-C) stops this process's worker processes at once.
+class SweepInterrupted(KeyboardInterrupt):
+    """The sweep was stopped by a signal: SIGINT (Ctrl-C) or SIGTERM; ``signum`` says which."""
 
-    With workers running (the local pool), the handler only terminates them and sets
-    :attr:`interrupted`: raising in the main thread at an arbitrary point could leave a lock of
-    the pool's futures held and hang its shutdown. The pool then fails with ``BrokenExecutor``,
-    which :func:`run_sweep` turns into :class:`KeyboardInterrupt`. Without workers (``--jobs 1``,
-    Ray) it raises :class:`KeyboardInterrupt` as Python does. A second SIGINT within
-    :data:`REPEATED_SIGINT_S` is the same Ctrl-C delivered twice and is ignored; a later one
-    raises. Forked workers inherit the handler and ignore SIGINT (a terminal's Ctrl-C reaches
-    them too; the parent stops them), so no worker prints a traceback. No-op outside the main
-    thread.
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class _workers_stop_on_interrupt:  # noqa: N801 - used as a context manager
+    """While active, SIGINT (Ctrl-C) or SIGTERM stops this process's worker processes at once.
+
+    With workers running (the local pool), the handler only terminates them and records the
+    signal (:attr:`interrupted`, :attr:`signum`): raising in the main thread at an arbitrary
+    point could leave a lock of the pool's futures held and hang its shutdown. The pool then
+    fails with ``BrokenExecutor``, which :func:`run_sweep` turns into :class:`SweepInterrupted`.
+    Without workers (``--jobs 1``, Ray) it raises :class:`SweepInterrupted` as Python raises
+    ``KeyboardInterrupt``. A second signal within :data:`REPEATED_SIGINT_S` is the same Ctrl-C
+    delivered twice and is ignored; a later one raises. Forked workers inherit the handler until
+    their initializer (``sim.executors.init_worker``) replaces it: there SIGINT is ignored (a
+    terminal's Ctrl-C reaches them too; the parent stops them) and SIGTERM ends the worker, so no
+    worker prints a traceback. No-op outside the main thread.
     """
 
     def __enter__(self) -> _workers_stop_on_interrupt:
-        self.previous = None
+        self.previous: dict[int, Any] = {}
         self.previous_hook = threading.excepthook
         self.interrupted_at: float | None = None
+        self.signum = int(signal.SIGINT)
         if threading.current_thread() is threading.main_thread():
             parent = os.getpid()
 
-            def on_sigint(signum: int, frame: Any) -> None:
-                if os.getpid() != parent:
-                    return  # a forked worker: the parent terminates it
+            def on_signal(signum: int, frame: Any) -> None:
+                if os.getpid() != parent:  # a forked worker before its initializer ran
+                    if signum == signal.SIGTERM:
+                        signal.signal(signum, signal.SIG_DFL)
+                        os.kill(os.getpid(), signum)
+                    return  # SIGINT: the parent terminates it
                 now = time.monotonic()
                 if self.interrupted_at is not None:
                     if now - self.interrupted_at < REPEATED_SIGINT_S:
                         return  # the same Ctrl-C again (timeout(1) signals the process and its group)
-                    raise KeyboardInterrupt  # a later Ctrl-C: stop waiting for the pool's shutdown
+                    raise SweepInterrupted(self.signum)  # a later signal: stop waiting for the shutdown
                 self.interrupted_at = now
-                children = multiprocessing.active_children()
-                if not children:
-                    raise KeyboardInterrupt
-                for child in children:
-                    child.terminate()
-                # let the pool's manager thread mark every future broken before the executor
-                # cancels the pending ones (bounded: it may need a future's lock this thread holds)
-                for thread in threading.enumerate():
-                    if type(thread).__name__ == "_ExecutorManagerThread":
-                        thread.join(timeout=2.0)
+                self.signum = int(signum)
+                if not self.stop_workers():
+                    raise SweepInterrupted(signum)
 
             def quiet_hook(hook_args: Any) -> None:
                 # Python 3.11's pool manager fails on a future cancelled while it marks them broken
@@ -142,19 +152,114 @@ class _workers_stop_on_interrupt:  # noqa: N801 - used as a context manager
                     return
                 self.previous_hook(hook_args)
 
-            self.previous = signal.signal(signal.SIGINT, on_sigint)
+            for signum in STOP_SIGNALS:
+                self.previous[signum] = signal.signal(signum, on_signal)
             threading.excepthook = quiet_hook
         return self
 
+    @staticmethod
+    def stop_workers() -> bool:
+        """Terminate this process's worker processes; returns whether there were any."""
+        children = multiprocessing.active_children()
+        if not children:
+            return False
+        for child in children:
+            child.terminate()
+        # let the pool's manager thread mark every future broken before the executor
+        # cancels the pending ones (bounded: it may need a future's lock this thread holds)
+        for thread in threading.enumerate():
+            if type(thread).__name__ == "_ExecutorManagerThread":
+                thread.join(timeout=2.0)
+        return True
+
     @property
     def interrupted(self) -> bool:
-        """Whether a SIGINT arrived while active."""
+        """Whether SIGINT or SIGTERM arrived while active."""
         return self.interrupted_at is not None
 
     def __exit__(self, *exc: Any) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        for signum, previous in self.previous.items():
+            signal.signal(signum, previous)
+        if self.previous:
             threading.excepthook = self.previous_hook
+
+
+GRID_FIELDS = frozenset(
+    {
+        "bandwidth_gb_per_s",
+        "cache_experts_per_layer",
+        "cache_fraction",
+        "policy",
+        "cache_policy",
+        "predictor",
+        "overlap",
+        "prefetch",
+        "policy_options",
+    }
+)
+"""Cell fields that vary within one sweep's grid; the others (trace, base cost, seed, ...) are the
+sweep's context, which every cell of one ``--out`` folder shares."""
+
+
+def _context_fields(spec: dict[str, Any]) -> dict[str, str]:
+    """The context fields of a cell dict (canonical JSON per field, for comparison)."""
+    return {
+        k: json.dumps(v, sort_keys=True) for k, v in spec.items() if k not in GRID_FIELDS and k != "cell_id"
+    }
+
+
+def _table_key(spec: dict[str, Any]) -> tuple:
+    """What tells a cell's row apart in the table and figure: the key columns and the stopping rule."""
+    return (*(spec.get(k) for k in KEY_COLUMNS), (spec.get("policy_options") or {}).get("stopping"))
+
+
+def earlier_cells(out_dir: str | Path, cells: Sequence[CellSpec]) -> tuple[list[dict[str, Any]], str | None]:
+    """Finished cells of earlier grids in ``out_dir`` that a sweep of ``cells`` keeps.
+
+    A sweep into a folder that holds finished cells of another grid keeps them all: its results
+    hold the union. That is only sound when every kept cell shares the new cells' context (all
+    fields but :data:`GRID_FIELDS`: trace, base cost, seed, ...) and no kept cell has the table
+    keys of a new one (``sim.cells.KEY_COLUMNS`` and the stopping rule, which the table and the
+    figure show when it varies); otherwise the caller refuses (the rows could not be told apart).
+
+    Returns:
+        ``(specs, None)``: the kept cells' dicts (``CellSpec.to_dict()`` plus ``cell_id``, from
+        ``sweep.json``), or ``([], message)`` when the folder cannot be extended (the message says
+        why: cells without a readable ``sweep.json`` describing them, or which fields differ).
+    """
+    out = Path(out_dir)
+    current = {c.cell_id for c in cells}
+    others = sorted({p.stem for p in (out / "cells").glob("*.json")} - current)
+    if not others:
+        return [], None
+    try:
+        recorded = json.loads((out / "sweep.json").read_text())
+        specs = {str(c["cell_id"]): dict(c) for c in recorded["cells"]}
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        return (
+            [],
+            f"{out} holds {len(others)} finished cells of another sweep and no readable sweep.json ({exc})",
+        )
+    unknown = [cell_id for cell_id in others if cell_id not in specs]
+    if unknown:
+        return [], f"{out} holds {len(unknown)} finished cells that its sweep.json does not describe"
+    contexts = [_context_fields(c.to_dict()) for c in cells]
+    keys = {_table_key(c.to_dict()) for c in cells}
+    kept = []
+    for cell_id in others:
+        spec = specs[cell_id]
+        context = _context_fields(spec)
+        if context not in contexts:
+            differ = sorted(
+                k for k in set(context) | set(contexts[0]) if context.get(k) != contexts[0].get(k)
+            )
+            return [], (
+                f"{out} holds {len(others)} finished cells of a sweep with another {', '.join(differ)}"
+            )
+        if _table_key(spec) in keys:
+            return [], f"{out} holds finished cells with this sweep's table keys but other policy options"
+        kept.append(spec)
+    return kept, None
 
 
 def cells_done(cells: Sequence[CellSpec], out_dir: str | Path) -> int:
@@ -171,6 +276,7 @@ def run_sweep(
     ray_address: str | None = None,
     per_cycle: bool = False,
     progress: bool = True,
+    keep: Sequence[str] = (),
 ) -> tuple[pd.DataFrame, int, int]:
     """Run the cells not yet finished under ``out_dir`` and return the full results table.
 
@@ -185,9 +291,12 @@ def run_sweep(
             local Ray instance with ``jobs`` CPUs).
         per_cycle: also write each cell's cycle records to ``out_dir/cycles/<cell_id>.parquet``.
         progress: show a progress bar over cells (stderr).
+        keep: ids of finished cells of earlier grids in ``out_dir`` (:func:`earlier_cells`) whose
+            rows join the results.
 
     Returns:
-        ``(results, cells_run, cells_skipped)``; results as :func:`sim.report.results_frame`.
+        ``(results, cells_run, cells_skipped)``; results as :func:`sim.report.results_frame`
+        (the rows of ``cells`` and of ``keep``).
 
     Raises:
         ValueError: bad executor or jobs; errors of the replay itself propagate.
@@ -208,6 +317,9 @@ def run_sweep(
         _write_json(cells_dir / f"{cell.cell_id}.json", row)
         done[cell.cell_id] = json.loads(json.dumps(row, sort_keys=True))  # exactly what a resume reads
         bar.update(1)
+        if stopper.interrupted:  # a signal whose exception was swallowed (e.g. inside fork hooks)
+            stopper.stop_workers()
+            raise SweepInterrupted(stopper.signum)
 
     stopper = _workers_stop_on_interrupt()
     try:
@@ -222,11 +334,12 @@ def run_sweep(
             )
     except BrokenExecutor:
         if stopper.interrupted:
-            raise KeyboardInterrupt from None  # the workers were stopped by Ctrl-C
+            raise SweepInterrupted(stopper.signum) from None  # the workers were stopped by a signal
         raise
     finally:
         bar.close()
-    rows = [done[c.cell_id] for c in cells]
+    kept = _load_done(cells_dir, set(keep))
+    rows = [done[c.cell_id] for c in cells] + [kept[cell_id] for cell_id in keep if cell_id in kept]
     return results_frame(rows), len(todo), len(cells) - len(todo)
 
 
@@ -584,12 +697,28 @@ def _write_results(
     return table, files
 
 
+def _earlier_command_lines(out: Path) -> list[list[str]]:
+    """Command lines of the earlier sweeps into ``out`` (from its ``sweep.json``; [] if none)."""
+    try:
+        recorded = json.loads((out / "sweep.json").read_text())
+    except (OSError, ValueError):
+        return []
+    lines = recorded.get("command_lines") or [recorded.get("command_line")]
+    return [line for line in lines if isinstance(line, list)]
+
+
 def _min_or_none(values: pd.Series) -> float | None:
     return float(values.min()) if len(values) else None
 
 
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    """SIGTERM handler outside the worker pool: stop like Ctrl-C."""
+    raise SweepInterrupted(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the sweep CLI; returns the exit status (2 on bad flags, 1 if a replay fails, 130 on Ctrl-C)."""
+    """Run the sweep CLI; returns the exit status (2 on bad flags, 1 if a replay fails, 130 on
+    Ctrl-C, 143 on SIGTERM: finished cells are kept either way and a JSON line ends stdout)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     # the default --out (runs/sim/sweep-<hash>) is named once the cells are known: check its parent now
@@ -598,33 +727,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     cost_explicit = not isinstance(args.cost, _DefaultText)
     args.cost = str(args.cost)
     state: dict[str, Any] = {"out": Path(args.out) if args.out else None, "cells": []}
+    previous_term = None
+    with contextlib.suppress(ValueError):  # ValueError: not the main thread, SIGTERM left alone
+        previous_term = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
         return _run(parser, args, argv, cost_explicit, started, state)
-    except KeyboardInterrupt:
-        previous = None
-        with contextlib.suppress(ValueError):  # ValueError: not the main thread, SIGINT left alone
-            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a repeated Ctrl-C: summary stays whole
+    except KeyboardInterrupt as exc:
+        signum = getattr(exc, "signum", int(signal.SIGINT))
+        previous = {}
+        with contextlib.suppress(ValueError):  # a repeated signal: the summary stays whole
+            previous = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
         try:
-            _report_interrupt(state, started)
+            _report_interrupt(state, started, signum)
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
-        return 130
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        return 128 + signum
+    finally:
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
 
 
-def _report_interrupt(state: dict[str, Any], started: float) -> None:
-    """The Ctrl-C message (stderr) and JSON summary of an interrupted sweep."""
+def _report_interrupt(state: dict[str, Any], started: float, signum: int = signal.SIGINT) -> None:
+    """The message (stderr) and JSON summary of a sweep stopped by Ctrl-C or SIGTERM."""
     out, cells = state["out"], state["cells"]
     done = cells_done(cells, out) if out is not None and cells else 0
     where = f" in {out}" if out is not None else ""
     progress = f"{done} of {len(cells)} cells finished" if cells else "before any cell ran"
+    name = signal.Signals(signum).name
     sys.stderr.write(
-        f"\ninterrupted: {progress}; finished cells are kept{where} and re-running the same command "
-        "skips them\n"
+        f"\ninterrupted ({name}): {progress}; finished cells are kept{where} and re-running the same "
+        "command skips them\n"
     )
     print_summary(
         {
             "interrupted": True,
+            "signal": name,
             "out": None if out is None else str(out),
             "num_cells": len(cells),
             "cells_done": done,
@@ -649,18 +787,36 @@ def _run(
     if args.out is None:
         parser.ensure_out_dir("--out", out)
     state.update(out=out, cells=cells)
+    kept, refused = earlier_cells(out, cells)
+    if refused is not None:
+        parser.fail(
+            "--out",
+            f"{refused}; its results and this sweep's could not be told apart: use another --out "
+            "(nothing was changed)",
+        )
+    if kept:
+        sys.stderr.write(
+            f"{out}: keeping {len(kept)} finished cells of earlier sweeps in this folder; the results, "
+            "table and figure hold them and this sweep's cells\n"
+        )
+        header = [
+            *header,
+            f"results also hold {len(kept)} cells of earlier sweeps into this folder (sweep.json)",
+        ]
     from traces.schema import software_versions
 
+    command_line = [sys.executable, "-m", "sim.sweep", *(sys.argv[1:] if argv is None else argv)]
     _write_json(
         out / "sweep.json",
         {
-            "command_line": [sys.executable, "-m", "sim.sweep", *(sys.argv[1:] if argv is None else argv)],
+            "command_line": command_line,
+            "command_lines": _earlier_command_lines(out) + [command_line] if kept else [command_line],
             "args": vars(args),
             "trace": str(trace_path),
             "header": header,
             "seed": args.seed,
             "software": software_versions(),
-            "cells": [c.to_dict() | {"cell_id": c.cell_id} for c in cells],
+            "cells": kept + [c.to_dict() | {"cell_id": c.cell_id} for c in cells],
         },
     )
     try:
@@ -672,6 +828,7 @@ def _run(
             ray_address=args.ray_address,
             per_cycle=args.per_cycle,
             progress=not args.no_progress,
+            keep=[spec["cell_id"] for spec in kept],
         )
     except RayAddressError as exc:
         parser.fail("--ray-address", str(exc))
@@ -688,6 +845,7 @@ def _run(
             "num_cells": len(cells),
             "cells_run": num_run,
             "cells_skipped": num_skipped,
+            "cells_kept_from_earlier_sweeps": len(kept),
             "specfit_below_baseline": int(results["specfit_below_baseline"].sum()),
             "specfit_min_speedup_vs_ar": _min_or_none(specfit_rows["speedup_vs_ar"]),
             "specfit_min_speedup_vs_topn": _min_or_none(specfit_rows["speedup_vs_topn"]),

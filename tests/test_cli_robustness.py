@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from tiny_shapes import TINY_COST, TINY_MOE, tiny_shape
+from tiny_shapes import TINY_COST, TINY_MOE, tiny_shape, tiny_sweep_trace
 
 from traces.synthetic import generate_dense_trace
 
@@ -26,18 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = generate_dense_trace(
-        tmp_path_factory.mktemp("robust") / "tiny",
-        SHAPE,
-        num_requests=1,
-        positions_per_request=12,
-        prompt_len=8,
-        tree_depth=3,
-        tree_topk=2,
-        max_nodes=8,
-        seed=3,
-    )
-    return str(path)
+    return tiny_sweep_trace(tmp_path_factory.mktemp("robust") / "tiny")
 
 
 @pytest.fixture()

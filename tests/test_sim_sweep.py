@@ -311,7 +311,8 @@ def test_out_file_and_policy_mode_trace_are_flag_errors(trace: str, tmp_path, ca
 def test_stopping_rule_is_part_of_the_cell_and_recorded(trace: str, tmp_path, capsys) -> None:
     """--stopping reaches SpecFitPolicy: the bound rule drafts at least as many levels per cycle as
     the expected rule in every cell; the rule is in the specfit cells' ids and results, so a sweep
-    with the other rule in the same --out redoes the specfit cells and reuses only the others."""
+    with the other rule in the same --out redoes the specfit cells, reuses the others and keeps
+    the first rule's rows (results hold both; the table shows the rule when it varies)."""
     out = tmp_path / "stop"
     base = [
         "--trace",
@@ -335,8 +336,17 @@ def test_stopping_rule_is_part_of_the_cell_and_recorded(trace: str, tmp_path, ca
     summary = _last_json(printed)
     assert "SpecFit stopping rule bound (--stopping)" in printed
     assert summary["cells_run"] == 2 and summary["cells_skipped"] == 2  # the 2 ar cells reused
-    bound = pd.read_parquet(out / "results.parquet")
+    assert summary["cells_kept_from_earlier_sweeps"] == 2  # the expected rule's specfit cells
+    table = (out / "table.txt").read_text()
+    titles = next(line for line in table.splitlines() if line.split()[:2] == ["cache", "GB/s"])
+    assert "stopping" in titles.split()  # the table shows the rule where it varies
+    assert sum(" expected " in line for line in table.splitlines()) == 2
+    union = pd.read_parquet(out / "results.parquet")
+    assert len(union) == 6
     spec_e = expected[expected["policy"] == "specfit"].reset_index(drop=True)
+    kept = union[(union["policy"] == "specfit") & (union["stopping"] == "expected")]
+    assert sorted(kept["cell_id"]) == sorted(spec_e["cell_id"])
+    bound = union[union["stopping"] != "expected"]
     spec_b = bound[bound["policy"] == "specfit"].reset_index(drop=True)
     assert spec_e["stopping"].tolist() == ["expected", "expected"]
     assert spec_b["stopping"].tolist() == ["bound", "bound"]
@@ -346,7 +356,8 @@ def test_stopping_rule_is_part_of_the_cell_and_recorded(trace: str, tmp_path, ca
     assert spec_b["mean_draft_levels"].mean() > spec_e["mean_draft_levels"].mean()  # the rules differ here
     assert (spec_b["mean_draft_levels"] == 3.0).all()  # the trace's full depth: bound rarely stops
     cells = json.loads((out / "sweep.json").read_text())["cells"]
-    assert [c["policy_options"] for c in cells if c["policy"] == "specfit"] == [{"stopping": "bound"}] * 2
+    options = [c["policy_options"] for c in cells if c["policy"] == "specfit"]
+    assert options == [{"stopping": "expected"}] * 2 + [{"stopping": "bound"}] * 2
     assert all(c["policy_options"] is None for c in cells if c["policy"] == "ar")
 
 

@@ -157,6 +157,41 @@ def test_flush_every_rows_writes_parts_as_it_goes(tmp_path):
     assert len(list((tmp_path / "run" / "nodes").glob("part-*.parquet"))) == 3
 
 
+def test_every_finished_request_is_on_disk_and_parts_stay_few(tmp_path):
+    """add_request flushes (a kill loses at most the request in progress); the flushes rewrite
+    each table's last part until it holds flush_every_rows rows, so parts do not pile up."""
+    rng = np.random.default_rng(0)
+    generated = np.arange(20, 30)
+    run_dir = tmp_path / "run"
+    writer = TraceWriter(run_dir, small_manifest(), flush_every_rows=30, flush_every_s=1e9)
+    for rid in range(12):
+        for pos in range(2):
+            ids, w = random_routing(rng, 6)
+            writer.add_tree(
+                rid, pos, 4 + pos, expert_ids=ids, router_weights=w, **tree_rows(rng, pos, generated)
+            )
+        writer.add_cycle(small_cycle(rid, 0))
+        writer.add_request(rid, [1, 2, 3, 4], generated[:3], "r")
+        assert sum(writer.rows_buffered.values()) == 0
+        on_disk = open_run(run_dir)  # no close(): what a killed process would leave
+        assert on_disk.request_ids.tolist() == list(range(rid + 1))
+        assert on_disk.num_rows("nodes") == 12 * (rid + 1) and on_disk.num_rows("cycles") == rid + 1
+    # 144 node rows in parts of >= 30 rows (the tail part was rewritten, not multiplied): 4 parts;
+    # 12 request and cycle rows: one part each
+    assert len(list((run_dir / "nodes").glob("part-*.parquet"))) == 4
+    assert len(list((run_dir / "requests").glob("part-*.parquet"))) == 1
+    assert len(list((run_dir / "cycles").glob("part-*.parquet"))) == 1
+    writer.close()
+    run = open_run(run_dir)
+    assert run.complete and run.manifest.table_counts["nodes"] == {"parts": 4, "rows": 144}
+    # resuming starts a new part after the kept ones; the kept tail is not rewritten
+    with TraceWriter(run_dir, small_manifest(), resume=True) as writer:
+        assert writer.recorded_request_ids() == set(range(12))
+        writer.add_request(12, [1], [], "r")
+    assert len(list((run_dir / "requests").glob("part-*.parquet"))) == 2
+    assert open_run(run_dir).request_ids.tolist() == list(range(13))
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

@@ -31,3 +31,22 @@ TINY_COST = CycleCostModel(
     num_layers=TINY_MOE.num_layers,
 )
 """Known cost parameters that synthetic cycles are generated from."""
+
+
+def tiny_sweep_trace(out_dir) -> str:
+    """A one-request, 12-position dense synthetic trace of ``tiny_shape(12_288, "tiny")`` in
+    ``out_dir`` (depth 3, top-2, 8 nodes; seed 3): cells replay it in milliseconds."""
+    from traces.synthetic import generate_dense_trace
+
+    path = generate_dense_trace(
+        out_dir,
+        tiny_shape(12_288, "tiny"),
+        num_requests=1,
+        positions_per_request=12,
+        prompt_len=8,
+        tree_depth=3,
+        tree_topk=2,
+        max_nodes=8,
+        seed=3,
+    )
+    return str(path)

@@ -6,6 +6,12 @@ Rows are buffered per table and written as complete Parquet part files
 complete, readable parts. ``manifest.json`` is written the same way, first with
 ``complete: false`` and again by ``close(complete=True)``.
 
+Every finished request is flushed (:meth:`TraceWriter.add_request`), so a killed process loses at
+most the request in progress. To keep the part count of a table near ``rows / flush_every_rows``
+however many requests a run has, a flush rewrites the table's last part (its *tail*, kept in
+memory) with the new rows appended, atomically as above, until the tail holds
+``flush_every_rows`` rows; the next flush then starts a new part.
+
 Order of a request's rows: write its trees/prefill/cycles/transfers as they happen and call
 :meth:`TraceWriter.add_request` when the request is finished. The ``requests`` table is always
 flushed after every other table, so a request row on disk means all its rows are on disk.
@@ -59,9 +65,12 @@ class TraceWriter:
         resume: re-open an existing run: its model spec must equal ``manifest.model``; the
             stored manifest (creation time, command line, seed) is kept with the resume time
             appended to ``resumed_at``; rows of unfinished requests are dropped.
-        flush_every_rows: buffered rows of one table that trigger writing a part.
+        flush_every_rows: rows of one table per part: buffered rows that trigger a flush of
+            the table, and the size at which its tail part is closed.
         flush_every_s: seconds since the last flush after which the next ``add_*`` flushes
-            everything (bounds what a killed process loses).
+            everything (bounds what a killed process loses inside a long request).
+        flush_every_request: flush every table when a request is finished (:meth:`add_request`),
+            so a killed process loses at most the request in progress.
         compression_level: zstd level of the parts.
         fsync: fsync each part and the manifest (durability across power loss; not needed to
             survive SIGKILL).
@@ -84,6 +93,7 @@ class TraceWriter:
         resume: bool = False,
         flush_every_rows: int = 8192,
         flush_every_s: float = 30.0,
+        flush_every_request: bool = True,
         compression_level: int = ZSTD_LEVEL,
         fsync: bool = False,
     ) -> None:
@@ -92,11 +102,14 @@ class TraceWriter:
         self.run_dir = Path(run_dir)
         self.flush_every_rows = int(flush_every_rows)
         self.flush_every_s = float(flush_every_s)
+        self.flush_every_request = bool(flush_every_request)
         self.compression_level = int(compression_level)
         self.fsync = bool(fsync)
         self._buffers: dict[str, list[pa.RecordBatch]] = {t: [] for t in TABLE_NAMES}
         self._buffered_rows = dict.fromkeys(TABLE_NAMES, 0)
         self._next_part = dict.fromkeys(TABLE_NAMES, 0)
+        # rows of the last part written while it is below flush_every_rows (rewritten by a flush)
+        self._tail: dict[str, pa.Table | None] = dict.fromkeys(TABLE_NAMES)
         self._parts_on_disk = dict.fromkeys(TABLE_NAMES, 0)  # -> manifest.table_counts at close
         self._rows_on_disk = dict.fromkeys(TABLE_NAMES, 0)
         self._request_ids: set[int] = set()
@@ -264,6 +277,8 @@ class TraceWriter:
         """Record a finished request (call it last for that request; ids unique in the run).
 
         ``category``: the prompt's category (e.g. MT-bench's ``summarization``), ``None`` without one.
+        With ``flush_every_request`` (the default) every table is flushed, ``requests`` last, so
+        the request and all its rows are on disk when this returns.
         """
         request_id = int(request_id)
         if request_id in self._request_ids:
@@ -284,6 +299,8 @@ class TraceWriter:
                 "category": [None if category is None else str(category)],
             },
         )
+        if self.flush_every_request:
+            self.flush()
 
     def add_prefill(self, request_id: int, expert_ids: Any, router_weights: Any) -> None:
         """Prefill routing of one request: ``expert_ids``/``router_weights`` shape ``[T, L, K]``,
@@ -454,20 +471,30 @@ class TraceWriter:
 
     # ----------------------------------------------------------------------------- flushing
     def _flush_table(self, table: str) -> None:
+        """Write the buffered rows of ``table``: appended to its tail part (rewritten atomically)
+        while that holds fewer than ``flush_every_rows`` rows, else as a new part."""
         batches = self._buffers[table]
         if not batches:
             return
-        data = pa.Table.from_batches(batches, schema=self._schemas[table])
-        index = self._next_part[table]
+        new = pa.Table.from_batches(batches, schema=self._schemas[table])
+        tail = self._tail[table]
+        if tail is None:
+            index = self._next_part[table]
+            data = new
+        else:
+            index = self._next_part[table] - 1
+            data = pa.concat_tables([tail, new])
         write_part(
             part_path(self.run_dir, table, index),
             data,
             compression_level=self.compression_level,
             fsync=self.fsync,
         )
-        self._next_part[table] = index + 1
-        self._parts_on_disk[table] += 1
-        self._rows_on_disk[table] += data.num_rows
+        if tail is None:
+            self._next_part[table] = index + 1
+            self._parts_on_disk[table] += 1
+        self._rows_on_disk[table] += new.num_rows
+        self._tail[table] = data if data.num_rows < self.flush_every_rows else None
         self._buffers[table] = []
         self._buffered_rows[table] = 0
 
