@@ -224,3 +224,36 @@ def make_cache(policy: str, num_layers: int, num_experts: int, capacity_per_laye
             pytest.skip("specfit.cache not available yet")
         return FakeLRUCache(num_layers, num_experts, capacity_per_layer)
     return make_expert_cache(policy, num_layers, num_experts, capacity_per_layer, **kwargs)
+
+
+def make_tiny_eagle3_head(
+    tmp_path: Path,
+    target_dir: Path,
+    *,
+    seed: int = 2,
+    train_on: list[list[int]] | None = None,
+    train_steps: int = 60,
+    **head_kwargs: Any,
+) -> Path:
+    """Write a tiny EAGLE-3 head for the target at ``target_dir`` in the trainers' on-disk layout.
+
+    ``train_on``: token sequences to fit the head to (the target's own hidden states,
+    ``live.eagle3_train``), so drafts get accepted and tests exercise accepted paths; ``None``
+    keeps the random weights. ``head_kwargs`` go to :func:`live.eagle3.random_head` (e.g.
+    ``draft_vocab_size=64``, ``own_embedding=False``, ``hidden_size=48``).
+    """
+    from transformers import AutoModelForCausalLM
+
+    from live.eagle3 import random_head, save_head
+    from live.eagle3_train import collect_features, train_head
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    head = random_head(target.config, seed=seed, **head_kwargs)
+    if head.embed_tokens.weight.shape == target.get_input_embeddings().weight.shape:
+        with torch.no_grad():
+            head.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
+    if train_on:
+        data = collect_features(target, train_on, head.config.layer_ids)
+        train_head(head, data, steps=train_steps, lr=1e-2, seed=seed)
+    out = Path(tmp_path) / f"tiny-eagle3-{Path(target_dir).name}-{seed}"
+    return save_head(head, out)

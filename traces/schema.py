@@ -228,12 +228,16 @@ class DraftSpec:
         model: draft model name/path, or ``"synthetic"``.
         tree_depth: maximum draft depth (levels); tree_topk: children per expanded node;
         max_nodes: maximum nodes per tree including the root.
+        kind: the drafter: ``"causal-lm"`` (a small LM), ``"eagle3"`` (an EAGLE-3 head drafting
+            from the target's hidden states), ``"synthetic"`` or ``"none"``; ``"unknown"`` in
+            manifests written before the field existed.
     """
 
     model: str
     tree_depth: int
     tree_topk: int
     max_nodes: int
+    kind: str = "unknown"
 
     def __post_init__(self) -> None:
         for name in ("tree_depth", "tree_topk", "max_nodes"):

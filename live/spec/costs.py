@@ -104,6 +104,7 @@ def estimate_cost_model(
     verify_times: dict[int, list[float]] = {}
     one_level = dataclasses.replace(shape, depth=min(shape.depth, 1))
     for _ in range(repeats):
+        verifier.prefill(prompt_ids)  # an EAGLE-3 head drafts from the target's states of the prompt
         for draft_shape in (one_level, shape):
             drafter.reset()
             draft = drafter.grow(prompt_ids, draft_shape)

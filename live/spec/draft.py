@@ -10,8 +10,9 @@ path probability never exceeds its parent's (ties broken by creation order), tha
 ancestor-closed. Growth stops after ``depth`` levels or when the ``keep_drafting`` callback (the
 SpecFit stopping rule) says so.
 
-:class:`Drafter` is the interface the decode loops use, so an EAGLE-3 head (which drafts from the
-target's hidden states) can later replace :class:`ModelDrafter`.
+:class:`Drafter` is the interface the decode loops use; :class:`TreeDrafter` holds the growth
+loop, shared by :class:`ModelDrafter` (a small causal LM) and :class:`live.eagle3_draft.Eagle3Drafter`
+(an EAGLE-3 head drafting from the target's hidden states).
 """
 
 from __future__ import annotations
@@ -71,7 +72,12 @@ class DraftResult:
 
 
 class Drafter(Protocol):
-    """What the decode loops need from a drafter (a draft LM today, an EAGLE-3 head later)."""
+    """What the decode loops need from a drafter (a draft LM or an EAGLE-3 head).
+
+    ``kind`` is ``"causal-lm"`` or ``"eagle3"`` (recorded as ``draft.kind`` in the manifest).
+    """
+
+    kind: str
 
     def reset(self) -> None:
         """Forget all state before a new generation."""
@@ -91,27 +97,31 @@ def _rerank(parents: list[int], path: list[float], depths: list[int], max_nodes:
     return np.asarray(sorted([0, *order], key=lambda v: (depths[v], v)), dtype=np.int64)
 
 
-class ModelDrafter:
-    """:class:`Drafter` backed by a small causal LM that shares the target's tokenizer.
+class TreeDrafter:
+    """The EAGLE-2 tree growth shared by every drafter kind (see module docstring).
 
-    The draft's KV cache holds a prefix of the committed tokens; ``grow`` feeds the missing
-    committed tokens causally, then one forward per level (the frontier) with a tree attention
-    mask. ``accept`` keeps only the accepted path's entries (KV trimming), so the next ``grow``
-    feeds only what is new.
+    A subclass supplies the draft distribution: :meth:`_root_logits` (next-token logits at the
+    root, or None when it cannot draft) and :meth:`_level_logits` (logits of a frontier's nodes
+    after feeding them), and optionally :meth:`_to_target_ids` (a head drafting over a reduced
+    vocabulary maps its ids to target ids). ``_tree_to_cand`` maps the returned tree's node ids to
+    candidate ids of the last :meth:`grow`.
     """
 
-    def __init__(self, model: nn.Module) -> None:
-        self.lm = CachedLM(model)
-        self._slots: list[int] = []  # candidate ids in the draft cache after the context, cache order
-        self._tree_to_cand: np.ndarray = np.zeros(1, np.int64)
-        self._context_len = 0
+    _tree_to_cand: np.ndarray
 
-    def reset(self) -> None:
-        """Drop the draft cache."""
-        self.lm.reset()
-        self._slots = []
-        self._tree_to_cand = np.zeros(1, np.int64)
-        self._context_len = 0
+    def _begin(self, committed: Sequence[int]) -> None:
+        """Called first by every :meth:`grow` (even a root-only one)."""
+
+    def _root_logits(self, committed: Sequence[int]) -> torch.Tensor | None:
+        raise NotImplementedError
+
+    def _level_logits(
+        self, frontier: list[int], tokens: list[int], parents: list[int], depths: list[int]
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _to_target_ids(self, ids: np.ndarray) -> np.ndarray:
+        return ids
 
     def _tree(self, tokens, parents, logps, path, depths, max_nodes) -> TokenTree:
         keep = _rerank(parents, path, depths, max_nodes)
@@ -134,33 +144,28 @@ class ModelDrafter:
         Returns:
             :class:`DraftResult`; draft log-probs are natural-log probabilities under the draft.
         Raises:
-            ValueError: when ``committed`` is empty or shorter than what the cache already holds.
+            ValueError: when ``committed`` is empty or inconsistent with the drafter's cached state.
         """
         start = time.perf_counter()
-        n = len(committed)
-        if n == 0:
-            raise ValueError("ModelDrafter.grow: committed is empty (need at least the root token)")
+        if len(committed) == 0:
+            raise ValueError(f"{type(self).__name__}.grow: committed is empty (need at least the root token)")
         tokens, parents, logps, path, depths = [int(committed[-1])], [-1], [0.0], [0.0], [0]
-        self._slots = []
-        self._context_len = n
-        if shape.depth == 0 or shape.max_nodes == 1:
+        self._begin(committed)
+        logits = None
+        if shape.depth > 0 and shape.max_nodes > 1:
+            logits = self._root_logits(committed)
+        if logits is None:
             return DraftResult(
                 self._tree(tokens, parents, logps, path, depths, 1), 0, time.perf_counter() - start
             )
-        if self.lm.cache_len > n:
-            raise ValueError(
-                f"ModelDrafter.grow: draft cache holds {self.lm.cache_len} tokens but only {n} committed"
-            )
-        if self.lm.cache_len == n:  # the root itself is cached: re-feed it to get its next-token logits
-            self.lm.keep(n - 1, [])
-        logits = self.lm.feed_causal(list(committed[self.lm.cache_len :]), last_only=True)
         frontier = [0]
         levels = 0
         while True:
             top_lp, top_id = torch.topk(
                 torch.log_softmax(logits, dim=-1), min(shape.topk, logits.shape[-1]), dim=-1
             )
-            top_lp, top_id = top_lp.cpu().numpy().astype(np.float64), top_id.cpu().numpy()
+            top_lp = top_lp.cpu().numpy().astype(np.float64)
+            top_id = self._to_target_ids(top_id.cpu().numpy())
             level = []
             for i, parent in enumerate(frontier):
                 for j in range(top_lp.shape[1]):
@@ -179,17 +184,60 @@ class ModelDrafter:
                 path[c] for c in self._tree_to_cand
             ):
                 break  # no child of the new frontier could enter the full tree: more levels cannot change it
-            self._slots.extend(frontier)
-            logits = self.lm.feed_tree(
-                [tokens[v] for v in frontier],
-                [depths[v] for v in frontier],
-                root_position=n - 1,
-                context_len=n,
-                slot_nodes=self._slots,
-                query_nodes=frontier,
-                ancestors=ancestor_matrix(parents),
-            )
+            logits = self._level_logits(frontier, tokens, parents, depths)
         return DraftResult(tree, levels, time.perf_counter() - start)
+
+
+class ModelDrafter(TreeDrafter):
+    """:class:`Drafter` backed by a small causal LM that shares the target's tokenizer.
+
+    The draft's KV cache holds a prefix of the committed tokens; ``grow`` feeds the missing
+    committed tokens causally, then one forward per level (the frontier) with a tree attention
+    mask. ``accept`` keeps only the accepted path's entries (KV trimming), so the next ``grow``
+    feeds only what is new.
+    """
+
+    kind = "causal-lm"
+
+    def __init__(self, model: nn.Module) -> None:
+        self.lm = CachedLM(model)
+        self._slots: list[int] = []  # candidate ids in the draft cache after the context, cache order
+        self._tree_to_cand: np.ndarray = np.zeros(1, np.int64)
+        self._context_len = 0
+
+    def reset(self) -> None:
+        """Drop the draft cache."""
+        self.lm.reset()
+        self._slots = []
+        self._tree_to_cand = np.zeros(1, np.int64)
+        self._context_len = 0
+
+    def _begin(self, committed: Sequence[int]) -> None:
+        self._slots = []
+        self._context_len = len(committed)
+
+    def _root_logits(self, committed: Sequence[int]) -> torch.Tensor:
+        n = len(committed)
+        if self.lm.cache_len > n:
+            raise ValueError(
+                f"ModelDrafter.grow: draft cache holds {self.lm.cache_len} tokens but only {n} committed"
+            )
+        if self.lm.cache_len == n:  # the root itself is cached: re-feed it to get its next-token logits
+            self.lm.keep(n - 1, [])
+        return self.lm.feed_causal(list(committed[self.lm.cache_len :]), last_only=True)
+
+    def _level_logits(self, frontier, tokens, parents, depths) -> torch.Tensor:
+        self._slots.extend(frontier)
+        n = self._context_len
+        return self.lm.feed_tree(
+            [tokens[v] for v in frontier],
+            [depths[v] for v in frontier],
+            root_position=n - 1,
+            context_len=n,
+            slot_nodes=self._slots,
+            query_nodes=frontier,
+            ancestors=ancestor_matrix(parents),
+        )
 
     def accept(self, path_nodes: Sequence[int]) -> None:
         """Keep the committed context plus the cached entries of the accepted path's leading nodes.

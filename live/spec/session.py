@@ -173,6 +173,42 @@ def union_size_from_dense_trace(path: str | Path, num_layers: int, num_experts: 
     return union_size_from_trees(trees, probs, num_experts, int(arrays.tree_sizes.max()))
 
 
+def _load_drafter(draft_dir: Path, target_dir: Path, target, config):
+    """(drafter, target feature tap or None): an EAGLE-3 head when its config says so, else a causal LM.
+
+    Prints one header line naming the drafter kind. Raises :class:`SessionError` on ``--draft``
+    for anything that cannot draft for this target (before any decoding or writing).
+    """
+    from live.eagle3 import is_eagle3_checkpoint
+
+    try:
+        if is_eagle3_checkpoint(draft_dir):
+            from live.eagle3 import load_head
+            from live.eagle3_draft import Eagle3Drafter, features_for
+            from live.loader import check_device, resolve_dtype
+
+            head = load_head(
+                draft_dir,
+                target,
+                check_device(config.device),
+                resolve_dtype(config.dtype),
+                target_dir=target_dir,
+            )
+            features = features_for(head, target)
+            sys.stderr.write(
+                f"draft: EAGLE-3 head {draft_dir} (hidden {head.config.hidden_size}, draft vocabulary "
+                f"{head.config.draft_vocab_size}, target layers tapped {list(features.layer_ids)})\n"
+            )
+            return Eagle3Drafter(head, features), features
+        from live.loader import load_draft
+
+        drafter = ModelDrafter(load_draft(draft_dir, config.device, config.dtype))
+        sys.stderr.write(f"draft: causal LM {draft_dir}\n")
+        return drafter, None
+    except (ValueError, FileNotFoundError) as exc:
+        raise SessionError("--draft", str(exc)) from exc
+
+
 class RecordSession:
     """A loaded engine plus the run directory writer; build with :meth:`open`, then :meth:`run`."""
 
@@ -186,7 +222,7 @@ class RecordSession:
         Raises:
             SessionError: naming the flag whose value cannot work (see module docstring).
         """
-        from live.loader import UnsupportedArchitectureError, describe_moe, load_draft, load_target
+        from live.loader import UnsupportedArchitectureError, describe_moe, load_target
         from live.offload import make_link, offload_model
         from live.prompts import (
             UnknownCategoryError,
@@ -263,13 +299,12 @@ class RecordSession:
         except ValueError as exc:
             raise SessionError("--cache-experts" if "cache" in str(exc) else "--device", str(exc)) from exc
         self.spec = spec
-        self.verifier = TreeVerifier(target, eos_token_ids=_eos_ids(target, self.tokenizer))
-        self.drafter = None
+        self.drafter, features = None, None
         if draft_dir is not None:
-            try:
-                self.drafter = ModelDrafter(load_draft(draft_dir, config.device, config.dtype))
-            except (ValueError, FileNotFoundError) as exc:
-                raise SessionError("--draft", str(exc)) from exc
+            self.drafter, features = _load_drafter(draft_dir, target_dir, target, config)
+        self.verifier = TreeVerifier(
+            target, eos_token_ids=_eos_ids(target, self.tokenizer), features=features
+        )
         self.shape = TreeShape(config.depth, config.topk, config.max_nodes)
         self.decoder = SpecDecoder(self.verifier, self.drafter, stats=self.offload)
         self.chooser = self._make_chooser()
@@ -367,6 +402,7 @@ class RecordSession:
         )
         draft = DraftSpec(
             model=str(self.config.draft or "none"),
+            kind=getattr(self.drafter, "kind", "none"),
             tree_depth=max(config.depth, 1),
             tree_topk=config.topk,
             max_nodes=max(config.max_nodes, 2),
@@ -506,6 +542,7 @@ class RecordSession:
         rows = [
             ("run directory", summary["run_dir"]),
             ("mode / policy", f"{summary['mode']} / {summary['policy']}"),
+            ("drafter", getattr(self.drafter, "kind", "none")),
             ("requests", summary["num_requests"]),
             *(
                 [

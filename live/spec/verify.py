@@ -95,12 +95,16 @@ class TreeVerifier:
     Args:
         model: a transformers causal LM (MoE or dense; offloaded or resident).
         eos_token_ids: token ids that end a generation.
+        features: optional tap of the target's hidden states (:class:`live.eagle3_draft.TargetFeatures`,
+            for an EAGLE-3 drafter): told before every forward, reset by :meth:`prefill` and given
+            the committed rows by :meth:`commit`, so it always covers the tokens the KV cache holds.
     """
 
-    def __init__(self, model: nn.Module, eos_token_ids: Sequence[int] = ()) -> None:
+    def __init__(self, model: nn.Module, eos_token_ids: Sequence[int] = (), features=None) -> None:
         self.lm = CachedLM(model)
         self.capture = RouterCapture(model)
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.features = features
 
     def prefill(self, prompt_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, float]:
         """Reset and feed ``prompt_ids[:-1]`` (the last prompt token is the first tree's root).
@@ -115,9 +119,13 @@ class TreeVerifier:
             raise ValueError("TreeVerifier.prefill: empty prompt (need at least one token)")
         self.lm.reset()
         self.capture.clear()
+        if self.features is not None:
+            self.features.begin_forward()
         start = time.perf_counter()
         if len(prompt_ids) > 1:
             self.lm.feed_causal(list(prompt_ids[:-1]), last_only=True)
+        if self.features is not None:
+            self.features.reset(take_forward=len(prompt_ids) > 1)
         if self.lm.device.type == "cuda":  # the last layers may still be queued: time their end
             torch.cuda.synchronize(self.lm.device)
         seconds = time.perf_counter() - start
@@ -142,6 +150,8 @@ class TreeVerifier:
             )
         context_len = self.lm.cache_len
         self.capture.clear()
+        if self.features is not None:
+            self.features.begin_forward()
         start = time.perf_counter()
         logits = self.lm.feed_tree(
             tree.token_ids[nodes_arr],
@@ -171,3 +181,5 @@ class TreeVerifier:
         slot = {int(v): i for i, v in enumerate(nodes_arr)}
         keep_nodes = [0, *verification.accepted_path][:num_committed]
         self.lm.keep(context_len, [context_len + slot[v] for v in keep_nodes])
+        if self.features is not None:
+            self.features.commit([slot[v] for v in keep_nodes])
