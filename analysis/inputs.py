@@ -76,6 +76,8 @@ class ReportData:
             ``repeats`` and ``figures`` (``{name: path or None}`` of :data:`VALIDATE_FIGURES`).
         fit_errors: per-term cost-fit errors of calibration folders (``cost_fit_report.json``):
             ``label, term, split, num_samples, median_abs_pct_error, p90_abs_pct_error, r2``.
+        regret: SpecFit rows of sweeps run with the oracle variants: the cell keys, tokens/s, the
+            best in hindsight and the ``regret_*`` decomposition (``sim.report._add_regret``).
         inputs: ``(path, kind)`` of every input.
     """
 
@@ -87,6 +89,7 @@ class ReportData:
     run_summaries: list = field(default_factory=list)
     fidelity: pd.DataFrame = field(default_factory=pd.DataFrame)
     fit_errors: pd.DataFrame = field(default_factory=pd.DataFrame)
+    regret: pd.DataFrame = field(default_factory=pd.DataFrame)
     validations: list = field(default_factory=list)
     inputs: list = field(default_factory=list)
 
@@ -160,6 +163,14 @@ def _add_sweep(data: ReportData, path: Path) -> None:
         for eb, *vals in zip(expert_bytes, *(df[c] for c in settings))
     ]
     tp = df[list(need)].assign(label=label, source="sim", config=configs)
+    if "regret_myopic" in df.columns and df["regret_myopic"].notna().any():
+        keys = [c for c in ("bandwidth_gb_per_s", "cache_experts_per_layer", *settings) if c in df.columns]
+        regret_cols = [c for c in df.columns if c.startswith("regret_")]
+        rows = df[(df["policy"] == "specfit") & df["regret_myopic"].notna()]
+        data._add(
+            "regret",
+            rows[[*keys, "tokens_per_s", "best_in_hindsight_tokens_per_s", *regret_cols]].assign(sweep=label),
+        )
     data._add("throughput", tp[list(THROUGHPUT_COLUMNS)])
     if "hit_rate" in df.columns:
         hr = df[["cache_experts_per_layer", "policy", "hit_rate"]].assign(label=label, source="sim")

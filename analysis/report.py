@@ -293,6 +293,17 @@ def write_report(
         lines.append("No configuration where the full tree is slower than autoregressive decoding.\n")
     else:
         lines.append("_No throughput data in the inputs._\n")
+    if len(data.regret):
+        lines.append("## Decision regret of SpecFit (simulated)\n")
+        lines.append(
+            "Per sweep cell, SpecFit's gap to the best policy run in that cell in hindsight, as a fraction of "
+            "the best tokens/s: `regret_acceptance` is what the recorded accepted flags as acceptance "
+            "recover (specfit-oracle-accept), `regret_experts` what the recorded experts recover "
+            "(specfit-oracle-experts), `regret_myopic` what remains with both exact (the per-cycle "
+            "objective itself: evictions it does not price, draft time before verifying the root only), "
+            "`regret_interaction` the rest.\n"
+        )
+        lines.append(markdown_table(data.regret))
     if len(data.fit_errors):
         lines.append("## Cost-model fit (calibration)\n")
         lines.append("Per term, |% error| of the fitted cost model on fit and held-out cycles.\n")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.config import SimConfig, canonical_policy
+from sim.config import SimConfig, base_policy, canonical_policy
 from specfit.cost import CycleCostModel
 from specfit.units import gb_per_s_to_bytes_per_s
 
@@ -177,6 +177,7 @@ def make_cells(
     for cache, bw, cpol, pred, ovl, pre, pol in itertools.product(
         caches, bandwidths_gb_per_s, cache_policies, predictors, overlaps, prefetches, policies
     ):
+        name = canonical_policy(pol)
         cell = CellSpec(
             trace_path=str(trace_path),
             cost=cost_dict,
@@ -188,7 +189,7 @@ def make_cells(
             predictor=pred,
             overlap=bool(ovl),
             prefetch=bool(pre),
-            policy_options=options.get(canonical_policy(pol)),
+            policy_options=options.get(name, options.get(base_policy(name))),
             **common,
         )
         if cell.cell_id not in seen:
@@ -246,7 +247,7 @@ def run_cell(cell: dict[str, Any] | CellSpec, cycles_dir: str | None = None) -> 
         "prefetch": spec.prefetch,
         "policy": spec.policy,
     }
-    if spec.policy == "specfit":  # the stopping rule it ran with (the policy's default when not set)
+    if base_policy(spec.policy) == "specfit":  # the stopping rule it ran with (the policy's default when not set)
         row["stopping"] = (spec.policy_options or {}).get("stopping", _default_stopping())
     row.update(result.totals.to_dict())
     return row

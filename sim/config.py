@@ -19,8 +19,25 @@ POLICY_ALIASES = {
     "eagle": "topn",
     "specfit": "specfit",
     "cascade": "cascade",
+    "specfit-oracle-accept": "specfit-oracle-accept",
+    "specfit-oracle-experts": "specfit-oracle-experts",
+    "specfit-oracle": "specfit-oracle",
 }
 DEFAULT_POLICIES = ("ar", "topn", "specfit")
+# SpecFit fed oracle inputs (issue 12, decision regret): (recorded accepted flags as acceptance,
+# recorded experts of every draft node); simulator only, never a policy a user can run live
+ORACLE_VARIANTS = {
+    "specfit-oracle-accept": (True, False),
+    "specfit-oracle-experts": (False, True),
+    "specfit-oracle": (True, True),
+}
+# the lossless baselines SpecFit must not fall below (issue 12, "a planner that never loses")
+BASELINE_POLICIES = ("ar", "chain", "topn", "cascade")
+
+
+def base_policy(name: str) -> str:
+    """The ``specfit.policies`` name behind a (canonical) sim policy: ``specfit`` for the oracle variants."""
+    return "specfit" if name in ORACLE_VARIANTS else name
 
 
 def canonical_policy(name: str) -> str:
@@ -42,7 +59,8 @@ class SimConfig:
     Attributes:
         cost: the cycle cost model (bandwidth, expert bytes, compute costs); its ``num_layers``
             must equal the trace's. Its ``overlap_h2d`` is replaced by ``overlap``.
-        policy: tree policy (any spelling accepted by :func:`canonical_policy`).
+        policy: tree policy (any spelling accepted by :func:`canonical_policy`); the
+            :data:`ORACLE_VARIANTS` run SpecFit with the recorded acceptance and/or experts.
         cache_capacity_per_layer: experts the device caches per layer (count, >= 0).
         cache_policy: ``specfit.cache`` policy name (``"lru"``, ``"lfu"``, ``"static"``, ...).
         predictor: ``specfit.predictors`` name used by the planner and by prefetch.
@@ -124,7 +142,7 @@ class SimConfig:
             from specfit.policies import make_tree_policy
 
             try:
-                make_tree_policy(self.policy, **dict(self.policy_options))
+                make_tree_policy(base_policy(self.policy), **dict(self.policy_options))
             except ValueError as exc:
                 raise ValueError(f"SimConfig.policy_options: {exc}") from None
         if self.cost.overlap_h2d != self.overlap:

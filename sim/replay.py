@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.config import SimConfig
+from sim.config import ORACLE_VARIANTS, SimConfig, base_policy
 from sim.engine import CyclePlan, CycleTiming, LinkSpec, make_engine
 from specfit import bitsets
 from specfit.units import BYTES_PER_GB, ns_to_s, s_to_ns
@@ -304,8 +304,15 @@ class _Replayer:
             self.calibration = modules["acceptance"].AcceptanceCalibration.from_dict(config.acceptance)
         self.access_log: list[list[np.ndarray]] | None = None
         self.cache = self._make_cache()
-        self.policy = modules["policies"].make_tree_policy(config.policy, **dict(config.policy_options))
-        self.predictor = modules["predictors"].make_predictor(config.predictor, **self._predictor_tables())
+        self.policy = modules["policies"].make_tree_policy(
+            base_policy(config.policy), **dict(config.policy_options)
+        )
+        # oracle variants (issue 12): the recorded accepted flags as acceptance / the true experts
+        self.oracle_accept, self.oracle_experts = ORACLE_VARIANTS.get(config.policy, (False, False))
+        if self.oracle_experts:
+            self.predictor = modules["predictors"].make_predictor("oracle")
+        else:
+            self.predictor = modules["predictors"].make_predictor(config.predictor, **self._predictor_tables())
         self.max_depth = int(trace_run.manifest.draft.tree_depth)
         self.topk = int(trace_run.manifest.draft.tree_topk)
         self.totals: dict[str, Any] = {f: 0 for f in ReplayTotals.__dataclass_fields__}
@@ -477,9 +484,13 @@ class _Replayer:
             self.totals["num_stopped_early"] += 1
 
     def _choose(
-        self, dense: Any, true_bits: np.ndarray | None, history: deque
+        self, dense: Any, true_bits: np.ndarray | None, history: deque, path_ok: np.ndarray | None = None
     ) -> tuple[Any, np.ndarray, int, Any]:
-        """Run the policy: (plan, chosen node ids in the recorded tree, draft levels, node experts)."""
+        """Run the policy: (plan, chosen node ids in the recorded tree, draft levels, node experts).
+
+        ``path_ok``: the tree's recorded path-accepted flags, used as the acceptance (1 or 0) by
+        the oracle-acceptance variants.
+        """
         mods, tree = self.mods, dense.tree
         recent = (
             np.stack(list(history))
@@ -497,7 +508,10 @@ class _Replayer:
                 miss_fraction=self.cache.stats.layer_miss_fraction,
             )
         )
-        accept = mods["acceptance"].path_accept_probs(tree, self.calibration)
+        if self.oracle_accept and path_ok is not None:
+            accept = np.asarray(path_ok, dtype=np.float64)
+        else:
+            accept = mods["acceptance"].path_accept_probs(tree, self.calibration)
         cached = self.cache.cached_bits()
         policy_ctx = mods["policies"].PolicyContext
         contexts: dict[int, tuple[Any, np.ndarray]] = {}
@@ -527,7 +541,7 @@ class _Replayer:
 
         depth = int(tree.max_depth)
         if (
-            self.config.policy == "specfit"
+            base_policy(self.config.policy) == "specfit"
             and node_experts.is_union_size
             and depth > 1
             and getattr(self.policy, "stopping", "bound") == "bound"
@@ -594,8 +608,11 @@ class _Replayer:
         dense = self._dense_tree(i)
         tree, cfg = dense.tree, self.config
         true_ids = np.asarray(dense.expert_ids, dtype=np.int64)
-        true_bits = bitsets.pack(true_ids, self.num_experts) if cfg.predictor == "oracle" else None
-        plan, nodes, levels, node_experts = self._choose(dense, true_bits, history)
+        oracle = cfg.predictor == "oracle" or self.oracle_experts
+        true_bits = bitsets.pack(true_ids, self.num_experts) if oracle else None
+        offsets = self.arrays.offsets
+        path_ok = self.path_ok[offsets[i] : offsets[i + 1]]
+        plan, nodes, levels, node_experts = self._choose(dense, true_bits, history, path_ok)
         prefetch = self._prefetch(nodes, node_experts) if cfg.prefetch else []
         access = self._access(_layer_mask(true_ids, nodes, self.num_experts))
         hits, demand = _MaskRows(access.hits), access.miss_ids()
@@ -616,8 +633,7 @@ class _Replayer:
                 overlap=cfg.overlap,
             )
         )
-        offsets = self.arrays.offsets
-        path = committed_path(tree, self.path_ok[offsets[i] : offsets[i + 1]], nodes)
+        path = committed_path(tree, path_ok, nodes)
         num_accepted = len(path) - 1
         num_committed = min(num_accepted + 1, remaining)
         tokens = [int(t) for t in tree.token_ids[path[1:]]] + [int(dense.target_tokens[path[-1]])]

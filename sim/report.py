@@ -3,11 +3,12 @@
 One row per cell (units in column names). ``speedup_vs_ar`` / ``speedup_vs_topn`` divide a row's
 ``tokens_per_s`` by that of the autoregressive / top-N row of the same cell (same bandwidth,
 cache size, cache policy, predictor, overlap and prefetch). ``specfit_below_baseline`` flags
-SpecFit rows whose throughput is below ``max(ar, topn)`` of their cell (issue 6, "Checks on
-results"): SpecFit maximises the PREDICTED ratio E[committed] / T_cycle each cycle, with
+SpecFit rows whose throughput is below the best baseline run in their cell (``ar``, ``chain``,
+``topn``, ``cascade``; issue 6, "Checks on results", and issue 12): SpecFit maximises the PREDICTED ratio E[committed] / T_cycle each cycle, with
 predicted acceptance and predicted experts; the replay realises the recorded acceptance and the
 true experts, and its cache state diverges from the planner's view, so a cell can fall below a
-baseline when those predictions are off. :data:`CHECK_NOTE` says so under the table.
+baseline when those predictions are off. :data:`CHECK_NOTE` says so under the table. With the
+oracle variants in the sweep, SpecFit rows also carry the regret decomposition (:func:`_add_regret`).
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ import numpy as np
 import pandas as pd
 
 from sim.cells import KEY_COLUMNS
+from sim.config import BASELINE_POLICIES, ORACLE_VARIANTS
 
 GROUP_COLUMNS = tuple(c for c in KEY_COLUMNS if c != "policy")
-POLICY_ORDER = ("ar", "chain", "topn", "cascade", "specfit")
+POLICY_ORDER = ("ar", "chain", "topn", "cascade", "specfit", *ORACLE_VARIANTS)
+# decision regret of SpecFit per cell (issue 12), each as a fraction of the best tokens/s in hindsight
+REGRET_COLUMNS = ("regret_total", "regret_acceptance", "regret_experts", "regret_myopic", "regret_interaction")
 CHECK_TOLERANCE = 1e-9  # relative: equal throughputs (e.g. both choose the root only) pass
 CHECK_NOTE = (
-    "! = SpecFit below max(autoregressive, top-N) in this cell. SpecFit maximises the PREDICTED "
+    "! = SpecFit below max(autoregressive, chain, top-N, cascade) of those run in this cell. SpecFit maximises the PREDICTED "
     "throughput of each cycle: acceptance predicted from draft probabilities (or the calibration "
     "given), experts from the chosen predictor, the cache as it stands, and the draft levels it "
     "already paid for (its stopping rule decides level by level; autoregressive never drafts). The "
@@ -73,16 +77,50 @@ def results_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
         columns="_policy_rank"
     )
     df = df.reset_index(drop=True)
-    for base in ("ar", "topn"):
+    refs = [*BASELINE_POLICIES, "specfit", *ORACLE_VARIANTS]
+    for base in refs:
         ref = df[df["policy"] == base][[*GROUP_COLUMNS, "tokens_per_s"]].rename(
             columns={"tokens_per_s": f"_{base}_tps"}
         )
         df = df.merge(ref, on=list(GROUP_COLUMNS), how="left")
+    for base in ("ar", "topn"):
         df[f"speedup_vs_{base}"] = df["tokens_per_s"] / df[f"_{base}_tps"]
-    best = df[["_ar_tps", "_topn_tps"]].max(axis=1, skipna=True)
+    best = df[[f"_{b}_tps" for b in BASELINE_POLICIES]].max(axis=1, skipna=True)
     below = (df["policy"] == "specfit") & (df["tokens_per_s"] < best * (1 - CHECK_TOLERANCE))
     df["specfit_below_baseline"] = below.fillna(False).astype(bool)
-    return df.drop(columns=["_ar_tps", "_topn_tps"])
+    df = _add_regret(df)
+    return df.drop(columns=[f"_{b}_tps" for b in refs])
+
+
+def _add_regret(df: pd.DataFrame) -> pd.DataFrame:
+    """SpecFit rows gain the decomposition of their gap to the best policy in hindsight.
+
+    ``best_in_hindsight_tokens_per_s``: the highest tokens/s of any lossless policy run in the
+    cell (baselines, SpecFit and its oracle variants). As fractions of it (NaN where a variant
+    is missing): ``regret_total`` = best - SpecFit; ``regret_acceptance`` = specfit-oracle-accept
+    - SpecFit (what perfect acceptance estimates would recover); ``regret_experts`` =
+    specfit-oracle-experts - SpecFit (perfect expert predictions); ``regret_myopic`` = best -
+    specfit-oracle (what remains with both inputs exact: the per-cycle objective itself, e.g.
+    evictions of experts later tokens need, draft time before deciding to verify the root only);
+    ``regret_interaction`` = total - the three (the two inputs' effects do not simply add).
+    """
+    columns = [f"_{b}_tps" for b in (*BASELINE_POLICIES, "specfit", *ORACLE_VARIANTS)]
+    best = df[columns].max(axis=1, skipna=True)
+    is_specfit = df["policy"] == "specfit"
+    spec = df["_specfit_tps"]
+    regret = {
+        "regret_total": (best - spec) / best,
+        "regret_acceptance": (df["_specfit-oracle-accept_tps"] - spec) / best,
+        "regret_experts": (df["_specfit-oracle-experts_tps"] - spec) / best,
+        "regret_myopic": (best - df["_specfit-oracle_tps"]) / best,
+    }
+    regret["regret_interaction"] = (
+        regret["regret_total"] - regret["regret_acceptance"] - regret["regret_experts"] - regret["regret_myopic"]
+    )
+    df["best_in_hindsight_tokens_per_s"] = best.where(is_specfit)
+    for name in REGRET_COLUMNS:
+        df[name] = regret[name].where(is_specfit)
+    return df
 
 
 def format_table(df: pd.DataFrame, header: Sequence[str] = ()) -> str:
@@ -91,6 +129,13 @@ def format_table(df: pd.DataFrame, header: Sequence[str] = ()) -> str:
     SpecFit rows failing the check end in ``!`` and :data:`CHECK_NOTE` follows the table.
     """
     columns = list(TABLE_COLUMNS)
+    if "regret_myopic" in df and df["regret_myopic"].notna().any():
+        columns += [
+            ("regret_total", "regret", "{:.3f}"),
+            ("regret_acceptance", "r.acc", "{:.3f}"),
+            ("regret_experts", "r.exp", "{:.3f}"),
+            ("regret_myopic", "r.myo", "{:.3f}"),
+        ]
     for key in VARIED_KEYS:
         if key in df and df[key].nunique() > 1:
             columns.insert(2, (key, key, "{}"))

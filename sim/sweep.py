@@ -365,7 +365,9 @@ def build_parser() -> ArgumentParser:
         "--policy",
         type=comma_list(str),
         default=list(DEFAULT_POLICIES),
-        help="tree policies: autoregressive|ar, chain, top-n|topn, specfit, cascade",
+        help="tree policies: autoregressive|ar, chain, top-n|topn, specfit, cascade; and SpecFit with "
+        "oracle inputs for the regret decomposition (regret_* columns): specfit-oracle-accept (recorded "
+        "accepted flags as acceptance), specfit-oracle-experts (recorded experts), specfit-oracle (both)",
     )
     p.add_argument(
         "--stopping",

@@ -551,3 +551,22 @@ def test_regime_map_says_which_source_is_slower(tmp_path, monkeypatch) -> None:
     }
     assert figures.SLOW_BAND_STYLES["sim"]["hatch"] != figures.SLOW_BAND_STYLES["live"]["hatch"]
     assert "per source" in ax.get_title()
+
+
+def test_sweep_regret_decomposition_is_reported(tmp_path) -> None:
+    from analysis.inputs import collect
+    from sim.report import REGRET_COLUMNS, results_frame
+
+    base = {"bandwidth_gb_per_s": 16.0, "cache_experts_per_layer": 8, "cache_policy": "lru"}
+    base |= {"predictor": "union-size", "overlap": False, "prefetch": False}
+    speeds = {"ar": 100.0, "topn": 80.0, "specfit": 90.0, "specfit-oracle-accept": 95.0}
+    speeds |= {"specfit-oracle-experts": 92.0, "specfit-oracle": 110.0}
+    rows = results_frame([{**base, "policy": p, "tokens_per_s": v} for p, v in speeds.items()])
+    spec = rows[rows["policy"] == "specfit"].iloc[0]
+    assert spec["specfit_below_baseline"] and spec["best_in_hindsight_tokens_per_s"] == 110.0
+    assert spec["regret_acceptance"] == pytest.approx(5 / 110) and spec["regret_myopic"] == 0.0
+    data = collect([_sweep_dir(tmp_path, "s", rows.to_dict("records"))])
+    assert len(data.regret) == 1 and set(REGRET_COLUMNS) <= set(data.regret.columns)
+    out = tmp_path / "report"
+    report_cli.write_report(data, out, "t")
+    assert "## Decision regret of SpecFit (simulated)" in (out / "report.md").read_text()
