@@ -29,9 +29,9 @@ POLICY_ORDER = ("ar", "chain", "topn", "cascade", "specfit", *ORACLE_VARIANTS)
 REGRET_COLUMNS = ("regret_total", "regret_acceptance", "regret_experts", "regret_myopic", "regret_interaction")
 CHECK_TOLERANCE = 1e-9  # relative: equal throughputs (e.g. both choose the root only) pass
 CHECK_NOTE = (
-    "! = SpecFit below max(autoregressive, chain, top-N, cascade) of those run in this cell. SpecFit maximises the PREDICTED "
-    "throughput of each cycle: acceptance predicted from draft probabilities (or the calibration "
-    "given), experts from the chosen predictor, the cache as it stands, and the draft levels it "
+    "! = SpecFit below max(autoregressive, chain, top-N, cascade) of those run in this cell. SpecFit "
+    "maximises the PREDICTED throughput of each cycle: acceptance predicted from draft probabilities "
+    "(or the calibration given), experts from the chosen predictor, the cache as it stands, and the draft levels it "
     "already paid for (its stopping rule decides level by level; autoregressive never drafts). The "
     "replay realises the recorded acceptance and the true experts, so where those predictions are "
     "off, or its choices leave a different cache for later cycles, its realised throughput can fall "
@@ -79,10 +79,10 @@ def results_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     df = df.reset_index(drop=True)
     refs = [*BASELINE_POLICIES, "specfit", *ORACLE_VARIANTS]
     for base in refs:
-        ref = df[df["policy"] == base][[*GROUP_COLUMNS, "tokens_per_s"]].rename(
-            columns={"tokens_per_s": f"_{base}_tps"}
-        )
-        df = df.merge(ref, on=list(GROUP_COLUMNS), how="left")
+        # SpecFit and its oracle variants pair up by stopping rule too (a folder may hold both rules)
+        keys = [*GROUP_COLUMNS, *(["stopping"] if base not in BASELINE_POLICIES and "stopping" in df else [])]
+        ref = df[df["policy"] == base][[*keys, "tokens_per_s"]].rename(columns={"tokens_per_s": f"_{base}_tps"})
+        df = df.merge(ref, on=keys, how="left")
     for base in ("ar", "topn"):
         df[f"speedup_vs_{base}"] = df["tokens_per_s"] / df[f"_{base}_tps"]
     best = df[[f"_{b}_tps" for b in BASELINE_POLICIES]].max(axis=1, skipna=True)
