@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from specfit.cli import ArgumentParser, positive_int, print_summary  # noqa: E402
+from specfit.cli import ArgumentParser, non_negative_int, positive_int, print_summary  # noqa: E402
 
 
 def _parser() -> ArgumentParser:
@@ -55,7 +55,12 @@ def _parser() -> ArgumentParser:
     p.add_argument(
         "--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="weight dtype"
     )
-    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument(
+        "--threads",
+        type=non_negative_int,
+        default=None,
+        help="torch CPU threads (count; 0 = torch's default); default: live.record's default",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt")
     return p
 
@@ -194,6 +199,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ValueError, FileNotFoundError) as exc:
             parser.fail("--model", str(exc))
 
+    if args.threads is None:  # live.record's default, so the figures match what a run sees
+        from live.record import build_parser
+
+        args.threads = int(build_parser().get_default("threads"))
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -242,6 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "model_source": source,
         "device": args.device,
         "dtype": args.dtype,
+        "torch_threads": torch.get_num_threads(),
         "num_layers": spec.num_layers,
         "num_experts": spec.num_experts,
         "top_k": spec.top_k,

@@ -32,6 +32,14 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str],
     return make
 
 
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch):
+    """A :class:`fake_clock.FakeClock` installed as ``time.perf_counter``/``time.sleep`` for one test."""
+    from fake_clock import FakeClock
+
+    return FakeClock().install(monkeypatch)
+
+
 @pytest.fixture(scope="session")
 def tiny_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny dense draft checkpoint sharing the tiny vocabulary."""

@@ -8,7 +8,10 @@ from calibration import fit as fit_cli
 from calibration import h2d
 
 
-def test_h2d_cli_fits_the_emulated_link(tmp_path, capsys) -> None:
+def test_h2d_cli_fits_the_emulated_link(tmp_path, capsys, fake_clock) -> None:
+    """The CLI's table, fit, JSON and figure, on a fake clock (tests/fake_clock.py): the emulated
+    link's transfers last exactly what it charges, so the fit is exact within clock reads (the
+    memcpy link's copies take no fake time; real figures: ``benchmarks/h2d_link.py``)."""
     pytest.importorskip("torch")
     out = tmp_path / "h2d"
     argv = ["--device", "cpu", "--sizes-mib", "4,16,64", "--repeats", "5", "--warmup", "1"]
@@ -16,10 +19,10 @@ def test_h2d_cli_fits_the_emulated_link(tmp_path, capsys) -> None:
     assert h2d.main(argv) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["ok"] and summary["device"] == "cpu"
-    # emulated link: 1 GB/s and 1 ms per transfer; the link sleeps, and on a shared, overloaded
-    # CPU a sleep can overshoot by a scheduler slice (~4 ms), hence transfers of 5-70 ms and medians
-    assert summary["emulated_gb_per_s"] == pytest.approx(1.0, rel=0.2)
-    assert 200.0 < summary["emulated_latency_us"] < 5000.0
+    # emulated link: 1 GB/s and 1 ms per transfer; each transfer overruns by a few clock reads
+    tick_us = fake_clock.tick_s * 1e6
+    assert summary["emulated_gb_per_s"] == pytest.approx(1.0, rel=1e-6)
+    assert summary["emulated_latency_us"] == pytest.approx(1000.0, abs=5 * tick_us)
     assert summary["memcpy_gb_per_s"] > summary["emulated_gb_per_s"]
     data = json.loads((out / "h2d.json").read_text())
     assert (
@@ -64,5 +67,5 @@ def test_h2d_cli_cuda_pinned_and_pageable(tmp_path, capsys) -> None:
     )
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["device"] == "cuda"
-    # pinned memory is at least as fast as pageable on every PCIe / NVLink-C2C host
-    assert summary["pinned_gb_per_s"] >= 0.9 * summary["pageable_gb_per_s"] > 0
+    # both kinds measured (pinned vs pageable speed is a figure of benchmarks/gpu_check.sh, not a test)
+    assert summary["pinned_gb_per_s"] > 0 and summary["pageable_gb_per_s"] > 0

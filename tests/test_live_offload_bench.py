@@ -20,10 +20,20 @@ def _load():
 
 
 def test_benchmark_smoke(tiny_checkpoint, capsys):
+    import torch
+
+    from live.record import build_parser
+
     bench = _load()
     argv = ["--model", str(tiny_checkpoint("qwen3_moe")), "--new-tokens", "3", "--prompt-tokens", "4"]
-    assert bench.main([*argv, "--repeats", "1"]) == 0
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert bench.main([*argv, "--repeats", "1"]) == 0
+    finally:
+        torch.set_num_threads(before)
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["torch_threads"] == build_parser().get_default("threads")  # live.record's default
     assert summary["benchmark"] == "live_overhead"
     assert summary["same_tokens"] is True
     assert summary["cache_misses_after_warm"] == 0

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-
+import numpy as np
 import pytest
 import torch
 
@@ -18,25 +17,36 @@ def _pairs(num_transfers: int, num_bytes: int):
     return [[(torch.empty(n), torch.full((n,), float(i)))] for i in range(num_transfers)]
 
 
-def test_emulated_one_mb_at_one_gb_per_s_takes_at_least_one_ms():
+def test_emulated_one_mb_at_one_gb_per_s_lasts_one_ms(fake_clock):
+    """On a fake clock (tests/fake_clock.py) the emulated wait is exact: 1 MB at 1 GB/s = 1 ms."""
     link = make_link("cpu", bandwidth_gb_per_s=1.0)
     transfers = _pairs(1, MB)
-    started = time.perf_counter()
+    started = fake_clock.now_s
     fetch = link.fetch(transfers)
-    elapsed_s = time.perf_counter() - started
     assert fetch.num_bytes == MB and fetch.num_transfers == 1
-    assert fetch.seconds() >= 1e-3
-    assert elapsed_s >= 1e-3
-    assert fetch.seconds() < 0.25  # loose: a shared 2-core machine
+    assert fetch.seconds() == pytest.approx(1e-3, abs=3 * fake_clock.tick_s)
+    assert fake_clock.now_s - started >= 1e-3  # the link waited on the clock, not just reported
+    assert torch.equal(transfers[0][0][0], transfers[0][0][1])  # and copied
     assert link.transfer_s(MB) == pytest.approx(1e-3)
 
 
-def test_emulated_latency_is_paid_per_transfer():
+def test_emulated_latency_is_paid_per_transfer(fake_clock):
     link = H2DLink("cpu", bandwidth_bytes_per_s=1e12, latency_s=2e-3)
     fetch = link.fetch(_pairs(5, 4096))
-    assert fetch.seconds() >= 5 * 2e-3
-    assert fetch.seconds() < 0.5
+    assert fetch.seconds() == pytest.approx(5 * (2e-3 + 4096 / 1e12), abs=15 * fake_clock.tick_s)
     assert link.kind == "cpu-emulated" and link.info.latency_s == 2e-3
+
+
+def test_emulated_copy_is_not_shortened_by_a_late_one(monkeypatch):
+    """Each copy waits for its own share measured from its own start: a sleep that wakes 4 ms
+    late makes every 8 ms copy last 11 ms (sleep to 1 ms before the end, +4 ms) and never makes
+    the next copy shorter to catch up."""
+    from fake_clock import FakeClock
+
+    clock = FakeClock(sleep_overshoot_s=4e-3).install(monkeypatch)
+    fetch = make_link("cpu", bandwidth_gb_per_s=1.0).fetch(_pairs(4, 8 * MB))
+    np.testing.assert_allclose(fetch.copy_seconds(), 11e-3, atol=3 * clock.tick_s)
+    assert len(clock.sleeps) == 4 and clock.sleeps[0] == pytest.approx(7e-3, abs=3 * clock.tick_s)
 
 
 def test_memcpy_link_copies_data_and_is_described():
@@ -106,8 +116,7 @@ def test_cuda_link_pins_and_times_with_events():
     fetch = link.fetch([[(dst[i], host[i])] for i in range(64)])
     seconds = fetch.seconds()
     assert torch.equal(dst.cpu(), host)
-    assert seconds > 0
-    assert fetch.num_bytes / seconds > 1e9  # any PCIe/NVLink link beats 1 GB/s pinned
+    assert seconds > 0  # its bandwidth: calibration.h2d in benchmarks/gpu_check.sh (no timing aims here)
 
 
 @pytest.mark.gpu
@@ -152,12 +161,12 @@ def test_cuda_offloaded_equals_resident(tiny_checkpoint):
     assert engine.h2d_link.kind == "cuda-pinned"
 
 
-def test_per_copy_timings_recover_a_4_gb_per_s_20_us_link():
+def test_per_copy_timings_recover_a_4_gb_per_s_20_us_link(fake_clock):
     """Experts of the embedded default's shape (gate/up 65,536 B + down 32,768 B): per-copy
     timings sum to the fetch's seconds, and a fit on them recovers bandwidth and per-expert
-    latency of the emulated link (the link charges each copy bytes/bw + latency/2)."""
-    import numpy as np
-
+    latency of the emulated link (the link charges each copy bytes/bw + latency/2). On the fake
+    clock every copy lasts its charge within a few clock reads (``tick_s``); the same figures on
+    the real clock are ``benchmarks/h2d_link.py``."""
     from calibration.link import fit_link
 
     link = make_link("cpu", bandwidth_gb_per_s=4.0, latency_s=20e-6)
@@ -169,16 +178,17 @@ def test_per_copy_timings_recover_a_4_gb_per_s_20_us_link():
     assert fetch.copies_per_transfer.tolist() == [2] * 150
     assert fetch.copy_bytes[:2].tolist() == [65536, 32768] and fetch.num_bytes == 150 * 98304
     assert copy_s.sum() == pytest.approx(fetch.seconds(), rel=1e-9)
-    assert np.median(copy_s[0::2]) == pytest.approx(65536 / 4e9 + 10e-6, rel=0.05)
+    tick = fake_clock.tick_s
+    np.testing.assert_allclose(copy_s[0::2], 65536 / 4e9 + 10e-6, atol=3 * tick)
+    np.testing.assert_allclose(copy_s[1::2], 32768 / 4e9 + 10e-6, atol=3 * tick)
     fit = fit_link(fetch.copy_bytes, np.ones(copy_s.size), copy_s, robust=True)
     assert fit.identifiable
-    assert fit.bytes_per_s == pytest.approx(4e9, rel=0.04)
-    assert 2 * fit.s_per_transfer == pytest.approx(20e-6, rel=0.04)
+    assert fit.bytes_per_s == pytest.approx(4e9, rel=1e-3)
+    assert 2 * fit.s_per_transfer == pytest.approx(20e-6, abs=6 * tick)
 
 
 def test_event_timed_fetch_splits_seconds_per_copy():
     """The CUDA path's per-copy split, with stand-in events (elapsed_time in ms from the first)."""
-    import numpy as np
 
     from live.h2d import H2DFetch
 

@@ -1,0 +1,155 @@
+"""Real-clock accuracy of the emulated H2D link: does a fit on its per-copy timings recover it?
+
+The unit tests check the emulated link on a fake clock (tests/fake_clock.py), where every copy
+lasts exactly what the link charges. This benchmark is the same measurement on the real clock,
+where sleeps overshoot and other processes preempt the copies: per case it fetches experts over
+an emulated ``cpu`` link (``live.h2d.H2DLink``, what ``live.record --bandwidth/--latency-us``
+uses), fits ``seconds = bytes / bandwidth + latency`` on the per-copy timings
+(``calibration.link.fit_link``, robust, as ``calibration.fit`` does) and on the engine's quick
+estimate (``live.spec.costs.measure_link``, medians per copy size), and prints the fitted figures
+against the link's settings. Cases:
+
+- ``default-shape``: experts of the embedded default's shape (gate/up 65,536 B + down 32,768 B,
+  float32) over 4 GB/s + 20 us per expert (the test ``test_per_copy_timings_recover_...``);
+- ``tiny``: the tests' tiny Qwen3-MoE experts (4,096 B + 2,048 B) over 0.2 GB/s + 20 us (the
+  tests ``test_link_measurement_recovers_an_emulated_link`` and
+  ``test_policy_run_transfers_recover_the_emulated_link``).
+
+Aim: fitted bandwidth and per-expert latency within 5 % of the settings (``ok`` per case). On a
+loaded machine the latency is the first to miss (a late wake-up lengthens small copies most).
+Torch threads default to ``live.record``'s default (``--threads``). Usage::
+
+    python benchmarks/h2d_link.py                 # prints a table, then one JSON line
+    python benchmarks/h2d_link.py --transfers 300 --repeats 5
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from specfit.cli import ArgumentParser, non_negative_int, positive_int, print_summary  # noqa: E402
+
+AIM_REL = 0.05
+# (name, gate/up bytes, down bytes, bandwidth GB/s, latency us per expert)
+CASES = (
+    ("default-shape", 65_536, 32_768, 4.0, 20.0),
+    ("tiny", 4_096, 2_048, 0.2, 20.0),
+)
+
+
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--transfers", type=positive_int, default=150, help="experts fetched per repeat (count)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="fetch batches per case (count)")
+    p.add_argument(
+        "--threads",
+        type=non_negative_int,
+        default=None,
+        help="torch CPU threads (count; 0 = torch's default); default: live.record's default",
+    )
+    return p
+
+
+def measure_case(
+    gate_up_bytes: int, down_bytes: int, gb_per_s: float, latency_us: float, transfers: int, repeats: int
+) -> dict[str, float]:
+    """Fit the emulated link from ``repeats`` fetches of ``transfers`` experts (real clock).
+
+    Returns:
+        ``fit_gb_per_s``, ``fit_latency_us`` (per expert, ``fit_link`` on every copy) and
+        ``quick_gb_per_s``, ``quick_latency_us`` (medians per copy size, ``measure_link``'s rule).
+    """
+    import torch
+
+    from calibration.link import fit_link
+    from live.h2d import H2DLink
+    from live.spec.costs import measure_link
+
+    link = H2DLink("cpu", bandwidth_bytes_per_s=gb_per_s * 1e9, latency_s=latency_us * 1e-6)
+    host = [(torch.ones(gate_up_bytes // 4), torch.ones(down_bytes // 4)) for _ in range(4)]
+    dst = (torch.empty(gate_up_bytes // 4), torch.empty(down_bytes // 4))
+    batch = [list(zip(dst, host[i % 4])) for i in range(transfers)]
+    link.fetch(batch[:2])  # warm-up
+    sizes, seconds = [], []
+    for _ in range(repeats):
+        fetch = link.fetch(batch)
+        sizes.append(fetch.copy_bytes)
+        seconds.append(fetch.copy_seconds())
+    x, y = np.concatenate(sizes).astype(np.float64), np.concatenate(seconds)
+    fit = fit_link(x, np.ones(x.size), y, robust=True)
+    # the engine's quick estimate, on the same link and expert tensors
+    store = SimpleNamespace(gate_up=[[host[0][0]]], down=[[host[0][1]]])
+    quick_bytes_per_s, quick_latency_s = measure_link(SimpleNamespace(store=store, link=link), repeats * 10)
+    return {
+        "fit_gb_per_s": fit.bytes_per_s / 1e9,
+        "fit_latency_us": 2 * fit.s_per_transfer * 1e6,
+        "quick_gb_per_s": quick_bytes_per_s / 1e9,
+        "quick_latency_us": quick_latency_s * 1e6,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    import torch
+
+    if args.threads is None:  # live.record's default, so the figures match what a run sees
+        from live.record import build_parser
+
+        args.threads = int(build_parser().get_default("threads"))
+    threads = args.threads
+    if threads:
+        torch.set_num_threads(threads)
+    rows, results = [], {}
+    for name, gate_up, down, gb_per_s, latency_us in CASES:
+        got = measure_case(gate_up, down, gb_per_s, latency_us, args.transfers, args.repeats)
+        errors = {
+            "bandwidth_error_pct": 100 * (got["fit_gb_per_s"] / gb_per_s - 1),
+            "latency_error_pct": 100 * (got["fit_latency_us"] / latency_us - 1),
+            "quick_bandwidth_error_pct": 100 * (got["quick_gb_per_s"] / gb_per_s - 1),
+            "quick_latency_error_pct": 100 * (got["quick_latency_us"] / latency_us - 1),
+        }
+        ok = all(abs(v) <= 100 * AIM_REL for v in errors.values())
+        results[name] = {"gb_per_s": gb_per_s, "latency_us": latency_us, **got, **errors, "ok": ok}
+        rows.append(
+            (
+                name,
+                gb_per_s,
+                got["fit_gb_per_s"],
+                got["quick_gb_per_s"],
+                latency_us,
+                got["fit_latency_us"],
+                got["quick_latency_us"],
+                "yes" if ok else "NO",
+            )
+        )
+    header = ("case", "set GB/s", "fit GB/s", "quick GB/s", "set us", "fit us", "quick us", "ok")
+    print("emulated H2D link, real clock (measured; aim: within 5 % of the setting)")
+    print("  ".join(f"{h:>13}" for h in header))
+    for row in rows:
+        print("  ".join(f"{v:>13.3f}" if isinstance(v, float) else f"{v:>13}" for v in row))
+    print("fit = calibration.link.fit_link on every copy; quick = live.spec.costs.measure_link's medians")
+    print_summary(
+        {
+            "benchmark": "h2d_link",
+            "torch_threads": torch.get_num_threads(),
+            "transfers": args.transfers,
+            "repeats": args.repeats,
+            "aim_rel": AIM_REL,
+            "cases": results,
+            "ok": all(r["ok"] for r in results.values()),
+        }
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

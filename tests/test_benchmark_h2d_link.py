@@ -1,0 +1,48 @@
+"""benchmarks/h2d_link.py runs end to end (its figures are not asserted on the real clock: on a
+fake clock, where the emulated link is exact, every case meets its aim)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "h2d_link.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("h2d_link_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_h2d_link_benchmark_on_a_fake_clock(fake_clock, capsys):
+    torch = pytest.importorskip("torch")
+    from live.record import build_parser
+
+    bench = _load()
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert bench.main(["--transfers", "4", "--repeats", "1"]) == 0
+        threads = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    out = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(out[-1])
+    assert "real clock" in out[0] and summary["benchmark"] == "h2d_link"
+    assert summary["torch_threads"] == threads == build_parser().get_default("threads")  # live.record's
+    assert set(summary["cases"]) == {"default-shape", "tiny"}
+    for case in summary["cases"].values():
+        assert case["ok"]  # within 5 %: exact but for clock reads
+    assert summary["ok"] is True
+
+
+def test_h2d_link_benchmark_bad_flags_exit_2():
+    bench = _load()
+    with pytest.raises(SystemExit) as err:
+        bench.main(["--transfers", "0"])
+    assert err.value.code == 2
