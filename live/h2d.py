@@ -19,10 +19,22 @@ One :class:`H2DLink` moves expert weights from host memory into the device exper
 One *transfer* is one expert (its gate/up and down matrices); :meth:`H2DLink.fetch` takes a list of
 transfers and returns an :class:`H2DFetch` whose :meth:`H2DFetch.seconds` is the measured H2D time
 (resolved lazily from CUDA events, so the host never blocks on timing inside a forward pass).
+
+Overlap (``H2DLink.enqueue``): the copies run on the link's own *copy stream* (the resource named
+``h2d`` in docs/design.md and the simulator) while the caller's *compute stream* goes on, and the
+caller waits for each transfer on its own (:meth:`H2DFetch.wait_transfer`) right before computing
+the expert it brings. On CUDA the copy stream is the dedicated ``torch.cuda.Stream`` and the wait is
+``Stream.wait_event`` on the transfer's end event (the host does not block; PyTorch docs,
+"CUDA semantics", streams and events). On the CPU links the copy stream is one worker thread that
+takes batches in FIFO order, copies, and waits out the emulated wire time (sleeping, never
+spinning, so it holds neither the GIL nor a core), and the wait is a ``threading.Event``. Every copy records when it was enqueued, started and
+landed (:meth:`H2DFetch.copy_spans`).
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -61,7 +73,7 @@ class H2DLinkInfo:
 
 
 class H2DFetch:
-    """Handle on one batch of transfers issued by :meth:`H2DLink.fetch`.
+    """Handle on one batch of transfers issued by :meth:`H2DLink.fetch` or :meth:`H2DLink.enqueue`.
 
     ``num_bytes``: bytes moved; ``num_transfers``: experts moved; ``copy_bytes int64[M]``: bytes of
     each of the M tensor copies, in issue order (an expert is ``copies_per_transfer[i]`` consecutive
@@ -71,6 +83,10 @@ class H2DFetch:
     synchronises on the end event); :meth:`copy_seconds` the same split per copy (float64[M],
     summing to :meth:`seconds`: on CPU the gaps between successive ``perf_counter`` stamps taken
     after each copy, on CUDA between successive events recorded on the copy stream).
+    :meth:`copy_spans` gives each copy's enqueue, start and landing instants; :meth:`wait_transfer`
+    and :meth:`transfer_landed` serve fetch-before-compute per expert. A batch from
+    :meth:`H2DLink.fetch` has landed on return (CPU) or is waited for as a whole by the compute
+    stream (CUDA); one from :meth:`H2DLink.enqueue` is waited for transfer by transfer.
     """
 
     __slots__ = (
@@ -78,9 +94,16 @@ class H2DFetch:
         "num_transfers",
         "copy_bytes",
         "copies_per_transfer",
+        "enqueued_at",
         "_seconds",
         "_copy_s",
         "_events",
+        "_start",
+        "_stamps",
+        "_landed",
+        "_done",
+        "_error",
+        "_device",
     )
 
     def __init__(
@@ -105,15 +128,33 @@ class H2DFetch:
         self._copy_s = copy_seconds
         if copy_seconds is None and events is None:
             self._copy_s = np.zeros(len(self.copy_bytes), dtype=np.float64)
+        # when the batch was enqueued: perf_counter seconds (CPU) or an event on the compute stream
+        self.enqueued_at = None
+        self._start = None  # CPU: perf_counter when the copy stream began the batch
+        self._stamps = None  # CPU: float64[M] perf_counter after each copy
+        self._landed: list[threading.Event] | None = None  # CPU worker: one per transfer
+        self._done: threading.Event | None = None
+        self._error: BaseException | None = None
+        self._device: torch.device | None = None  # CUDA: the device whose current stream waits
 
     def _resolve(self) -> None:
+        if self._done is not None:
+            self._wait_done()
+            return
         events = self._events
         events[-1].synchronize()
         # CUDA events report milliseconds
         stamps = np.array([events[0].elapsed_time(e) for e in events[1:]], dtype=np.float64) / 1e3
         self._copy_s = np.diff(stamps, prepend=0.0)
         self._seconds = float(stamps[-1]) if stamps.size else 0.0
-        self._events = None
+
+    def _wait_done(self) -> None:
+        self._done.wait()
+        if self._error is not None:
+            raise RuntimeError(f"H2D copy stream failed: {self._error}") from self._error
+
+    def _last_copy_of(self, transfer: int) -> int:
+        return int(self.copies_per_transfer[: transfer + 1].sum()) - 1
 
     def seconds(self) -> float:
         """Measured H2D seconds of this batch (0.0 for an empty batch)."""
@@ -127,14 +168,69 @@ class H2DFetch:
             self._resolve()
         return self._copy_s
 
+    def wait_transfer(self, transfer: int) -> None:
+        """Make the compute stream wait until ``transfer`` (0-based, issue order) has landed.
 
-def _wait_until(deadline_s: float) -> None:
-    """Return once ``time.perf_counter() >= deadline_s``: sleep the bulk, spin the last ms."""
+        CPU: blocks the calling thread (returns at once for a batch from :meth:`H2DLink.fetch`).
+        CUDA: ``current_stream.wait_event`` on the transfer's end event; the host does not block.
+        Raises ``RuntimeError`` if the copy stream failed.
+        """
+        if self._landed is not None:
+            self._landed[transfer].wait()
+            if self._error is not None:
+                self._wait_done()
+        elif self._events is not None:
+            torch.cuda.current_stream(self._device).wait_event(self._events[self._last_copy_of(transfer) + 1])
+
+    def transfer_landed(self, transfer: int) -> bool:
+        """Whether ``transfer`` has landed, without waiting. CPU: exact. CUDA: ``False`` (the host
+        runs ahead of both streams, so each transfer is waited for on its own)."""
+        if self._landed is not None:
+            return self._landed[transfer].is_set()
+        return self._events is None
+
+    def landed_after_s(self, transfer: int, mark) -> float:
+        """CUDA: seconds from ``mark`` (an event recorded on the compute stream) to the landing
+        of ``transfer``, 0 if it landed before ``mark``: the compute stream's stall on it.
+        Synchronises on the batch."""
+        self.seconds()
+        return max(mark.elapsed_time(self._events[self._last_copy_of(transfer) + 1]) / 1e3, 0.0)
+
+    def copy_spans(self, origin) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(enqueued_at_s, started_at_s, landed_at_s)``, each float64[M]: seconds from ``origin``
+        (a ``perf_counter`` value on CPU, a CUDA event on the compute stream on CUDA) to the
+        batch's enqueue, to each copy's start on the copy stream, and to its landing. A copy
+        starts when the previous one of its batch landed (the first: when the copy stream took
+        the batch). Synchronises on CUDA; waits for the batch on CPU."""
+        m = self.copy_bytes.size
+        if self._events is not None:  # CUDA
+            self.seconds()
+            ms = np.array([origin.elapsed_time(e) for e in self._events], dtype=np.float64) / 1e3
+            enq = origin.elapsed_time(self.enqueued_at) / 1e3 if self.enqueued_at is not None else ms[0]
+            return np.full(m, enq), ms[:-1], ms[1:]
+        self.seconds()
+        if self._stamps is None or self._start is None:
+            zeros = np.zeros(m, dtype=np.float64)
+            return zeros, zeros, zeros
+        landed = self._stamps - origin
+        started = np.concatenate(([self._start - origin], landed[:-1]))
+        enqueued = self.enqueued_at if self.enqueued_at is not None else self._start
+        return np.full(m, enqueued - origin), started, landed
+
+
+def _wait_until(deadline_s: float, spin: bool = True) -> None:
+    """Return once ``time.perf_counter() >= deadline_s``: sleep the bulk, spin the last ms.
+
+    ``spin=False`` (the copy-stream thread) sleeps all the way: a spinning thread would hold the
+    GIL and a core away from the compute thread; the sleep's overshoot (tens of microseconds,
+    more on a loaded machine) is measured in the copy's recorded time like any other delay."""
     while True:
         remaining = deadline_s - time.perf_counter()
         if remaining <= 0:
             return
-        if remaining > 2 * _SPIN_BELOW_S:
+        if not spin:
+            time.sleep(remaining)
+        elif remaining > 2 * _SPIN_BELOW_S:
             time.sleep(remaining - _SPIN_BELOW_S)
 
 
@@ -189,6 +285,8 @@ class H2DLink:
         self._pinned = self._want_pinned
         self._warned_pageable = False
         self._copy_stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
+        self._worker: threading.Thread | None = None  # CPU copy stream, started by enqueue()
+        self._jobs: queue.SimpleQueue | None = None
 
     # -- description ---------------------------------------------------------------------------
     @property
@@ -256,6 +354,57 @@ class H2DLink:
         :meth:`transfer_s` of its bytes while per-copy timings of different sizes identify
         bandwidth and latency (``calibration.link.fit_link``).
         """
+        fetch = self._new_fetch(transfers)
+        if fetch.num_transfers == 0:
+            return fetch
+        if self._copy_stream is not None:
+            self._enqueue_cuda(transfers, fetch)
+            torch.cuda.current_stream(self.device).wait_event(fetch._events[-1])
+            return fetch
+        fetch.enqueued_at = time.perf_counter()
+        self._copy_cpu(transfers, fetch)
+        return fetch
+
+    def enqueue(self, transfers: Sequence[Sequence[CopyPair]]) -> H2DFetch:
+        """Start copying ``transfers`` on the copy stream and return at once (overlap).
+
+        Same copies, timing and emulation as :meth:`fetch`, but the caller must call
+        :meth:`H2DFetch.wait_transfer` for each transfer before reading its ``dst`` tensors.
+        Batches run in FIFO order after every batch enqueued earlier. CPU: a worker thread (the
+        copy stream) started on first use. CUDA: the dedicated copy stream, after the work already
+        queued on the current stream (so no slot is overwritten while an earlier layer reads it).
+        """
+        fetch = self._new_fetch(transfers)
+        if fetch.num_transfers == 0:
+            return fetch
+        if self._copy_stream is not None:
+            self._enqueue_cuda(transfers, fetch)
+            return fetch
+        fetch._landed = [threading.Event() for _ in range(fetch.num_transfers)]
+        fetch._done = threading.Event()
+        fetch.enqueued_at = time.perf_counter()
+        self._worker_queue().put((transfers, fetch))
+        return fetch
+
+    def synchronize(self) -> None:
+        """Wait until every copy enqueued so far has landed (CUDA: the copy stream; CPU: the
+        copy-stream thread's queue)."""
+        if self._copy_stream is not None:
+            self._copy_stream.synchronize()
+        elif self._worker is not None:
+            barrier = H2DFetch(0, 0, seconds=0.0)
+            barrier._landed, barrier._done = [], threading.Event()
+            self._jobs.put(((), barrier))
+            barrier._wait_done()
+
+    def close(self) -> None:
+        """Stop the CPU copy-stream thread (after the batches already enqueued); idempotent."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            self._jobs.put(None)
+            worker.join()
+
+    def _new_fetch(self, transfers: Sequence[Sequence[CopyPair]]) -> H2DFetch:
         if not transfers:
             return H2DFetch(0, 0, seconds=0.0)
         counts = np.fromiter((len(t) for t in transfers), dtype=np.int64, count=len(transfers))
@@ -264,41 +413,70 @@ class H2DLink:
             dtype=np.int64,
             count=int(counts.sum()),
         )
-        num_bytes = int(copy_bytes.sum())
-        if self._copy_stream is not None:
-            return self._fetch_cuda(transfers, num_bytes, copy_bytes, counts)
+        fetch = H2DFetch(
+            int(copy_bytes.sum()), len(transfers), copy_bytes=copy_bytes, copies_per_transfer=counts
+        )
+        fetch._copy_s = fetch._seconds = None
+        return fetch
+
+    def _worker_queue(self) -> queue.SimpleQueue:
+        if self._worker is None:
+            self._jobs = queue.SimpleQueue()
+            self._worker = threading.Thread(
+                target=self._copy_stream_thread, args=(self._jobs,), name="h2d-copy-stream", daemon=True
+            )
+            self._worker.start()
+        return self._jobs
+
+    def _copy_stream_thread(self, jobs: queue.SimpleQueue) -> None:
+        """The CPU copy stream: run enqueued batches in FIFO order until ``None`` arrives."""
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            transfers, fetch = job
+            try:
+                self._copy_cpu(transfers, fetch)
+            except BaseException as exc:  # handed to the waiting compute thread
+                fetch._error = exc
+                for event in fetch._landed:
+                    event.set()
+                fetch._done.set()
+
+    def _copy_cpu(self, transfers: Sequence[Sequence[CopyPair]], fetch: H2DFetch) -> None:
+        """Copy, wait out the emulated wire time, stamp each copy; signal each landed transfer."""
+        copy_bytes = fetch.copy_bytes
         stamps = np.empty(copy_bytes.size, dtype=np.float64)
         start_s = time.perf_counter()
         copy_start_s = start_s
         bw = self.bandwidth_bytes_per_s
         i = 0
-        for transfer in transfers:
+        for index, transfer in enumerate(transfers):
             latency_each_s = self.latency_s / len(transfer) if transfer else 0.0
             for dst, src in transfer:
                 dst.copy_(src)
                 if self.emulated:  # each copy lasts max(memcpy, emulated); no catching up
-                    _wait_until(copy_start_s + (copy_bytes[i] / bw if bw else 0.0) + latency_each_s)
+                    _wait_until(
+                        copy_start_s + (copy_bytes[i] / bw if bw else 0.0) + latency_each_s,
+                        spin=fetch._landed is None,
+                    )
                 copy_start_s = stamps[i] = time.perf_counter()
                 i += 1
-        copy_s = np.diff(stamps, prepend=start_s)
-        return H2DFetch(
-            num_bytes,
-            len(transfers),
-            seconds=float(stamps[-1] - start_s) if stamps.size else 0.0,
-            copy_bytes=copy_bytes,
-            copy_seconds=copy_s,
-            copies_per_transfer=counts,
-        )
+            if fetch._landed is not None:
+                fetch._landed[index].set()
+        fetch._start, fetch._stamps = start_s, stamps
+        fetch._copy_s = np.diff(stamps, prepend=start_s)
+        fetch._seconds = float(stamps[-1] - start_s) if stamps.size else 0.0
+        if fetch._done is not None:
+            fetch._done.set()
 
-    def _fetch_cuda(
-        self,
-        transfers: Sequence[Sequence[CopyPair]],
-        num_bytes: int,
-        copy_bytes: np.ndarray,
-        counts: np.ndarray,
-    ) -> H2DFetch:
+    def _enqueue_cuda(self, transfers: Sequence[Sequence[CopyPair]], fetch: H2DFetch) -> None:
+        """Queue the copies on the copy stream, bracketed by timing events (one before the batch,
+        one after each copy); the compute stream records the enqueue instant."""
         compute = torch.cuda.current_stream(self.device)
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(copy_bytes.size + 1)]
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(fetch.copy_bytes.size + 1)]
+        fetch.enqueued_at = torch.cuda.Event(enable_timing=True)
+        fetch.enqueued_at.record(compute)
         self._copy_stream.wait_stream(compute)
         with torch.cuda.stream(self._copy_stream):
             events[0].record(self._copy_stream)
@@ -308,7 +486,5 @@ class H2DLink:
                     dst.copy_(src, non_blocking=True)
                     events[i].record(self._copy_stream)
                     i += 1
-        compute.wait_event(events[-1])
-        return H2DFetch(
-            num_bytes, len(transfers), events=events, copy_bytes=copy_bytes, copies_per_transfer=counts
-        )
+        fetch._events = events
+        fetch._device = self.device

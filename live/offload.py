@@ -11,15 +11,19 @@ pass and MoE layer l, with the top-k ids the router chose for the T tokens:
    uses, hence the same hits, misses and evictions);
 3. evicted experts free their slots; every miss is fetched over the :class:`live.h2d.H2DLink`
    into a persistent slot (if the policy keeps it) or a scratch slot (transient) BEFORE the
-   layer's experts compute (on CUDA the compute stream waits on the copy's end event);
+   layer's experts compute (on CUDA the compute stream waits on the copy's end event). With
+   ``overlap`` the misses are enqueued on the link's copy stream (``H2DLink.enqueue``) once the
+   router has run; the resident experts compute while they are in flight and each missing
+   expert computes as soon as its own copy lands (fetch-before-compute per expert);
 4. transformers' own expert kernel for the model's ``experts_implementation`` (eager,
    ``batched_mm`` or ``grouped_mm``) runs on the slot tensors with ids remapped to slots, so
    offloaded output equals resident output within float rounding (often bit-for-bit; tested
    for every supported architecture).
 
 Per forward pass the engine measures, per MoE layer: hits, misses, evictions, H2D bytes, H2D
-seconds and compute seconds (= wall time of the decoder layer minus its H2D time; ``perf_counter``
-on CPU, CUDA events on GPU). Bracket each forward with :meth:`OffloadedMoE.begin_forward` /
+seconds, stall seconds (the compute stream waiting on copies) and compute seconds (= wall time of
+the decoder layer minus its stall; ``perf_counter`` on CPU, CUDA events on GPU), and per copy when
+it was enqueued, started and landed. Bracket each forward with :meth:`OffloadedMoE.begin_forward` /
 :meth:`OffloadedMoE.end_forward`; a forward that is not bracketed (e.g. inside ``generate``) is
 bracketed automatically by a wrapper of ``model.forward``.
 """
@@ -30,6 +34,7 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -50,7 +55,10 @@ class TransferLog:
     """Per-copy H2D records of one forward pass (or several concatenated), in issue order.
 
     ``layers``, ``experts`` (int64[M]): MoE layer and expert id of each copy; ``num_bytes``
-    (int64[M]): bytes of the copy; ``h2d_s`` (float64[M]): its measured seconds. One expert is
+    (int64[M]): bytes of the copy; ``h2d_s`` (float64[M]): its measured seconds;
+    ``enqueued_at_s``, ``started_at_s``, ``landed_at_s`` (float64[M]): seconds from the start of
+    the forward pass to the copy's enqueue on the copy stream (the layer's router has run), to its
+    start and to its landing (``live.h2d.H2DFetch.copy_spans``). One expert is
     one *transfer* made of one or more tensor copies (gate/up and down: 2 for every supported
     architecture); ``copies_per_transfer`` gives that count. These are the rows of the trace's
     ``transfers`` table (``traces.writer.TraceWriter.add_transfers``).
@@ -60,12 +68,16 @@ class TransferLog:
     experts: np.ndarray
     num_bytes: np.ndarray
     h2d_s: np.ndarray
+    enqueued_at_s: np.ndarray
+    started_at_s: np.ndarray
+    landed_at_s: np.ndarray
 
     @classmethod
     def empty(cls) -> TransferLog:
         """No copies."""
         ints = np.zeros(0, dtype=np.int64)
-        return cls(ints, ints, ints, np.zeros(0, dtype=np.float64))
+        floats = np.zeros(0, dtype=np.float64)
+        return cls(ints, ints, ints, floats, floats, floats, floats)
 
     @classmethod
     def concat(cls, logs) -> TransferLog:
@@ -100,7 +112,10 @@ class ForwardStats:
     re-syncs of experts the cache says are cached but the pool lacked), ``layer_h2d_s`` (seconds
     the layer's fetches took: the timed copies plus the host seconds spent placing the missed
     experts into slots right before them, a per-miss cost that belongs to the miss rather than
-    to the layer's compute), ``layer_compute_s`` (decoder-layer seconds minus its H2D seconds).
+    to the layer's compute), ``layer_stall_s`` (seconds the compute stream waited for the layer's
+    copies, placing included: the whole ``layer_h2d_s`` without overlap; with overlap only the waits
+    for copies that had not landed when their expert's turn came), ``layer_compute_s``
+    (decoder-layer seconds minus its stall seconds).
     ``num_tokens``: tokens in the forward (T, batch flattened); ``num_forwards``: forwards summed;
     ``wall_s``: wall seconds between ``begin_forward`` and ``end_forward``. ``transfers``: the
     per-copy records (:class:`TransferLog`, bytes summing to ``h2d_bytes``; seconds of the copies
@@ -117,13 +132,14 @@ class ForwardStats:
     layer_h2d_bytes: np.ndarray
     layer_h2d_s: np.ndarray
     layer_compute_s: np.ndarray
+    layer_stall_s: np.ndarray
     transfers: TransferLog | None = None
 
     @classmethod
     def zeros(cls, num_layers: int) -> ForwardStats:
         """Empty statistics for ``num_layers`` MoE layers."""
         ints = [np.zeros(num_layers, dtype=np.int64) for _ in range(4)]
-        floats = [np.zeros(num_layers, dtype=np.float64) for _ in range(2)]
+        floats = [np.zeros(num_layers, dtype=np.float64) for _ in range(3)]
         return cls(0, 0, 0.0, *ints, *floats)
 
     def __add__(self, other: ForwardStats) -> ForwardStats:
@@ -167,6 +183,11 @@ class ForwardStats:
         return float(self.layer_compute_s.sum())
 
     @property
+    def stall_s(self) -> float:
+        """Seconds the compute stream waited for H2D copies (equals ``h2d_s`` without overlap)."""
+        return float(self.layer_stall_s.sum())
+
+    @property
     def hit_rate(self) -> float:
         """hits / (hits + misses); NaN when nothing was accessed."""
         total = self.hits + self.misses
@@ -183,6 +204,7 @@ class ForwardStats:
             h2d_bytes=self.h2d_bytes,
             h2d_s=self.h2d_s,
             compute_s=self.compute_s,
+            stall_s=self.stall_s,
         )
         if self.transfers is not None:
             d["transfers"] = {
@@ -215,8 +237,9 @@ class _LayerTimer:
 class _ForwardState:
     """Per-forward scratch: routing, fetch handles and layer timing marks."""
 
-    def __init__(self, num_layers: int, started_s: float, auto: bool) -> None:
+    def __init__(self, num_layers: int, started_s: float, auto: bool, origin) -> None:
         self.started_s = started_s
+        self.origin = origin  # the layer timer's mark at the start (spans are measured from it)
         self.auto = auto
         self.num_tokens = 0
         self.hits = np.zeros(num_layers, dtype=np.int64)
@@ -225,9 +248,25 @@ class _ForwardState:
         self.fetches: list[list[H2DFetch]] = [[] for _ in range(num_layers)]
         self.fetch_experts: list[list[np.ndarray]] = [[] for _ in range(num_layers)]  # int64[n] per fetch
         self.placing_s = np.zeros(num_layers, dtype=np.float64)  # host seconds placing misses
+        self.waited_s = np.zeros(num_layers, dtype=np.float64)  # overlap: compute waiting on copies
+        self.cuda_waits: list[list[tuple]] = [[] for _ in range(num_layers)]  # (ready, landed) events
         self.marks: list[list] = [[] for _ in range(num_layers)]  # [start, end] pairs per call
         self.ids: list[list[np.ndarray]] = [[] for _ in range(num_layers)]
         self.weights: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
+
+
+class _LayerWork(NamedTuple):
+    """What :meth:`OffloadedMoE._prepare_layer` hands the experts module for one layer.
+
+    ``view``: the kernel view covering every expert of the layer (ids remapped to slots);
+    ``fetch``: with overlap, the layer's copies still in flight (``None`` when nothing is in
+    flight: compute at once); ``fetched`` int64[n]: the experts of ``fetch`` in issue order;
+    ``ids`` int64[T, K]: the router's top-k ids."""
+
+    view: ExpertView
+    fetch: H2DFetch | None
+    fetched: np.ndarray
+    ids: np.ndarray
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,8 +278,8 @@ class OffloadedExperts(torch.nn.Module):
     ``forward(hidden_states[T, H], top_k_index int[T, K], top_k_weights[T, K]) -> [T, H]``, the
     upstream signature. It asks the engine to make the layer's experts resident (fetching misses),
     then runs the upstream experts forward (dispatching on ``config._experts_implementation``) on
-    the slot tensors with ids remapped to slots: one call on the layer's cached slots, or, when
-    some experts are transient, one call per view (cached, scratch) combined pair by pair.
+    the slot tensors with ids remapped to slots: one call, or, with overlap and copies in flight,
+    one call per group of experts that are ready (resident first, then as copies land).
     Holds no parameters.
     """
 
@@ -296,13 +335,11 @@ class OffloadedExperts(torch.nn.Module):
         return self._experts_cls._apply_gate(self, gate_up_out)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
-        views = self.engine._prepare_layer(self.moe_index, top_k_index, top_k_weights)
+        work = self.engine._prepare_layer(self.moe_index, top_k_index, top_k_weights)
         try:
-            if not views[0].has_sentinels:
-                return self._run(
-                    views[0], hidden_states, view_index=views[0].slot_index, weights=views[0].weights
-                )
-            return self._run_split(views, hidden_states)
+            if work.fetch is None:
+                return self._run(work.view, hidden_states, work.view.slot_index, work.view.weights)
+            return self._run_as_copies_land(work, hidden_states)
         finally:
             self._view = None
             self.engine.pool.end_layer()
@@ -311,20 +348,31 @@ class OffloadedExperts(torch.nn.Module):
         self._view = view
         return self._experts_cls.forward(self, hidden_states, view_index, weights)
 
-    def _run_split(self, views: list[ExpertView], hidden_states: torch.Tensor) -> torch.Tensor:
-        """Layer whose experts sit in two views. Each token-expert pair is computed as its own
-        top-1 "token" (rows ``hidden.repeat_interleave(K)``), the pair outputs are selected from
-        the view serving them and summed over K in upstream's order (``view(T, K, H).sum(1)``,
-        as in ``grouped_mm``/``batched_mm``), so the result matches the unsplit layer up to
-        float rounding inside the kernels."""
-        num_tokens, top_k = views[0].slot_index.shape
-        rows = hidden_states.repeat_interleave(top_k, dim=0)
-        pairs = None
-        for view in views:
-            part = self._run(view, rows, view.slot_index.reshape(-1, 1), view.weights.reshape(-1, 1))
-            pairs = part if pairs is None else torch.where(view.mask.reshape(-1, 1), part, pairs)
-        summed = pairs.view(num_tokens, top_k, -1).sum(dim=1)
-        return summed.to(hidden_states.dtype)
+    def _run_as_copies_land(self, work: _LayerWork, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Fetch-before-compute per expert (overlap): the token-expert pairs of the experts
+        already resident are computed (one upstream kernel call) while the missing ones are in
+        flight, then each missing expert's pairs as soon as its copy lands
+        (:meth:`OffloadedMoE._pairs_as_copies_land`), with the upstream eager kernel's per-expert
+        body (``linear``, the class's ``_apply_gate``, ``linear``, times the routing weight), so
+        a late expert costs a few ops rather than a kernel call. Each pair is its own top-1 row
+        (``hidden.repeat_interleave(K)``) and the pair outputs are summed over K in upstream's
+        order (``view(T, K, D).sum(1)``, as in ``grouped_mm``/``batched_mm``): the result matches
+        the one-call layer up to float rounding."""
+        view = work.view
+        num_tokens, top_k = view.slot_index.shape
+        rows = hidden_states.repeat_interleave(top_k, dim=0)  # [T*K, D]
+        slots = view.slot_index.reshape(-1)  # [T*K]
+        weights = view.weights.reshape(-1, 1)  # [T*K, 1]
+        pairs = torch.zeros_like(rows)  # [T*K, D]
+        for pair_index, slot in self.engine._pairs_as_copies_land(self.moe_index, work):  # int64[P]
+            if slot is None:  # the resident experts: one upstream kernel call, pairs as top-1 rows
+                part = self._run(view, rows[pair_index], slots[pair_index, None], weights[pair_index])
+            else:
+                hidden = torch.nn.functional.linear(rows[pair_index], view.gate_up[slot])  # [P, 2I]
+                hidden = self._apply_gate(hidden)  # [P, I]
+                part = torch.nn.functional.linear(hidden, view.down[slot]) * weights[pair_index]
+            pairs.index_copy_(0, pair_index, part.to(pairs.dtype))
+        return pairs.view(num_tokens, top_k, -1).sum(dim=1)
 
     def extra_repr(self) -> str:
         return f"moe_index={self.moe_index}, offloaded"
@@ -396,6 +444,7 @@ class OffloadedMoE:
         *,
         capacity_per_layer: int | None = None,
         record_routing: bool = True,
+        overlap: bool = False,
     ) -> OffloadedMoE:
         """Offload ``model``'s routed experts and return the engine driving them.
 
@@ -410,6 +459,10 @@ class OffloadedMoE:
             capacity_per_layer: persistent slots per layer; default: the cache's
                 ``capacity_per_layer`` attribute.
             record_routing: keep top-k ids and weights for :meth:`last_routing`.
+            overlap: copy a layer's misses on the link's copy stream (``H2DLink.enqueue``) while
+                the layer computes its resident experts, and compute each missing expert as soon
+                as its copy lands; without it a layer's copies complete before any of its
+                experts computes.
 
         Raises:
             ValueError: no MoE layer, experts already offloaded, or capacity outside ``0..E``.
@@ -437,6 +490,7 @@ class OffloadedMoE:
         self.link = link
         self.recorder = recorder
         self.record_routing = bool(record_routing)
+        self.overlap = bool(overlap)
         gate_up, down = [], []
         for moe_index, (_, block) in enumerate(blocks):
             original = block.experts
@@ -527,11 +581,13 @@ class OffloadedMoE:
             raise RuntimeError(
                 "begin_forward: the previous forward was not ended (call end_forward or abort_forward)"
             )
-        self._state = _ForwardState(self.num_layers, time.perf_counter(), auto)
+        origin = self._timer.mark()
+        self._state = _ForwardState(self.num_layers, time.perf_counter(), auto, origin)
 
     def abort_forward(self) -> None:
         """Drop the forward in progress without recording it (e.g. after an exception inside
         ``model(...)``); the cache and pool keep whatever the partial forward did to them."""
+        self.link.synchronize()
         if self.link.device.type == "cuda":
             torch.cuda.synchronize(self.link.device)
         self._state = None
@@ -552,6 +608,12 @@ class OffloadedMoE:
         h2d_bytes = np.array([sum(f.num_bytes for f in fl) for fl in state.fetches], dtype=np.int64)
         copies_s = np.array([sum(f.seconds() for f in fl) for fl in state.fetches], dtype=np.float64)
         h2d_s = copies_s + state.placing_s
+        if self.overlap:
+            stall_s = state.placing_s + state.waited_s
+            for layer, waits in enumerate(state.cuda_waits):
+                stall_s[layer] += sum(fetch.landed_after_s(i, ready) for ready, fetch, i in waits)
+        else:
+            stall_s = h2d_s
         layer_s = np.array(
             [sum(self._timer.elapsed_s(start, end) for start, end in marks) for marks in state.marks],
             dtype=np.float64,
@@ -565,7 +627,8 @@ class OffloadedMoE:
             layer_evictions=state.evictions,
             layer_h2d_bytes=h2d_bytes,
             layer_h2d_s=h2d_s,
-            layer_compute_s=np.maximum(layer_s - h2d_s, 0.0),
+            layer_compute_s=np.maximum(layer_s - stall_s, 0.0),
+            layer_stall_s=stall_s,
             transfers=self._transfer_log(state),
         )
         self._state = None
@@ -589,6 +652,7 @@ class OffloadedMoE:
                         per_copy,
                         fetch.copy_bytes,
                         fetch.copy_seconds(),
+                        *fetch.copy_spans(state.origin),
                     )
                 )
         return TransferLog.concat(parts)
@@ -647,8 +711,9 @@ class OffloadedMoE:
     # -- the per-layer work ----------------------------------------------------------------------
     def _prepare_layer(
         self, layer: int, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
-    ) -> list[ExpertView]:
-        """Access the cache for the layer's expert union, fetch misses, return the kernel views."""
+    ) -> _LayerWork:
+        """Access the cache for the layer's expert union, fetch misses (with overlap: enqueue
+        them on the copy stream), return the layer's kernel view and copies in flight."""
         state = self._state
         if state is None:  # experts called outside a model forward (tests, direct use)
             self._begin(auto=True)
@@ -671,6 +736,7 @@ class OffloadedMoE:
         # hits the policy caches but the pool lacks (warmed outside the engine) are fetched too
         to_fetch = misses + hits[pool.slot_of[layer, hits] < 0].tolist()
         transfers = []
+        in_flight = None
         if to_fetch:
             placing_started_s = time.perf_counter()
             keep = [bool(self.cache.contains(layer, e)) for e in to_fetch]
@@ -681,11 +747,42 @@ class OffloadedMoE:
                 if kept and not pool.has_free_slot(layer):
                     self._sync_layer_slots_only(layer)
                 transfers.append(pool.place(layer, e, persistent=kept))
+        fetched = np.asarray(to_fetch, dtype=np.int64)
         if transfers:
             state.placing_s[layer] += time.perf_counter() - placing_started_s
-            state.fetches[layer].append(self.link.fetch(transfers))
-            state.fetch_experts[layer].append(np.asarray(to_fetch, dtype=np.int64))
-        return pool.views(layer, top_k_index, top_k_weights)
+            fetch = self.link.enqueue(transfers) if self.overlap else self.link.fetch(transfers)
+            in_flight = fetch if self.overlap else None
+            state.fetches[layer].append(fetch)
+            state.fetch_experts[layer].append(fetched)
+        (view,) = pool.views(layer, top_k_index, top_k_weights)
+        return _LayerWork(view, in_flight, fetched, ids_np)
+
+    def _pairs_as_copies_land(self, layer: int, work: _LayerWork):
+        """Yield ``(pair_index int64[P], slot)`` in compute order: the indices into the layer's
+        T*K token-expert pairs of the resident experts first (``slot`` None: one kernel call),
+        then, for each fetched expert in issue order, once its copy has landed, its pairs and its
+        row in ``work.view``'s tensors. CPU: the compute thread blocks on the copy-stream thread
+        and the wait is added to the layer's stall. CUDA: ``Stream.wait_event`` (the host does not
+        block); the stall is measured from events at the end of the forward."""
+        state = self._state
+        flat = work.ids.reshape(-1)  # [T*K]
+        device = work.view.slot_index.device
+        fetched, fetch = work.fetched, work.fetch
+        resident = ~np.isin(flat, fetched)
+        if resident.any():
+            yield torch.from_numpy(np.flatnonzero(resident)).to(device), None
+        cuda = self.link.device.type == "cuda"
+        for i, expert in enumerate(fetched):
+            if cuda:
+                ready = self._timer.mark()
+                fetch.wait_transfer(i)
+                state.cuda_waits[layer].append((ready, fetch, i))
+            elif not fetch.transfer_landed(i):
+                waiting_s = time.perf_counter()
+                fetch.wait_transfer(i)
+                state.waited_s[layer] += time.perf_counter() - waiting_s
+            pair_index = torch.from_numpy(np.flatnonzero(flat == expert)).to(device)
+            yield pair_index, self.pool.view_row(layer, int(expert))
 
     def _sync_layer_slots_only(self, layer: int) -> None:
         """Free slots of experts the policy no longer caches (state drift repair)."""
@@ -740,12 +837,14 @@ def offload_model(
     frequency: np.ndarray | None = None,
     recorder: Callable[[ForwardStats], None] | None = None,
     record_routing: bool = True,
+    overlap: bool = False,
 ) -> OffloadedMoE:
     """Build a ``specfit.cache`` expert cache and install an :class:`OffloadedMoE` on ``model``.
 
     ``cache_experts``: persistent slots per layer (default :func:`default_cache_experts`);
     ``cache_policy``: ``"lru"`` (default), ``"lfu"`` or ``"static"`` (needs ``frequency
-    float[L, E]``, e.g. expert counts from a trace). Raises ``ValueError`` naming the flag.
+    float[L, E]``, e.g. expert counts from a trace); ``overlap``: see :meth:`OffloadedMoE.install`.
+    Raises ``ValueError`` naming the flag.
     """
     from specfit.cache import make_expert_cache
 
@@ -763,5 +862,11 @@ def offload_model(
         cache_policy, spec.num_layers, spec.num_experts, cache_experts, frequency=frequency
     )
     return OffloadedMoE.install(
-        model, cache, link, recorder, capacity_per_layer=cache_experts, record_routing=record_routing
+        model,
+        cache,
+        link,
+        recorder,
+        capacity_per_layer=cache_experts,
+        record_routing=record_routing,
+        overlap=overlap,
     )

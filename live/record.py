@@ -83,6 +83,7 @@ class RecordConfig:
     predictor_tables: str | None = None
     stopping: str | None = None  # SpecFit's stopping rule; None unless --mode policy --policy specfit
     category: str | None = None  # --category, comma-separated names as given; None = every prompt
+    overlap: str = "off"  # "on": expert copies on the link's copy stream, overlapped with compute
 
 
 def build_parser() -> ArgumentParser:
@@ -164,6 +165,14 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument(
         "--device", default="cpu", help="device of the non-expert weights and expert cache (cpu, cuda)"
+    )
+    p.add_argument(
+        "--overlap",
+        choices=("on", "off"),
+        default="off",
+        help="on: copy a layer's missing experts on the link's own copy stream while its resident "
+        "experts compute, and compute each missing expert as soon as its copy lands; off: a layer's "
+        "copies complete before its experts compute",
     )
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model weight dtype")
     p.add_argument(
@@ -277,6 +286,7 @@ _RESUMED_FLAGS: tuple[tuple[str, str, str, Any], ...] = (
     ("acceptance", "--acceptance", "acceptance", None),
     ("predictor_tables", "--predictor-tables", "predictor_tables", None),
     ("stopping", "--stopping", "stopping", None),
+    ("overlap", "--overlap", "overlap", None),
 )
 
 
@@ -460,6 +470,7 @@ def resolve_config(args: Any, parser: ArgumentParser, explicit: set[str] | None 
         predictor_tables=predictor_tables,
         stopping=args.stopping if args.mode == "policy" and args.policy == "specfit" else None,
         category=args.category,
+        overlap=args.overlap,
     )
 
 

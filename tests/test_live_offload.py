@@ -21,12 +21,12 @@ from live.offload import (
 PROMPT = torch.tensor([[5, 17, 42, 8, 90, 33, 61, 7, 12, 71]])
 
 
-def _offloaded(path, capacity, *, link=None, policy="lru", record_routing=True):
+def _offloaded(path, capacity, *, link=None, policy="lru", record_routing=True, overlap=False):
     model = load_target(path)
     spec = describe_moe(model)
     cache = make_cache(policy, spec.num_layers, spec.num_experts, capacity)
     engine = OffloadedMoE.install(
-        model, cache, link, record_routing=record_routing, capacity_per_layer=capacity
+        model, cache, link, record_routing=record_routing, capacity_per_layer=capacity, overlap=overlap
     )
     return model, engine
 
@@ -48,15 +48,20 @@ def _greedy(model, engine, prompt, steps):
     return logits_all, stats, routing
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("arch", TINY_ARCHS)
-def test_offloaded_logits_equal_resident(tiny_checkpoint, arch):
+def test_offloaded_logits_equal_resident(tiny_checkpoint, arch, overlap):
+    """With and without overlap (copies on the copy stream, late experts computed as they land;
+    an emulated link slow enough that copies are still in flight when the layer computes)."""
     path = tiny_checkpoint(arch)
     resident = load_target(path, experts_on_device=True)
-    model, engine = _offloaded(path, capacity=3)
+    link = make_link("cpu", bandwidth_gb_per_s=0.05) if overlap else None
+    model, engine = _offloaded(path, capacity=3, link=link, overlap=overlap)
     want, _, _ = _greedy(resident, None, PROMPT, steps=4)
     got, stats, routing = _greedy(model, engine, PROMPT, steps=4)
     for w, g in zip(want, got):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+        assert torch.equal(g.argmax(-1), w.argmax(-1))
     total = sum(stats[1:], stats[0])
     assert total.misses > 0 and total.hits > 0
     assert total.h2d_bytes >= total.misses * engine.bytes_per_expert

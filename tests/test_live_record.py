@@ -161,12 +161,16 @@ def dense_run(tiny):
     return out
 
 
-@pytest.mark.parametrize("policy", ["specfit", "topn", "chain", "ar"])
-def test_policy_runs_are_lossless(tiny, dense_run, tmp_path, capsys, policy):
+@pytest.mark.parametrize(
+    ("policy", "overlap"),
+    [("specfit", "off"), ("topn", "off"), ("chain", "off"), ("ar", "off"), ("specfit", "on"), ("topn", "on")],
+)
+def test_policy_runs_are_lossless(tiny, dense_run, tmp_path, capsys, policy, overlap):
     dense = dense_run
     capsys.readouterr()
-    out = tmp_path / policy
-    assert main(_args(tiny, out, "--mode", "policy", "--policy", policy, "--bandwidth", "1")) == 0
+    out = tmp_path / f"{policy}-{overlap}"
+    argv = ["--mode", "policy", "--policy", policy, "--bandwidth", "1", "--overlap", overlap]
+    assert main(_args(tiny, out, *argv)) == 0
     summary = _last_json(capsys)
     assert summary["policy"] == policy and summary["num_tokens"] == 24
     want = open_run(dense).requests.sort_values("request_id")["generated_token_ids"].map(list).tolist()
@@ -179,6 +183,13 @@ def test_policy_runs_are_lossless(tiny, dense_run, tmp_path, capsys, policy):
             cycles["predicted_cycle_s"].notna().all() and (cycles["predicted_expected_committed"] >= 1).all()
         )
     assert (cycles["num_committed"] == cycles["num_accepted"] + 1).sum() >= len(cycles) - 3
+    stall, h2d = np.stack(cycles["layer_stall_s"]), np.stack(cycles["layer_h2d_s"])
+    assert np.all(stall >= 0)
+    if overlap == "off":
+        np.testing.assert_array_equal(stall, h2d)
+    transfers = run.transfers
+    assert (transfers["enqueued_at_s"] <= transfers["started_at_s"]).all()
+    assert (transfers["started_at_s"] <= transfers["landed_at_s"]).all()
 
 
 def test_policy_run_transfers_recover_the_emulated_link(tiny, tmp_path, capsys, fake_clock):

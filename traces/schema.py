@@ -406,7 +406,8 @@ class CycleRecord:
     ``num_committed = num_accepted + 1`` unless EOS or the length limit cut it.
     ``predicted_*`` and ``decision_s`` are ``None`` when no planner chose the subtree.
     ``committed_token_ids`` (extension beyond docs/contracts.md, optional) holds the tokens the
-    cycle committed, in order.
+    cycle committed, in order. ``layer_stall_s`` (optional; ``None`` writes null): per layer, the
+    seconds the compute stream waited for H2D copies (all of ``layer_h2d_s`` without overlap).
     """
 
     request_id: int
@@ -433,6 +434,7 @@ class CycleRecord:
     predicted_cycle_s: float | None = None
     decision_s: float | None = None
     committed_token_ids: Sequence[int] = ()
+    layer_stall_s: Sequence[float] | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -625,6 +627,16 @@ TABLES: dict[str, tuple[ColumnSpec, ...]] = {
             "tokens the cycle committed, in order (optional column)",
             required=False,
         ),
+        _c(
+            "layer_stall_s",
+            KIND_FLOAT_LIST,
+            pa.list_(pa.float64()),
+            "s",
+            "per layer (L): compute stream waiting for H2D copies (= layer_h2d_s without overlap; "
+            "optional column, null when not measured)",
+            required=False,
+            nullable=True,
+        ),
     ),
     "transfers": (
         _c("request_id", KIND_INT, pa.int64(), "-", "request id (in `requests`)"),
@@ -633,6 +645,23 @@ TABLES: dict[str, tuple[ColumnSpec, ...]] = {
         _c("expert", KIND_INT, pa.int16(), "expert id", "expert copied, 0..E-1"),
         _c("bytes", KIND_INT, pa.int64(), "bytes", "bytes copied"),
         _c("h2d_s", KIND_FLOAT, pa.float64(), "s", "duration of this one copy"),
+        *(
+            _c(
+                name,
+                KIND_FLOAT,
+                pa.float64(),
+                "s",
+                f"{what}, from the start of the cycle's verification forward (optional column, "
+                "null when not measured)",
+                required=False,
+                nullable=True,
+            )
+            for name, what in (
+                ("enqueued_at_s", "copy enqueued on the copy stream (its layer's router has run)"),
+                ("started_at_s", "copy started on the copy stream"),
+                ("landed_at_s", "copy landed in device memory"),
+            )
+        ),
     ),
 }
 

@@ -408,7 +408,7 @@ class TraceWriter:
         row: dict[str, list[Any]] = {}
         for spec in self._schemas["cycles"]:
             value = getattr(record, spec.name)
-            if spec.name.startswith("layer_"):
+            if spec.name.startswith("layer_") and value is not None:
                 value = np.asarray(value).tolist()
                 if len(value) != num_layers:
                     raise ValueError(
@@ -436,9 +436,12 @@ class TraceWriter:
         experts: Any,
         num_bytes: Any,
         h2d_s: Any,
+        spans: tuple[Any, Any, Any] | None = None,
     ) -> None:
         """Per-transfer H2D timings of one cycle: ``layers``, ``experts``, ``num_bytes`` (scalar or
-        ``[M]``, bytes) and ``h2d_s`` (``[M]``, seconds).
+        ``[M]``, bytes) and ``h2d_s`` (``[M]``, seconds); ``spans``: optional ``(enqueued_at_s,
+        started_at_s, landed_at_s)``, each ``[M]`` seconds from the verification forward's start
+        (null columns without it).
 
         Raises:
             ValueError: lengths differ, or a layer/expert out of range.
@@ -466,6 +469,14 @@ class TraceWriter:
                 "expert": expert_arr,
                 "bytes": bytes_arr,
                 "h2d_s": h2d_arr,
+                **{
+                    name: [None] * count
+                    if spans is None
+                    else _as_float_array(f"add_transfers: {name}", values, (count,))
+                    for name, values in zip(
+                        ("enqueued_at_s", "started_at_s", "landed_at_s"), spans or (None,) * 3
+                    )
+                },
             },
         )
 

@@ -115,7 +115,7 @@ def estimate_cost_model(
             offload.begin_forward()
             ver = verifier.verify(draft.tree, nodes)
             stats = offload.end_forward()
-            verify_times.setdefault(len(nodes), []).append(max(ver.verify_s - stats.h2d_s, 0.0))
+            verify_times.setdefault(len(nodes), []).append(max(ver.verify_s - stats.stall_s, 0.0))
     draft_base, draft_per_level = _line_through(
         {levels: float(np.median(t)) for levels, t in draft_times.items()}
     )

@@ -2,7 +2,7 @@
 
 Dense mode writes one tree per committed position (every node with its routing) and one cycle
 per verification; policy mode writes the cycles with the planner's predictions. Conventions of
-the ``cycles`` table here: ``verify_s`` is the target forward's wall time minus its H2D time
+the ``cycles`` table here: ``verify_s`` is the target forward's wall time minus its stall (the H2D time the compute stream waited for; all of it without overlap)
 (compute), ``h2d_s`` the H2D time, ``cycle_s`` the wall time of the whole cycle (draft, decision,
 verify, H2D and bookkeeping). In dense mode one token is committed per cycle by design, so
 ``num_committed`` is 1 while ``num_accepted`` is what the whole tree would have accepted.
@@ -45,13 +45,14 @@ def cycle_record(request_id: int, event: CycleEvent, policy: str):
         num_accepted=event.num_accepted,
         num_committed=len(event.committed),
         draft_s=float(event.choice.draft.draft_s),
-        verify_s=max(float(ver.verify_s) - stats.h2d_s, 0.0),
+        verify_s=max(float(ver.verify_s) - stats.stall_s, 0.0),
         h2d_s=stats.h2d_s,
         cycle_s=float(event.cycle_s),
         layer_misses=stats.layer_misses,
         layer_h2d_bytes=stats.layer_h2d_bytes,
         layer_h2d_s=stats.layer_h2d_s,
         layer_compute_s=stats.layer_compute_s,
+        layer_stall_s=stats.layer_stall_s,
         cache_hits=stats.hits,
         cache_misses=stats.misses,
         predicted_expected_committed=None if plan is None else float(plan.expected_committed),
@@ -69,7 +70,15 @@ def write_transfers(writer, request_id: int, event: CycleEvent) -> int:
     log = event.stats.transfers
     if log is None or not len(log):
         return 0
-    writer.add_transfers(request_id, event.cycle_index, log.layers, log.experts, log.num_bytes, log.h2d_s)
+    writer.add_transfers(
+        request_id,
+        event.cycle_index,
+        log.layers,
+        log.experts,
+        log.num_bytes,
+        log.h2d_s,
+        spans=(log.enqueued_at_s, log.started_at_s, log.landed_at_s),
+    )
     return len(log)
 
 
@@ -128,7 +137,7 @@ class RunTotals:
         for c in result.cycles:
             self.num_cycles += 1
             self.draft_s += c.choice.draft.draft_s
-            self.verify_s += max(c.verification.verify_s - c.stats.h2d_s, 0.0)
+            self.verify_s += max(c.verification.verify_s - c.stats.stall_s, 0.0)
             self.h2d_s += c.stats.h2d_s
             self.compute_s += c.stats.compute_s
             self.h2d_bytes += c.stats.h2d_bytes

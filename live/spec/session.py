@@ -295,6 +295,7 @@ class RecordSession:
                 cache_policy=config.cache_policy,
                 link=link,
                 frequency=frequency,
+                overlap=config.overlap == "on",
             )
         except ValueError as exc:
             raise SessionError("--cache-experts" if "cache" in str(exc) else "--device", str(exc)) from exc

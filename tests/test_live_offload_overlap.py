@@ -1,0 +1,142 @@
+"""live.offload with overlap: copies on the link's copy stream, fetch-before-compute per expert,
+per-copy spans (enqueued, started, landed) and per-layer stall; the CUDA path on a GPU only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from live_fixtures import make_cache
+from test_live_offload import PROMPT, _greedy
+
+from live.h2d import H2DLink
+from live.loader import describe_moe, load_target
+from live.offload import OffloadedMoE, make_link
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _overlapped(path, capacity, link=None, implementation=None):
+    model = load_target(path)
+    if implementation is not None:
+        model.set_experts_implementation(implementation)
+    spec = describe_moe(model)
+    cache = make_cache("lru", spec.num_layers, spec.num_experts, capacity)
+    link = link or make_link("cpu", bandwidth_gb_per_s=0.05)  # 6144-byte experts: ~0.12 ms each
+    return model, OffloadedMoE.install(model, cache, link, capacity_per_layer=capacity, overlap=True)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "batched_mm"])
+def test_every_upstream_kernel_matches_resident_with_overlap(tiny_checkpoint, implementation):
+    path = tiny_checkpoint("qwen3_moe")
+    resident = load_target(path, experts_on_device=True)
+    resident.set_experts_implementation(implementation)
+    model, engine = _overlapped(path, capacity=3, implementation=implementation)
+    want, _, _ = _greedy(resident, None, PROMPT, steps=2)
+    got, _, _ = _greedy(model, engine, PROMPT, steps=2)
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_no_expert_computes_before_its_copy_lands(tiny_checkpoint):
+    """Every group of pairs handed to compute: resident experts first (nothing to wait for), then
+    only experts whose copies have landed (checked on the copy stream's own landed flags, no
+    clock); slots poisoned with NaN would show any read before landing."""
+    model, engine = _overlapped(tiny_checkpoint("qwen3_moe"), capacity=2)
+    for gate_up, down in [*engine.pool.persistent, engine.pool.scratch]:
+        gate_up.fill_(float("nan"))
+        down.fill_(float("nan"))
+    groups = []
+    original = engine._pairs_as_copies_land
+
+    def watched(layer, work):
+        ids = work.ids.reshape(-1)
+        for pair_index, slot in original(layer, work):
+            experts = np.unique(ids[pair_index.numpy()])
+            landed = [
+                work.fetch.transfer_landed(int(np.flatnonzero(work.fetched == e)[0]))
+                for e in experts
+                if e in work.fetched
+            ]
+            groups.append((layer, experts, landed))
+            yield pair_index, slot
+
+    engine._pairs_as_copies_land = watched
+    with torch.no_grad():
+        logits = model(PROMPT).logits
+    assert torch.isfinite(logits).all()
+    assert groups and all(all(landed) for _, _, landed in groups)
+    for layer in range(engine.num_layers):
+        layer_groups = [(experts, landed) for lay, experts, landed in groups if lay == layer]
+        # every expert the layer needs is computed in exactly one group
+        union = np.concatenate([experts for experts, _ in layer_groups])
+        assert union.size == np.unique(union).size
+    stats = engine.last_stats
+    assert stats.misses > 0
+    log = stats.transfers
+    assert len(log) == 2 * stats.misses  # gate/up and down per expert
+    assert np.all(log.enqueued_at_s <= log.started_at_s) and np.all(log.started_at_s <= log.landed_at_s)
+    for layer in range(engine.num_layers):  # FIFO copy stream: each copy starts after the last landed
+        rows = log.layers == layer
+        assert np.all(log.started_at_s[rows][1:] >= log.landed_at_s[rows][:-1])
+        np.testing.assert_allclose(
+            log.landed_at_s[rows] - log.started_at_s[rows], log.h2d_s[rows], rtol=1e-9, atol=1e-12
+        )
+    assert np.all(stats.layer_stall_s >= 0) and stats.stall_s > 0  # placing is always on the path
+
+
+def test_stall_is_the_whole_h2d_time_without_overlap(tiny_checkpoint):
+    path = tiny_checkpoint("qwen3_moe")
+    model = load_target(path)
+    cache = make_cache("lru", 2, 16, 3)
+    engine = OffloadedMoE.install(model, cache, make_link("cpu", 0.05), capacity_per_layer=3)
+    _, stats, _ = _greedy(model, engine, PROMPT, steps=1)
+    for s in stats:
+        np.testing.assert_array_equal(s.layer_stall_s, s.layer_h2d_s)
+        log = s.transfers
+        assert np.all(log.started_at_s <= log.landed_at_s)
+
+
+def test_link_enqueue_is_fifo_and_waits_per_transfer():
+    link = H2DLink("cpu", bandwidth_bytes_per_s=4e7)  # 40 kB copies: 1 ms each
+    n = 10_000
+    transfers = [[(torch.empty(n), torch.full((n,), float(i)))] for i in range(4)]
+    first = link.enqueue(transfers[:2])
+    second = link.enqueue(transfers[2:])
+    second.wait_transfer(1)
+    assert first.transfer_landed(0) and first.transfer_landed(1) and second.transfer_landed(0)
+    for i, transfer in enumerate(transfers):
+        dst, _ = transfer[0]
+        assert dst[0] == i
+    assert second.seconds() >= 2 * 1e-3 and first.seconds() >= 2 * 1e-3
+    origin = first.enqueued_at
+    _, started, landed = second.copy_spans(origin)
+    _, _, first_landed = first.copy_spans(origin)
+    assert started[0] >= first_landed[-1]  # the second batch waited for the first
+    link.synchronize()
+    link.close()
+    link.close()
+
+
+def test_copy_stream_errors_reach_the_waiting_compute_thread():
+    link = H2DLink("cpu", bandwidth_bytes_per_s=1e9)
+    fetch = link.enqueue([[(torch.empty(3), torch.empty(4))]])  # shape mismatch: copy_ raises
+    with pytest.raises(RuntimeError, match="copy stream failed"):
+        fetch.wait_transfer(0)
+    link.close()
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_overlapped_equals_resident(tiny_checkpoint):
+    path = tiny_checkpoint("qwen3_moe")
+    resident = load_target(path, experts_on_device=True).to("cuda")
+    model, engine = _overlapped(path, capacity=3, link=H2DLink("cuda"))
+    want, _, _ = _greedy(resident, None, PROMPT.cuda(), steps=3)
+    got, stats, _ = _greedy(model, engine, PROMPT.cuda(), steps=3)
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    total = sum(stats[1:], stats[0])
+    assert total.misses > 0 and np.all(total.layer_stall_s >= 0)
+    log = stats[0].transfers
+    assert np.all(log.started_at_s <= log.landed_at_s)
