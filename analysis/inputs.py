@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import metrics
+from specfit.cli import read_table
 from specfit.units import bytes_per_s_to_gb_per_s
 
 THROUGHPUT_COLUMNS = (
@@ -143,10 +144,13 @@ def classify(path: Path) -> str:
     )
 
 
+def _sweep_results_file(path: Path) -> Path:
+    """A sweep folder's results table: ``results.parquet``, else ``results.csv``."""
+    return path / ("results.parquet" if (path / "results.parquet").is_file() else "results.csv")
+
+
 def _read_sweep(path: Path) -> pd.DataFrame:
-    if (path / "results.parquet").is_file():
-        return pd.read_parquet(path / "results.parquet")
-    return pd.read_csv(path / "results.csv")
+    return read_table(_sweep_results_file(path), expected="the results table python -m sim.sweep writes")
 
 
 def _add_sweep(data: ReportData, path: Path) -> None:
@@ -154,7 +158,10 @@ def _add_sweep(data: ReportData, path: Path) -> None:
     need = ("bandwidth_gb_per_s", "cache_experts_per_layer", "policy", "tokens_per_s")
     missing = [c for c in need if c not in df.columns]
     if missing:
-        raise ReportInputError(f"{path}: sweep results lack column(s) {missing}")
+        raise ReportInputError(
+            f"{_sweep_results_file(path)}: sweep results lack column(s) {missing} (expected the results "
+            "table python -m sim.sweep writes)"
+        )
     label = path.name
     expert_bytes = _sweep_expert_bytes(path, df)
     settings = [c for c in ("overlap", "prefetch", "predictor", "cache_policy") if c in df.columns]
@@ -357,7 +364,7 @@ def _live_config(manifest: object) -> str:
 
 
 def _add_calibration(data: ReportData, path: Path) -> None:
-    df = pd.read_csv(path / "cost_fit_cycles.csv")
+    df = read_table(path / "cost_fit_cycles.csv", expected="the per-cycle table of python -m calibration.fit")
     report_path = path / "cost_fit_report.json"
     if report_path.is_file():
         report = _read_json(report_path)
@@ -390,7 +397,7 @@ def _fit_error_rows(label: str, report: dict) -> pd.DataFrame:
 def _add_validate(data: ReportData, path: Path) -> None:
     """fidelity.csv rows, plus the dense and live runs the validation recorded (``live/<cell>`` and
     its repeats ``live/<cell>/r<k>``)."""
-    df = pd.read_csv(path / "fidelity.csv")
+    df = read_table(path / "fidelity.csv", expected="the fidelity table of python -m analysis.validate")
     expert_bytes = None
     live = path / "live"
     for run_dir in sorted([*live.glob("*/manifest.json"), *live.glob("*/r*/manifest.json")]):

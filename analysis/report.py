@@ -8,8 +8,8 @@ expert-union growth against tree size per layer, hit rate against cache size, an
 compute / H2D time split. The metric conventions (docs/metrics.md) are stated in the report.
 
 Writes ``report.md`` and ``figures/*.png`` under ``--out`` (default ``runs/report``; created
-before any work, exit 2 naming ``--out`` when it cannot be); exit 0 on success, 2 for a bad flag,
-1 for an unreadable input (named). Stdout: a few lines saying what was written (report path,
+before any work, exit 2 naming ``--out`` when it cannot be); exit 0 on success, 2 for a bad flag
+or an unreadable, corrupt or unrecognised input (one stderr line naming the file). Stdout: a few lines saying what was written (report path,
 figures written, figures missing and why), then, as the last line, a JSON summary.
 
 For an ``analysis.validate`` folder the report adds a "Fidelity (analysis.validate)" section: its
@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from analysis import fidelity, figures
 from analysis.inputs import VALIDATE_FIGURES, ReportData, ReportInputError, collect
-from specfit.cli import ArgumentParser, print_summary, run_main
+from specfit.cli import ArgumentParser, cli_main, print_summary, run_main
 
 CONVENTIONS = """\
 ## Metric conventions
@@ -329,6 +329,7 @@ def write_report(
     return report, fig_paths
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point (see the module docstring for exit codes and outputs)."""
     parser = build_parser()
@@ -340,9 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         data = collect(args.inputs)
     except ReportInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        print_summary({"ok": False, "error": str(exc)})
-        return 1
+        parser.fail("DIR", str(exc))
     copied: list[Path] = []
     report, fig_paths = write_report(data, out_dir, args.title, copied)
     drawn = [n for n, p in fig_paths.items() if p is not None]

@@ -75,6 +75,7 @@ from calibration.checks import CalibrationDataError
 from calibration.costfit import WEIGHTINGS, FitOptions, fit_cost_model
 from specfit.cli import (
     ArgumentParser,
+    cli_main,
     comma_list,
     gb_per_s,
     non_negative_float,
@@ -658,6 +659,7 @@ def check_model_and_prompts(args: Any, parser: ArgumentParser) -> None:
         parser.fail("--prompts", f"{args.prompts!r} holds no prompts")
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point (see the module docstring)."""
     parser = build_parser()
@@ -693,6 +695,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "all_targets_met": False,
                 "all_within_noise": False,
                 "error": str(exc),
+                "exit_code": 1,
+                "ok": False,
                 "out": str(out),
             }
         )

@@ -160,6 +160,7 @@ class CostFit:
         h2d_link_s_per_transfer, h2d_host_s_per_transfer: the two parts of the model's
             ``h2d_s_per_transfer`` (link latency per expert; host placing time, 0 without a
             transfers table); ``compute_s_per_miss`` the third part with ``miss_compute``.
+        draft_base_note: why ``model.draft_base_s`` is 0, in words (``""`` when it was fitted > 0).
         heldout_mask: bool[C] held-out cycles, in the order of the input table.
     """
 
@@ -175,6 +176,7 @@ class CostFit:
     h2d_link_s_per_transfer: float = float("nan")
     h2d_host_s_per_transfer: float = 0.0
     compute_s_per_miss: float = 0.0
+    draft_base_note: str = ""
 
     def term_split(self) -> dict[str, float]:
         """The non-link parts of ``model.h2d_s_per_transfer``, as keyword arguments of
@@ -197,6 +199,7 @@ class CostFit:
             "h2d_link_s_per_transfer": self.h2d_link_s_per_transfer,
             "h2d_host_s_per_transfer": self.h2d_host_s_per_transfer,
             "compute_s_per_miss": self.compute_s_per_miss,
+            "draft_base_note": self.draft_base_note,
             "notes": list(self.notes),
         }
 
@@ -386,29 +389,50 @@ def _fit_verify(cycles: pd.DataFrame, opts: FitOptions) -> tuple[float, float, f
     return coef[0], coef[1], coef[2], (coef[3] if per_miss else 0.0)
 
 
-def _fit_draft(cycles: pd.DataFrame, opts: FitOptions, notes: list[str]) -> tuple[float, float]:
-    """``(draft_base_s, draft_s_per_level)`` from the cycles that drafted (``draft_s ~ base + per_level * levels``).
+def _fit_draft(cycles: pd.DataFrame, opts: FitOptions, notes: list[str]) -> tuple[float, float, str]:
+    """``(draft_base_s, draft_s_per_level, draft_base_note)`` from the cycles that drafted
+    (``draft_s ~ base + per_level * levels``, non-negative least squares).
 
     The base is identifiable only when the drafting cycles drafted at least two different depths;
-    otherwise it is 0 and the per-level cost carries the whole draft time (exact at that depth; a
-    note says so)."""
+    otherwise it is 0 and the per-level cost carries the whole draft time (exact at that depth).
+    ``draft_base_note`` says in words why the base is what it is whenever it is 0 (no drafting
+    cycle; one depth only, naming it and what run to add; or two depths whose times show no fixed
+    cost, the unconstrained intercept being negative), else ``""``; the note is also appended to
+    ``notes``."""
     lev = cycles["num_draft_levels"].to_numpy(dtype=np.float64)
     y = cycles["draft_s"].to_numpy(dtype=np.float64)
     keep = (lev > 0) & (y > 0)
     if not keep.any():
-        notes.append("draft: no cycle drafted; draft_base_s and draft_s_per_level set to 0")
-        return 0.0, 0.0
+        note = "no cycle drafted (autoregressive runs only): draft_base_s and draft_s_per_level set to 0"
+        notes.append(f"draft: {note}")
+        return 0.0, 0.0, note
     depths = np.unique(lev[keep])
     if depths.size < 2:
-        notes.append(
-            f"draft: every drafting cycle drafted {int(depths[0])} level(s); draft_base_s is not "
-            "identifiable and set to 0 (the per-level cost carries the whole draft time)"
+        note = (
+            f"is not identifiable: every drafting cycle drafted {int(depths[0])} level(s), so a fixed cost per "
+            "draft cannot be told apart from the per-level cost; set to 0 (the per-level cost carries the "
+            "whole draft time, exact at this depth, wrong at others). Add a run with another draft depth, "
+            f"e.g. `python -m live.record --mode policy --policy topn --depth {1 if depths[0] > 1 else 2}`"
         )
+        notes.append(f"draft: draft_base_s {note}")
         fit = fit_non_negative(lev[keep, None], y[keep], ("draft_s_per_level",), **opts.lsq_kwargs())
-        return 0.0, float(fit.coef[0])
+        return 0.0, float(fit.coef[0]), note
     x = np.column_stack([np.ones(int(keep.sum())), lev[keep]])
     fit = fit_non_negative(x, y[keep], ("draft_base_s", "draft_s_per_level"), **opts.lsq_kwargs())
-    return float(fit.coef[0]), float(fit.coef[1])
+    base, per_level = float(fit.coef[0]), float(fit.coef[1])
+    note = ""
+    if base == 0.0:
+        free = np.linalg.lstsq(x, y[keep], rcond=None)[0]
+        shown = ", ".join(f"{int(d)}" for d in depths[:6]) + (", ..." if depths.size > 6 else "")
+        note = (
+            f"is fitted at its lower bound 0: the drafting cycles (depths {shown} levels) show no fixed cost "
+            f"per draft; an unconstrained line through their draft times has intercept "
+            f"{free[0] * 1e6:.4g} us (< 0), i.e. deeper drafts cost less per level than shallow ones "
+            "(timing noise, or cycles whose drafts stopped early); the per-level cost carries the whole "
+            "draft time"
+        )
+        notes.append(f"draft: draft_base_s {note}")
+    return base, per_level, note
 
 
 def predict_terms(
@@ -567,7 +591,7 @@ def fit_cost_model(
             f"compute per cache miss {miss_compute_s * 1e6:.3g} us fitted with the verify term and "
             "added to h2d_s_per_transfer (miss_compute)"
         )
-    draft_base, per_level = _fit_draft(fit_cycles, opts, notes)
+    draft_base, per_level, draft_base_note = _fit_draft(fit_cycles, opts, notes)
     model = CycleCostModel(
         draft_s_per_level=per_level,
         draft_base_s=draft_base,
@@ -602,6 +626,7 @@ def fit_cost_model(
         h2d_link_s_per_transfer=link.s_per_transfer,
         h2d_host_s_per_transfer=host_s,
         compute_s_per_miss=miss_compute_s,
+        draft_base_note=draft_base_note,
     )
 
 

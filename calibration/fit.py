@@ -12,11 +12,18 @@ Writes, in the folder of ``--out``:
   :class:`specfit.acceptance.AcceptanceCalibration` map), ``acceptance_reliability.csv`` and
   ``predictor_tables.npz`` (:mod:`calibration.predictor_tables`).
 
-Exit status: 0 on success; 2 for a bad flag (named) or a run directory that cannot be read (not
-a directory, or not a valid trace: named as ``RUN_DIR``, as ``sim.sweep`` names its ``--trace``);
-1 for data that is readable but bad or insufficient (too few cycles, runs of different models or
-links; the message names the run and the field). Errors are printed once, on stderr; the last
-stdout line is the JSON summary (on exit 1 ``{"ok": false, "error": message, "error_type": ...}``).
+Verdict: the fitted model is judged on its held-out per-cycle error against stated thresholds
+(``--max-median-pct``, default 5 %, and ``--max-p90-pct``, default 15 %; on the fit cycles, said
+so, when none are held out). A fit that misses either prints a loud ``WARNING`` block, sets
+``"ok": false`` and ``"verdict": "fail"`` in the JSON line and exits 1 (the files are still written:
+the fit ran, the input was fine, the model is just not accurate enough to trust). An
+unidentifiable or zero ``draft_base_s`` is explained in words (``draft_base_note``).
+
+Exit status (the CLI contract, ``specfit.cli``): 0 on success; 1 when the fit misses its
+thresholds; 2 for bad input: a bad flag, a run directory that cannot be read (not a directory,
+not a valid trace), or data that is readable but bad or insufficient (too few cycles, runs of
+different models or links); one stderr line names the run, the field and what was expected. The
+last stdout line is the JSON summary.
 """
 
 from __future__ import annotations
@@ -42,7 +49,16 @@ from calibration.costfit import (
 )
 from calibration.predictor_tables import fit_predictor_tables
 from calibration.runs import LoadedRuns, RunInputError, load_runs
-from specfit.cli import ArgumentParser, non_negative_float, positive_int, print_summary, run_main
+from specfit.cli import (
+    ArgumentParser,
+    InputError,
+    cli_main,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    print_summary,
+    run_main,
+)
 from specfit.units import s_to_us, us_to_s
 
 DEFAULT_OUT = "runs/calibration/cost.json"
@@ -51,6 +67,10 @@ CYCLES_NAME = "cost_fit_cycles.csv"
 ACCEPTANCE_NAME = "acceptance.json"
 RELIABILITY_NAME = "acceptance_reliability.csv"
 PREDICTORS_NAME = "predictor_tables.npz"
+DEFAULT_MAX_MEDIAN_PCT = 5.0
+"""Verdict threshold: median |% error| of held-out cycle times (issue 15: <= 5 %)."""
+DEFAULT_MAX_P90_PCT = 15.0
+"""Verdict threshold: p90 |% error| of held-out cycle times (issue 15: <= 15 %)."""
 
 
 def _fraction(text: str) -> float:
@@ -116,6 +136,18 @@ def build_parser() -> ArgumentParser:
         "--h2d-table",
         default=None,
         help="JSON from `python -m calibration.h2d` giving the per-transfer latency (alternative to --h2d-latency-us)",
+    )
+    p.add_argument(
+        "--max-median-pct",
+        type=positive_float,
+        default=DEFAULT_MAX_MEDIAN_PCT,
+        help="verdict threshold: largest acceptable median |%% error| of the held-out cycle times (%%)",
+    )
+    p.add_argument(
+        "--max-p90-pct",
+        type=positive_float,
+        default=DEFAULT_MAX_P90_PCT,
+        help="verdict threshold: largest acceptable p90 |%% error| of the held-out cycle times (%%)",
     )
     p.add_argument(
         "--acceptance-bins", type=positive_int, default=20, help="knots of the acceptance map (count)"
@@ -206,7 +238,10 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
     latency = us_to_s(args.h2d_latency_us) if args.h2d_latency_us is not None else None
     if args.h2d_table is not None:
         hw = loaded.manifests()[0].hardware
-        latency = latency_from_h2d_table(args.h2d_table, [hw.link_kind, hw.h2d_memory])
+        try:
+            latency = latency_from_h2d_table(args.h2d_table, [hw.link_kind, hw.h2d_memory])
+        except ValueError as exc:
+            raise InputError("--h2d-table", str(exc)) from None
     if latency is None:
         latency = emulated_latency_s(loaded, cost_labels)
     options = FitOptions(
@@ -253,6 +288,11 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
         "num_cycles": len(cycles),
         "cycle_heldout_median_pct": fit.errors["cycle"]["heldout"].median_abs_pct_error,
         "cycle_heldout_p90_pct": fit.errors["cycle"]["heldout"].p90_abs_pct_error,
+        "cycle_fit_median_pct": fit.errors["cycle"]["fit"].median_abs_pct_error,
+        "cycle_fit_p90_pct": fit.errors["cycle"]["fit"].p90_abs_pct_error,
+        "draft_base_s": fit.model.draft_base_s,
+        "draft_s_per_level": fit.model.draft_s_per_level,
+        "draft_base_note": fit.draft_base_note,
         "h2d_bytes_per_s": fit.model.h2d_bytes_per_s,
         "h2d_us_per_transfer": s_to_us(fit.model.h2d_s_per_transfer),
         "h2d_link_us_per_transfer": s_to_us(fit.h2d_link_s_per_transfer),
@@ -362,22 +402,7 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def _unreadable_input(exc: BaseException) -> bool:
-    """Whether ``exc`` says a run directory cannot be read (a trace format error), rather than that
-    readable data is bad or insufficient.
-
-    :func:`calibration.runs.load_runs` wraps a failed ``open_run`` (``TraceError``, ``ValueError``,
-    ``OSError``) in a :class:`RunInputError` raised while handling it (its other errors, about
-    readable runs, are raised outside any handler); a later ``TraceError`` (a part that fails to
-    decode when its table is read) propagates as itself.
-    """
-    from traces.errors import TraceError
-
-    if isinstance(exc, TraceError):
-        return True
-    return isinstance(exc, RunInputError) and isinstance(exc.__context__, (ValueError, OSError))
-
-
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status (see the module docstring)."""
     parser = build_parser()
@@ -399,24 +424,76 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         summary = calibrate(args, parser)
     except (RunInputError, CalibrationDataError, AcceptanceDataError, ValueError) as exc:
-        if _unreadable_input(exc):
-            parser.fail("RUN_DIR", str(exc))
-        print(f"error: {exc}", file=sys.stderr)
-        print_summary({"ok": False, "error": str(exc), "error_type": type(exc).__name__})
-        return 1
-    summary["ok"] = True
+        # unreadable runs and readable-but-unusable data alike are bad input: exit 2 naming the run
+        parser.fail("RUN_DIR", str(exc))
     if summary["cost"] is None:
+        summary.update(ok=True, verdict="no cost model fitted")
         print(f"{summary['note']}: acceptance -> {summary.get('acceptance')}")
-    elif args.holdout == 0 or not _finite(summary.get("cycle_heldout_median_pct")):
-        why = "--holdout 0" if args.holdout == 0 else f"too few cycles for --holdout {args.holdout:g}"
-        print(f"cost model -> {summary['cost']}: no held-out cycles ({why})")
-    else:
-        print(
-            f"cost model -> {summary['cost']}: held-out cycle error median "
-            f"{summary['cycle_heldout_median_pct']:.2f}% p90 {summary['cycle_heldout_p90_pct']:.2f}%"
-        )
+        print_summary(summary)
+        return 0
+    why = "--holdout 0" if args.holdout == 0 else f"too few cycles for --holdout {args.holdout:g}"
+    verdict = judge(summary, args.max_median_pct, args.max_p90_pct, no_heldout=why)
+    summary.update(verdict)
+    print(f"cost model -> {summary['cost']}: {verdict['verdict_line']}")
+    if not summary["ok"]:
+        print(_warning_block(verdict["verdict_line"], args), file=sys.stderr)
     print_summary(summary)
-    return 0
+    return 0 if summary["ok"] else 1
+
+
+def judge(
+    summary: dict[str, Any], max_median_pct: float, max_p90_pct: float, no_heldout: str = "none held out"
+) -> dict[str, Any]:
+    """The fit's verdict against the thresholds: held-out per-cycle median and p90 |% error|
+    (``cycle_heldout_*_pct`` of ``summary``), or, when no cycle is held out, the fit cycles'
+    (``cycle_fit_*_pct``, ``"in-sample"``; in-sample errors flatter the model and the line says so,
+    with ``no_heldout``, the reason none was held out).
+
+    Returns:
+        ``{"ok", "verdict" ("pass"|"fail"), "verdict_on" ("held-out"|"in-sample"), "thresholds":
+        {"max_median_pct", "max_p90_pct"}, "verdict_line"}``; ``ok`` is False when either error
+        exceeds its threshold or cannot be computed.
+    """
+    on = "held-out"
+    median, p90 = summary.get("cycle_heldout_median_pct"), summary.get("cycle_heldout_p90_pct")
+    if not (_finite(median) and _finite(p90)):
+        on = "in-sample"
+        median, p90 = summary.get("cycle_fit_median_pct"), summary.get("cycle_fit_p90_pct")
+    thresholds = {"max_median_pct": max_median_pct, "max_p90_pct": max_p90_pct}
+    if not (_finite(median) and _finite(p90)):
+        line = "no cycle errors to judge (FAIL)"
+        return {"ok": False, "verdict": "fail", "verdict_on": None, "thresholds": thresholds, "verdict_line": line}
+    misses = []
+    if median > max_median_pct:
+        misses.append(f"median {median:.2f}% > {max_median_pct:g}%")
+    if p90 > max_p90_pct:
+        misses.append(f"p90 {p90:.2f}% > {max_p90_pct:g}%")
+    ok = not misses
+    line = (
+        f"{on} cycle error median {median:.2f}% (<= {max_median_pct:g}%), p90 {p90:.2f}% "
+        f"(<= {max_p90_pct:g}%): " + ("PASS" if ok else "FAIL, " + "; ".join(misses))
+    )
+    if on == "in-sample":
+        line += f"; no held-out cycles ({no_heldout}): judged on the fit cycles, which flatters the model"
+    verdict = "pass" if ok else "fail"
+    return {"ok": ok, "verdict": verdict, "verdict_on": on, "thresholds": thresholds, "verdict_line": line}
+
+
+def _warning_block(line: str, args: Any) -> str:
+    """The loud stderr warning of a fit that misses its thresholds (what it means, what to try)."""
+    bar = "!" * 78
+    return "\n".join(
+        [
+            bar,
+            f"WARNING: the fitted cost model misses its accuracy thresholds: {line}.",
+            "The planner and the simulator would price cycles with this error. cost.json is written",
+            "but not to be trusted as is. Common causes: too few or too similar runs (record policy",
+            "runs of several tree sizes and draft depths), a machine busy with other work while",
+            "recording (timing noise), or an emulated link too fast to separate from compute.",
+            f"Thresholds: --max-median-pct {args.max_median_pct:g} --max-p90-pct {args.max_p90_pct:g}.",
+            bar,
+        ]
+    )
 
 
 if __name__ == "__main__":

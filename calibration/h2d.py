@@ -30,6 +30,7 @@ from tqdm import tqdm
 from calibration.link import fit_link
 from specfit.cli import (
     ArgumentParser,
+    cli_main,
     comma_list,
     gb_per_s,
     non_negative_float,
@@ -199,6 +200,7 @@ def plot(table: pd.DataFrame, fits: dict[str, Any], path: Path) -> Path:
     return path
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point: exit 0 on success, 2 on a bad flag, 1 on a measurement error."""
     parser = build_parser()
@@ -239,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = fit_table(table)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        print_summary({"ok": False, "error": str(exc)})
+        print_summary({"ok": False, "error": str(exc), "exit_code": 1})
         return 1
     table.to_csv(out / "h2d.csv", index=False)
     result.update(device=device, sizes_bytes=sizes, repeats=args.repeats)

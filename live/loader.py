@@ -45,6 +45,12 @@ class UnsupportedArchitectureError(ValueError):
     """The checkpoint's ``model_type`` is not one the offloaded runtime supports."""
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: a truncated or corrupt ``*.safetensors`` file (named), one
+    transformers fails to load, or one transformers loads but cannot run (its one-token check
+    forward fails: "transformers cannot run this checkpoint: ...")."""
+
+
 @dataclass(frozen=True)
 class MoESpec:
     """Shape of a loaded MoE model, for manifests and cache sizing.
@@ -118,7 +124,29 @@ def read_checkpoint_config(path: str | Path) -> dict:
         pickles = sorted(p.name for p in root.iterdir() if p.suffix in _PICKLE_SUFFIXES)
         found = f" (found pickle-based {', '.join(pickles)}: refused, never unpickled)" if pickles else ""
         raise ValueError(f"{root}: no *.safetensors weights{found}; convert the checkpoint to safetensors")
+    check_safetensors_files(root)
     return config
+
+
+def check_safetensors_files(root: str | Path) -> None:
+    """Read the header of every ``*.safetensors`` file in ``root`` (no tensor data is read): a
+    truncated, empty or non-safetensors file raises :class:`CheckpointError` naming it.
+
+    The header check is safetensors' own (``safe_open`` validates that the header parses and that
+    the tensors' byte ranges cover the file exactly), so a file cut short is caught before
+    transformers maps it.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    for file in sorted(Path(root).glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="np"):
+                pass
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(
+                f"{file}: not a readable safetensors file ({exc}); the file is truncated or corrupt "
+                "(re-download or re-save the checkpoint)"
+            ) from None
 
 
 def _check_target_arch(config: dict, path: Path) -> str:
@@ -161,10 +189,57 @@ def _from_pretrained(path: Path, dtype: torch.dtype, attn_implementation: str | 
     }
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
-    model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise CheckpointError(
+            f"{path}: transformers cannot load this checkpoint: {type(exc).__name__}: {_first_line(exc)}"
+        ) from exc
     model.eval()
     model.requires_grad_(False)
+    check_forward(model, path)
     return model
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def check_forward(model: torch.nn.Module, path: str | Path) -> None:
+    """Run one token (id 0, no cache) through ``model`` where it was loaded (host memory, before
+    any offloading); a config that transformers loads but cannot run (e.g. attention heads that
+    do not divide into key/value heads) raises :class:`CheckpointError` "transformers cannot run
+    this checkpoint: ..." instead of failing mid-decoding.
+    """
+    device = next(model.parameters()).device
+    try:
+        with torch.inference_mode():
+            model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=False)
+    except (RuntimeError, ValueError, IndexError, TypeError, AttributeError, KeyError) as exc:
+        raise CheckpointError(
+            f"{path}: transformers cannot run this checkpoint: {type(exc).__name__}: {_first_line(exc)} "
+            "(its one-token check forward failed; check config.json against the weights)"
+        ) from exc
+
+
+def vocab_size_of(path: str | Path) -> int | None:
+    """``vocab_size`` from a checkpoint's ``config.json`` (also under ``text_config``), else ``None``."""
+    config = read_checkpoint_config(path)
+    value = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
+    return int(value) if isinstance(value, int) else None
+
+
+def check_draft_vocab(target: str | Path, draft: str | Path) -> None:
+    """Refuse a draft whose vocabulary is larger than the target's (config.json ``vocab_size``):
+    the target could not score draft tokens past its own vocabulary. Raises ``ValueError``
+    naming both values; read from the configs only, so it runs before any model loads."""
+    target_vocab, draft_vocab = vocab_size_of(target), vocab_size_of(draft)
+    if target_vocab is not None and draft_vocab is not None and draft_vocab > target_vocab:
+        raise ValueError(
+            f"{draft}: the draft's vocabulary has {draft_vocab} tokens, more than the target's {target_vocab} "
+            f"({target}); draft and target must share one tokenizer (draft vocab_size <= target vocab_size)"
+        )
 
 
 def find_moe_blocks(model: torch.nn.Module) -> list[tuple[int, torch.nn.Module]]:

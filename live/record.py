@@ -40,6 +40,7 @@ from typing import Any
 from live.spec.names import CACHE_POLICIES, DTYPES, LIVE_POLICIES, LIVE_PREDICTORS, MODES, PLANNED_POLICIES
 from specfit.cli import (
     ArgumentParser,
+    cli_main,
     gb_per_s,
     non_negative_float,
     non_negative_int,
@@ -405,6 +406,7 @@ def resolve_config(args: Any, parser: ArgumentParser, explicit: set[str] | None 
         parser.fail(
             "--acceptance", f"{args.acceptance!r} does not exist (expected an AcceptanceCalibration JSON)"
         )
+    check_input_files(args, parser)
     if args.device != "cpu" and not _device_available(args.device):
         parser.fail(
             "--device", f"{args.device!r} is not available here (expected 'cpu' or an available 'cuda[:N]')"
@@ -429,15 +431,34 @@ def resolve_config(args: Any, parser: ArgumentParser, explicit: set[str] | None 
         parser.fail("--bandwidth", "an emulated link needs --device cpu (a GPU's real link is measured)")
     if args.latency_us > 0 and not args.device.startswith("cpu"):
         parser.fail("--latency-us", "an emulated link needs --device cpu")
+    if args.latency_us > 0 and args.bandwidth is None:
+        parser.fail(
+            "--latency-us",
+            f"{args.latency_us:g} us is the per-transfer latency of an emulated link and needs --bandwidth "
+            "(its GB/s); give both, or neither for a plain copy",
+        )
     if args.prompts not in ("default", "mtbench") and not Path(args.prompts).is_file():
         parser.fail("--prompts", f"{args.prompts!r} does not exist (expected 'default', 'mtbench' or a file)")
     check_categories(args.prompts, args.category, parser)
     draft = args.draft if args.draft is not None else ("default" if args.model == "default" else None)
     needs_draft = args.mode == "dense" or args.policy != "ar"
     if needs_draft and draft is None:
-        parser.fail(
-            "--draft", f"--mode {args.mode} --policy {args.policy} drafts trees: give a draft checkpoint"
+        why = (
+            "--mode dense drafts and verifies the full tree at every position"
+            if args.mode == "dense"
+            else f"--policy {args.policy} drafts trees (--policy ar needs no draft)"
         )
+        parser.fail(
+            "--draft",
+            f"{why}: give a draft checkpoint directory (the embedded draft goes with --model default only)",
+        )
+    if args.draft is not None:
+        from live.loader import check_draft_vocab
+
+        try:
+            check_draft_vocab(_target_dir(args.model), args.draft)
+        except (ValueError, FileNotFoundError) as exc:
+            parser.fail("--draft", str(exc))
     if args.mode == "dense" and (args.depth < 1 or args.max_nodes < 2):
         parser.fail("--depth", "dense mode needs a tree: --depth >= 1 and --max-nodes >= 2")
     from specfit.units import us_to_s
@@ -493,6 +514,56 @@ def check_categories(prompts: str, category: str | None, parser: ArgumentParser)
         parser.fail("--prompts", str(exc))
 
 
+def _target_dir(model: str) -> Path:
+    """The checkpoint directory of ``--model`` (the embedded default's for ``default``)."""
+    if model != "default":
+        return Path(model)
+    from live.assets import default_model_paths
+
+    return default_model_paths()[0]
+
+
+def check_input_files(args: Any, parser: ArgumentParser) -> None:
+    """Read every input file's format before any model loads (exit 2 naming the flag and file):
+    the checkpoints' config.json and safetensors headers (``--model``, ``--draft``), ``--cost``
+    (a CycleCostModel JSON), ``--acceptance`` (an AcceptanceCalibration JSON) and a
+    ``--predictor-tables`` file (a .npz archive, read without pickle)."""
+    import zipfile
+
+    from live.loader import read_checkpoint_config
+
+    for flag, path in (("--model", args.model), ("--draft", args.draft)):
+        if path is not None and path != "default":
+            try:
+                read_checkpoint_config(path)
+            except (ValueError, FileNotFoundError) as exc:
+                parser.fail(flag, str(exc))
+    if args.cost is not None:
+        from specfit.cost import CycleCostModel
+
+        try:
+            CycleCostModel.load(args.cost)
+        except (ValueError, TypeError, KeyError) as exc:
+            parser.fail("--cost", f"{exc} (expected a CycleCostModel JSON, e.g. calibration.fit's cost.json)")
+    if args.acceptance is not None:
+        from specfit.acceptance import AcceptanceCalibration
+
+        try:
+            AcceptanceCalibration.from_dict(json.loads(Path(args.acceptance).read_text()))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            parser.fail(
+                "--acceptance",
+                f"{args.acceptance}: {exc} (expected an AcceptanceCalibration JSON: calibration.fit's acceptance.json)",
+            )
+    tables = args.predictor_tables
+    if tables is not None and Path(tables).is_file() and not zipfile.is_zipfile(tables):
+        parser.fail(
+            "--predictor-tables",
+            f"{tables}: not a .npz archive (expected predictor_tables.npz written by python -m calibration.fit, "
+            "or a dense trace run directory)",
+        )
+
+
 def _recorded_requests(out: str) -> int | None:
     """Requests recorded in the run directory ``out`` (``None`` when unreadable)."""
     try:
@@ -503,6 +574,7 @@ def _recorded_requests(out: str) -> int | None:
         return None
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (bad flag values exit 2 naming the flag)."""
     parser = build_parser()

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from specfit.cli import ArgumentParser, positive_float, positive_int, print_summary, run_main
+from specfit.cli import ArgumentParser, cli_main, positive_float, positive_int, print_summary, run_main
 
 DEFAULT_DOCS_DIR = Path("/usr/share/doc/python3.11/html/_sources")
 DOCS_INSTALL_HINT = "apt-get update && apt-get install -y python3.11-doc"
@@ -706,6 +706,7 @@ def reproduce_command(cfg: TrainConfig, threads: int) -> str:
     )
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Train, save and evaluate the default models; last stdout line is the JSON summary."""
     parser = build_parser()

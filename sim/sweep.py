@@ -48,6 +48,7 @@ from sim.report import format_table, plot_throughput, results_frame
 from sim.traceselect import SyntheticSpec, resolve_trace
 from specfit.cli import (
     ArgumentParser,
+    cli_main,
     comma_list,
     gb_per_s,
     non_negative_float,
@@ -718,6 +719,7 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     raise SweepInterrupted(signum)
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the sweep CLI; returns the exit status (2 on bad flags, 1 if a replay fails, 130 on
     Ctrl-C, 143 on SIGTERM: finished cells are kept either way and a JSON line ends stdout)."""
@@ -835,7 +837,12 @@ def _run(
     except RayAddressError as exc:
         parser.fail("--ray-address", str(exc))
     except (ValueError, RuntimeError) as exc:
+        from traces.errors import TraceError
+
+        if isinstance(exc, TraceError):  # a trace part that fails to decode when a cell reads it
+            parser.fail("--trace", str(exc))
         print(f"error: {exc}", file=sys.stderr)
+        print_summary({"ok": False, "error": str(exc), "exit_code": 1, "out": str(out)})
         return 1
     table, files = _write_results(results, out, header, figures=not args.no_figures)
     print(table)

@@ -1,22 +1,35 @@
-"""Conventions shared by every command-line tool of the toolkit.
+"""Conventions shared by every command-line tool of the toolkit: the CLI contract.
 
-Every CLI exposes ``main(argv=None) -> int``; ``--help`` lists each flag with its unit and
-default; an invalid flag value exits with status 2 and a message that names the flag
-(argparse's own behaviour, kept by raising :class:`argparse.ArgumentTypeError` from the
-parsers below); the LAST line printed on stdout is a one-line JSON summary
-(:func:`print_summary`), so scripts and benchmarks can read it with ``tail -n 1``.
+Every CLI exposes ``main(argv=None) -> int`` decorated with :func:`cli_main`; ``--help`` lists
+each flag with its unit and default. The contract (README, "The command-line tools"):
+
+- exit 0: done; the LAST stdout line is a one-line JSON summary (:func:`print_summary`), read it
+  with ``tail -n 1``;
+- exit 2: bad input a user handed us: a bad flag value, or an input file that is missing,
+  unreadable, corrupt or does not match the rest. ONE line on stderr names the flag or file (and
+  row/column where it applies) and what was expected; stdout ends with
+  ``{"ok": false, "error": ..., "exit_code": 2}``; flags are checked before any model load or
+  other long work, and nothing already on disk is changed;
+- exit 1: the tool ran but its result failed (a replay that failed, a calibration fit that misses
+  its accuracy thresholds); the JSON line says why (``"ok": false``);
+- exit 130: interrupted (Ctrl-C), finished work kept.
+
+Raise :class:`InputError` (or call :meth:`ArgumentParser.fail`) for bad input; :func:`cli_main`
+turns it into the exit-2 line. An unexpected exception (a bug, not bad input) keeps its traceback
+and still ends stdout with a JSON line (``exit_code`` 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -40,12 +53,15 @@ class ArgumentParser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
 
-    def fail(self, flag: str, message: str) -> None:
-        """Exit with status 2 and ``error: FLAG: MESSAGE`` on stderr (a message already naming FLAG keeps it once)."""
-        message = str(message)
-        if message.startswith(f"{flag}:"):
-            message = message[len(flag) + 1 :].lstrip()
-        self.error(f"{flag}: {message}")
+    def fail(self, flag: str, message: str) -> NoReturn:
+        """Exit with status 2 and ``PROG: error: FLAG: MESSAGE`` on stderr (a message already naming
+        FLAG keeps it once); see :func:`exit_bad_input`."""
+        exit_bad_input(flag, message, prog=self.prog)
+
+    def error(self, message: str) -> NoReturn:
+        """argparse's error hook (unknown flag, bad value, missing argument): ONE line on stderr
+        (no usage block; ``--help`` shows it), the JSON line on stdout, exit 2."""
+        exit_bad_input(None, message, prog=self.prog)
 
     def ensure_out_dir(self, flag: str, path: Any) -> Path:
         """Create output folder ``path`` (and parents) now, before any work; exit 2 naming ``flag``
@@ -55,8 +71,10 @@ class ArgumentParser(argparse.ArgumentParser):
             the folder as a :class:`pathlib.Path`.
         """
         folder = Path(path)
+        missing = [q for q in (folder, *folder.parents) if not q.exists()]
         try:
             folder.mkdir(parents=True, exist_ok=True)
+            _CREATED_DIRS.extend(reversed(missing))  # removed again if the run fails while still empty
             probe = folder / ".write-test"
             probe.write_bytes(b"")
             probe.unlink()
@@ -65,6 +83,22 @@ class ArgumentParser(argparse.ArgumentParser):
             why = f"{str(blocker)!r} is a file, not a folder" if blocker is not None else exc.strerror or exc
             self.fail(flag, f"cannot create or write the output folder {str(folder)!r}: {why}")
         return folder
+
+
+_CREATED_DIRS: list[Path] = []
+"""Folders :meth:`ArgumentParser.ensure_out_dir` created in this process, parents first; a run
+that fails (:func:`cli_main`) removes those it left empty."""
+
+
+def _remove_empty_created(since: int) -> None:
+    """Remove the folders created after index ``since`` of :data:`_CREATED_DIRS` that are empty
+    (deepest first); non-empty ones (with work in them) stay."""
+    for folder in reversed(_CREATED_DIRS[since:]):
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
+    del _CREATED_DIRS[since:]
 
 
 def positive_float(text: str) -> float:
@@ -172,6 +206,108 @@ def print_summary(summary: dict[str, Any], stream: Any = None) -> None:
 
     stream.write(json.dumps(clean(summary), sort_keys=True) + "\n")
     stream.flush()
+
+
+class InputError(Exception):
+    """Bad input a user handed us; :func:`cli_main` exits 2 with one line naming ``what``.
+
+    Args:
+        what: the flag (``"--trace"``), positional (``"RUN_DIR"``) or file path at fault.
+        message: what was found and what was expected (row/column where it applies).
+    """
+
+    def __init__(self, what: str, message: str) -> None:
+        message = str(message)
+        if message.startswith(f"{what}:"):
+            message = message[len(what) + 1 :].lstrip()
+        super().__init__(f"{what}: {message}")
+        self.what = what
+        self.message = message
+
+
+def _one_line(text: str) -> str:
+    """``text`` with every run of whitespace (newlines included) made one space."""
+    return " ".join(str(text).split())
+
+
+def exit_bad_input(what: str | None, message: str, prog: str | None = None) -> NoReturn:
+    """The exit-2 path of the contract: ``PROG: error: WHAT: MESSAGE`` as ONE stderr line,
+    ``{"ok": false, "error": "WHAT: MESSAGE", "exit_code": 2}`` as the last stdout line, then
+    ``SystemExit(2)``.
+
+    ``what`` (a flag, positional or file) is prefixed unless ``message`` already starts with it;
+    ``None`` when ``message`` names it already (argparse's own messages).
+    """
+    message = _one_line(message)
+    if what is not None and not message.startswith(f"{what}:"):
+        message = f"{what}: {message}"
+    prefix = f"{prog}: error: " if prog else "error: "
+    sys.stdout.flush()
+    sys.stderr.write(prefix + message + "\n")
+    sys.stderr.flush()
+    print_summary({"ok": False, "error": message, "exit_code": 2})
+    raise SystemExit(2)
+
+
+def cli_main(main: Callable[[Sequence[str] | None], int]) -> Callable[[Sequence[str] | None], int]:
+    """Decorator for every CLI's ``main(argv) -> int``: enforces the contract (module docstring).
+
+    :class:`InputError` -> exit 2 with one stderr line and the JSON line (``SystemExit(2)``, as
+    argparse does); ``SystemExit``/``KeyboardInterrupt`` pass through; any other exception is a
+    bug: the JSON line ``{"ok": false, "error": ..., "exit_code": 1}`` is printed and the
+    exception re-raised with its traceback.
+    """
+
+    @functools.wraps(main)
+    def wrapped(argv: Sequence[str] | None = None) -> int:
+        since = len(_CREATED_DIRS)
+        code: Any = 1
+        try:
+            code = main(argv)
+            return code
+        except InputError as exc:
+            code = 2
+            exit_bad_input(exc.what, exc.message)
+        except SystemExit as exc:
+            code = exc.code
+            raise
+        except KeyboardInterrupt:
+            code = 130
+            raise
+        except Exception as exc:
+            print_summary(
+                {"ok": False, "error": f"internal error ({type(exc).__name__}): {_one_line(exc)}", "exit_code": 1}
+            )
+            raise
+        finally:
+            if code not in (0, None):
+                _remove_empty_created(since)
+            else:
+                del _CREATED_DIRS[since:]
+
+    return wrapped
+
+
+def read_table(path: str | Path, what: str | None = None, expected: str = "") -> Any:
+    """A Parquet (``*.parquet``) or CSV file as a ``pandas.DataFrame``; a file that is missing,
+    truncated or not in that format raises :class:`InputError` naming the file (and ``what``, the
+    flag it came from, when given) and what was expected, never pyarrow's or pandas' traceback.
+
+    Raises:
+        InputError: unreadable or corrupt file.
+    """
+    import pandas as pd
+
+    path = Path(path)
+    kind = "Parquet" if path.suffix == ".parquet" else "CSV"
+    try:
+        return pd.read_parquet(path) if kind == "Parquet" else pd.read_csv(path)
+    except (OSError, ValueError) as exc:  # ArrowInvalid, ParserError, EmptyDataError, UnicodeDecodeError
+        why = _one_line(exc) or type(exc).__name__
+        raise InputError(
+            what or str(path),
+            f"{path}: cannot read it as a {kind} file ({why})" + (f"; expected {expected}" if expected else ""),
+        ) from None
 
 
 def run_main(main: Callable[[Sequence[str] | None], int]) -> None:

@@ -119,8 +119,10 @@ def test_report_errors(tmp_path, capsys) -> None:
         report_cli.main([str(tmp_path / "missing")])
     assert exc.value.code == 2 and "missing" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
-    assert report_cli.main([str(tmp_path / "empty"), "--out", str(tmp_path / "r")]) == 1
-    assert "no manifest.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # an unrecognised folder is bad input: exit 2 naming it
+        report_cli.main([str(tmp_path / "empty"), "--out", str(tmp_path / "r")])
+    assert exc.value.code == 2 and "no manifest.json" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()  # the failed run leaves no empty --out folder
 
 
 def _sweep_dir(root: Path, name: str, rows: list[dict]) -> Path:

@@ -38,6 +38,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return policy, dense
 
 
+def _exit_code(main, argv: list[str]) -> int:
+    """``main(argv)``'s exit status, whether returned or raised as ``SystemExit`` (exit 2)."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
 def _last_json(capsys: pytest.CaptureFixture[str]) -> dict:
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
@@ -85,27 +93,27 @@ def test_fit_cli_writes_cost_acceptance_and_tables(runs, tmp_path, capsys) -> No
 
 def test_fit_cli_rejects_other_model(runs, tmp_path, capsys) -> None:
     policy, _ = runs
-    rc = fit_cli.main([str(policy), "--out", str(tmp_path / "c.json"), "--model", "qwen3-30b-a3b"])
+    rc = _exit_code(fit_cli.main, [str(policy), "--out", str(tmp_path / "c.json"), "--model", "qwen3-30b-a3b"])
     err = capsys.readouterr().err
-    assert rc == 1
+    assert rc == 2
     assert str(policy) in err and "model.name" in err and "qwen3-30b-a3b" in err
 
 
 def test_fit_cli_too_few_cycles_and_missing_dir(runs, tmp_path, capsys) -> None:
-    """Readable but insufficient data: exit 1, the message once (stderr), a JSON line last. A run
-    folder that does not exist: exit 2 naming RUN_DIR, before any work."""
+    """Readable but insufficient data is bad input too: exit 2, the message once (stderr), a JSON
+    line last. A run folder that does not exist: exit 2 naming RUN_DIR, before any work."""
     policy, _ = runs
-    rc = fit_cli.main([str(policy), "--out", str(tmp_path / "c.json"), "--min-cycles", "1000"])
+    rc = _exit_code(fit_cli.main, [str(policy), "--out", str(tmp_path / "c.json"), "--min-cycles", "1000"])
     captured = capsys.readouterr()
-    assert rc == 1 and captured.err.count("--min-cycles") == 1  # said once on stderr
-    assert captured.err.startswith("error: ") and captured.err.count("error:") == 1
+    assert rc == 2 and captured.err.count("--min-cycles") == 1  # said once on stderr
+    assert "error: RUN_DIR: " in captured.err and captured.err.count("error:") == 1
     summary = json.loads(captured.out.strip().splitlines()[-1])  # and once for scripts, in the JSON
-    assert summary["ok"] is False and summary["error_type"] == "CalibrationDataError"
+    assert summary["ok"] is False and summary["exit_code"] == 2
     assert "--min-cycles" in summary["error"] and captured.out.count("--min-cycles") == 1
     with pytest.raises(SystemExit) as exc:
         fit_cli.main([str(policy), str(tmp_path / "nope"), "--out", str(tmp_path / "c.json")])
     captured = capsys.readouterr()
-    assert exc.value.code == 2 and captured.out == ""
+    assert exc.value.code == 2 and json.loads(captured.out)["exit_code"] == 2
     assert f"error: RUN_DIR: {tmp_path / 'nope'}: not a directory" in captured.err
     assert captured.err.count("not a directory") == 1
 
@@ -135,7 +143,7 @@ def test_fit_cli_unreadable_trace_exits_2_naming_run_dir(runs, tmp_path, capsys,
     captured = capsys.readouterr()
     assert exc.value.code == 2, captured.err
     assert "error: RUN_DIR: " in captured.err and str(broken) in captured.err and needle in captured.err
-    assert captured.err.count("error:") == 1 and captured.out == ""
+    assert captured.err.count("error:") == 1 and json.loads(captured.out)["ok"] is False
     assert not out.exists() and not (out.parent / "acceptance.json").exists()
 
 
@@ -193,18 +201,18 @@ def test_runs_of_different_models_are_refused(runs, tmp_path, capsys) -> None:
     other = write_synthetic_cycles_run(
         tmp_path / "other", other_shape, other_cost, num_cycles=20, noise_rel=0.0, seed=0
     )
-    rc = fit_cli.main([str(policy), str(other), "--out", str(tmp_path / "c.json")])
+    rc = _exit_code(fit_cli.main, [str(policy), str(other), "--out", str(tmp_path / "c.json")])
     err = capsys.readouterr().err
-    assert rc == 1 and "model.num_layers" in err and str(other) in err
+    assert rc == 2 and "model.num_layers" in err and str(other) in err
 
 
 def test_runs_of_different_links_are_refused(runs, tmp_path, capsys) -> None:
     policy, _ = runs
     faster = dataclasses.replace(TRUTH, h2d_bytes_per_s=20e9)
     other = write_synthetic_cycles_run(tmp_path / "fast", SHAPE, faster, num_cycles=20, noise_rel=0.0, seed=0)
-    rc = fit_cli.main([str(policy), str(other), "--out", str(tmp_path / "c.json")])
+    rc = _exit_code(fit_cli.main, [str(policy), str(other), "--out", str(tmp_path / "c.json")])
     err = capsys.readouterr().err
-    assert rc == 1 and "hardware.emulated_bandwidth_bytes_per_s" in err and str(other) in err
+    assert rc == 2 and "hardware.emulated_bandwidth_bytes_per_s" in err and str(other) in err
 
 
 def test_fit_cli_on_a_timed_dense_trace_fits_no_cost_model(tmp_path, capsys) -> None:
@@ -218,3 +226,50 @@ def test_fit_cli_on_a_timed_dense_trace_fits_no_cost_model(tmp_path, capsys) -> 
     assert summary["cost"] is None and not out.exists()
     assert "dense-mode cycles only" in summary["note"] and "--policy ar" in summary["note"]
     assert (out.parent / fit_cli.ACCEPTANCE_NAME).is_file()
+
+
+def test_fit_verdict_fails_loudly_on_a_noisy_fit(tmp_path, capsys) -> None:
+    """Cycle times with 30 % noise cannot be predicted within 5 % / 15 %: the fit still writes
+    cost.json (the input was fine) but warns on stderr, says "ok": false, "verdict": "fail" and
+    exits 1; looser thresholds given as flags pass the same fit."""
+    noisy = write_synthetic_cycles_run(tmp_path / "noisy", SHAPE, TRUTH, num_cycles=120, noise_rel=0.3, seed=4)
+    out = tmp_path / "cal" / "cost.json"
+    rc = fit_cli.main([str(noisy), "--out", str(out)])
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out.strip().splitlines()[-1])
+    assert rc == 1 and out.is_file()
+    assert summary["ok"] is False and summary["verdict"] == "fail" and summary["verdict_on"] == "held-out"
+    assert summary["thresholds"] == {"max_median_pct": 5.0, "max_p90_pct": 15.0}
+    assert summary["cycle_heldout_median_pct"] > 5.0 or summary["cycle_heldout_p90_pct"] > 15.0
+    assert "WARNING" in captured.err and "misses its accuracy thresholds" in captured.err
+    assert "FAIL" in captured.out and "--max-median-pct" in captured.err
+    rc = fit_cli.main([str(noisy), "--out", str(out), "--max-median-pct", "90", "--max-p90-pct", "400"])
+    summary = _last_json(capsys)
+    assert rc == 0 and summary["ok"] is True and summary["verdict"] == "pass"
+
+
+def test_fit_verdict_passes_within_thresholds_and_judges_in_sample_without_holdout() -> None:
+    base = {"cycle_heldout_median_pct": 2.0, "cycle_heldout_p90_pct": 14.0}
+    assert fit_cli.judge(base, 5.0, 15.0)["ok"] is True
+    verdict = fit_cli.judge(base, 5.0, 10.0)
+    assert verdict["ok"] is False and "p90 14.00% > 10%" in verdict["verdict_line"]
+    nan = float("nan")
+    in_sample = {"cycle_heldout_median_pct": nan, "cycle_heldout_p90_pct": nan}
+    in_sample |= {"cycle_fit_median_pct": 1.0, "cycle_fit_p90_pct": 2.0}
+    verdict = fit_cli.judge(in_sample, 5.0, 15.0, no_heldout="--holdout 0")
+    assert verdict["ok"] is True and verdict["verdict_on"] == "in-sample"
+    assert "no held-out cycles (--holdout 0)" in verdict["verdict_line"]
+    assert fit_cli.judge({}, 5.0, 15.0)["ok"] is False
+
+
+def test_fit_explains_an_unidentifiable_draft_base(tmp_path, capsys) -> None:
+    """Every drafting cycle drafted one level: draft_base_s cannot be told from the per-level
+    cost; the summary says so in words, names the depth and the run to add."""
+    one_depth = write_synthetic_cycles_run(
+        tmp_path / "d1", SHAPE, TRUTH, num_cycles=80, noise_rel=0.01, seed=6, max_levels=1
+    )
+    fit_cli.main([str(one_depth), "--out", str(tmp_path / "cal" / "cost.json")])
+    summary = _last_json(capsys)
+    assert summary["draft_base_s"] == 0.0
+    note = summary["draft_base_note"]
+    assert "is not identifiable" in note and "drafted 1 level(s)" in note and "--depth 2" in note

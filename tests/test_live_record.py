@@ -210,8 +210,12 @@ def test_policy_run_transfers_recover_the_emulated_link(tiny, tmp_path, capsys, 
     argv = _args(tiny, ar, "--mode", "policy", "--policy", "ar", "--bandwidth", "0.2", "--latency-us", "20")
     assert main(argv + ["--cache-experts", "2"]) == 0
     capsys.readouterr()
-    cal = ["--out", str(tmp_path / "cal" / "cost.json"), "--min-cycles", "4"]
-    assert fit_main([str(out), *cal]) == 1  # one tree size: the verify term cannot be fitted
+    # the link is what is checked here, not the fit's accuracy verdict (timings on a loaded CPU)
+    cal = ["--out", str(tmp_path / "cal" / "cost.json"), "--min-cycles", "4", "--max-median-pct", "1e9"]
+    cal += ["--max-p90-pct", "1e9"]
+    with pytest.raises(SystemExit) as exc:  # one tree size: the verify term cannot be fitted (bad input)
+        fit_main([str(out), *cal])
+    assert exc.value.code == 2
     captured = capsys.readouterr()
     assert "every cycle verified" in captured.err
     assert "every cycle verified" in json.loads(captured.out.strip().splitlines()[-1])["error"]

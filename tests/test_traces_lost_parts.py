@@ -72,7 +72,9 @@ def test_deleted_middle_part_is_named_even_without_validation(sample, capsys):
     err = _expect(sample, "nodes", pattern)
     assert err.file == str(sample / "nodes") and err.row is None
     _expect(sample, "nodes", pattern, validate=False)  # sim.cells opens lazily: it must fail too
-    assert inspect_main([str(sample), "--validate"]) == 1
+    with pytest.raises(SystemExit) as exc:  # bad input: exit 2 naming the file (CLI contract)
+        inspect_main([str(sample), "--validate"])
+    assert exc.value.code == 2
     assert "part-00002.parquet missing" in capsys.readouterr().err
 
 

@@ -276,10 +276,13 @@ def test_inspect_validate_exit_codes(run_dir, tmp_path, capsys):
     from traces.inspect import main
 
     _edit(run_dir, "nodes", "parent", 9, 5)
-    assert main([str(run_dir), "--validate"]) == 1
+    with pytest.raises(SystemExit) as info:  # bad input: exit 2 naming file and row (CLI contract)
+        main([str(run_dir), "--validate"])
+    assert info.value.code == 2
     out, err = capsys.readouterr()
     assert "orphan node 3" in err and "nodes/part-00000.parquet: table 'nodes' row 9" in err
-    assert json.loads(out.strip().splitlines()[-1])["valid"] is False
+    assert len(err.strip().splitlines()) == 1
+    assert json.loads(out.strip().splitlines()[-1]) | {"error": None} == {"ok": False, "error": None, "exit_code": 2}
     with pytest.raises(SystemExit) as info:
         main([str(tmp_path / "absent")])
     assert info.value.code == 2

@@ -4,8 +4,9 @@ Prints a table (requests, positions, nodes, full-tree tau, per-depth acceptance,
 growth with tree size, cache hit rate, H2D bytes) and, as the last stdout line, the same figures
 as one JSON object. ``--validate`` checks every value of every table first.
 
-Exit status: 0 on success; 1 when the run does not read or validate (the message names the
-file, table and row); 2 for bad flags or a missing directory.
+Exit status (the CLI contract, ``specfit.cli``): 0 on success; 2 for bad flags, a missing
+directory, or a run that does not read or validate (one stderr line names the file, table and
+row); the last stdout line is JSON either way.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specfit.cli import ArgumentParser, comma_list, positive_int, print_summary, run_main
+from specfit.cli import ArgumentParser, cli_main, comma_list, positive_int, print_summary, run_main
 from traces.errors import TraceError
 from traces.reader import open_run
 from traces.stats import DEFAULT_UNION_SIZES, summarize
@@ -66,12 +67,14 @@ def _print_table(summary: dict[str, Any]) -> None:
     Console(file=sys.stdout, width=120).print(table)
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Summarise (and with ``--validate`` fully check) a trace run directory."""
     parser = ArgumentParser(
         prog="python -m traces.inspect",
         description="Summarise a trace run directory; --validate checks every value first. "
-        "Exit 1 when the run does not read or validate, 2 for bad flags.",
+        "Exit 2 for bad flags or a run that does not read or validate (the message names the file, "
+        "table and row).",
     )
     parser.add_argument("run_dir", help="trace run directory (holds manifest.json)")
     parser.add_argument("--validate", action="store_true", help="check every value of every table first")
@@ -89,9 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run = open_run(run_dir, validate=args.validate)
         summary = summarize(run, args.union_sizes)
     except TraceError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        print_summary({"run_dir": str(run_dir), "valid": False, "error": str(exc)})
-        return 1
+        parser.fail("run_dir", str(exc))
     _print_table(summary)
     summary["validated"] = bool(args.validate)
     summary["valid"] = True if args.validate else None

@@ -45,6 +45,7 @@ from scipy.signal import lfilter
 
 from specfit.cli import (
     ArgumentParser,
+    cli_main,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -438,6 +439,7 @@ def resolve_config(shape: str, calibrated: bool = True, **given: Any) -> Synthet
     return SyntheticConfig(**fields)
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m traces.synthetic``: write a synthetic dense trace, print its calibration table;
     the last line is a JSON summary."""

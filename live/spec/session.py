@@ -135,8 +135,12 @@ def _load_predictor_tables(path: str, num_layers: int, num_experts: int) -> dict
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {key: data[key] for key in data.files}
-    except (OSError, ValueError) as exc:
-        raise SessionError("--predictor-tables", f"{path}: cannot read: {exc}") from exc
+    except (OSError, ValueError) as exc:  # np.load's own text may invite allow_pickle: not shown
+        raise SessionError(
+            "--predictor-tables",
+            f"{path}: not a readable .npz archive of arrays ({type(exc).__name__}); expected "
+            "predictor_tables.npz written by python -m calibration.fit, or a dense trace run directory",
+        ) from None
     if "union_size" not in arrays:
         raise SessionError(
             "--predictor-tables", f"{path}: no 'union_size' array (expected calibration.fit output)"
@@ -238,6 +242,13 @@ class RecordSession:
         if config.threads > 0:
             torch.set_num_threads(config.threads)
         target_dir, draft_dir = _model_dirs(config)
+        if draft_dir is not None:
+            from live.loader import check_draft_vocab
+
+            try:
+                check_draft_vocab(target_dir, draft_dir)
+            except (ValueError, FileNotFoundError) as exc:
+                raise SessionError("--draft", str(exc)) from exc
         max_positions = _max_positions(target_dir, draft_dir)
         if max_positions is not None:
             try:
