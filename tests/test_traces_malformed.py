@@ -125,10 +125,12 @@ def test_inspect_validate_reports_unsorted_router_weights(run_dir, capsys):
     from traces.inspect import main
 
     edit_part(first_part(run_dir, "nodes"), lambda t: _swap_router_weights(t, 7, 0, 1))
-    assert main([str(run_dir), "--validate"]) != 0
+    with pytest.raises(SystemExit) as info:  # bad input: exit 2 (CLI contract)
+        main([str(run_dir), "--validate"])
+    assert info.value.code == 2
     out, err = capsys.readouterr()
     assert "table 'nodes' row 7" in err and "router weights of layer 0 are not in descending order" in err
-    assert json.loads(out.strip().splitlines()[-1])["valid"] is False
+    assert json.loads(out.strip().splitlines()[-1])["ok"] is False
 
 
 def test_orphan_node(run_dir):
