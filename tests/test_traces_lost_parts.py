@@ -187,10 +187,9 @@ def test_bad_table_counts_field_is_named(tmp_path):
 def _killed_with_request_2_in_its_own_parts(run_dir: Path) -> None:
     rng = np.random.default_rng(3)
     generated = np.arange(20, 23)
-    writer = TraceWriter(run_dir, small_manifest(), flush_every_rows=10_000)
+    # requests 0 and 1 fill the first nodes part (12 rows): request 2's trees go to a part of their own
+    writer = TraceWriter(run_dir, small_manifest(), flush_every_rows=12)
     for rid in range(3):
-        if rid == 2:
-            writer.flush()  # request 2's rows go to parts of their own
         ids, w = random_routing(rng, 6)
         writer.add_tree(rid, 0, 4, expert_ids=ids, router_weights=w, **tree_rows(rng, 0, generated))
         writer.add_cycle(small_cycle(rid, 0))
