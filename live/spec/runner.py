@@ -14,22 +14,31 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from live.spec.attention import keep_cache_positions, tree_attention_mask
+from live.spec.attention import FULL, SLIDING, attention_layout, keep_cache_positions, tree_attention_mask
 
 
 class CachedLM:
     """Wraps ``model`` (eval mode, no grad) with a ``DynamicCache`` that holds a committed prefix.
 
+    The cache keeps every key in full-attention layers whatever the model's attention (sliding
+    windows are applied by the masks, see :mod:`live.spec.attention`), and the position id of
+    each cache entry, so tree masks can reproduce a sliding window.
+
     Attributes:
         model: the causal LM.
         cache: its ``DynamicCache``; ``cache_len`` entries.
+        layout: the model's :class:`live.spec.attention.AttentionLayout`.
+
+    Raises:
+        ValueError: an attention layout tree verification cannot reproduce (names the config field).
     """
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model.eval()
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
-        self.cache = DynamicCache(config=model.config)
+        self.layout = attention_layout(model.config)
+        self.reset()
 
     @property
     def cache_len(self) -> int:
@@ -38,14 +47,16 @@ class CachedLM:
 
     def reset(self) -> None:
         """Drop the cache (a fresh one, so nothing leaks between generations)."""
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = DynamicCache()  # full-attention layers (created as layers are fed)
+        self._positions = np.zeros(0, dtype=np.int64)  # position id of each cache entry
 
     @torch.inference_mode()
     def _forward(
         self, token_ids: Sequence[int], position_ids: Sequence[int], mask: torch.Tensor | None, keep: int = 0
     ):
+        positions = np.asarray(position_ids, dtype=np.int64)
         ids = torch.as_tensor(np.asarray(token_ids, dtype=np.int64), device=self.device)[None]
-        pos = torch.as_tensor(np.asarray(position_ids, dtype=np.int64), device=self.device)[None]
+        pos = torch.as_tensor(positions, device=self.device)[None]
         out = self.model(
             input_ids=ids,
             position_ids=pos,
@@ -54,6 +65,7 @@ class CachedLM:
             use_cache=True,
             logits_to_keep=keep,
         )
+        self._positions = np.concatenate([self._positions, positions])
         return out.logits[0].float()
 
     def feed_causal(self, token_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
@@ -96,10 +108,21 @@ class CachedLM:
         Returns:
             float32 logits [len(query_nodes), V].
         """
-        mask = tree_attention_mask(context_len, slot_nodes, query_nodes, ancestors, self.dtype, self.device)
         positions = root_position + np.asarray(depths, dtype=np.int64)
+        args = (context_len, slot_nodes, query_nodes, ancestors, self.dtype, self.device)
+        mask = tree_attention_mask(*args)
+        window = self.layout.window
+        if window is not None and int(positions.max()) - int(self._positions.min(initial=0)) >= window:
+            keys = np.concatenate([self._positions, positions])
+            windowed = tree_attention_mask(
+                *args, window=window, key_positions=keys, query_positions=positions
+            )
+            mask = {FULL: mask, SLIDING: windowed} if self.layout.per_layer_type else windowed
         return self._forward(token_ids, positions, mask)
 
     def keep(self, prefix_len: int, extra_positions: Sequence[int]) -> None:
         """Keep the first ``prefix_len`` entries and ``extra_positions``; see :func:`keep_cache_positions`."""
         keep_cache_positions(self.cache, prefix_len, extra_positions)
+        self._positions = np.concatenate(
+            [self._positions[:prefix_len], self._positions[np.asarray(extra_positions, dtype=np.int64)]]
+        )

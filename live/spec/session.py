@@ -235,6 +235,7 @@ class RecordSession:
             parse_categories,
             prompt_budget,
         )
+        from live.spec.attention import attention_layout
 
         self = object.__new__(cls)
         self.config = config
@@ -273,6 +274,10 @@ class RecordSession:
             raise SessionError("--model", str(exc)) from exc
         except (ValueError, FileNotFoundError) as exc:
             raise SessionError("--model", str(exc)) from exc
+        try:  # sliding windows are reproduced by the tree masks; other layer types are refused
+            attention_layout(target.config)
+        except ValueError as exc:
+            raise SessionError("--model", f"{target_dir}: {exc}") from exc
         self.tokenizer = _load_tokenizer(target_dir, draft_dir)
         self.prompt_ids = [list(self.tokenizer.encode(p.text)) for p in self.prompts]
         for i, ids in enumerate(self.prompt_ids):
