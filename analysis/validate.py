@@ -568,53 +568,18 @@ def noise_line(summary: dict[str, Any], repeats: int) -> str:
     )
 
 
-def _model_config(model: str) -> dict[str, Any]:
-    """A checkpoint's ``config.json`` (its ``text_config`` when nested); ``{}`` when unreadable."""
-    if model == "default":
-        from live.assets import default_model_paths
-
-        try:
-            folder = default_model_paths()[0]
-        except FileNotFoundError:
-            return {}
-    else:
-        folder = Path(model)
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    config = config.get("text_config", config) if isinstance(config, dict) else {}
-    return config if isinstance(config, dict) else {}
-
-
 def _experts_per_layer(model: str) -> int | None:
-    """Routed experts per layer from a checkpoint's ``config.json`` (``None`` when not stated)."""
-    config = _model_config(model)
-    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
-        if isinstance(config.get(key), int):
-            return int(config[key])
-    return None
+    """Routed experts per layer from ``--model``'s ``config.json`` (:func:`live.loader.experts_per_layer`)."""
+    from live.loader import experts_per_layer
+
+    return experts_per_layer(model)
 
 
 def _moe_layers(model: str) -> int | None:
-    """MoE decoder layers (dense ones not counted) from a checkpoint's ``config.json``, as the
-    architectures place them: Qwen-MoE ``mlp_only_layers`` / ``decoder_sparse_step``, DeepSeek
-    ``first_k_dense_replace`` / ``moe_layer_freq``, else every layer (Mixtral, OLMoE).
-    ``None`` when the file does not state the layer count."""
-    config = _model_config(model)
-    layers = config.get("num_hidden_layers")
-    if not isinstance(layers, int) or _experts_per_layer(model) is None:
-        return None
-    try:
-        if "first_k_dense_replace" in config or "moe_layer_freq" in config:
-            first = int(config.get("first_k_dense_replace") or 0)
-            freq = max(1, int(config.get("moe_layer_freq") or 1))
-            return sum(1 for i in range(layers) if i >= first and i % freq == 0)
-        dense = {int(i) for i in config.get("mlp_only_layers") or []}
-        step = max(1, int(config.get("decoder_sparse_step") or 1))
-    except (TypeError, ValueError):
-        return None  # a layout this check does not know: left to the engine
-    return sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
+    """MoE decoder layers from ``--model``'s ``config.json`` (:func:`live.loader.moe_layer_count`)."""
+    from live.loader import moe_layer_count
+
+    return moe_layer_count(model)
 
 
 def check_cost(args: Any, parser: ArgumentParser) -> CycleCostModel | None:

@@ -149,7 +149,9 @@ def check_safetensors_files(root: str | Path) -> None:
             ) from None
 
 
-def _check_target_arch(config: dict, path: Path) -> str:
+def check_target_arch(config: dict, path: Path) -> str:
+    """``model_type`` of a target's parsed ``config``; :class:`UnsupportedArchitectureError` (listing
+    the supported ones) when the offloaded runtime does not support it."""
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_ARCHITECTURES:
         supported = ", ".join(f"{k} ({v})" for k, v in SUPPORTED_ARCHITECTURES.items())
@@ -224,9 +226,9 @@ def check_forward(model: torch.nn.Module, path: str | Path) -> None:
 
 
 def vocab_size_of(path: str | Path) -> int | None:
-    """``vocab_size`` from a checkpoint's ``config.json`` (also under ``text_config``), else ``None``."""
-    config = read_checkpoint_config(path)
-    value = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
+    """``vocab_size`` from a checkpoint's ``config.json`` (also under ``text_config``; ``path`` may
+    be ``"default"``, the embedded target), else ``None``."""
+    value = checkpoint_config(path).get("vocab_size")
     return int(value) if isinstance(value, int) else None
 
 
@@ -352,7 +354,7 @@ def load_target(
     root = Path(path)
     device = check_device(device)
     config = read_checkpoint_config(root)
-    _check_target_arch(config, root)
+    check_target_arch(config, root)
     model = _from_pretrained(root, resolve_dtype(dtype), attn_implementation)
     if not find_moe_blocks(model):
         raise UnsupportedArchitectureError(f"{root}: no MoE layers found in the loaded model")
@@ -378,3 +380,53 @@ def load_draft(
     read_checkpoint_config(root)
     model = _from_pretrained(root, resolve_dtype(dtype), attn_implementation)
     return model.to(device)
+
+
+def checkpoint_config(model: str | Path) -> dict:
+    """A checkpoint's ``config.json`` (its ``text_config`` when nested; ``model`` a directory or
+    ``"default"``, the embedded target); ``{}`` when unreadable. Reads no weights."""
+    if str(model) == "default":
+        from live.assets import default_model_paths
+
+        try:
+            folder = default_model_paths()[0]
+        except FileNotFoundError:
+            return {}
+    else:
+        folder = Path(model)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    config = config.get("text_config", config) if isinstance(config, dict) else {}
+    return config if isinstance(config, dict) else {}
+
+
+def experts_per_layer(model: str | Path) -> int | None:
+    """Routed experts per layer from a checkpoint's ``config.json`` (``None`` when not stated)."""
+    config = checkpoint_config(model)
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if isinstance(config.get(key), int):
+            return int(config[key])
+    return None
+
+
+def moe_layer_count(model: str | Path) -> int | None:
+    """MoE decoder layers (dense ones not counted) from a checkpoint's ``config.json``, as the
+    architectures place them: Qwen-MoE ``mlp_only_layers`` / ``decoder_sparse_step``, DeepSeek
+    ``first_k_dense_replace`` / ``moe_layer_freq``, else every layer (Mixtral, OLMoE).
+    ``None`` when the file does not state the layer count."""
+    config = checkpoint_config(model)
+    layers = config.get("num_hidden_layers")
+    if not isinstance(layers, int) or experts_per_layer(model) is None:
+        return None
+    try:
+        if "first_k_dense_replace" in config or "moe_layer_freq" in config:
+            first = int(config.get("first_k_dense_replace") or 0)
+            freq = max(1, int(config.get("moe_layer_freq") or 1))
+            return sum(1 for i in range(layers) if i >= first and i % freq == 0)
+        dense = {int(i) for i in config.get("mlp_only_layers") or []}
+        step = max(1, int(config.get("decoder_sparse_step") or 1))
+    except (TypeError, ValueError):
+        return None  # a layout this check does not know: left to the engine
+    return sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)

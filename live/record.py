@@ -456,7 +456,7 @@ def resolve_config(args: Any, parser: ArgumentParser, explicit: set[str] | None 
         from live.loader import check_draft_vocab
 
         try:
-            check_draft_vocab(_target_dir(args.model), args.draft)
+            check_draft_vocab(args.model, args.draft)
         except (ValueError, FileNotFoundError) as exc:
             parser.fail("--draft", str(exc))
     if args.mode == "dense" and (args.depth < 1 or args.max_nodes < 2):
@@ -514,37 +514,45 @@ def check_categories(prompts: str, category: str | None, parser: ArgumentParser)
         parser.fail("--prompts", str(exc))
 
 
-def _target_dir(model: str) -> Path:
-    """The checkpoint directory of ``--model`` (the embedded default's for ``default``)."""
-    if model != "default":
-        return Path(model)
-    from live.assets import default_model_paths
-
-    return default_model_paths()[0]
-
-
 def check_input_files(args: Any, parser: ArgumentParser) -> None:
     """Read every input file's format before any model loads (exit 2 naming the flag and file):
-    the checkpoints' config.json and safetensors headers (``--model``, ``--draft``), ``--cost``
-    (a CycleCostModel JSON), ``--acceptance`` (an AcceptanceCalibration JSON) and a
+    the checkpoints' config.json and safetensors headers (``--model``, ``--draft``),
+    ``--cache-experts`` against the experts per layer, ``--cost`` (a CycleCostModel JSON for the
+    model's MoE layer count), ``--acceptance`` (an AcceptanceCalibration JSON) and a
     ``--predictor-tables`` file (a .npz archive, read without pickle)."""
     import zipfile
 
-    from live.loader import read_checkpoint_config
+    from live.loader import check_target_arch, experts_per_layer, moe_layer_count, read_checkpoint_config
 
     for flag, path in (("--model", args.model), ("--draft", args.draft)):
         if path is not None and path != "default":
             try:
-                read_checkpoint_config(path)
+                config = read_checkpoint_config(path)
+                if flag == "--model":
+                    check_target_arch(config, Path(path))
             except (ValueError, FileNotFoundError) as exc:
                 parser.fail(flag, str(exc))
+    experts = experts_per_layer(args.model)
+    if args.cache_experts is not None and experts is not None and args.cache_experts > experts:
+        parser.fail(
+            "--cache-experts",
+            f"expected 0..{experts} (the experts per layer of --model {args.model}), got {args.cache_experts}",
+        )
     if args.cost is not None:
         from specfit.cost import CycleCostModel
 
         try:
-            CycleCostModel.load(args.cost)
+            cost = CycleCostModel.load(args.cost)
         except (ValueError, TypeError, KeyError) as exc:
             parser.fail("--cost", f"{exc} (expected a CycleCostModel JSON, e.g. calibration.fit's cost.json)")
+        layers = moe_layer_count(args.model)
+        if layers is not None and cost.num_layers != layers:
+            parser.fail(
+                "--cost",
+                f"{args.cost}: field 'num_layers' is {cost.num_layers} but --model {args.model} has {layers} MoE "
+                "layers; this cost model was fitted for another model (refit with `python -m calibration.fit` "
+                "on runs of this one)",
+            )
     if args.acceptance is not None:
         from specfit.acceptance import AcceptanceCalibration
 

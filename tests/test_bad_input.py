@@ -88,11 +88,19 @@ CASES = [
     ),
     C("rec-predictor-tables-missing", REC, "--mode policy --predictor-tables {root}/nope.npz", "--predictor-tables"),
     C("rec-predictor-tables-folder", REC, "--mode policy --predictor-tables {empty}", "--predictor-tables", "manifest"),
+    C("rec-prompts-empty", REC, "--prompts {empty_txt}", "--prompts", "no prompts"),
+    C("rec-prompts-wrong-kind", REC, "--prompts {bad_json}", "--prompts", ".jsonl or .txt"),
+    C("rec-max-nodes-zero", REC, "--max-nodes 0", "--max-nodes", "integer > 0"),
+    C("rec-cache-experts-too-large", REC, "--cache-experts 999", "--cache-experts", "999"),
+    C("rec-cost-other-model", REC, "--mode policy --cost {cost_other}", "--cost", "num_layers"),
+    C("rec-resume-conflicting-flag", REC, "--out {recorded} --resume --depth 2", "--depth", "recorded: 6"),
+    C("rec-resume-corrupt-manifest", REC, "--out {bad_manifest} --resume", "--resume", "manifest.json"),
     # live.record: checkpoints
     C("rec-model-missing", REC, "--model {root}/no-such-model", "--model", "no-such-model"),
     C("rec-model-no-config", REC, "--model {empty}", "--model", "config.json"),
     C("rec-model-config-not-json", REC, "--model {ck_badjson} --mode policy --policy ar", "--model", "config.json", "JSON"),
     C("rec-model-remote-code", REC, "--model {ck_automap} --mode policy --policy ar", "--model", "auto_map"),
+    C("rec-model-not-moe", REC, "--model {ck_bigvocab} --mode policy --policy ar", "--model", "'qwen3'", "supported"),
     C("rec-model-pickle-only", REC, "--model {ck_pickle} --mode policy --policy ar", "--model", "pytorch_model.bin"),
     C(
         "rec-model-truncated-safetensors",
@@ -147,6 +155,8 @@ CASES = [
     C("sweep-executor-unknown", SWEEP, "--trace {trace} --executor slurm", "--executor", "invalid choice"),
     C("sweep-out-under-a-file", SWEEP, "--trace {trace} --out {afile}/sub", "--out", "is a file"),
     C("sweep-acceptance-corrupt", SWEEP, "--trace {trace} --acceptance {bad_json}", "--acceptance", "bad.json"),
+    C("sweep-trace-corrupt-part", SWEEP, "--trace {corrupt_part} --out {root}/sw --no-figures", "--trace", "part-00000"),
+    C("sweep-max-requests-zero", SWEEP, "--trace {trace} --max-requests 0", "--max-requests"),
     # calibration.fit
     C("fit-run-dir-missing", FIT, "{root}/no-run --out {root}/cal/cost.json", "RUN_DIR", "no-run"),
     C("fit-run-dir-not-a-trace", FIT, "{empty} --out {root}/cal/cost.json", "RUN_DIR", "manifest.json"),
@@ -158,6 +168,7 @@ CASES = [
     C("fit-h2d-table-missing", FIT, "{policy} --h2d-table {root}/h2d.json", "--h2d-table", "h2d.json"),
     C("fit-h2d-table-and-latency", FIT, "{policy} --h2d-table {bad_json} --h2d-latency-us 3", "--h2d-table"),
     C("fit-h2d-table-corrupt", FIT, "{policy} --h2d-table {bad_json} --out {root}/cal/cost.json", "--h2d-table", "bad.json"),
+    C("fit-h2d-table-no-fits", FIT, "{policy} --h2d-table {acceptance} --out {root}/cal/cost.json", "--h2d-table", "fits"),
     C("fit-out-is-a-folder", FIT, "{policy} --out {empty}", "--out", "folder"),
     C("fit-threshold-zero", FIT, "{policy} --max-median-pct 0", "--max-median-pct", "> 0"),
     # calibration.h2d
@@ -242,6 +253,14 @@ def ws(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     paths["afile"], paths["notes"], paths["bad_json"] = root / "afile", root / "notes.txt", root / "bad.json"
     paths["acceptance"] = root / "acceptance.json"
     paths["acceptance"].write_text(json.dumps({"knots_x": [0.0, 1.0], "knots_y": [0.0, 0.5]}))
+    paths["empty_txt"] = root / "empty.txt"
+    paths["empty_txt"].write_text("")
+    paths["cost_other"] = root / "cost-4-layers.json"
+    TINY_COST.save(paths["cost_other"])  # 4 MoE layers; the embedded default has 6
+    paths["recorded"] = root / "recorded"  # a recorded run's manifest (the shipped sample's), for --resume
+    paths["recorded"].mkdir()
+    sample = Path(__file__).resolve().parents[1] / "traces" / "samples" / "default"
+    shutil.copy(sample / "manifest.json", paths["recorded"] / "manifest.json")
     paths["bad_manifest"] = Path(shutil.copytree(paths["trace"], root / "bad-manifest"))
     (paths["bad_manifest"] / "manifest.json").write_text("{")
     paths["corrupt_part"] = Path(shutil.copytree(paths["trace"], root / "corrupt-part"))
