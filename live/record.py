@@ -549,9 +549,9 @@ def check_input_files(args: Any, parser: ArgumentParser) -> None:
         if layers is not None and cost.num_layers != layers:
             parser.fail(
                 "--cost",
-                f"{args.cost}: field 'num_layers' is {cost.num_layers} but --model {args.model} has {layers} MoE "
-                "layers; this cost model was fitted for another model (refit with `python -m calibration.fit` "
-                "on runs of this one)",
+                f"{args.cost}: field 'num_layers' is {cost.num_layers} but the model has {layers} MoE layers "
+                f"(--model {args.model}); this cost model was fitted for another model (refit with "
+                "`python -m calibration.fit` on runs of this one)",
             )
     if args.acceptance is not None:
         from specfit.acceptance import AcceptanceCalibration
@@ -564,6 +564,20 @@ def check_input_files(args: Any, parser: ArgumentParser) -> None:
                 f"{args.acceptance}: {exc} (expected an AcceptanceCalibration JSON: calibration.fit's acceptance.json)",
             )
     tables = args.predictor_tables
+    if tables is not None and (Path(tables) / "manifest.json").is_file():
+        from traces.reader import read_manifest
+
+        try:
+            recorded = read_manifest(tables).model
+        except (OSError, ValueError) as exc:
+            parser.fail("--predictor-tables", f"{tables}: cannot read the trace manifest: {exc}")
+        shape = (moe_layer_count(args.model), experts)
+        if None not in shape and (recorded.num_layers, recorded.num_experts) != shape:
+            parser.fail(
+                "--predictor-tables",
+                f"{tables}: trace of a model with {recorded.num_layers} MoE layers x {recorded.num_experts} "
+                f"experts, --model {args.model} has {shape[0]} x {shape[1]}",
+            )
     if tables is not None and Path(tables).is_file() and not zipfile.is_zipfile(tables):
         parser.fail(
             "--predictor-tables",

@@ -249,6 +249,15 @@ def exit_bad_input(what: str | None, message: str, prog: str | None = None) -> N
     raise SystemExit(2)
 
 
+def _prog(main: Callable[..., Any]) -> str:
+    """``python -m MODULE`` of a CLI's ``main`` (``__main__`` resolved to the module run)."""
+    module = main.__module__
+    if module == "__main__":
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module = spec.name if spec is not None else Path(sys.argv[0]).stem
+    return f"python -m {module}"
+
+
 def cli_main(main: Callable[[Sequence[str] | None], int]) -> Callable[[Sequence[str] | None], int]:
     """Decorator for every CLI's ``main(argv) -> int``: enforces the contract (module docstring).
 
@@ -267,7 +276,7 @@ def cli_main(main: Callable[[Sequence[str] | None], int]) -> Callable[[Sequence[
             return code
         except InputError as exc:
             code = 2
-            exit_bad_input(exc.what, exc.message)
+            exit_bad_input(exc.what, exc.message, prog=_prog(main))
         except SystemExit as exc:
             code = exc.code
             raise

@@ -87,6 +87,13 @@ CASES = [
         forbidden=("allow_pickle", "pickled"),
     ),
     C("rec-predictor-tables-missing", REC, "--mode policy --predictor-tables {root}/nope.npz", "--predictor-tables"),
+    C(
+        "rec-predictor-tables-other-model",
+        REC,
+        "--mode policy --predictor-tables {trace}",
+        "--predictor-tables",
+        "4 MoE layers x 16 experts",
+    ),
     C("rec-predictor-tables-folder", REC, "--mode policy --predictor-tables {empty}", "--predictor-tables", "manifest"),
     C("rec-prompts-empty", REC, "--prompts {empty_txt}", "--prompts", "no prompts"),
     C("rec-prompts-wrong-kind", REC, "--prompts {bad_json}", "--prompts", ".jsonl or .txt"),
