@@ -147,6 +147,66 @@ def _min_added_h2d_s(ctx: PolicyContext, max_new: int) -> np.ndarray:
 STOPPING_RULES = ("expected", "bound")
 
 
+class ThroughputGuard:
+    """Online guard: draft only while drafting cycles realise more tokens/s than non-drafting ones.
+
+    A two-armed comparison over realised cycles (issue 12, "a planner that never loses"): arm
+    ``spec`` = cycles that drafted at least one level, arm ``ar`` = cycles that drafted none. Each
+    arm's realised rate is committed tokens / wall seconds over its last ``window`` cycles. On the
+    first-level question (the root alone):
+
+    * fewer than ``min_samples`` drafting cycles: no opinion (the planner's rule decides);
+    * then fewer than ``min_samples`` non-drafting cycles: no drafting (measure autoregressive);
+    * else the arm with the higher realised rate is preferred; every ``probe_period``-th question
+      (``4 x probe_period`` when the rates differ by more than 10%) takes the other arm, so a
+      change of regime (cache warming, a harder text) is noticed. Preferring ``spec`` leaves the
+      decision to the planner's rule (which may still decline); preferring ``ar`` declines.
+
+    The per-cycle planner is exact for its predicted objective; the guard corrects what the
+    objective cannot see (misestimated acceptance, evictions of experts later tokens need, draft
+    time spent before verifying the root only) with what the cycles realised. Both the simulator
+    (``sim.replay``) and the live engine (``live.spec.engine``) report each cycle through
+    :meth:`SpecFitPolicy.observe`.
+
+    Raises:
+        ValueError: a window, sample count or period below 1.
+    """
+
+    def __init__(self, window: int = 32, min_samples: int = 4, probe_period: int = 32) -> None:
+        for name, value in (("window", window), ("min_samples", min_samples), ("probe_period", probe_period)):
+            if int(value) < 1:
+                raise ValueError(f"throughput guard: {name} must be >= 1, got {value}")
+        from collections import deque
+
+        self.window, self.min_samples, self.probe_period = int(window), int(min_samples), int(probe_period)
+        self.arms: dict[str, Any] = {"spec": deque(maxlen=self.window), "ar": deque(maxlen=self.window)}
+        self.questions = 0
+
+    def observe(self, num_committed: int, cycle_s: float, num_levels: int) -> None:
+        """Record one realised cycle: tokens committed (bonus included), wall seconds, levels drafted."""
+        if cycle_s > 0:
+            self.arms["spec" if num_levels > 0 else "ar"].append((float(num_committed), float(cycle_s)))
+
+    def rate(self, arm: str) -> float:
+        """Realised tokens/s of ``arm`` (``"spec"`` or ``"ar"``) over its window; NaN when empty."""
+        cycles = self.arms[arm]
+        seconds = sum(s for _, s in cycles)
+        return sum(t for t, _ in cycles) / seconds if seconds > 0 else float("nan")
+
+    def allows_drafting(self) -> bool:
+        """Asked once per cycle on the root alone: False = do not draft this cycle."""
+        self.questions += 1
+        if len(self.arms["spec"]) < self.min_samples:
+            return True
+        if len(self.arms["ar"]) < self.min_samples:
+            return False
+        spec, ar = self.rate("spec"), self.rate("ar")
+        prefer_spec = spec >= ar
+        period = self.probe_period * (4 if abs(spec / ar - 1.0) > 0.1 else 1)
+        probe = self.questions % period == 0
+        return prefer_spec != probe
+
+
 class SpecFitPolicy(TreePolicy):
     """SpecFit: exact throughput-optimal subtree, and when to stop drafting.
 
@@ -164,7 +224,12 @@ class SpecFitPolicy(TreePolicy):
             moves this fraction of the way back to 1, so a policy that stopped drafting
             eventually drafts again and re-measures (0 <= r <= 1).
 
-    The policy keeps that one running estimate across cycles; build one policy per run.
+        guard: keep the :class:`ThroughputGuard` (default True): once cycles are reported through
+            :meth:`observe`, drafting on the root alone is allowed only while drafting cycles
+            realise more tokens/s than non-drafting ones (with periodic probes of the other arm).
+
+    The policy keeps that one running estimate (and the guard's windows) across cycles; build one
+    policy per run.
 
     Raises:
         ValueError: unknown ``stopping`` or a weight / rate out of range.
@@ -173,7 +238,11 @@ class SpecFitPolicy(TreePolicy):
     name = "specfit"
 
     def __init__(
-        self, stopping: str = "expected", root_alpha_weight: float = 0.25, reprobe_rate: float = 0.05
+        self,
+        stopping: str = "expected",
+        root_alpha_weight: float = 0.25,
+        reprobe_rate: float = 0.05,
+        guard: bool = True,
     ) -> None:
         if stopping not in STOPPING_RULES:
             raise ValueError(f"specfit policy: stopping must be one of {list(STOPPING_RULES)}, got {stopping!r}")
@@ -185,6 +254,12 @@ class SpecFitPolicy(TreePolicy):
         self.root_alpha_weight = float(root_alpha_weight)
         self.reprobe_rate = float(reprobe_rate)
         self.root_alpha = 1.0  # optimistic start: the first cycle drafts, then measures
+        self.guard = ThroughputGuard() if guard else None
+
+    def observe(self, num_committed: int, cycle_s: float, num_levels: int) -> None:
+        """Report one realised cycle (tokens committed incl. bonus, wall seconds, levels drafted)."""
+        if self.guard is not None:
+            self.guard.observe(num_committed, cycle_s, num_levels)
 
     def select(self, ctx: PolicyContext) -> Plan:
         """The exact optimum (see :mod:`specfit.planner`); a drafted tree also updates the root estimate."""
@@ -195,11 +270,14 @@ class SpecFitPolicy(TreePolicy):
         return plan_exact(ctx)
 
     def keep_drafting(self, ctx: PolicyContext, max_depth: int, topk: int | None = None) -> bool:
-        """True if another draft level should be drafted (the rule chosen by ``stopping``).
+        """True if another draft level should be drafted (the rule chosen by ``stopping``); on the
+        root alone the :class:`ThroughputGuard` may decline first.
 
         Raises:
             ValueError: ``max_depth`` < 0 or ``topk`` < 1.
         """
+        if ctx.tree.max_depth == 0 and self.guard is not None and not self.guard.allows_drafting():
+            return False
         if self.stopping == "bound":
             return self.keep_drafting_bound(ctx, max_depth, topk)
         return self.keep_drafting_expected(ctx, max_depth, topk)

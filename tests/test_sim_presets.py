@@ -144,7 +144,7 @@ def test_results_frame_speedups_and_specfit_check() -> None:
     lines = table.splitlines()
     assert lines[0] == "trace: t"
     assert lines[5].endswith("!") and not lines[8].endswith("!")
-    assert "SpecFit below max(autoregressive, top-N)" in lines[-1]
+    assert "SpecFit below max(autoregressive, chain, top-N, cascade)" in lines[-1]
 
 
 def test_results_frame_without_baselines_has_nan_speedups() -> None:

@@ -284,6 +284,9 @@ class SpecDecoder:
             committed.extend(toks)
             generated.extend(toks)
             cycles.append(event)
+            observe = getattr(getattr(chooser, "policy", None), "observe", None)
+            if observe is not None:  # the policy's online guard sees each realised cycle (as sim.replay)
+                observe(len(toks), event.cycle_s, int(choice.draft.num_levels))
             if on_cycle is not None:  # recording is not decoding: kept off the decode clock
                 callback_start = time.perf_counter()
                 on_cycle(event)
