@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.config import SimConfig, base_policy, canonical_policy
+from sim.config import LOSSY_POLICIES, SimConfig, base_policy, canonical_policy
 from specfit.cost import CycleCostModel
 from specfit.units import gb_per_s_to_bytes_per_s
 
@@ -47,6 +47,8 @@ class CellSpec:
         policy_options: keyword arguments of the tree policy (``SimConfig.policy_options``), e.g.
             ``{"stopping": "bound"}`` for ``specfit``; ``None``: the policy's defaults. Part of
             :attr:`cell_id` only when set, so cells without options keep their earlier ids.
+        expert_budget: ``moespec`` cells only (lossy): see ``SimConfig.expert_budget``; in
+            :attr:`cell_id` only when set.
     """
 
     trace_path: str
@@ -67,6 +69,7 @@ class CellSpec:
     seed: int = 0
     acceptance: dict | None = None
     policy_options: dict | None = None
+    expert_budget: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (JSON-able)."""
@@ -80,8 +83,9 @@ class CellSpec:
         the ids they had before the field existed; a resumed sweep still finds them).
         """
         content = self.to_dict()
-        if content["policy_options"] is None:
-            del content["policy_options"]
+        for optional in ("policy_options", "expert_budget"):
+            if content[optional] is None:
+                del content[optional]
         blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -107,6 +111,7 @@ class CellSpec:
             record_cycles=record_cycles,
             acceptance=self.acceptance,
             policy_options=tuple(sorted((self.policy_options or {}).items())),
+            expert_budget=self.expert_budget,
         )
 
 
@@ -164,12 +169,14 @@ def make_cells(
     overlaps: Sequence[bool] = (False,),
     prefetches: Sequence[bool] = (False,),
     policy_options: dict[str, dict[str, Any]] | None = None,
+    budget: int | None = None,
     **common: Any,
 ) -> list[CellSpec]:
     """The Cartesian product of the sweep axes as cells (deterministic order, duplicates dropped).
 
     ``policy_options``: per canonical policy name, that policy's keyword arguments (e.g.
-    ``{"specfit": {"stopping": "bound"}}``); cells of other policies get none.
+    ``{"specfit": {"stopping": "bound"}}``); cells of other policies get none. ``budget``: the
+    lossy ``moespec`` cells' expert budget per layer (``None``: twice the top-k).
     """
     options = {canonical_policy(k): dict(v) for k, v in (policy_options or {}).items() if v}
     cells, seen = [], set()
@@ -190,6 +197,7 @@ def make_cells(
             overlap=bool(ovl),
             prefetch=bool(pre),
             policy_options=options.get(name, options.get(base_policy(name))),
+            expert_budget=budget if name in LOSSY_POLICIES else None,
             **common,
         )
         if cell.cell_id not in seen:
@@ -249,6 +257,7 @@ def run_cell(cell: dict[str, Any] | CellSpec, cycles_dir: str | None = None) -> 
     }
     if base_policy(spec.policy) == "specfit":  # the stopping rule it ran with (the policy's default when not set)
         row["stopping"] = (spec.policy_options or {}).get("stopping", _default_stopping())
+    row["lossy"] = spec.policy in LOSSY_POLICIES  # MoE-Spec's budget drops experts: output may differ
     row.update(result.totals.to_dict())
     return row
 

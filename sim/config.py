@@ -22,7 +22,11 @@ POLICY_ALIASES = {
     "specfit-oracle-accept": "specfit-oracle-accept",
     "specfit-oracle-experts": "specfit-oracle-experts",
     "specfit-oracle": "specfit-oracle",
+    "moespec": "moespec",
+    "moe-spec": "moespec",
 }
+# lossy baselines: reported as lossy, never in a lossless comparison (sim.sweep --lossy)
+LOSSY_POLICIES = ("moespec",)
 DEFAULT_POLICIES = ("ar", "topn", "specfit")
 # SpecFit fed oracle inputs (issue 12, decision regret): (recorded accepted flags as acceptance,
 # recorded experts of every draft node); simulator only, never a policy a user can run live
@@ -37,7 +41,9 @@ BASELINE_POLICIES = ("ar", "chain", "topn", "cascade")
 
 def base_policy(name: str) -> str:
     """The ``specfit.policies`` name behind a (canonical) sim policy: ``specfit`` for the oracle variants."""
-    return "specfit" if name in ORACLE_VARIANTS else name
+    if name in ORACLE_VARIANTS:
+        return "specfit"
+    return "topn" if name == "moespec" else name
 
 
 def canonical_policy(name: str) -> str:
@@ -79,6 +85,9 @@ class SimConfig:
         policy_options: extra keyword arguments for ``make_tree_policy`` as ``(name, value)`` pairs,
             e.g. ``(("stopping", "bound"),)`` for ``specfit`` (checked by building the policy once).
         record_cycles: keep one :class:`traces.schema.CycleRecord` per cycle in the result.
+        expert_budget: ``moespec`` only: experts verified per layer (MoE-Spec's verification
+            budget, the top-B by summed router weight over the verified nodes; lossy); ``None``:
+            twice the trace's top-k.
         acceptance: ``specfit.acceptance.AcceptanceCalibration.to_dict()`` (e.g. the
             ``acceptance.json`` of ``calibration.fit``) mapping draft path probability to
             acceptance for the planner, or ``None``: draft path probabilities as they are.
@@ -104,6 +113,7 @@ class SimConfig:
     policy_options: tuple[tuple[str, Any], ...] = field(default=())
     record_cycles: bool = True
     acceptance: dict[str, Any] | None = None
+    expert_budget: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.cost, CycleCostModel):
@@ -118,7 +128,7 @@ class SimConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"SimConfig.{name}: expected an integer >= {minimum}, got {value!r}")
-        for name in ("max_requests", "max_positions"):
+        for name in ("max_requests", "max_positions", "expert_budget"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"SimConfig.{name}: expected an integer >= 1 or None, got {value!r}")

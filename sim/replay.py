@@ -213,6 +213,27 @@ def _layer_mask(expert_ids: np.ndarray, nodes: np.ndarray, num_experts: int) -> 
     return mask.reshape(num_layers, num_experts)
 
 
+def _budget_mask(
+    expert_ids: np.ndarray, router_weights: np.ndarray, nodes: np.ndarray, num_experts: int, budget: int
+) -> np.ndarray:
+    """bool[L, E]: per layer the ``budget`` experts of ``nodes`` with the largest summed router weight.
+
+    MoE-Spec's verification expert budget (lossy: tokens routed to a dropped expert are computed
+    without it). Ties: smaller expert id. Experts no node routes to are never chosen.
+    """
+    ex = np.asarray(expert_ids[nodes], dtype=np.int64)  # [|S|, L, K]
+    w = np.asarray(router_weights[nodes], dtype=np.float64)
+    num_layers = ex.shape[1]
+    sums = np.zeros((num_layers, num_experts))
+    layer = np.broadcast_to(np.arange(num_layers)[None, :, None], ex.shape)
+    ok = ex >= 0
+    np.add.at(sums, (layer[ok], ex[ok]), np.maximum(w[ok], 1e-12))  # every routed expert counts > 0
+    top = np.argsort(-sums, axis=1, kind="stable")[:, :budget]
+    mask = np.zeros((num_layers, num_experts), dtype=bool)
+    np.put_along_axis(mask, top, True, axis=1)
+    return mask & (sums > 0)
+
+
 class _MaskRows(Sequence):
     """Rows of a bool[L, E] mask as ascending id arrays, computed when indexed.
 
@@ -309,6 +330,9 @@ class _Replayer:
         )
         # oracle variants (issue 12): the recorded accepted flags as acceptance / the true experts
         self.oracle_accept, self.oracle_experts = ORACLE_VARIANTS.get(config.policy, (False, False))
+        self.budget = None  # MoE-Spec's verification expert budget (lossy baseline)
+        if config.policy == "moespec":
+            self.budget = int(config.expert_budget or 2 * int(model.top_k))
         if self.oracle_experts:
             self.predictor = modules["predictors"].make_predictor("oracle")
         else:
@@ -614,7 +638,11 @@ class _Replayer:
         path_ok = self.path_ok[offsets[i] : offsets[i + 1]]
         plan, nodes, levels, node_experts = self._choose(dense, true_bits, history, path_ok)
         prefetch = self._prefetch(nodes, node_experts) if cfg.prefetch else []
-        access = self._access(_layer_mask(true_ids, nodes, self.num_experts))
+        if self.budget is None:
+            access = self._access(_layer_mask(true_ids, nodes, self.num_experts))
+        else:  # lossy: the recorded acceptance is kept (an optimistic bound on MoE-Spec's output)
+            weights = np.asarray(dense.router_weights)
+            access = self._access(_budget_mask(true_ids, weights, nodes, self.num_experts, self.budget))
         hits, demand = _MaskRows(access.hits), access.miss_ids()
         verify_ns = s_to_ns(self.cost.verify_s(len(nodes), dense.context_len))
         layer_compute = self._splits.get(verify_ns)

@@ -82,6 +82,7 @@ def test_specfit_follows_the_cost_model_and_stays_lossless(path):
     sizes = {}
     for s_per_node in (10.0, 0.0):  # a verified node costs 10 s vs. nothing
         decoder, chooser = _engine(path, 1e15, s_per_node=s_per_node)
+        chooser.policy.guard = None  # the cost model alone (the throughput guard reads wall time)
         result = decoder.generate(PROMPT, 16, chooser)
         assert list(result.generated_ids) == ref
         for c in result.cycles:
@@ -256,3 +257,11 @@ def test_link_measurement_recovers_an_emulated_link(path, fake_clock):
     tick = fake_clock.tick_s
     assert 1 / bytes_per_s == pytest.approx(1 / 0.2e9, abs=2 * tick / 2048)
     assert s_per_transfer == pytest.approx(20e-6, abs=10 * tick)
+
+
+def test_live_engine_reports_each_cycle_to_the_policy_guard(path):
+    """The same SpecFitPolicy object as the simulator: its guard sees every realised cycle."""
+    decoder, chooser = _engine(path, 1e15)
+    result = decoder.generate(PROMPT, 8, chooser)
+    guard = chooser.policy.guard
+    assert len(guard.arms["spec"]) + len(guard.arms["ar"]) == len(result.cycles)

@@ -253,3 +253,38 @@ def test_policy_context_validation_names_the_field() -> None:
         dataclasses.replace(ctx, cached_bits=np.zeros((2, 1), dtype=np.uint64))
     with pytest.raises(ValueError, match="num_levels"):
         dataclasses.replace(ctx, num_levels=-1)
+
+
+def test_throughput_guard_backs_off_and_probes() -> None:
+    from specfit.policies import ThroughputGuard
+
+    guard = ThroughputGuard(window=8, min_samples=2, probe_period=4)
+    assert guard.allows_drafting()  # no drafting cycle seen: the planner's rule decides
+    for _ in range(2):
+        guard.observe(3, 0.03, num_levels=2)  # drafting: 100 tokens/s
+    assert not guard.allows_drafting()  # no autoregressive cycle yet: measure it
+    for _ in range(2):
+        guard.observe(1, 0.005, num_levels=0)  # autoregressive: 200 tokens/s
+    answers = [guard.allows_drafting() for _ in range(32)]
+    # autoregressive preferred; the drafting arm is probed once per 4 x 4 questions (rates differ > 10%)
+    assert sum(answers) == 2 and guard.rate("ar") == 200.0
+    for _ in range(8):
+        guard.observe(6, 0.02, num_levels=3)  # drafting now realises 300 tokens/s
+    answers = [guard.allows_drafting() for _ in range(32)]
+    assert sum(answers) == 30  # drafting preferred, autoregressive probed
+
+
+def test_specfit_guard_declines_on_the_root_and_can_be_off() -> None:
+    from specfit.policies import SpecFitPolicy
+
+    root = random_small_context(np.random.default_rng(3), 1)  # the root alone, nothing drafted
+    on, off = SpecFitPolicy(), SpecFitPolicy(guard=False)
+    for policy in (on, off):
+        for _ in range(8):
+            policy.observe(2, 0.05, 3)  # drafting: 40 tokens/s
+            policy.observe(1, 0.01, 0)  # autoregressive: 100 tokens/s
+    assert off.guard is None
+    assert on.keep_drafting(root, max_depth=4) is False and on.guard.questions == 1
+    bigger = random_small_context(np.random.default_rng(3), 6)
+    on.keep_drafting(bigger, max_depth=bigger.tree.max_depth + 2)  # after a level: the guard is not asked
+    assert on.guard.questions == 1
