@@ -182,6 +182,11 @@ class H2DFetch:
         elif self._events is not None:
             torch.cuda.current_stream(self._device).wait_event(self._events[self._last_copy_of(transfer) + 1])
 
+    def done(self) -> bool:
+        """Whether every copy of the batch has landed (CPU) or been issued and resolvable (CUDA:
+        ``True``; the engine synchronises the device at the end of each forward)."""
+        return self._done is None or self._done.is_set()
+
     def transfer_landed(self, transfer: int) -> bool:
         """Whether ``transfer`` has landed, without waiting. CPU: exact. CUDA: ``False`` (the host
         runs ahead of both streams, so each transfer is waited for on its own)."""

@@ -45,6 +45,7 @@ from live.loader import MoESpec, describe_moe, find_moe_blocks
 from live.spec.routing import order_by_weight
 
 CACHE_POLICY_NAMES = ("lru", "lfu", "static")
+PREFETCH_MODES = ("none", "draft", "next-layer", "both")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,6 +122,9 @@ class ForwardStats:
     per-copy records (:class:`TransferLog`, bytes summing to ``h2d_bytes``; seconds of the copies
     alone, so they sum to ``h2d_s`` minus the placing time) of a forward from :meth:`OffloadedMoE.end_forward`; ``None`` on sums kept by the
     engine (``total_stats``) and on :meth:`zeros`. ``a + b`` concatenates them when both have one.
+    ``num_prefetch_issued``/``_used``/``_wasted``: prefetched experts copied, hit before leaving
+    the cache, and evicted first, during this forward (and the draft prefetch just before it;
+    ``specfit.prefetch.PrefetchLedger``); ``prefetch_wasted_bytes``: bytes of the wasted ones.
     """
 
     num_tokens: int
@@ -134,6 +138,10 @@ class ForwardStats:
     layer_compute_s: np.ndarray
     layer_stall_s: np.ndarray
     transfers: TransferLog | None = None
+    num_prefetch_issued: int = 0
+    num_prefetch_used: int = 0
+    num_prefetch_wasted: int = 0
+    prefetch_wasted_bytes: int = 0
 
     @classmethod
     def zeros(cls, num_layers: int) -> ForwardStats:
@@ -248,7 +256,8 @@ class _ForwardState:
         self.fetches: list[list[H2DFetch]] = [[] for _ in range(num_layers)]
         self.fetch_experts: list[list[np.ndarray]] = [[] for _ in range(num_layers)]  # int64[n] per fetch
         self.placing_s = np.zeros(num_layers, dtype=np.float64)  # host seconds placing misses
-        self.waited_s = np.zeros(num_layers, dtype=np.float64)  # overlap: compute waiting on copies
+        self.waited_s = np.zeros(num_layers, dtype=np.float64)  # compute waiting on copy-stream copies
+        self.prefetch_counts = (0, 0, 0)  # the prefetch ledger's counts at the start
         self.cuda_waits: list[list[tuple]] = [[] for _ in range(num_layers)]  # (ready, landed) events
         self.marks: list[list] = [[] for _ in range(num_layers)]  # [start, end] pairs per call
         self.ids: list[list[np.ndarray]] = [[] for _ in range(num_layers)]
@@ -259,13 +268,12 @@ class _LayerWork(NamedTuple):
     """What :meth:`OffloadedMoE._prepare_layer` hands the experts module for one layer.
 
     ``view``: the kernel view covering every expert of the layer (ids remapped to slots);
-    ``fetch``: with overlap, the layer's copies still in flight (``None`` when nothing is in
-    flight: compute at once); ``fetched`` int64[n]: the experts of ``fetch`` in issue order;
+    ``waits``: with overlap, the layer's experts whose copies (demand or prefetch) are still in
+    flight, as ``(fetch, transfer index, expert)`` in issue order (empty: compute at once);
     ``ids`` int64[T, K]: the router's top-k ids."""
 
     view: ExpertView
-    fetch: H2DFetch | None
-    fetched: np.ndarray
+    waits: list
     ids: np.ndarray
 
 
@@ -336,8 +344,10 @@ class OffloadedExperts(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         work = self.engine._prepare_layer(self.moe_index, top_k_index, top_k_weights)
+        if self.engine.prefetch in ("next-layer", "both"):
+            self.engine._prefetch_next_layer(self.moe_index, hidden_states)
         try:
-            if work.fetch is None:
+            if not work.waits:
                 return self._run(work.view, hidden_states, work.view.slot_index, work.view.weights)
             return self._run_as_copies_land(work, hidden_states)
         finally:
@@ -445,6 +455,7 @@ class OffloadedMoE:
         capacity_per_layer: int | None = None,
         record_routing: bool = True,
         overlap: bool = False,
+        prefetch: str = "none",
     ) -> OffloadedMoE:
         """Offload ``model``'s routed experts and return the engine driving them.
 
@@ -463,6 +474,12 @@ class OffloadedMoE:
                 the layer computes its resident experts, and compute each missing expert as soon
                 as its copy lands; without it a layer's copies complete before any of its
                 experts computes.
+            prefetch: one of :data:`PREFETCH_MODES`: ``draft`` (:meth:`prefetch_predicted`,
+                called by the decode loop once the subtree is chosen), ``next-layer`` (layer
+                l+1's router on layer l's MoE input, see ``specfit.prefetch``) or ``both``.
+                Prefetched experts enter the cache through ``cache.warm`` (the replacement
+                policy decides what leaves) and cross the link on the copy stream; a layer waits
+                for a prefetched expert's copy only when it needs that expert.
 
         Raises:
             ValueError: no MoE layer, experts already offloaded, or capacity outside ``0..E``.
@@ -491,6 +508,14 @@ class OffloadedMoE:
         self.recorder = recorder
         self.record_routing = bool(record_routing)
         self.overlap = bool(overlap)
+        if prefetch not in PREFETCH_MODES:
+            raise ValueError(f"--prefetch: expected one of {', '.join(PREFETCH_MODES)}, got {prefetch!r}")
+        self.prefetch = prefetch
+        # copies go through the link's copy stream (FIFO) whenever anything may be in flight
+        self._copy_stream = self.overlap or prefetch != "none"
+        self._gates = [block.gate for _, block in blocks]
+        self._in_flight: dict[tuple[int, int], tuple[H2DFetch, int]] = {}
+        self._carried: list[tuple[int, H2DFetch, np.ndarray]] = []  # (layer, fetch, experts)
         gate_up, down = [], []
         for moe_index, (_, block) in enumerate(blocks):
             original = block.experts
@@ -499,6 +524,10 @@ class OffloadedMoE:
             block.experts = OffloadedExperts(original, self, moe_index)
             del original
         self.store = HostExpertStore(gate_up, down)
+        from specfit.prefetch import PrefetchLedger
+
+        self.ledger = PrefetchLedger(len(blocks), self.store.num_experts)
+        self._ledger_counts_at_end = self.ledger.counts()
         self.pool = DeviceExpertPool(self.store, capacity, link.device)
         self.num_layers = self.store.num_layers
         self.num_experts = self.store.num_experts
@@ -534,6 +563,9 @@ class OffloadedMoE:
         forward statistics; bytes added to ``warm_bytes``). Raises ``ValueError`` on a layer,
         expert or capacity mismatch."""
         _check_cache(cache, self.num_layers, self.num_experts, self.capacity_per_layer)
+        self.link.synchronize()  # no copy may still be landing in a slot the new content reuses
+        self._in_flight.clear()
+        self.ledger.pending[:] = False  # prefetched experts leave with the old content, uncounted
         self.cache = cache
         self._sync_all_layers()
 
@@ -582,7 +614,12 @@ class OffloadedMoE:
                 "begin_forward: the previous forward was not ended (call end_forward or abort_forward)"
             )
         origin = self._timer.mark()
-        self._state = _ForwardState(self.num_layers, time.perf_counter(), auto, origin)
+        self._state = state = _ForwardState(self.num_layers, time.perf_counter(), auto, origin)
+        state.prefetch_counts = self._ledger_counts_at_end  # a draft prefetch just before counts here
+        for layer, fetch, experts in self._carried:  # prefetches issued since the last forward
+            state.fetches[layer].append(fetch)
+            state.fetch_experts[layer].append(experts)
+        self._carried = []
 
     def abort_forward(self) -> None:
         """Drop the forward in progress without recording it (e.g. after an exception inside
@@ -605,10 +642,11 @@ class OffloadedMoE:
         if self.link.device.type == "cuda":
             torch.cuda.synchronize(self.link.device)
         wall_s = time.perf_counter() - state.started_s
+        self._carry_unlanded(state)
         h2d_bytes = np.array([sum(f.num_bytes for f in fl) for fl in state.fetches], dtype=np.int64)
         copies_s = np.array([sum(f.seconds() for f in fl) for fl in state.fetches], dtype=np.float64)
         h2d_s = copies_s + state.placing_s
-        if self.overlap:
+        if self._copy_stream:
             stall_s = state.placing_s + state.waited_s
             for layer, waits in enumerate(state.cuda_waits):
                 stall_s[layer] += sum(fetch.landed_after_s(i, ready) for ready, fetch, i in waits)
@@ -630,6 +668,7 @@ class OffloadedMoE:
             layer_compute_s=np.maximum(layer_s - stall_s, 0.0),
             layer_stall_s=stall_s,
             transfers=self._transfer_log(state),
+            **self._prefetch_counts(state),
         )
         self._state = None
         self._last_state = state
@@ -638,6 +677,31 @@ class OffloadedMoE:
         if self.recorder is not None:
             self.recorder(stats)
         return stats
+
+    def _prefetch_counts(self, state: _ForwardState) -> dict:
+        counts = self.ledger.counts()
+        issued, used, wasted = np.subtract(counts, state.prefetch_counts).tolist()
+        self._ledger_counts_at_end = counts
+        return {
+            "num_prefetch_issued": issued,
+            "num_prefetch_used": used,
+            "num_prefetch_wasted": wasted,
+            "prefetch_wasted_bytes": wasted * self.bytes_per_expert,
+        }
+
+    def _carry_unlanded(self, state: _ForwardState) -> None:
+        """Copies still in flight at the end of a forward (prefetches nobody waited for) move to
+        the next forward's records; landed ones leave ``_in_flight``."""
+        for layer in range(self.num_layers):
+            keep = [(f, e) for f, e in zip(state.fetches[layer], state.fetch_experts[layer]) if f.done()]
+            self._carried += [
+                (layer, f, e)
+                for f, e in zip(state.fetches[layer], state.fetch_experts[layer])
+                if not f.done()
+            ]
+            state.fetches[layer] = [f for f, _ in keep]
+            state.fetch_experts[layer] = [e for _, e in keep]
+        self._in_flight = {k: v for k, v in self._in_flight.items() if not v[0].done()}
 
     @staticmethod
     def _transfer_log(state: _ForwardState) -> TransferLog:
@@ -728,18 +792,20 @@ class OffloadedMoE:
         state.hits[layer] += len(access.hits)
         state.misses[layer] += len(access.misses)
         state.evictions[layer] += len(access.evicted)
+        self.ledger.accessed(layer, access.hits, access.evicted)
         pool = self.pool
         if len(access.evicted):
-            pool.release(layer, access.evicted)
+            self._release(layer, access.evicted)
         misses = np.asarray(access.misses, dtype=np.int64).tolist()
         hits = np.asarray(access.hits, dtype=np.int64)
         # hits the policy caches but the pool lacks (warmed outside the engine) are fetched too
         to_fetch = misses + hits[pool.slot_of[layer, hits] < 0].tolist()
         transfers = []
-        in_flight = None
         if to_fetch:
             placing_started_s = time.perf_counter()
             keep = [bool(self.cache.contains(layer, e)) for e in to_fetch]
+            if self._copy_stream and keep.count(False) > pool.num_scratch:
+                self.link.synchronize()  # growing the arena moves slots copies may be landing in
             pool.reserve_scratch(keep.count(False))
             for e, kept in zip(to_fetch, keep):
                 if pool.slot_of[layer, e] >= 0:  # policy says miss but the slot is filled: refill
@@ -747,42 +813,121 @@ class OffloadedMoE:
                 if kept and not pool.has_free_slot(layer):
                     self._sync_layer_slots_only(layer)
                 transfers.append(pool.place(layer, e, persistent=kept))
-        fetched = np.asarray(to_fetch, dtype=np.int64)
+        # prefetched experts this layer hits whose copies may still be in flight
+        waits = [(*self._in_flight[(layer, int(e))], int(e)) for e in hits if (layer, int(e)) in self._in_flight]
+        waits = [w for w in waits if not w[0].transfer_landed(w[1])]
         if transfers:
             state.placing_s[layer] += time.perf_counter() - placing_started_s
-            fetch = self.link.enqueue(transfers) if self.overlap else self.link.fetch(transfers)
-            in_flight = fetch if self.overlap else None
+            fetched = np.asarray(to_fetch, dtype=np.int64)
+            if self._copy_stream:
+                fetch = self.link.enqueue(transfers)
+                waits += [(fetch, i, int(e)) for i, e in enumerate(fetched)]
+            else:
+                fetch = self.link.fetch(transfers)
             state.fetches[layer].append(fetch)
             state.fetch_experts[layer].append(fetched)
+        if waits and not self.overlap:  # the layer's copies all land before any expert computes
+            self._wait(layer, waits)
+            waits = []
         (view,) = pool.views(layer, top_k_index, top_k_weights)
-        return _LayerWork(view, in_flight, fetched, ids_np)
+        return _LayerWork(view, waits, ids_np)
 
-    def _pairs_as_copies_land(self, layer: int, work: _LayerWork):
-        """Yield ``(pair_index int64[P], slot)`` in compute order: the indices into the layer's
-        T*K token-expert pairs of the resident experts first (``slot`` None: one kernel call),
-        then, for each fetched expert in issue order, once its copy has landed, its pairs and its
-        row in ``work.view``'s tensors. CPU: the compute thread blocks on the copy-stream thread
-        and the wait is added to the layer's stall. CUDA: ``Stream.wait_event`` (the host does not
-        block); the stall is measured from events at the end of the forward."""
+    def _wait(self, layer: int, waits) -> None:
+        """Make the compute stream wait for every ``(fetch, transfer, expert)`` of ``waits``; the
+        host's waiting (CPU) is added to the layer's stall."""
         state = self._state
-        flat = work.ids.reshape(-1)  # [T*K]
-        device = work.view.slot_index.device
-        fetched, fetch = work.fetched, work.fetch
-        resident = ~np.isin(flat, fetched)
-        if resident.any():
-            yield torch.from_numpy(np.flatnonzero(resident)).to(device), None
-        cuda = self.link.device.type == "cuda"
-        for i, expert in enumerate(fetched):
-            if cuda:
-                ready = self._timer.mark()
+        for fetch, i, _ in waits:
+            if self.link.device.type == "cuda":
+                state.cuda_waits[layer].append((self._timer.mark(), fetch, i))
                 fetch.wait_transfer(i)
-                state.cuda_waits[layer].append((ready, fetch, i))
             elif not fetch.transfer_landed(i):
                 waiting_s = time.perf_counter()
                 fetch.wait_transfer(i)
                 state.waited_s[layer] += time.perf_counter() - waiting_s
+
+    def _release(self, layer: int, experts) -> None:
+        """Free the slots of ``experts`` (evicted) and forget their copies in flight."""
+        self.pool.release(layer, experts)
+        for e in experts:
+            self._in_flight.pop((layer, int(e)), None)
+
+    def _enqueue_prefetch(self, layer: int, experts: list[int], evicted) -> H2DFetch | None:
+        """Copy ``experts`` (already made resident in the cache by ``cache.warm``, which evicted
+        ``evicted``) into persistent slots of ``layer`` on the copy stream."""
+        self.ledger.evicted(layer, evicted)
+        if len(evicted):
+            self._release(layer, evicted)
+        if not experts:
+            return None
+        transfers = []
+        for e in experts:
+            if not self.pool.has_free_slot(layer):
+                self._sync_layer_slots_only(layer)
+            transfers.append(self.pool.place(layer, e, persistent=True))
+        fetch = self.link.enqueue(transfers)
+        for i, e in enumerate(experts):
+            self._in_flight[(layer, e)] = (fetch, i)
+        self.ledger.issue(layer, experts)
+        return fetch
+
+    def prefetch_predicted(self, predicted_bits: np.ndarray | None) -> int:
+        """Draft prefetch: make resident the experts ``predicted_bits uint64[|S|, L, W]`` (the
+        policy's predictor, for the chosen nodes) name, at most the capacity per layer
+        (``specfit.prefetch.draft_prefetch``), copying those the cache lacked on the copy
+        stream; their copies count in the next forward's records. Returns the copies enqueued."""
+        from specfit.prefetch import draft_prefetch
+
+        copies, evicted = draft_prefetch(self.cache, predicted_bits, self.num_experts, self.capacity_per_layer)
+        num = 0
+        for layer in range(self.num_layers):
+            experts = [e for lay, e in copies if lay == layer]
+            fetch = self._enqueue_prefetch(layer, experts, evicted[layer])
+            if fetch is not None:
+                self._carried.append((layer, fetch, np.asarray(experts, dtype=np.int64)))
+                num += len(experts)
+        return num
+
+    def _prefetch_next_layer(self, layer: int, hidden_states: torch.Tensor) -> None:
+        """Next-layer prefetch: the top-k of layer l+1's router logits on layer l's MoE input
+        ``hidden_states [T, D]`` (plus the router's score-correction bias where it has one, on
+        sigmoid scores), ranked by how many tokens choose them and capped at the capacity, are
+        made resident at layer l+1 and copied on the copy stream behind layer l's own copies."""
+        if layer + 1 >= self.num_layers or self.capacity_per_layer == 0:
+            return
+        from specfit.prefetch import rank_experts, warm_layer
+
+        gate = self._gates[layer + 1]
+        with torch.no_grad():
+            scores = torch.nn.functional.linear(hidden_states, gate.weight.to(hidden_states.dtype))  # [T, E]
+            bias = getattr(gate, "e_score_correction_bias", None)
+            if bias is not None:
+                scores = scores.sigmoid() + bias
+            ids = scores.topk(self.top_k, dim=-1).indices.cpu().numpy()  # [T, K]
+        counts = np.bincount(ids.reshape(-1), minlength=self.num_experts)
+        chosen = rank_experts(counts, self.capacity_per_layer)
+        experts, evicted = warm_layer(self.cache, layer + 1, chosen)
+        fetch = self._enqueue_prefetch(layer + 1, experts, evicted)
+        if fetch is not None:
+            self._state.fetches[layer + 1].append(fetch)
+            self._state.fetch_experts[layer + 1].append(np.asarray(experts, dtype=np.int64))
+
+    def _pairs_as_copies_land(self, layer: int, work: _LayerWork):
+        """Yield ``(pair_index int64[P], slot)`` in compute order: the indices into the layer's
+        T*K token-expert pairs of the experts already resident (``slot`` None: one kernel call),
+        then, for each expert of ``work.waits`` in issue order, once its copy has landed, its
+        pairs and its row in ``work.view``'s tensors (:meth:`_wait`: CPU blocks on the copy
+        stream, the wait counted as stall; CUDA ``Stream.wait_event``, the host does not block,
+        the stall measured from events at the end of the forward)."""
+        flat = work.ids.reshape(-1)  # [T*K]
+        device = work.view.slot_index.device
+        resident = ~np.isin(flat, [e for _, _, e in work.waits])
+        if resident.any():
+            yield torch.from_numpy(np.flatnonzero(resident)).to(device), None
+        for wait in work.waits:
+            self._wait(layer, [wait])
+            expert = wait[2]
             pair_index = torch.from_numpy(np.flatnonzero(flat == expert)).to(device)
-            yield pair_index, self.pool.view_row(layer, int(expert))
+            yield pair_index, self.pool.view_row(layer, expert)
 
     def _sync_layer_slots_only(self, layer: int) -> None:
         """Free slots of experts the policy no longer caches (state drift repair)."""
@@ -838,12 +983,13 @@ def offload_model(
     recorder: Callable[[ForwardStats], None] | None = None,
     record_routing: bool = True,
     overlap: bool = False,
+    prefetch: str = "none",
 ) -> OffloadedMoE:
     """Build a ``specfit.cache`` expert cache and install an :class:`OffloadedMoE` on ``model``.
 
     ``cache_experts``: persistent slots per layer (default :func:`default_cache_experts`);
     ``cache_policy``: ``"lru"`` (default), ``"lfu"`` or ``"static"`` (needs ``frequency
-    float[L, E]``, e.g. expert counts from a trace); ``overlap``: see :meth:`OffloadedMoE.install`.
+    float[L, E]``, e.g. expert counts from a trace); ``overlap``, ``prefetch``: see :meth:`OffloadedMoE.install`.
     Raises ``ValueError`` naming the flag.
     """
     from specfit.cache import make_expert_cache
@@ -869,4 +1015,5 @@ def offload_model(
         capacity_per_layer=cache_experts,
         record_routing=record_routing,
         overlap=overlap,
+        prefetch=prefetch,
     )

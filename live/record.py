@@ -85,6 +85,7 @@ class RecordConfig:
     stopping: str | None = None  # SpecFit's stopping rule; None unless --mode policy --policy specfit
     category: str | None = None  # --category, comma-separated names as given; None = every prompt
     overlap: str = "off"  # "on": expert copies on the link's copy stream, overlapped with compute
+    prefetch: str = "none"  # none | draft | next-layer | both
 
 
 def build_parser() -> ArgumentParser:
@@ -174,6 +175,14 @@ def build_parser() -> ArgumentParser:
         help="on: copy a layer's missing experts on the link's own copy stream while its resident "
         "experts compute, and compute each missing expert as soon as its copy lands; off: a layer's "
         "copies complete before its experts compute",
+    )
+    p.add_argument(
+        "--prefetch",
+        choices=("none", "draft", "next-layer", "both"),
+        default="none",
+        help="copy experts ahead of need on the copy stream: draft = the experts the policy's "
+        "predictor expects the chosen subtree to need (once it is chosen); next-layer = layer l+1's "
+        "router applied to layer l's input; both. Prefetched experts enter the cache by its policy",
     )
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model weight dtype")
     p.add_argument(
@@ -288,6 +297,7 @@ _RESUMED_FLAGS: tuple[tuple[str, str, str, Any], ...] = (
     ("predictor_tables", "--predictor-tables", "predictor_tables", None),
     ("stopping", "--stopping", "stopping", None),
     ("overlap", "--overlap", "overlap", None),
+    ("prefetch", "--prefetch", "prefetch", None),
 )
 
 
@@ -492,6 +502,7 @@ def resolve_config(args: Any, parser: ArgumentParser, explicit: set[str] | None 
         stopping=args.stopping if args.mode == "policy" and args.policy == "specfit" else None,
         category=args.category,
         overlap=args.overlap,
+        prefetch=args.prefetch,
     )
 
 

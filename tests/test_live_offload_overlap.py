@@ -16,14 +16,17 @@ from live.offload import OffloadedMoE, make_link
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def _overlapped(path, capacity, link=None, implementation=None):
+def _overlapped(path, capacity, link=None, implementation=None, overlap=True, prefetch="none"):
     model = load_target(path)
     if implementation is not None:
         model.set_experts_implementation(implementation)
     spec = describe_moe(model)
     cache = make_cache("lru", spec.num_layers, spec.num_experts, capacity)
     link = link or make_link("cpu", bandwidth_gb_per_s=0.05)  # 6144-byte experts: ~0.12 ms each
-    return model, OffloadedMoE.install(model, cache, link, capacity_per_layer=capacity, overlap=True)
+    engine = OffloadedMoE.install(
+        model, cache, link, capacity_per_layer=capacity, overlap=overlap, prefetch=prefetch
+    )
+    return model, engine
 
 
 @pytest.mark.parametrize("implementation", ["eager", "batched_mm"])
@@ -53,11 +56,7 @@ def test_no_expert_computes_before_its_copy_lands(tiny_checkpoint):
         ids = work.ids.reshape(-1)
         for pair_index, slot in original(layer, work):
             experts = np.unique(ids[pair_index.numpy()])
-            landed = [
-                work.fetch.transfer_landed(int(np.flatnonzero(work.fetched == e)[0]))
-                for e in experts
-                if e in work.fetched
-            ]
+            landed = [fetch.transfer_landed(i) for fetch, i, e in work.waits if e in experts]
             groups.append((layer, experts, landed))
             yield pair_index, slot
 
@@ -83,6 +82,34 @@ def test_no_expert_computes_before_its_copy_lands(tiny_checkpoint):
             log.landed_at_s[rows] - log.started_at_s[rows], log.h2d_s[rows], rtol=1e-9, atol=1e-12
         )
     assert np.all(stats.layer_stall_s >= 0) and stats.stall_s > 0  # placing is always on the path
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_next_layer_prefetch_is_lossless_counted_and_waited_for(tiny_checkpoint, overlap):
+    """Layer l+1's router on layer l's input prefetches into the cache (its policy decides what
+    leaves); outputs equal the resident model's; slots poisoned with NaN show that no prefetched
+    expert is read before its copy lands; issued = used + wasted + still pending."""
+    path = tiny_checkpoint("qwen3_moe")
+    resident = load_target(path, experts_on_device=True)
+    model, engine = _overlapped(path, capacity=4, overlap=overlap, prefetch="next-layer")
+    for gate_up, down in [*engine.pool.persistent, engine.pool.scratch]:
+        gate_up.fill_(float("nan"))
+        down.fill_(float("nan"))
+    want, _, _ = _greedy(resident, None, PROMPT, steps=4)
+    got, stats, _ = _greedy(model, engine, PROMPT, steps=4)
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    total = sum(stats[1:], stats[0])
+    issued, used, wasted = engine.ledger.counts()
+    assert issued == total.num_prefetch_issued > 0 and used == total.num_prefetch_used
+    assert wasted == total.num_prefetch_wasted and total.prefetch_wasted_bytes == wasted * engine.bytes_per_expert
+    assert issued == used + wasted + int(engine.ledger.pending.sum())
+    assert used > 0  # the next layer's router on this layer's input predicts some experts right
+    log = total.transfers
+    assert int(log.num_bytes.sum()) == total.h2d_bytes  # prefetch copies are in the records
+    for layer in range(engine.num_layers):  # the pool mirrors the policy's cached set
+        cached = [e for e in range(engine.num_experts) if engine.cache.contains(layer, e)]
+        np.testing.assert_array_equal(engine.pool.resident(layer), cached)
 
 
 def test_stall_is_the_whole_h2d_time_without_overlap(tiny_checkpoint):

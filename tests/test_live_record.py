@@ -162,14 +162,25 @@ def dense_run(tiny):
 
 
 @pytest.mark.parametrize(
-    ("policy", "overlap"),
-    [("specfit", "off"), ("topn", "off"), ("chain", "off"), ("ar", "off"), ("specfit", "on"), ("topn", "on")],
+    ("policy", "overlap", "prefetch"),
+    [
+        ("specfit", "off", "none"),
+        ("topn", "off", "none"),
+        ("chain", "off", "none"),
+        ("ar", "off", "none"),
+        ("specfit", "on", "both"),
+        ("topn", "on", "none"),
+        ("topn", "off", "draft"),
+    ],
 )
-def test_policy_runs_are_lossless(tiny, dense_run, tmp_path, capsys, policy, overlap):
+def test_policy_runs_are_lossless(tiny, dense_run, tmp_path, capsys, policy, overlap, prefetch):
     dense = dense_run
     capsys.readouterr()
-    out = tmp_path / f"{policy}-{overlap}"
+    out = tmp_path / f"{policy}-{overlap}-{prefetch}"
     argv = ["--mode", "policy", "--policy", policy, "--bandwidth", "1", "--overlap", overlap]
+    argv += ["--prefetch", prefetch]
+    if prefetch == "draft":  # per-token predictions name experts the cache may lack ("recent" never)
+        argv += ["--predictor", "token-table"]
     assert main(_args(tiny, out, *argv)) == 0
     summary = _last_json(capsys)
     assert summary["policy"] == policy and summary["num_tokens"] == 24
@@ -185,8 +196,11 @@ def test_policy_runs_are_lossless(tiny, dense_run, tmp_path, capsys, policy, ove
     assert (cycles["num_committed"] == cycles["num_accepted"] + 1).sum() >= len(cycles) - 3
     stall, h2d = np.stack(cycles["layer_stall_s"]), np.stack(cycles["layer_h2d_s"])
     assert np.all(stall >= 0)
-    if overlap == "off":
+    if overlap == "off" and prefetch == "none":  # no copy stream: the whole H2D time is stall
         np.testing.assert_array_equal(stall, h2d)
+    issued, used, wasted = (int(cycles[c].sum()) for c in ("num_prefetch_issued", "num_prefetch_used", "num_prefetch_wasted"))
+    # (the prefill's prefetches, not in the cycles table, may be used or wasted in a cycle)
+    assert (issued > 0) == (prefetch != "none") and (used + wasted > 0) == (prefetch != "none")
     transfers = run.transfers
     assert (transfers["enqueued_at_s"] <= transfers["started_at_s"]).all()
     assert (transfers["started_at_s"] <= transfers["landed_at_s"]).all()

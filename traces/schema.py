@@ -408,6 +408,9 @@ class CycleRecord:
     ``committed_token_ids`` (extension beyond docs/contracts.md, optional) holds the tokens the
     cycle committed, in order. ``layer_stall_s`` (optional; ``None`` writes null): per layer, the
     seconds the compute stream waited for H2D copies (all of ``layer_h2d_s`` without overlap).
+    ``num_prefetch_issued``/``_used``/``_wasted`` and ``prefetch_wasted_bytes`` (optional):
+    experts prefetched this cycle, prefetched experts hit before leaving the cache, and those
+    evicted first (``specfit.prefetch.PrefetchLedger``), ``None`` without prefetch accounting.
     """
 
     request_id: int
@@ -435,6 +438,10 @@ class CycleRecord:
     decision_s: float | None = None
     committed_token_ids: Sequence[int] = ()
     layer_stall_s: Sequence[float] | None = None
+    num_prefetch_issued: int | None = None
+    num_prefetch_used: int | None = None
+    num_prefetch_wasted: int | None = None
+    prefetch_wasted_bytes: int | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -636,6 +643,15 @@ TABLES: dict[str, tuple[ColumnSpec, ...]] = {
             "optional column, null when not measured)",
             required=False,
             nullable=True,
+        ),
+        *(
+            _c(name, KIND_INT, pa.int64(), unit, meaning + " (optional column, null without prefetch)", required=False, nullable=True)
+            for name, unit, meaning in (
+                ("num_prefetch_issued", "experts", "experts copied ahead of need this cycle (draft / next-layer prefetch)"),
+                ("num_prefetch_used", "experts", "prefetched experts hit before leaving the cache"),
+                ("num_prefetch_wasted", "experts", "prefetched experts evicted before any hit"),
+                ("prefetch_wasted_bytes", "bytes", "bytes of the wasted prefetches"),
+            )
         ),
     ),
     "transfers": (

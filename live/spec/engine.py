@@ -72,11 +72,14 @@ class Choice:
         draft: the :class:`DraftResult` (tree, levels, draft seconds).
         nodes: int64[M] node ids to verify (ancestor-closed, contains 0).
         plan: the planner's :class:`specfit.policies.Plan` (or None when no planner chose).
+        predicted_bits: uint64[N, L, W] the policy's predicted experts of every drafted node (what
+            draft prefetch copies ahead for the chosen ones), or None (no per-node prediction).
     """
 
     draft: DraftResult
     nodes: np.ndarray
     plan: Any = None
+    predicted_bits: np.ndarray | None = None
 
 
 class SubtreeChooser(Protocol):
@@ -204,6 +207,13 @@ class SpecDecoder:
             return self.stats.end_forward()
         return ForwardStats.zeros(self.verifier.capture.num_layers)
 
+    def _prefetch_draft(self, choice: Choice) -> None:
+        """Draft prefetch (``--prefetch draft|both``): as soon as the subtree is chosen, enqueue
+        the experts the policy's predictor expects the chosen nodes to need and the cache lacks."""
+        if choice.predicted_bits is None or getattr(self.stats, "prefetch", "none") not in ("draft", "both"):
+            return
+        self.stats.prefetch_predicted(choice.predicted_bits[choice.nodes])
+
     def _miss_fraction(self) -> np.ndarray | None:
         cache_stats = getattr(getattr(self.stats, "cache", None), "stats", None)
         value = getattr(cache_stats, "layer_miss_fraction", None)
@@ -256,6 +266,7 @@ class SpecDecoder:
                 tuple(committed), len(generated), len(committed), recent_arr, cached, miss_fraction
             )
             choice = chooser.choose(state)
+            self._prefetch_draft(choice)
             self._forward_stats_begin()
             ver = self.verifier.verify(choice.draft.tree, choice.nodes)
             stats = self._forward_stats_end()

@@ -180,13 +180,15 @@ class PlannedChooser:
             start = time.perf_counter()
             plan = self.policy.select(last_asked[2])  # the root's context, just asked
             plan = dataclasses.replace(plan, decision_s=time.perf_counter() - start + asked_s)
-            return Choice(DraftResult(last_asked[0], 0, 0.0), np.zeros(1, np.int64), plan)
+            bits = last_asked[2].node_experts.bits
+            return Choice(DraftResult(last_asked[0], 0, 0.0), np.zeros(1, np.int64), plan, bits)
         asked_before_s = asked_s  # the level-0 question ran before grow: not inside its draft_s
         draft = self.drafter.grow(state.committed, self.shape, ask)
         asked_in_grow_s = asked_s - asked_before_s
         start = time.perf_counter()
-        plan = self.policy.select(final_context(draft.tree, draft.num_levels))
+        ctx = final_context(draft.tree, draft.num_levels)
+        plan = self.policy.select(ctx)
         decision_s = time.perf_counter() - start + asked_s
         plan = dataclasses.replace(plan, decision_s=decision_s)
         draft = dataclasses.replace(draft, draft_s=max(draft.draft_s - asked_in_grow_s, 0.0))
-        return Choice(draft, np.asarray(plan.nodes, dtype=np.int64), plan)
+        return Choice(draft, np.asarray(plan.nodes, dtype=np.int64), plan, ctx.node_experts.bits)

@@ -312,6 +312,7 @@ class RecordSession:
                 link=link,
                 frequency=frequency,
                 overlap=config.overlap == "on",
+                prefetch=config.prefetch,
             )
         except ValueError as exc:
             raise SessionError("--cache-experts" if "cache" in str(exc) else "--device", str(exc)) from exc
