@@ -145,6 +145,9 @@ class Plan:
         nodes_explored: search states visited (1 for fixed rules).
         policy: policy name.
         predicted_misses: total predicted expert misses over layers (experts; extension).
+        exact: False when the planner stopped at its deadline before proving ``nodes`` optimal.
+        gap: certified relative gap of an inexact plan: the best subtree's predicted throughput
+            is at most ``predicted_tokens_per_s * (1 + gap)`` (0 when exact).
     """
 
     nodes: np.ndarray
@@ -155,6 +158,8 @@ class Plan:
     nodes_explored: int
     policy: str
     predicted_misses: float = 0.0
+    exact: bool = True
+    gap: float = 0.0
 
     @property
     def num_nodes(self) -> int:

@@ -19,7 +19,8 @@ Exact method (:func:`plan_exact`): depth-first branch and bound on the ratio.
   fall as lam rises), some optimum avoids subtree(v), which is dropped before any set work.
 * Bound. ``T`` is bounded below by a linear minorant ``alpha + beta*|S| + gamma*M(S)`` (exact
   without overlap; with ``overlap_h2d``, ``max(V, H) >= theta*V + (1-theta)*H``, theta chosen per
-  state by bisection on the bound's subgradient, see ``_Search._bound``). The coverage ``M`` is submodular; its marginal over the still-open nodes R is
+  state by bisection on the bound's subgradient, see ``planner_kernels.bound``). The coverage ``M`` is
+  submodular; its marginal over the still-open nodes R is
   bounded below by a modular function: every uncovered missing expert i splits a unit charge
   among open nodes that miss it, first ``1/k_i`` to each of its ``k_i`` open users, then (one
   refinement) only among the users the first bound selected. Whatever subset is chosen, an
@@ -29,8 +30,16 @@ Exact method (:func:`plan_exact`): depth-first branch and bound on the ratio.
 * Probing on the frontier (open nodes whose parent is in S): if the bound with x forced in is
   <= 0, x and its subtree are dropped; if the bound without x is <= 0, x is forced in (all
   forced nodes join S in one step, no exclude branch). Branch on the frontier node whose inclusion bound is largest (include first).
-* A state costs a few mat-vec products over the compressed expert columns (experts some kept
-  non-root node misses and the root does not bring) plus O(N) Python.
+* Expert groups. Experts some non-root node misses beyond the root's are grouped by the set of
+  nodes that miss them; a group of ``w`` experts counts as one expert of weight ``w`` in every
+  share and bound (same values, far fewer columns: ~160 groups for ~600 missing experts at
+  N=64 on the Qwen3 shape). A state costs O(N + nonzeros of the node x group incidence).
+* Compiled. The seed, prefilter, grouping and the depth-first search run in numba
+  (:mod:`specfit.planner_kernels`, compiled once per machine and cached on disk). The search
+  is an explicit stack that can stop after any number of states and resume, so
+  ``plan_exact(ctx, deadline_s=...)`` checks its clock every few states; a search stopped by
+  its deadline returns the incumbent with a certified bound on the optimum (``Plan.exact``,
+  ``Plan.gap``).
 
 Per-node sets are what the exact search needs. With the union-size predictor the cost depends on
 |S| only, so the best subtree of each size is the top-|S| by P (ancestor-closed because P never
@@ -46,322 +55,100 @@ from __future__ import annotations
 
 import time
 import weakref
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import numpy as np
 
 from specfit import bitsets
 from specfit.context import Plan, PolicyContext, make_plan
-from specfit.cost import CycleCostModel
 from specfit.node_experts import NodeExperts
 
 POLICY_NAME = "specfit"
 _REL_TOL = 1e-11
+_REFINEMENTS = 1  # share refinements per bound (see the module docstring)
+_THETA_STEPS = 4  # bisection steps on the overlap minorant's theta
 
 
-@dataclass
-class _Problem:
-    """The search problem on the nodes kept by the prefilter, renumbered 0..n-1 (internal)."""
 
-    ids: list[int]  # original node id of each kept node (ascending, ids[0] == 0)
-    probs: list[float]
-    parents: list[int]
-    descendants: list[list[int]]
-    node_items: list[int]  # python-int bitset of each node's missing experts beyond the root's
-    items: np.ndarray  # float64[n, D] 0/1: node uses compressed column (missing expert) d
-    root_misses: int
-    draft_s: float
-    verify0_s: float
-    per_node_s: float
-    per_miss_s: float
-    overlap: bool
-    tol: float
-    seed_ratio: float
-    seed_nodes: list[int]  # original ids
-    cost: CycleCostModel
-
-    @property
-    def num_nodes(self) -> int:
-        return len(self.ids)
-
-    def cycle_s(self, num_nodes: int, misses: float) -> float:
-        """T(S) for |S| = num_nodes and M(S) = misses, by the cost model's own formula."""
-        verify = self.verify0_s + self.per_node_s * num_nodes
-        return self.cost.combine_s(self.draft_s, verify, self.per_miss_s * misses)
-
-    def minorant(self, theta: float) -> tuple[float, float, float]:
-        """Linear lower bound ``(alpha, beta, gamma)``: cycle_s(n, m) >= alpha + beta*n + gamma*m.
-
-        Exact without overlap (theta ignored); with overlap ``max(V, H) >= theta*V + (1-theta)*H``
-        for any theta in [0, 1].
-        """
-        if not self.overlap:
-            return (self.draft_s + self.verify0_s, self.per_node_s, self.per_miss_s)
-        return (self.draft_s + theta * self.verify0_s, theta * self.per_node_s, (1 - theta) * self.per_miss_s)
+_CHUNK_STATES = 8  # states searched between two deadline checks
 
 
-def _prefilter(
-    parents: np.ndarray, probs: np.ndarray, exclusive: np.ndarray, lam: float, ctx: PolicyContext, tol: float
-) -> np.ndarray:
-    """bool[N]: nodes that may belong to a subtree beating ``lam`` (always keeps the root).
+def _search_plan(
+    ctx: PolicyContext, deadline_s: float | None, clock: Callable[[], float], started: float
+) -> Plan:
+    """Seed, prefilter, compress, then branch and bound (compiled, :mod:`specfit.planner_kernels`).
 
-    Without overlap, removing the part of subtree(v) in S changes F_lam by at least
-    ``-val[v]``, ``val`` the tree max-closure of ``w_x = P(x) - lam*(b + c*exclusive_x)``
-    (exclusive_x: experts only x misses, paid iff x is chosen). If ``val[v] <= 0`` some optimum
-    avoids subtree(v) (weights only fall as lam rises to the optimum). With overlap the cost is
-    not additive, so nothing is dropped.
+    With ``deadline_s`` the search runs in chunks of ``_CHUNK_STATES`` states and checks
+    ``clock() - clock_start`` before each chunk; when it reaches the deadline the incumbent is
+    returned with the certified bound of the unexplored part (``planner_kernels.pending_bound``).
+    The plan is scored with the cost model (:meth:`CycleCostModel.cycle_s_total` of the exact
+    total misses, the operations of :func:`specfit.context.evaluate_nodes`).
     """
-    n = probs.shape[0]
-    keep = np.ones(n, dtype=bool)
-    if ctx.cost.overlap_h2d or n == 1:
-        return keep
-    w = (probs - lam * (ctx.cost.verify_s_per_node + ctx.cost.s_per_miss * exclusive)).tolist()
-    par = parents.tolist()
-    for v in range(n - 1, 0, -1):
-        if w[v] > 0:
-            w[par[v]] += w[v]
-    for v in range(1, n):
-        keep[v] = keep[par[v]] and w[v] > tol
-    return keep
+    from specfit import planner_kernels as kernels  # numba: imported (and compiled, cached) on first use
 
-
-def _setup(ctx: PolicyContext) -> _Problem:
-    """Seed, prefilter and compress (see the module docstring); all vectorised over nodes."""
+    clock_start = clock() if deadline_s is not None else 0.0
     n = ctx.num_nodes
     probs = ctx.accept_probs
-    parents = ctx.tree.parents
-    miss = ctx.missing_bits().reshape(n, -1)  # uint64[N, L*W]
-    extra = miss & ~miss[0]
-    extra[0] = 0
-    root_misses = int(bitsets.popcount(miss[0]))
-    tol = _REL_TOL * float(probs.sum())
-    # seed: best prefix of the nodes sorted by P (ancestor-closed)
-    order = np.lexsort((np.arange(n), -probs))
-    order = np.concatenate(([0], order[order != 0]))
-    prefix_misses = root_misses + bitsets.popcount(np.bitwise_or.accumulate(extra[order], axis=0))
-    prefix_gain = np.cumsum(np.where(order == 0, 1.0, probs[order]))
     cost = ctx.cost
-    ratios = prefix_gain / cost.cycle_s_total(
-        ctx.num_levels, np.arange(1, n + 1), ctx.context_len, prefix_misses
+    node_bits = ctx.node_experts.bits
+    costs = np.array(
+        [
+            cost.draft_s(ctx.num_levels),
+            cost.verify_s(0, ctx.context_len),
+            cost.verify_s_per_node,
+            cost.s_per_miss,
+            1.0 if cost.overlap_h2d else 0.0,
+        ]
     )
-    if not np.all(np.isfinite(ratios)):
+    tol = _REL_TOL * float(probs.sum())
+    ids, kparents, kprobs, knptr, kngrp, weight, seed, lam, root_misses = kernels.setup(
+        np.ascontiguousarray(node_bits.reshape(n, -1)),
+        np.ascontiguousarray(ctx.cached_bits.reshape(-1)),
+        probs,
+        np.ascontiguousarray(ctx.tree.parents, dtype=np.int64),
+        np.argsort(-probs, kind="stable"),  # P descending, ties by id: the root (P = 1) first
+        costs,
+        tol,
+    )
+    if not np.isfinite(lam):
         raise ValueError("cost model: a cycle time of 0 s makes the throughput unbounded")
-    best_k = int(np.argmax(ratios))
-    seed_ratio, seed_nodes = float(ratios[best_k]), order[: best_k + 1].tolist()
-    # exclusive experts per node (missing for no other node), for the prefilter
-    zero = np.zeros((1, extra.shape[1]), dtype=np.uint64)
-    before = np.concatenate((zero, np.bitwise_or.accumulate(extra, axis=0)[:-1]))
-    after = np.concatenate((np.bitwise_or.accumulate(extra[::-1], axis=0)[::-1][1:], zero))
-    exclusive = bitsets.popcount(extra & ~(before | after)).astype(np.float64)
-    keep = _prefilter(parents, probs, exclusive, seed_ratio, ctx, tol)
-    ids = np.flatnonzero(keep)
-    new_id = np.full(n, -1, dtype=np.int64)
-    new_id[ids] = np.arange(ids.size)
-    kept_parents = [int(x) for x in np.where(parents[ids] >= 0, new_id[parents[ids]], -1)]
-    kept_extra = extra[ids]
-    flags = np.unpackbits(kept_extra.astype("<u8", copy=False).view(np.uint8), axis=1, bitorder="little")
-    cols = np.flatnonzero(np.bitwise_or.reduce(flags, axis=0))
-    items = np.take(flags, cols, axis=1).astype(np.float64)
-    raw = kept_extra.astype("<u8", copy=False).tobytes()
-    width = kept_extra.shape[1] * 8
-    node_items = [int.from_bytes(raw[i * width : (i + 1) * width], "little") for i in range(ids.size)]
-    descendants: list[list[int]] = [[v] for v in range(ids.size)]
-    for v in range(ids.size - 1, 0, -1):
-        descendants[kept_parents[v]].extend(descendants[v])
-    return _Problem(
-        ids=ids.tolist(),
-        probs=probs[ids].tolist(),
-        parents=kept_parents,
-        descendants=descendants,
-        node_items=node_items,
-        items=items,
-        root_misses=root_misses,
-        draft_s=cost.draft_s(ctx.num_levels),
-        verify0_s=cost.verify_s(0, ctx.context_len),
-        per_node_s=cost.verify_s_per_node,
-        per_miss_s=cost.s_per_miss,
-        overlap=cost.overlap_h2d,
-        tol=tol,
-        seed_ratio=seed_ratio,
-        seed_nodes=seed_nodes,
-        cost=cost,
+    state = kernels.new_state(ids.shape[0], weight.shape[0])
+    state[6][0] = root_misses  # misses of the root-only frame
+    problem = (kparents, kprobs, knptr, kngrp, weight, costs, tol, _REFINEMENTS, _THETA_STEPS)
+    istate = state[-1]
+    limit = _CHUNK_STATES if deadline_s is not None else np.iinfo(np.int64).max // 2
+    while istate[0] >= 0:
+        if deadline_s is not None and clock() - clock_start >= deadline_s:
+            break
+        lam = kernels.search(*problem, *state, lam, limit)
+    exact = bool(istate[0] < 0)
+    upper = lam
+    if not exact:
+        alive, covered, _, chosen, clen, gain, misses, phase, forced, _, _ = state
+        upper = kernels.pending_bound(
+            *problem, alive, covered, chosen, clen, gain, misses, phase, forced, istate, lam
+        )
+        exact = bool(upper <= lam)
+    size = int(istate[2])
+    nodes = np.sort(ids[state[9][:size]]) if size > 0 else seed
+    union = bitsets.union(node_bits[nodes], axis=0)
+    misses = float(bitsets.popcount(bitsets.difference(union, ctx.cached_bits)).sum())
+    gain = 1.0 + float(probs[nodes[1:]].sum())
+    cycle = cost.cycle_s_total(ctx.num_levels, nodes.shape[0], ctx.context_len, misses)
+    nodes.setflags(write=False)
+    tokens_per_s = gain / cycle
+    return Plan(
+        nodes=nodes,
+        expected_committed=gain,
+        predicted_cycle_s=cycle,
+        predicted_tokens_per_s=tokens_per_s,
+        decision_s=time.perf_counter() - started,
+        nodes_explored=int(istate[1]),
+        policy=POLICY_NAME,
+        predicted_misses=misses,
+        exact=exact,
+        gap=0.0 if exact else max(0.0, float(upper) / tokens_per_s - 1.0),
     )
-
-
-class _Search:
-    """Depth-first branch and bound state (see the module docstring)."""
-
-    def __init__(self, prob: _Problem, refinements: int = 1, theta_steps: int = 4) -> None:
-        self.prob = prob
-        self.explored = 0
-        self.refinements = refinements
-        self.theta_steps = theta_steps
-        self.best_ratio = prob.seed_ratio
-        self.best_nodes: list[int] = list(prob.seed_nodes)  # original ids
-
-    def _shares(self, alive_f: np.ndarray, covered: np.ndarray, select: np.ndarray | None) -> list[float]:
-        """Lower bounds ``f[x]`` on each node's marginal misses, jointly valid over open nodes.
-
-        Every uncovered column (missing expert) splits a unit charge among its open users: all of
-        them (``1/k`` each) or, when ``select`` (0/1 float[n]) is given and one of its users is
-        selected, only among the selected users. Any split summing to <= 1 is a valid bound.
-        """
-        items = self.prob.items
-        counts = alive_f @ items
-        counts[covered] = 0.0
-        inv = np.divide(1.0, counts, out=np.zeros_like(counts), where=counts > 0)
-        if select is None:
-            return (items @ inv).tolist()
-        sel_counts = select @ items
-        sel_counts[covered] = 0.0
-        inv_sel = np.divide(1.0, sel_counts, out=np.zeros_like(counts), where=sel_counts > 0)
-        inv[sel_counts > 0] = 0.0
-        both = items @ np.stack((inv_sel, inv), axis=1)
-        return np.where(select > 0, both[:, 0], both[:, 1]).tolist()
-
-    def _dp(
-        self, alive_list: list[int], f: list[float], lam: float, beta: float, gamma: float
-    ) -> list[float]:
-        """Tree max-closure values ``val[x] = w_x + sum of positive children`` over open nodes."""
-        probs, parents = self.prob.probs, self.prob.parents
-        val = [0.0] * self.prob.num_nodes
-        for v in reversed(alive_list):
-            w = probs[v] - lam * (beta + gamma * f[v]) + val[v]
-            val[v] = w
-            if w > 0:
-                val[parents[v]] += w
-        return val
-
-    def _bound(
-        self, alive: np.ndarray, in_set: list[bool], covered: np.ndarray, n: int, m: int, gain: float
-    ) -> tuple[float, list[int], list[float], list[float]]:
-        """Upper bound on F_lam over completions, the frontier and per-frontier probes.
-
-        Returns ``(ub, frontier, ub_with, ub_without)`` where ``ub_with[i]`` bounds completions
-        that contain ``frontier[i]`` and ``ub_without[i]`` those that do not (min over every
-        minorant and share split tried; each is a valid bound).
-
-        Without overlap the cost is linear: one pass with ``1/k`` shares, then ``refinements``
-        passes with shares split among the selected users. With overlap, ``max(V, H) >=
-        theta*V + (1-theta)*H``; the bound is convex in theta (a max of linear functions), so theta
-        is set by bisection on the sign of ``V - H`` of the selected completion (the subgradient),
-        after trying theta = 1 and 0.
-        """
-        prob = self.prob
-        lam = self.best_ratio
-        alive_list = np.flatnonzero(alive).tolist()
-        frontier = [v for v in alive_list if in_set[prob.parents[v]]]
-        ub = [float("inf")]
-        ub_with = [float("inf")] * len(frontier)
-        ub_without = [float("inf")] * len(frontier)
-        alive_f = alive.astype(np.float64)
-        plain = self._shares(alive_f, covered, None) if prob.per_miss_s > 0 else [0.0] * prob.num_nodes
-
-        def evaluate(theta: float, f: list[float]) -> list[int]:
-            """One bound pass at ``theta``; updates the probes, returns the selected completion."""
-            alpha, beta, gamma = prob.minorant(theta)
-            val = self._dp(alive_list, f, lam, beta, gamma)
-            total = gain - lam * (alpha + beta * n + gamma * m) + sum(max(0.0, val[v]) for v in frontier)
-            ub[0] = min(ub[0], total)
-            for i, v in enumerate(frontier):
-                rest = total - max(0.0, val[v])
-                ub_with[i] = min(ub_with[i], rest + val[v])
-                ub_without[i] = min(ub_without[i], rest)
-            chosen = [False] * prob.num_nodes
-            for v in alive_list:
-                chosen[v] = val[v] > 0 and (in_set[prob.parents[v]] or chosen[prob.parents[v]])
-            return [v for v in alive_list if chosen[v]]
-
-        def refine(theta: float, selected: list[int]) -> None:
-            for _ in range(self.refinements):
-                if ub[0] <= prob.tol or not selected or prob.minorant(theta)[2] == 0:
-                    return
-                mask = np.zeros(prob.num_nodes)
-                mask[selected] = 1.0
-                selected = evaluate(theta, self._shares(alive_f, covered, mask))
-
-        if not prob.overlap:
-            refine(1.0, evaluate(1.0, plain))
-            return ub[0], frontier, ub_with, ub_without
-
-        def verify_dominates(selected: list[int]) -> bool:
-            verify = prob.verify0_s + prob.per_node_s * (n + len(selected))
-            return verify > prob.per_miss_s * (m + sum(plain[v] for v in selected))
-
-        best_theta, selected = 1.0, evaluate(1.0, plain)
-        if ub[0] > prob.tol and not verify_dominates(selected):
-            lo, hi = 0.0, 1.0
-            best_theta, selected = 0.0, evaluate(0.0, plain)
-            if verify_dominates(selected):
-                for _ in range(self.theta_steps):
-                    if ub[0] <= prob.tol:
-                        break
-                    theta = 0.5 * (lo + hi)
-                    before = ub[0]
-                    candidate = evaluate(theta, plain)
-                    if ub[0] < before:
-                        best_theta, selected = theta, candidate
-                    if verify_dominates(candidate):
-                        lo = theta
-                    else:
-                        hi = theta
-        refine(best_theta, selected)
-        return ub[0], frontier, ub_with, ub_without
-
-    def run(self) -> None:
-        """Search from the root-only state."""
-        prob = self.prob
-        alive = np.ones(prob.num_nodes, dtype=bool)
-        alive[0] = False
-        in_set = [False] * prob.num_nodes
-        in_set[0] = True
-        covered = np.zeros(prob.items.shape[1], dtype=bool)
-        self._dfs(alive, in_set, [0], covered, 0, 1.0)
-
-    def _dfs(
-        self,
-        alive: np.ndarray,
-        in_set: list[bool],
-        chosen: list[int],
-        covered: np.ndarray,
-        covered_int: int,
-        gain: float,
-    ) -> None:
-        prob = self.prob
-        self.explored += 1
-        n = len(chosen)
-        m = prob.root_misses + covered_int.bit_count()
-        ratio = gain / prob.cycle_s(n, m)
-        if ratio > self.best_ratio:
-            self.best_ratio, self.best_nodes = ratio, [prob.ids[v] for v in chosen]
-        alive = alive.copy()
-        while True:
-            ub, frontier, ub_with, ub_without = self._bound(alive, in_set, covered, n, m, gain)
-            if ub <= prob.tol or not frontier:
-                return
-            dropped = [v for v, u in zip(frontier, ub_with) if u <= prob.tol]
-            if dropped:
-                for v in dropped:
-                    alive[prob.descendants[v]] = False
-                continue
-            forced = [v for v, u in zip(frontier, ub_without) if u <= prob.tol]
-            # every improving subtree holds each forced node: take them all in one step
-            branch = forced or [max(zip(frontier, ub_with), key=lambda t: (t[1], -t[0]))[0]]
-            alive_in = alive.copy()
-            alive_in[branch] = False
-            new_cov, new_int, new_gain = covered.copy(), covered_int, gain
-            for x in branch:
-                in_set[x] = True
-                new_cov |= prob.items[x] > 0
-                new_int |= prob.node_items[x]
-                new_gain += prob.probs[x]
-            self._dfs(alive_in, in_set, [*chosen, *branch], new_cov, new_int, new_gain)
-            for x in branch:
-                in_set[x] = False
-            if forced:
-                return
-            alive[prob.descendants[branch[0]]] = False
-
 
 _UNION_MISSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -435,31 +222,42 @@ def _plan_union_size(ctx: PolicyContext, started: float) -> Plan:
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def plan_exact(ctx: PolicyContext) -> Plan:
+def plan_exact(
+    ctx: PolicyContext, deadline_s: float | None = None, clock: Callable[[], float] = time.perf_counter
+) -> Plan:
     """SpecFit: the ancestor-closed subtree with the highest predicted throughput (exact).
 
     See the module docstring for the method. ``Plan.nodes`` are ids of ``ctx.tree``, sorted,
     with the root; ``nodes_explored`` counts branch-and-bound states.
 
+    Args:
+        ctx: the planning problem.
+        deadline_s: stop searching once ``clock()`` has advanced this many seconds since the call
+            began (checked every few states; ``None``: search to the end, ``0``: only the seed
+            prefix and the bound). A stopped search returns the best subtree found so far with
+            ``Plan.exact = False`` and ``Plan.gap``, the certified relative gap: the optimum is at
+            most ``predicted_tokens_per_s * (1 + gap)`` (see ``planner_kernels.pending_bound``).
+            A stopped search whose remaining part is already pruned by its bound is exact.
+        clock: seconds, monotone (tests inject a fake clock; default ``time.perf_counter``).
+
     A context is immutable, so the plan is remembered per context object (weakly): asking again
     for the same ``ctx`` (the stopping rule, then the selection, on the last drafted level)
-    returns the same :class:`Plan` without searching again.
+    returns the same :class:`Plan` without searching again (a plan cut short by a deadline is only
+    returned again to callers that give a deadline).
 
     Raises:
-        ValueError: the cost model makes the root-only cycle take 0 s.
+        ValueError: the cost model makes the root-only cycle take 0 s, or a negative deadline.
     """
+    if deadline_s is not None and not deadline_s >= 0:
+        raise ValueError(f"plan_exact: deadline_s must be >= 0 or None, got {deadline_s!r}")
     cached = _PLANS.get(ctx)
-    if cached is not None:
+    if cached is not None and (cached.exact or deadline_s is not None):
         return cached
     started = time.perf_counter()
     if ctx.node_experts.is_union_size:
         plan = _plan_union_size(ctx, started)
     else:
-        search = _Search(_setup(ctx))
-        search.run()
-        plan = make_plan(
-            ctx, np.asarray(search.best_nodes), POLICY_NAME, time.perf_counter() - started, search.explored
-        )
+        plan = _search_plan(ctx, deadline_s, clock, started)
     _PLANS[ctx] = plan
     return plan
 

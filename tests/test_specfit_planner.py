@@ -198,3 +198,71 @@ def test_golden_cases() -> None:
         _check_plan(ctx, plan)
         assert plan.predicted_tokens_per_s == pytest.approx(case["best_ratio"], rel=REL), f"case {i}"
         assert _value(ctx, np.asarray(case["best_subtree"])) == pytest.approx(case["best_ratio"], rel=REL)
+
+
+class _TickClock:
+    """A fake clock that advances one second per reading (deterministic deadlines)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+@settings(max_examples=300, deadline=None)
+@given(small_problem, st.integers(0, 3))
+def test_deadline_plan_is_valid_and_its_gap_certifies_the_optimum(params, ticks) -> None:
+    seed, n, layers, experts, overlap = params
+    ctx = random_small_context(
+        np.random.default_rng(seed), n, num_layers=layers, num_experts=experts, overlap_h2d=overlap
+    )
+    # the fake clock reads once at the start and once before each chunk of states:
+    # deadline `ticks` lets exactly `ticks - 1` chunks run (0: none, only the seed)
+    plan = plan_exact(ctx, deadline_s=float(ticks), clock=_TickClock())
+    brute = plan_brute_force(ctx)
+    _check_plan(ctx, plan)
+    assert plan.gap >= 0.0
+    assert plan.predicted_tokens_per_s <= brute.predicted_tokens_per_s * (1 + REL)
+    assert brute.predicted_tokens_per_s <= plan.predicted_tokens_per_s * (1 + plan.gap) * (1 + REL)
+    if plan.exact:
+        assert plan.gap == 0.0
+        assert plan.predicted_tokens_per_s == pytest.approx(brute.predicted_tokens_per_s, rel=REL)
+
+
+def test_deadline_zero_stops_at_the_seed_and_certifies_a_gap() -> None:
+    hit = 0
+    for seed in range(40):
+        ctx = random_small_context(np.random.default_rng(seed), 28, num_layers=2, num_experts=16)
+        full = plan_exact(ctx)
+        assert full.exact and full.gap == 0.0
+        cut = plan_exact(dataclasses.replace(ctx), deadline_s=0.0)
+        assert cut.nodes_explored == 0  # no state searched: the seed prefix and the bound only
+        best = plan_mincut(ctx).predicted_tokens_per_s
+        assert cut.predicted_tokens_per_s <= best * (1 + REL)
+        assert best <= cut.predicted_tokens_per_s * (1 + cut.gap) * (1 + REL)
+        hit += not cut.exact
+        if not cut.exact:
+            assert cut.gap > 0
+    assert hit > 0  # some of these trees need a search beyond the seed
+
+
+def test_deadline_plan_is_not_returned_to_a_caller_without_deadline() -> None:
+    for seed in range(40):
+        ctx = random_small_context(np.random.default_rng(seed), 28, num_layers=2, num_experts=16)
+        cut = plan_exact(ctx, deadline_s=0.0)
+        if not cut.exact:
+            break
+    else:
+        pytest.fail("no tree needed a search")
+    assert plan_exact(ctx, deadline_s=0.0) is cut  # remembered for deadline callers
+    full = plan_exact(ctx)
+    assert full.exact and full.predicted_tokens_per_s >= cut.predicted_tokens_per_s
+    assert plan_exact(ctx, deadline_s=0.0) is full  # an exact plan serves everyone
+
+
+def test_deadline_must_not_be_negative() -> None:
+    ctx = random_small_context(np.random.default_rng(0), 5)
+    with pytest.raises(ValueError, match="deadline_s"):
+        plan_exact(ctx, deadline_s=-1.0)
