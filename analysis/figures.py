@@ -24,13 +24,8 @@ FIGURES = (
     "time_split",
 )
 FULL_TREE_POLICIES = ("topn", "full")
-POLICY_COLORS = {
-    "ar": "tab:gray",
-    "chain": "tab:purple",
-    "topn": "tab:red",
-    "full": "tab:orange",
-    "specfit": "tab:green",
-}
+# Where a row's numbers come from, as figure legends and titles say it.
+SOURCE_NAMES = {"sim": "SIMULATED", "live": "MEASURED live"}
 
 
 # Regime-map bands (a full-tree policy slower than autoregressive), one style per source so a
@@ -43,13 +38,26 @@ SLOW_BAND_STYLES = {
 OTHER_BAND_STYLE = {"facecolor": (0.5, 0.5, 0.5, 0.1), "edgecolor": (0.3, 0.3, 0.3, 0.55), "hatch": ".."}
 
 
+def source_name(source: str) -> str:
+    """``SIMULATED`` / ``MEASURED live`` for the ``sim`` / ``live`` sources (others as given)."""
+    return SOURCE_NAMES.get(str(source), str(source))
+
+
 def slow_band_label(source: str) -> str:
     """Legend label of a regime-map band of ``source`` (``sim`` / ``live``)."""
-    name = {"sim": "simulated", "live": "live"}.get(str(source), str(source))
-    return f"full tree slower than AR ({name})"
+    return f"full tree slower than AR ({source_name(source).lower()})"
+
+
+def informative_bands(slow_bandwidths: Any, drawn_bandwidths: Any) -> list[float]:
+    """The bandwidths worth hatching: ``slow_bandwidths`` unless they are every bandwidth drawn
+    (a band over the whole axis distinguishes nothing; the panel title says it instead)."""
+    slow = sorted({float(b) for b in slow_bandwidths})
+    return [] if set(slow) >= {float(b) for b in drawn_bandwidths} else slow
 
 
 def _color(policy: str) -> str | None:
+    from sim.report import POLICY_COLORS  # one palette for the sweep's and the report's figures
+
     return POLICY_COLORS.get(str(policy))
 
 
@@ -64,7 +72,10 @@ def _pyplot() -> Any:
 
 def _save(fig: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    title = fig._suptitle.get_text() if fig._suptitle is not None else ""
+    # leave room above the panels for a figure title (about 0.25 inch per line)
+    top = 1.0 - (0.25 * (title.count("\n") + 1) + 0.1) / fig.get_figheight() if title else 1.0
+    fig.tight_layout(rect=(0.0, 0.0, 1.0, top))
     fig.savefig(path, dpi=100, bbox_inches="tight")
     _pyplot().close(fig)
     return path
@@ -120,10 +131,12 @@ def throughput_vs_bandwidth(
     Each configuration (``config`` column; one when absent) gets its own row of panels, one
     panel per cache size, so cells of different expert sizes, overlap, prefetch, predictor, cache
     policy or source never share a line and are never averaged (only repeated cells of one
-    configuration are). Hatched bandwidths: a full-tree policy (top-N / full) is slower than
-    autoregressive there, per source (:data:`SLOW_BAND_STYLES`: red ``//`` from the simulated
-    cells, blue ``\\`` from the live ones; cross-hatched when both), each band named in the
-    legend. Solid lines are simulated, dashed lines live. Legends sit outside.
+    configuration are). Colour = policy; solid lines are SIMULATED, dashed lines MEASURED live.
+    Hatched bandwidths: a full-tree policy (top-N / full) is slower than autoregressive there,
+    per source (:data:`SLOW_BAND_STYLES`: red ``//`` from the simulated cells, blue ``\\`` from
+    the live ones; cross-hatched when both), each band named in the legend; hatched only where it
+    distinguishes (:func:`informative_bands`): when it holds at every bandwidth of the panel the
+    panel title says so instead. Legends sit outside.
     """
     df = with_config(throughput).dropna(subset=["bandwidth_gb_per_s", "tokens_per_s"])
     if df.empty:
@@ -136,7 +149,7 @@ def throughput_vs_bandwidth(
         caches = sorted(sub["cache_experts_per_layer"].dropna().unique().tolist()) or [None]
         panels.append([(config, cache) for cache in caches[:max_caches]])
     ncols = max(len(row) for row in panels)
-    fig, axes = plt.subplots(len(panels), ncols, figsize=(6.5 * ncols, 4.5 * len(panels)), squeeze=False)
+    fig, axes = plt.subplots(len(panels), ncols, figsize=(6.5 * ncols, 4.7 * len(panels)), squeeze=False)
     slow = slower_than_ar(df)
     for r, row in enumerate(panels):
         for c in range(len(row), ncols):
@@ -153,12 +166,17 @@ def throughput_vs_bandwidth(
                     g["tokens_per_s"],
                     style,
                     color=_color(policy),
-                    label=f"{policy} ({source})",
+                    label=f"{policy} ({source_name(source)})",
                 )
             mine = slow[(slow["config"] == config) & (slow["cache_experts_per_layer"] == cache)]
+            notes = []
             for source, bands in mine.groupby("source", sort=True):
+                drawn = sub.loc[sub["source"] == source, "bandwidth_gb_per_s"].unique()
+                hatched = informative_bands(bands["bandwidth_gb_per_s"], drawn)
+                if not hatched:
+                    notes.append(f"full tree slower than AR at every bandwidth ({source_name(source)})")
                 style = SLOW_BAND_STYLES.get(str(source), OTHER_BAND_STYLE)
-                for i, bw in enumerate(sorted(bands["bandwidth_gb_per_s"].unique())):
+                for i, bw in enumerate(hatched):
                     ax.axvspan(
                         bw / 1.15,
                         bw * 1.15,
@@ -172,9 +190,14 @@ def throughput_vs_bandwidth(
             ax.minorticks_off()
             ax.set_xlabel("H2D bandwidth (GB/s, 1 GB = 1e9 B)")
             ax.set_ylabel("throughput (committed tokens / s)")
-            title = f"cache {cache} experts/layer (hatched: full tree slower than AR, per source)"
+            title = "\n".join([f"cache {cache} experts/layer", *notes])
             ax.set_title(f"{textwrap.fill(config, 60)}\n{title}" if config else title, fontsize=8)
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(
+        "Throughput against H2D bandwidth: solid = SIMULATED (sim.sweep / validate replay), "
+        "dashed = MEASURED live runs",
+        fontsize=10,
+    )
     return _save(fig, path)
 
 
@@ -227,7 +250,7 @@ def predicted_vs_measured(scatter: pd.DataFrame, path: Path) -> Path | None:
         axis.set_minor_formatter(FuncFormatter(minor))
     ax.set_xlabel("measured cycle time (ms, planner time excluded)")
     ax.set_ylabel("predicted cycle time (ms)")
-    ax.set_title("Per-cycle predicted vs measured")
+    ax.set_title("Per-cycle cycle time: cost-model PREDICTED vs MEASURED (live runs)")
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1)  # below the axes
     return _save(fig, path)
 
@@ -257,7 +280,11 @@ def acceptance_per_depth(dense: list, path: Path) -> Path | None:
     ax.set_xlabel("draft depth d")
     ax.set_ylabel("acceptance at d given d reached")
     ax.set_ylim(0, 1)
-    ax.set_title("Per-depth conditional acceptance (full dense trees)")
+    ax.set_title(
+        "Per-depth conditional acceptance of the full dense trees\n(MEASURED: recorded by live.record; "
+        "runs marked synthetic: generated)",
+        fontsize=9,
+    )
     ax.legend(fontsize=7, loc="best")
     return _save(fig, path)
 
@@ -290,32 +317,54 @@ def expert_union_growth(dense: list, path: Path) -> Path | None:
         ax.plot(n, np.minimum(n * top_k, num_experts), "k--", lw=1, label="no sharing (n x K, capped at E)")
         ax.set_xlabel("nodes in the subtree (most probable first)")
         ax.set_ylabel("distinct experts per layer")
-        ax.set_title(f"Expert-union growth: {label}", fontsize=9)
+        what = "generated routing" if str(label).endswith("(synthetic)") else "MEASURED routing"
+        ax.set_title(f"Expert-union growth ({what} of the dense trees): {label}", fontsize=9)
         ax.legend(fontsize=7, loc="best")
     return _save(fig, path)
 
 
-def hit_rate_vs_cache(hit_rates: pd.DataFrame, path: Path) -> Path | None:
-    """Expert-cache hit rate against cache size (experts per layer), per policy and source."""
+def hit_rate_vs_cache(hit_rates: pd.DataFrame, path: Path, max_panels: int = 8) -> Path | None:
+    """Expert-cache hit rate against cache size (experts per layer), per policy and source, one
+    panel per bandwidth (runs at different bandwidths never share a panel or a line; rows
+    without a known bandwidth get their own panel). Solid: SIMULATED, dashed: MEASURED live.
+    At most ``max_panels`` bandwidths are drawn (the lowest), the title says how many of how many."""
     df = hit_rates.dropna(subset=["cache_experts_per_layer", "hit_rate"])
     if df.empty:
         return None
+    if "bandwidth_gb_per_s" not in df.columns:
+        df = df.assign(bandwidth_gb_per_s=np.nan)
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for (source, policy), g in df.groupby(["source", "policy"]):
-        g = g.groupby("cache_experts_per_layer", as_index=False)["hit_rate"].mean()
-        style = "-o" if source == "sim" else "--s"
-        ax.plot(
-            g["cache_experts_per_layer"],
-            100 * g["hit_rate"],
-            style,
-            color=_color(policy),
-            label=f"{policy} ({source})",
-        )
-    ax.set_xlabel("cache size (experts per layer)")
-    ax.set_ylabel("hit rate (%)")
-    ax.set_title("Expert-cache hit rate against cache size")
-    ax.legend(fontsize=7, loc="best")
+    known = sorted(df["bandwidth_gb_per_s"].dropna().unique().tolist())
+    bandwidths: list[float | None] = [*known, *([None] if df["bandwidth_gb_per_s"].isna().any() else [])]
+    shown = bandwidths[:max_panels]
+    ncols = min(len(shown), 4)
+    nrows = -(-len(shown) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.0 * ncols, 3.8 * nrows), squeeze=False, sharey=True)
+    for ax in axes.flat[len(shown) :]:
+        ax.axis("off")
+    for ax, bw in zip(axes.flat, shown):
+        part = df[df["bandwidth_gb_per_s"].isna()] if bw is None else df[df["bandwidth_gb_per_s"] == bw]
+        for (source, policy), g in part.groupby(["source", "policy"]):
+            g = g.groupby("cache_experts_per_layer", as_index=False)["hit_rate"].mean()
+            style = "-o" if source == "sim" else "--s"
+            ax.plot(
+                g["cache_experts_per_layer"],
+                100 * g["hit_rate"],
+                style,
+                color=_color(policy),
+                label=f"{policy} ({source_name(source)})",
+            )
+        ax.set_title("bandwidth unknown" if bw is None else f"H2D bandwidth {bw:g} GB/s", fontsize=9)
+        ax.set_xlabel("cache size (experts per layer)")
+        ax.set_ylabel("hit rate (%)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    more = f" (first {len(shown)} of {len(bandwidths)} bandwidths)" if len(shown) < len(bandwidths) else ""
+    fig.suptitle(
+        f"Expert-cache hit rate against cache size, one panel per bandwidth{more}: "
+        "solid = SIMULATED, dashed = MEASURED live",
+        fontsize=10,
+    )
     return _save(fig, path)
 
 
@@ -365,7 +414,7 @@ def time_split(split: pd.DataFrame, path: Path, max_bars: int | None = None) -> 
     title = f"Time split: draft / compute / H2D ({len(df)} rows)"
     if len(left_out):
         title = f"Time split: draft / compute / H2D (first {len(df)} of {len(split)} rows; rest listed in the report)"
-    ax.set_title(title)
+    ax.set_title(f"{title}\nrows 'live ...': MEASURED; rows 'sim ...': SIMULATED", fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.tick_params(axis="y", labelsize=7)
     return _save(fig, path)
@@ -386,7 +435,7 @@ def sim_vs_live_throughput(table: pd.DataFrame, path: Path) -> Path | None:
     ax.fill_between(xs, xs * 0.98, xs * 1.02, color="gray", alpha=0.2, label="+/- 2 %")
     ax.set_xlabel("live throughput (tokens/s)")
     ax.set_ylabel("simulated throughput (tokens/s)")
-    ax.set_title("Simulated vs live throughput per cell")
+    ax.set_title("SIMULATED vs MEASURED (live) throughput per cell")
     ax.legend(fontsize=7, loc="best")
     return _save(fig, path)
 
@@ -419,7 +468,7 @@ def cycle_error_distribution(errors: pd.DataFrame, path: Path) -> Path | None:
         ax.axvline(x, color="k", lw=0.6, ls=":" if abs(x) == 5 else "--", label=label)
     ax.set_xlabel("per-cycle error of the cost model (%, predicted - measured)")
     ax.set_ylabel("cycles")
-    ax.set_title("Per-cycle predicted vs measured cycle time")
+    ax.set_title("Per-cycle error: cost-model PREDICTED vs MEASURED cycle time")
     ax.legend(fontsize=7, loc="best")
     if len(noise):
         abs_err = err.abs().dropna()
@@ -433,6 +482,6 @@ def cycle_error_distribution(errors: pd.DataFrame, path: Path) -> Path | None:
         ax_noise.axvline(5, color="k", lw=0.6, ls=":", label="5 % target")
         ax_noise.set_xlabel("% of the cycle time (last bin: at or above)")
         ax_noise.set_ylabel("cycles")
-        ax_noise.set_title("Per-cycle |error| beside the run-to-run noise")
+        ax_noise.set_title("Per-cycle |error| beside the MEASURED run-to-run noise")
         ax_noise.legend(fontsize=7, loc="best")
     return _save(fig, path)

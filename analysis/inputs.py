@@ -37,7 +37,7 @@ THROUGHPUT_COLUMNS = (
     "policy",
     "tokens_per_s",
 )
-HIT_COLUMNS = ("label", "source", "cache_experts_per_layer", "policy", "hit_rate")
+HIT_COLUMNS = ("label", "source", "bandwidth_gb_per_s", "cache_experts_per_layer", "policy", "hit_rate")
 SPLIT_COLUMNS = ("label", "draft_s", "verify_s", "h2d_s", "other_s")
 SCATTER_COLUMNS = ("label", "predicted_s", "measured_s")
 # the fidelity figures analysis.validate writes under <folder>/figures/ (the report shows them)
@@ -180,7 +180,9 @@ def _add_sweep(data: ReportData, path: Path) -> None:
         )
     data._add("throughput", tp[list(THROUGHPUT_COLUMNS)])
     if "hit_rate" in df.columns:
-        hr = df[["cache_experts_per_layer", "policy", "hit_rate"]].assign(label=label, source="sim")
+        hr = df[["bandwidth_gb_per_s", "cache_experts_per_layer", "policy", "hit_rate"]].assign(
+            label=label, source="sim"
+        )
         data._add("hit_rates", hr[list(HIT_COLUMNS)])
     if {"draft_s", "verify_s", "h2d_s", "decode_s"} <= set(df.columns):
         split = pd.DataFrame(
@@ -283,7 +285,8 @@ def _add_trace(
     if run.num_rows("nodes"):
         arrays = run.node_arrays()
         num_trees = arrays.num_trees
-        data.dense.append((label, arrays, manifest.model.num_experts))
+        synthetic = manifest.run.prompt_source == "synthetic"  # generated, not recorded by live.record
+        data.dense.append((f"{label} (synthetic)" if synthetic else label, arrays, manifest.model.num_experts))
     cycles = run.cycles
     listed = {"mode": manifest.run.mode, "num_requests": len(run.request_ids), "num_trees": num_trees}
     if not len(cycles):  # e.g. a synthetic dense trace: trees only
@@ -318,7 +321,7 @@ def _add_trace(
     }
     if include_rates:  # a validate folder's fidelity.csv already holds these
         data._add("throughput", pd.DataFrame([{**row, "tokens_per_s": summary["tokens_per_s"]}]))
-        hit = {k: row[k] for k in ("label", "source", "cache_experts_per_layer", "policy")}
+        hit = {k: row[k] for k in ("label", "source", "bandwidth_gb_per_s", "cache_experts_per_layer", "policy")}
         data._add("hit_rates", pd.DataFrame([{**hit, "hit_rate": summary["hit_rate"]}]))
     draft, verify, h2d = (float(cycles[c].sum()) for c in ("draft_s", "verify_s", "h2d_s"))
     other = max(float(cycles["cycle_s"].sum()) - draft - verify - h2d, 0.0)
@@ -354,7 +357,9 @@ def _live_config(manifest: object) -> str:
         model=manifest.model.name,
         expert_bytes=manifest.model.bytes_per_expert,
         cache_policy=run.cache_policy,
-        predictor=run.predictor,
+        # only specfit's and cascade's choices depend on the predictor: ar / full / chain / topn runs
+        # share the configuration (and the regime map's panels) of any predictor
+        predictor=run.predictor if run.tree_policy in ("specfit", "cascade") else None,
         depth=cfg.get("depth", getattr(draft, "tree_depth", None)),
         max_nodes=cfg.get("max_nodes", getattr(draft, "max_nodes", None)),
         prompts=cfg.get("prompts", run.prompt_source),
@@ -453,7 +458,9 @@ def _add_validate(data: ReportData, path: Path) -> None:
             data._add("throughput", tp[list(THROUGHPUT_COLUMNS)])
         col = f"{source}_hit_rate"
         if col in df.columns:
-            hr = df[["cache_experts_per_layer", "policy", col]].rename(columns={col: "hit_rate"})
+            hr = df[["bandwidth_gb_per_s", "cache_experts_per_layer", "policy", col]].rename(
+                columns={col: "hit_rate"}
+            )
             data._add("hit_rates", hr.assign(label=path.name, source=source)[list(HIT_COLUMNS)])
 
 

@@ -56,10 +56,11 @@ Full definitions: docs/metrics.md.
 CAPTIONS = {
     "throughput_vs_bandwidth": "Throughput against H2D bandwidth per policy, one row of panels per "
     "configuration (listed above; never averaged across configurations), one panel per cache size "
-    "(solid: simulated, dashed: live). "
+    "(colour: policy; solid: SIMULATED, dashed: MEASURED live). "
     "Hatched bands: bandwidths where the full tree (top-N) is slower than autoregressive decoding, "
     "per source: red `//` in the simulated cells, blue `\\` in the live ones (cross-hatched: both); "
-    "the legend names each.",
+    "the legend names each. Where it holds at every bandwidth of a panel nothing is hatched and the "
+    "panel title says so.",
     "predicted_vs_measured": "Per-cycle predicted against measured cycle time (log-log; the line is y = x). "
     "Series: `<run> (planner)` = the planner's own logged `predicted_cycle_s` of a policy-mode run; "
     "`<folder> (calibrated, <split>)` = a calibration folder's fitted cost model; `<folder> calibrated: "
@@ -70,8 +71,10 @@ CAPTIONS = {
     "acceptance_per_depth": "Per-depth conditional acceptance of the full dense trees.",
     "expert_union_growth": "Distinct experts per layer against the number of verified nodes "
     "(thin: each layer; bold: mean; dashed: no expert sharing).",
-    "hit_rate_vs_cache": "Expert-cache hit rate against cache size.",
-    "time_split": "Share of decode time in drafting, verify compute, H2D copies and the rest.",
+    "hit_rate_vs_cache": "Expert-cache hit rate against cache size, one panel per H2D bandwidth "
+    "(solid: SIMULATED, dashed: MEASURED live).",
+    "time_split": "Share of decode time in drafting, verify compute, H2D copies and the rest "
+    "(`live ...` rows MEASURED, `sim ...` rows SIMULATED).",
 }
 
 
@@ -120,6 +123,7 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument("--out", default="runs/report", help="output folder for report.md and figures/")
     p.add_argument("--title", default="SpecFit offloading report", help="report title")
+    p.add_no_progress()
     return p
 
 
@@ -245,8 +249,9 @@ VALIDATE_CAPTIONS = {
 }
 
 
-def render_figures(data: ReportData, fig_dir: Path) -> dict[str, Path | None]:
-    """Draw every figure that the data allow; ``{name: path or None}`` in :data:`figures.FIGURES` order."""
+def render_figures(data: ReportData, fig_dir: Path, progress: bool = True) -> dict[str, Path | None]:
+    """Draw every figure that the data allow; ``{name: path or None}`` in :data:`figures.FIGURES` order
+    (``progress``: a bar on stderr)."""
     jobs = {
         "throughput_vs_bandwidth": lambda p: figures.throughput_vs_bandwidth(data.throughput, p),
         "predicted_vs_measured": lambda p: figures.predicted_vs_measured(data.cycle_scatter, p),
@@ -256,17 +261,18 @@ def render_figures(data: ReportData, fig_dir: Path) -> dict[str, Path | None]:
         "time_split": lambda p: figures.time_split(data.time_split, p),
     }
     out: dict[str, Path | None] = {}
-    for name in tqdm(figures.FIGURES, desc="figures", file=sys.stderr):
+    for name in tqdm(figures.FIGURES, desc="figures", file=sys.stderr, disable=not progress):
         out[name] = jobs[name](fig_dir / f"{name}.png")
     return out
 
 
 def write_report(
-    data: ReportData, out_dir: Path, title: str, copied: list[Path] | None = None
+    data: ReportData, out_dir: Path, title: str, copied: list[Path] | None = None, progress: bool = True
 ) -> tuple[Path, dict[str, Path | None]]:
     """Render the figures and write ``report.md``; returns its path and the figure paths. The
-    validate folders' fidelity figures copied next to it are appended to ``copied`` when given."""
-    fig_paths = render_figures(data, out_dir / "figures")
+    validate folders' fidelity figures copied next to it are appended to ``copied`` when given
+    (``progress``: a bar on stderr while the figures render)."""
+    fig_paths = render_figures(data, out_dir / "figures", progress)
     lines = [f"# {title}\n", "## Inputs\n"]
     lines += [f"- `{p}` ({kind})" for p, kind in data.inputs]
     lines.append("")
@@ -343,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ReportInputError as exc:
         parser.fail("DIR", str(exc))
     copied: list[Path] = []
-    report, fig_paths = write_report(data, out_dir, args.title, copied)
+    report, fig_paths = write_report(data, out_dir, args.title, copied, progress=not args.no_progress)
     drawn = [n for n, p in fig_paths.items() if p is not None]
     missing = {n: MISSING_REASONS[n] for n, p in fig_paths.items() if p is None}
     _, split_left_out = figures.time_split_rows(data.time_split)

@@ -75,6 +75,7 @@ from calibration.checks import CalibrationDataError
 from calibration.costfit import WEIGHTINGS, FitOptions, fit_cost_model
 from specfit.cli import (
     ArgumentParser,
+    choices_help,
     cli_main,
     comma_list,
     gb_per_s,
@@ -84,6 +85,7 @@ from specfit.cli import (
     run_main,
 )
 from specfit.cost import CycleCostModel
+from specfit.policies import TREE_POLICY_HELP
 from specfit.units import gb_per_s_to_bytes_per_s, us_to_s
 
 GRID_POLICIES = ("ar", "topn", "specfit")
@@ -150,7 +152,18 @@ def build_parser() -> ArgumentParser:
     p.add_argument(
         "--draft", default=None, help="draft checkpoint directory (default: embedded with --model default)"
     )
-    p.add_argument("--prompts", default="default", help="'default', 'mtbench' or a .jsonl/.txt prompt file")
+    p.add_argument(
+        "--prompts",
+        default="default",
+        help="'default', 'mtbench' or a .jsonl/.txt prompt file (as live.record --prompts: the MT-bench "
+        "question.jsonl layout is read, first turn)",
+    )
+    p.add_argument(
+        "--category",
+        default=None,
+        metavar="NAME[,NAME]",
+        help="only the prompts of these categories (as live.record --category); default: every prompt",
+    )
     p.add_argument("--num-prompts", type=positive_int, default=3, help="prompts (count)")
     p.add_argument(
         "--max-new-tokens", type=positive_int, default=24, help="tokens generated per prompt (count)"
@@ -175,7 +188,7 @@ def build_parser() -> ArgumentParser:
         "--policies",
         type=comma_list(str),
         default=list(GRID_POLICIES),
-        help="tree policies (ar, topn, specfit)",
+        help="tree policies, comma-separated: " + choices_help(GRID_POLICIES, TREE_POLICY_HELP),
     )
     p.add_argument("--depth", type=positive_int, default=3, help="maximum draft depth (levels)")
     p.add_argument("--topk", type=positive_int, default=2, help="children per frontier node (count)")
@@ -219,6 +232,7 @@ def build_parser() -> ArgumentParser:
         help="torch intra-op threads of the live runs (count); 1 keeps CPU timings steady on a shared machine",
     )
     p.add_argument("--out", default=None, help="output folder (default runs/validate/<UTC time>)")
+    p.add_no_progress()
     return p
 
 
@@ -297,6 +311,10 @@ class Validator:
         argv += ["--max-nodes", str(a.max_nodes), "--device", a.device, "--seed", str(a.seed)]
         if a.draft is not None:
             argv += ["--draft", a.draft]
+        if a.category is not None:
+            argv += ["--category", a.category]
+        if a.no_progress:
+            argv.append("--no-progress")
         return argv
 
     def _link_flags(self, bandwidth: float) -> list[str]:
@@ -614,6 +632,9 @@ def check_model_and_prompts(args: Any, parser: ArgumentParser) -> None:
         big = [c for c in args.cache_experts if c > experts]
         if big:
             parser.fail("--cache-experts", f"expected at most {experts} (the experts per layer), got {big}")
+    from live.record import check_categories
+
+    check_categories(args.prompts, args.category, parser)
     from live.prompts import load_prompts
 
     try:
@@ -650,7 +671,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.torch_threads)
     validator = Validator(args, out)
     try:
-        table, summary = validator.run()
+        table, summary = validator.run(progress=not args.no_progress)
     except (ValidationError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         print_summary(

@@ -155,6 +155,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument(
         "--min-token-count", type=positive_int, default=2, help="occurrences for a token-table entry (count)"
     )
+    p.add_no_progress()
     return p
 
 
@@ -208,7 +209,8 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
         RunInputError, CalibrationDataError, AcceptanceDataError, ValueError: data problems.
     """
     loaded = load_runs(
-        tqdm(args.run_dirs, desc="runs", disable=len(args.run_dirs) < 3), expected_model=args.model
+        tqdm(args.run_dirs, desc="runs", disable=args.no_progress or len(args.run_dirs) < 3, file=sys.stderr),
+        expected_model=args.model,
     )
     cycles, transfers, cost_labels = loaded.cost_fit_tables()
     has_policy_runs = any(m.run.mode == "policy" for m in loaded.manifests())

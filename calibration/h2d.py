@@ -87,6 +87,7 @@ def build_parser() -> ArgumentParser:
         "thread pool's wake-up (~10 ms) can dominate copies above ~128 KiB",
     )
     p.add_argument("--out-dir", default="runs/h2d", help="folder for h2d.csv, h2d.json, h2d.png")
+    p.add_no_progress()
     return p
 
 
@@ -237,6 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             warmup=args.warmup,
             bandwidth_bytes_per_s=gb_per_s_to_bytes_per_s(args.bandwidth),
             latency_s=us_to_s(args.latency_us),
+            progress=not args.no_progress,
         )
         result = fit_table(table)
     except ValueError as exc:

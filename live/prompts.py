@@ -209,7 +209,9 @@ def default_prompts(n: int = 32) -> list[Prompt]:
 def _text_of(obj: object, where: str) -> str:
     """Prompt text of one JSONL record: ``prompt``, ``text`` or the first of ``turns``."""
     if not isinstance(obj, dict):
-        raise ValueError(f"{where}: expected a JSON object with a 'prompt' or 'text' field (or MT-bench 'turns')")
+        raise ValueError(
+            f"{where}: expected a JSON object with a 'prompt' or 'text' field (or MT-bench 'turns')"
+        )
     for key in ("prompt", "text"):
         if key in obj:
             value = obj[key]

@@ -38,8 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from live.spec.names import CACHE_POLICIES, DTYPES, LIVE_POLICIES, LIVE_PREDICTORS, MODES, PLANNED_POLICIES
+from specfit.cache import CACHE_POLICY_HELP
 from specfit.cli import (
     ArgumentParser,
+    choices_help,
     cli_main,
     gb_per_s,
     non_negative_float,
@@ -47,7 +49,8 @@ from specfit.cli import (
     positive_int,
     print_summary,
 )
-from specfit.policies import STOPPING_RULES
+from specfit.policies import STOPPING_RULES, TREE_POLICY_HELP
+from specfit.predictors import PREDICTOR_HELP
 
 
 @dataclass(frozen=True)
@@ -119,8 +122,19 @@ def build_parser() -> ArgumentParser:
     p.add_argument(
         "--max-new-tokens", type=positive_int, default=48, help="tokens generated per prompt (count)"
     )
-    p.add_argument("--mode", choices=MODES, default="dense", help="dense trace (for replay) or a live policy")
-    p.add_argument("--policy", choices=LIVE_POLICIES, default="specfit", help="tree policy in --mode policy")
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default="dense",
+        help="dense = the full drafted tree verified at every position, one token committed per cycle, "
+        "every node's routing recorded (a trace for sim.sweep); policy = a tree policy decodes for real",
+    )
+    p.add_argument(
+        "--policy",
+        choices=LIVE_POLICIES,
+        default="specfit",
+        help="tree policy in --mode policy: " + choices_help(LIVE_POLICIES, TREE_POLICY_HELP),
+    )
     p.add_argument(
         "--stopping",
         choices=STOPPING_RULES,
@@ -132,7 +146,9 @@ def build_parser() -> ArgumentParser:
         "--predictor",
         choices=("auto", *LIVE_PREDICTORS),
         default="auto",
-        help="expert predictor of the planned policies (chain, topn, specfit, cascade). 'auto' = "
+        help="expert predictor of the planned policies (chain, topn, specfit, cascade): "
+        + choices_help(LIVE_PREDICTORS, PREDICTOR_HELP)
+        + ". 'auto' = "
         "'union-size' (the simulator's default, priced at the cache's observed miss fraction) with "
         "--predictor-tables, or with --model default the union-size table of the shipped sample trace "
         "traces/samples/default (as `python -m sim.sweep` fits it), else 'recent' (no tables needed)",
@@ -154,7 +170,10 @@ def build_parser() -> ArgumentParser:
         help="device expert cache capacity per layer (experts); default: a quarter of the experts per layer",
     )
     p.add_argument(
-        "--cache-policy", choices=CACHE_POLICIES, default="lru", help="expert cache eviction policy"
+        "--cache-policy",
+        choices=CACHE_POLICIES,
+        default="lru",
+        help="expert cache eviction policy: " + choices_help(CACHE_POLICIES, CACHE_POLICY_HELP),
     )
     p.add_argument(
         "--bandwidth",
@@ -196,9 +215,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument(
         "--resume", action="store_true", help="continue the run in --out, skipping finished prompts"
     )
-    p.add_argument(
-        "--no-progress", action="store_true", help="no progress bar on stderr (logs, CI, scripts)"
-    )
+    p.add_no_progress()
     p.add_argument(
         "--predictor-tables",
         default=None,

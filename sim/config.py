@@ -16,7 +16,6 @@ POLICY_ALIASES = {
     "chain": "chain",
     "top-n": "topn",
     "topn": "topn",
-    "eagle": "topn",
     "specfit": "specfit",
     "cascade": "cascade",
     "specfit-oracle-accept": "specfit-oracle-accept",
@@ -36,6 +35,13 @@ ORACLE_VARIANTS = {
     "specfit-oracle": (True, True),
 }
 # the lossless baselines SpecFit must not fall below (issue 12, "a planner that never loses")
+#: One line per oracle variant for ``--help``.
+ORACLE_VARIANT_HELP = {
+    "specfit-oracle-accept": "SpecFit given the recorded accepted flags as its acceptance (regret "
+    "decomposition, regret_* columns)",
+    "specfit-oracle-experts": "SpecFit given the recorded experts of every draft node",
+    "specfit-oracle": "SpecFit given both",
+}
 BASELINE_POLICIES = ("ar", "chain", "topn", "cascade")
 
 

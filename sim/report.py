@@ -13,6 +13,7 @@ oracle variants in the sweep, SpecFit rows also carry the regret decomposition (
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,11 @@ VARIED_KEYS = ("cache_policy", "predictor", "overlap", "prefetch", "stopping")
 """Columns the table and figure show only when they vary (``stopping``: SpecFit rows of two
 stopping rules, e.g. sweeps with each ``--stopping`` into one folder)."""
 TABLE_COLUMNS = (
-    ("cache_experts_per_layer", "cache", "{:d}"),
+    ("cache_experts_per_layer", "cache exp/layer", "{:d}"),
+    ("cache_fraction", "cache frac", "{:.3g}"),
     ("bandwidth_gb_per_s", "GB/s", "{:g}"),
     ("policy", "policy", "{}"),
-    ("tokens_per_s", "tok/s", "{:.1f}"),
+    ("tokens_per_s", "sim tok/s", "{:.1f}"),
     ("tau", "tau", "{:.2f}"),
     ("mean_draft_levels", "levels", "{:.1f}"),
     ("mean_nodes_verified", "|S|", "{:.1f}"),
@@ -59,6 +61,34 @@ TABLE_COLUMNS = (
     ("speedup_vs_ar", "x AR", "{:.3f}"),
     ("speedup_vs_topn", "x top-N", "{:.3f}"),
 )
+# What each table header means, with its unit (printed under the table, one line per column shown).
+TABLE_LEGEND = {
+    "cache exp/layer": "expert-cache capacity, experts per MoE layer",
+    "cache frac": "the same capacity as a fraction of the experts per layer",
+    "GB/s": "simulated H2D link bandwidth, GB/s (1 GB = 1e9 bytes)",
+    "policy": "tree policy: ar = autoregressive (root only), chain, topn = top-N nodes by path "
+    "probability, cascade, specfit = exact throughput-optimal subtree; specfit-oracle-accept / "
+    "-experts / specfit-oracle = SpecFit given the recorded acceptance / experts / both",
+    "cache_policy": "expert-cache eviction policy",
+    "predictor": "expert predictor of the planner (and of prefetch)",
+    "overlap": "expert copies pipelined behind compute (on/off)",
+    "prefetch": "predicted misses copied when the subtree is chosen (on/off)",
+    "sim tok/s": "SIMULATED committed tokens per second of decode (trace replay, not a measurement)",
+    "tau": "mean tokens committed per verification cycle, bonus token included",
+    "levels": "mean draft levels drafted per cycle",
+    "|S|": "mean nodes verified per cycle (the chosen subtree S, root included)",
+    "hit": "expert-cache hit rate, hits / (hits + misses), 0..1",
+    "H2D GB": "expert bytes copied host-to-device during decode, GB (1e9 bytes)",
+    "x AR": "sim tok/s / that of the autoregressive row of the same cell (same bandwidth, cache, "
+    "cache policy, predictor, overlap, prefetch)",
+    "x top-N": "sim tok/s / that of the top-N row of the same cell",
+    "stopping": "SpecFit's stopping rule (expected / bound)",
+    "regret": "SpecFit's decision regret: (best tokens/s in hindsight - SpecFit's) / best, 0..1",
+    "r.acc": "share of it perfect acceptance estimates recover (specfit-oracle-accept - specfit) / best",
+    "r.exp": "share perfect expert predictions recover (specfit-oracle-experts - specfit) / best",
+    "r.myo": "share left with both inputs perfect (best - specfit-oracle) / best: the greedy per-cycle choice",
+    "!": "SpecFit below max(autoregressive, chain, top-N, cascade) in this cell (see the note below)",
+}
 
 
 def results_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
@@ -134,7 +164,8 @@ def _add_regret(df: pd.DataFrame) -> pd.DataFrame:
 def format_table(df: pd.DataFrame, header: Sequence[str] = ()) -> str:
     """Fixed-width text table, one row per cell; extra key columns appear when they vary.
 
-    SpecFit rows failing the check end in ``!`` and :data:`CHECK_NOTE` follows the table.
+    Under the table a legend (:data:`TABLE_LEGEND`) says what every column shown means, with its
+    unit. SpecFit rows failing the check end in ``!`` and :data:`CHECK_NOTE` follows, last.
     """
     columns = list(TABLE_COLUMNS)
     if "regret_myopic" in df and df["regret_myopic"].notna().any():
@@ -144,9 +175,8 @@ def format_table(df: pd.DataFrame, header: Sequence[str] = ()) -> str:
             ("regret_experts", "r.exp", "{:.3f}"),
             ("regret_myopic", "r.myo", "{:.3f}"),
         ]
-    for key in VARIED_KEYS:
-        if key in df and df[key].nunique() > 1:
-            columns.insert(2, (key, key, "{}"))
+    varied = [k for k in VARIED_KEYS if k in df and df[k].nunique() > 1]
+    columns[2:2] = [(key, key, "{}") for key in varied]
     lines = list(header)
     cells = []
     for _, row in df.iterrows():
@@ -157,6 +187,8 @@ def format_table(df: pd.DataFrame, header: Sequence[str] = ()) -> str:
                 value = f"{value} (lossy)"  # never part of a lossless comparison
             if value is None or (isinstance(value, float) and np.isnan(value)):
                 out.append("-")
+            elif name in ("overlap", "prefetch"):
+                out.append("on" if _on_off(value) else "off")
             else:
                 out.append(fmt.format(int(value) if fmt == "{:d}" else value))
         below = bool(row.get("specfit_below_baseline", False))
@@ -167,46 +199,141 @@ def format_table(df: pd.DataFrame, header: Sequence[str] = ()) -> str:
     lines.append("  ".join(t.rjust(w) for t, w in zip(titles, widths)).rstrip())
     lines.append("  ".join("-" * w for w in widths[:-1]))
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
-    if df.get("specfit_below_baseline", pd.Series(dtype=bool)).any():
+    flagged = bool(df.get("specfit_below_baseline", pd.Series(dtype=bool)).any())
+    lines += table_legend([title for _, title, _ in columns] + (["!"] if flagged else []))
+    if flagged:
         lines.append(CHECK_NOTE)
     return "\n".join(lines)
 
 
+def table_legend(titles: Sequence[str]) -> list[str]:
+    """Legend lines under the table: ``"  <title>  <meaning, unit>"`` for each of ``titles``."""
+    width = max((len(t) for t in titles), default=0)
+    return ["Legend:"] + [f"  {t.ljust(width)}  {TABLE_LEGEND[t]}" for t in titles if t in TABLE_LEGEND]
+
+
+# One colour per policy in every figure (sim.sweep's and analysis.report's).
+POLICY_COLORS = {
+    "ar": "tab:gray",
+    "chain": "tab:purple",
+    "topn": "tab:red",
+    "full": "tab:orange",
+    "cascade": "tab:blue",
+    "specfit": "tab:green",
+    "specfit-oracle-accept": "tab:olive",
+    "specfit-oracle-experts": "tab:cyan",
+    "specfit-oracle": "tab:brown",
+}
+# Line style per (overlap, prefetch) pair, so `--overlap both` / `--prefetch both` pair up with
+# the policy colours: colour = policy, line style = overlap/prefetch.
+OVERLAP_PREFETCH_STYLES = {
+    (False, False): "-",
+    (True, False): "--",
+    (False, True): ":",
+    (True, True): "-.",
+}
+VARIANT_MARKERS = ("o", "s", "^", "D", "v", "P", "X")  # cache policy / predictor variants
+
+
+def _on_off(value: Any) -> bool:
+    return str(value).strip().lower() in ("true", "1", "on")
+
+
 def plot_throughput(df: pd.DataFrame, path: Path, title: str = "") -> Path:
-    """PNG: tokens/s against bandwidth, one line per policy (and varied key), one panel per cache size."""
+    """Write :func:`throughput_figure` of ``df`` as a PNG at ``path``; returns ``path``."""
+    fig = throughput_figure(df, title)  # selects the Agg backend before pyplot is imported here
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def throughput_figure(df: pd.DataFrame, title: str = "") -> Any:
+    """A matplotlib figure: SIMULATED tokens/s against bandwidth, one panel per cache size.
+
+    Colour = policy (:data:`POLICY_COLORS`); line style = overlap/prefetch
+    (:data:`OVERLAP_PREFETCH_STYLES`); marker = cache policy / predictor when they vary. The
+    legend has one entry per policy colour and one per style or marker in use. ``title``: the
+    figure title (the sweep passes what was replayed and how it was priced).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     caches = sorted(df["cache_experts_per_layer"].unique())
-    varied = [k for k in VARIED_KEYS if k in df and df[k].nunique() > 1]
-    fig, axes = plt.subplots(1, len(caches), figsize=(4.2 * len(caches), 3.6), squeeze=False, sharey=True)
+    marker_keys = [k for k in ("cache_policy", "predictor", "stopping") if k in df and df[k].nunique() > 1]
+    markers = {
+        combo: VARIANT_MARKERS[i % len(VARIANT_MARKERS)]
+        for i, combo in enumerate(dict.fromkeys(map(tuple, df[marker_keys].astype(str).to_numpy())))
+    }
+    styles_used: dict[tuple[bool, bool], str] = {}
+    policies_used: list[str] = []
+    fig, axes = plt.subplots(
+        1, len(caches), figsize=(max(6.0, 4.2 * len(caches)), 3.8), squeeze=False, sharey=True
+    )
     for ax, cache in zip(axes[0], caches):
         part = df[df["cache_experts_per_layer"] == cache]
-        for label_keys, series in part.groupby(["policy", *varied], sort=False, dropna=False):
-            keys = label_keys if isinstance(label_keys, tuple) else (label_keys,)
-            label = " ".join(
-                f"{k}={v}" if i else str(v)
-                for i, (k, v) in enumerate(zip(["policy", *varied], keys))
-                if not pd.isna(v)  # e.g. no stopping rule off SpecFit rows
-            )
+        for keys, series in part.groupby(
+            ["policy", "overlap", "prefetch", *marker_keys], sort=False, dropna=False
+        ):
+            policy, overlap, prefetch = str(keys[0]), _on_off(keys[1]), _on_off(keys[2])
+            combo = tuple(str(k) for k in keys[3:])
+            style = OVERLAP_PREFETCH_STYLES[(overlap, prefetch)]
+            styles_used[(overlap, prefetch)] = style
+            policies_used.append(policy)
             series = series.sort_values("bandwidth_gb_per_s")
-            ax.plot(series["bandwidth_gb_per_s"], series["tokens_per_s"], marker="o", label=label)
+            ax.plot(
+                series["bandwidth_gb_per_s"],
+                series["tokens_per_s"],
+                linestyle=style,
+                marker=markers.get(combo, "o"),
+                color=POLICY_COLORS.get(policy),
+            )
         frac = part["cache_fraction"].iloc[0]
-        ax.set_title(f"cache {int(cache)} experts/layer ({frac * 100:.3g}%)")
-        ax.set_xlabel("H2D bandwidth (GB/s)")
+        ax.set_title(f"cache {int(cache)} experts/layer ({frac * 100:.3g}% of the experts)", fontsize=9)
+        ax.set_xlabel("H2D bandwidth (GB/s, 1 GB = 1e9 B)")
         ax.set_xscale("log", base=2)
         bandwidths = sorted(part["bandwidth_gb_per_s"].unique())
         ax.set_xticks(bandwidths, [f"{b:g}" for b in bandwidths])
         ax.minorticks_off()
         ax.grid(True, alpha=0.3)
-    axes[0][0].set_ylabel("tokens/s")
-    axes[0][-1].legend(fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=9)
+    axes[0][0].set_ylabel("SIMULATED tokens/s")
+    handles = [
+        Line2D([], [], color=POLICY_COLORS.get(p), marker="o", label=p) for p in dict.fromkeys(policies_used)
+    ]
+    if len(styles_used) > 1:
+        handles += [
+            Line2D(
+                [],
+                [],
+                color="black",
+                linestyle=style,
+                label=f"overlap {'on' if o else 'off'}, prefetch {'on' if f else 'off'}",
+            )
+            for (o, f), style in sorted(styles_used.items())
+        ]
+    if len(markers) > 1:
+        handles += [
+            Line2D(
+                [],
+                [],
+                color="black",
+                linestyle="",
+                marker=m,
+                label=", ".join(f"{k} {v}" for k, v in zip(marker_keys, combo) if v != "nan") or "(none)",
+            )
+            for combo, m in markers.items()
+        ]
+    axes[0][-1].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if title:  # each line wrapped to the figure's width (about 17 characters per inch at 8 pt)
+        chars = max(60, int(17 * fig.get_figwidth()))
+        fig.suptitle(
+            "\n".join(textwrap.fill(t, chars, subsequent_indent="    ") for t in title.splitlines()),
+            fontsize=8,
+        )
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig

@@ -41,13 +41,15 @@ from typing import Any
 import pandas as pd
 
 from sim.cells import KEY_COLUMNS, CellSpec, make_cells, parse_cache_sizes
-from sim.config import DEFAULT_POLICIES, canonical_policy
+from sim.config import DEFAULT_POLICIES, ORACLE_VARIANT_HELP, POLICY_ALIASES, canonical_policy
 from sim.executors import EXECUTORS, RayAddressError, run_cells
 from sim.presets import DEFAULT_COST, link_presets, preset_names, resolve_cost
 from sim.report import format_table, plot_throughput, results_frame
 from sim.traceselect import SyntheticSpec, resolve_trace
+from specfit.cache import CACHE_POLICIES, CACHE_POLICY_HELP
 from specfit.cli import (
     ArgumentParser,
+    choices_help,
     cli_main,
     comma_list,
     gb_per_s,
@@ -57,7 +59,9 @@ from specfit.cli import (
     print_summary,
     run_main,
 )
-from specfit.policies import STOPPING_RULES
+from specfit.policies import STOPPING_RULES, TREE_POLICY_HELP
+from specfit.predictors import PREDICTOR_HELP, PREDICTORS
+from specfit.shapes import MODEL_SHAPES
 from specfit.units import bytes_per_s_to_gb_per_s, bytes_to_gb, us_to_s
 
 DEFAULT_MODEL_SHAPE = "qwen3-30b-a3b"
@@ -366,9 +370,10 @@ def build_parser() -> ArgumentParser:
         "--policy",
         type=comma_list(str),
         default=list(DEFAULT_POLICIES),
-        help="tree policies: autoregressive|ar, chain, top-n|topn, specfit, cascade; and SpecFit with "
-        "oracle inputs for the regret decomposition (regret_* columns): specfit-oracle-accept (recorded "
-        "accepted flags as acceptance), specfit-oracle-experts (recorded experts), specfit-oracle (both)",
+        help="tree policies, comma-separated: "
+        + choices_help(
+            dict.fromkeys(POLICY_ALIASES.values()), {**TREE_POLICY_HELP, **ORACLE_VARIANT_HELP}, POLICY_ALIASES
+        ),
     )
     p.add_argument(
         "--lossy",
@@ -390,25 +395,30 @@ def build_parser() -> ArgumentParser:
         help="SpecFit's stopping rule (specfit cells only; part of their cell id): expected = draft on "
         "while the expected next levels pay, bound = stop only when no deeper tree can pay",
     )
-    p.add_argument("--cache-policy", type=comma_list(str), default=["lru"], help="expert-cache policies")
+    p.add_argument(
+        "--cache-policy",
+        type=comma_list(str),
+        default=["lru"],
+        help="expert-cache policies, comma-separated: " + choices_help(CACHE_POLICIES, CACHE_POLICY_HELP),
+    )
     p.add_argument(
         "--predictor",
         type=comma_list(str),
         default=["union-size"],
-        help="expert predictors used by the planner (and by prefetch): oracle, recent, token-table, "
-        "union-size (expected distinct experts per node count, measured on the trace)",
+        help="expert predictors used by the planner (and by prefetch), comma-separated: "
+        + choices_help(PREDICTORS, PREDICTOR_HELP),
     )
     p.add_argument(
         "--overlap",
         choices=sorted(MODES),
         default="off",
-        help="pipeline a cycle's expert copies behind compute",
+        help="pipeline a cycle's expert copies behind compute: on, off, or both (a cell each)",
     )
     p.add_argument(
         "--prefetch",
         choices=sorted(MODES),
         default="off",
-        help="copy the predicted misses when the subtree is chosen",
+        help="copy the predicted misses when the subtree is chosen: on, off, or both (a cell each)",
     )
     p.add_argument(
         "--cost",
@@ -429,8 +439,8 @@ def build_parser() -> ArgumentParser:
     size.add_argument(
         "--model-shape",
         default=None,
-        help=f"price transfers at this model's expert size; None: {DEFAULT_MODEL_SHAPE} for a preset "
-        "cost, the file's own for a cost JSON",
+        help=f"price transfers at this model's expert size, one of {', '.join(MODEL_SHAPES)}; None: "
+        f"{DEFAULT_MODEL_SHAPE} for a preset cost, the file's own for a cost JSON",
     )
     size.add_argument("--expert-bytes", type=positive_int, default=None, help="bytes per expert (bytes)")
     p.add_argument(
@@ -458,8 +468,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument(
         "--trace",
         default="auto",
-        help="dense trace: auto (shipped sample, else synthetic), sample, synthetic[:SHAPE], or a "
-        "run directory",
+        help="dense trace: auto (shipped sample, else synthetic), sample, synthetic[:SHAPE] (SHAPE one of "
+        f"{', '.join(MODEL_SHAPES)}), or a run directory",
     )
     p.add_argument(
         "--synthetic-requests",
@@ -493,7 +503,12 @@ def build_parser() -> ArgumentParser:
     p.add_argument(
         "--jobs", type=positive_int, default=min(2, os.cpu_count() or 1), help="worker processes (count)"
     )
-    p.add_argument("--executor", choices=list(EXECUTORS), default="local", help="where cells run")
+    p.add_argument(
+        "--executor",
+        choices=list(EXECUTORS),
+        default="local",
+        help="where cells run: local = --jobs worker processes here; ray = a Ray cluster (--ray-address)",
+    )
     p.add_argument(
         "--ray-address",
         default=None,
@@ -502,7 +517,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed (synthetic trace, predictors)")
     p.add_argument("--per-cycle", action="store_true", help="also write each cell's cycle records (cycles/)")
     p.add_argument("--no-figures", action="store_true", help="skip the PNG figure")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_no_progress()
     return p
 
 
@@ -714,7 +729,7 @@ def _build_cells(
 
 
 def _write_results(
-    results: pd.DataFrame, out: Path, header: list[str], figures: bool
+    results: pd.DataFrame, out: Path, header: list[str], figures: bool, cost_spec: str, cost: dict[str, Any]
 ) -> tuple[str, list[str]]:
     """Write results.parquet/.csv, table.txt and the figure; return (table text, file names)."""
     results.to_parquet(out / "results.parquet", index=False)
@@ -723,9 +738,39 @@ def _write_results(
     (out / "table.txt").write_text(table + "\n")
     files = ["results.parquet", "results.csv", "table.txt", "sweep.json"]
     if figures:
-        plot_throughput(results, out / "throughput_vs_bandwidth.png", title=header[0][:140])
+        plot_throughput(
+            results, out / "throughput_vs_bandwidth.png", title=figure_title(header, cost_spec, cost)
+        )
         files.append("throughput_vs_bandwidth.png")
     return table, files
+
+
+def figure_title(header: Sequence[str], cost_spec: str, cost: dict[str, Any]) -> str:
+    """The sweep figure's title lines: SIMULATED (not measured), the trace replayed, and how it
+    was priced (bytes per expert, compute costs and their preset or file, link bandwidth and
+    per-transfer latency).
+
+    ``header``: the table's header lines (``trace:``, ``model shape:``, ``bandwidth:`` lines of
+    :func:`_build_cells`); ``cost``: one cell's cost dict (:meth:`CycleCostModel.to_dict`).
+    """
+
+    def line(prefix: str) -> str:
+        return next((h.removeprefix(prefix).strip() for h in header if h.startswith(prefix)), "?")
+
+    size_name = line("model shape:").split(" expert size")[0]
+    compute = (
+        f"cost file {cost_spec}" if _is_cost_file(cost_spec) else f"preset {cost_spec.partition('+')[0]}"
+    )
+    return "\n".join(
+        [
+            "SIMULATED tokens/s (python -m sim.sweep: a trace replay priced by a cost model; not measured)",
+            f"replayed: {line('trace:')}",
+            f"priced: {cost['expert_bytes']:,} B per expert ({size_name} size); compute {compute}: draft "
+            f"{cost['draft_s_per_level'] * 1e3:.3g} ms/level, verify {cost['verify_base_s'] * 1e3:.3g} ms + "
+            f"{cost['verify_s_per_node'] * 1e6:.3g} us/node; link {line('bandwidth:').split(';')[0]}, "
+            f"{cost['h2d_s_per_transfer'] * 1e6:.3g} us/transfer",
+        ]
+    )
 
 
 def _earlier_command_lines(out: Path) -> list[list[str]]:
@@ -872,8 +917,11 @@ def _run(
         print(f"error: {exc}", file=sys.stderr)
         print_summary({"ok": False, "error": str(exc), "exit_code": 1, "out": str(out)})
         return 1
-    table, files = _write_results(results, out, header, figures=not args.no_figures)
+    table, files = _write_results(
+        results, out, header, figures=not args.no_figures, cost_spec=args.cost, cost=cells[0].cost
+    )
     print(table)
+    print(f"sweep folder: {out}  ({', '.join(files)})")
     specfit_rows = results[results["policy"] == "specfit"]
     print_summary(
         {

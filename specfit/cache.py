@@ -39,6 +39,14 @@ import numpy as np
 from specfit import bitsets
 
 CACHE_POLICIES: tuple[str, ...] = ("lru", "lfu", "static", "belady")
+#: One line per cache policy for ``--help`` (see the module docstring for the exact rules).
+CACHE_POLICY_HELP: dict[str, str] = {
+    "lru": "evict the least recently used expert",
+    "lfu": "evict the least frequently used expert",
+    "static": "pin the most frequent experts (a fitted frequency table); nothing inserted or evicted",
+    "belady": "Belady's MIN with bypass: keep the experts needed soonest (future-knowing oracle bound; "
+    "simulator only)",
+}
 _NEVER = float("inf")
 
 

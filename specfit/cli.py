@@ -63,6 +63,12 @@ class ArgumentParser(argparse.ArgumentParser):
         (no usage block; ``--help`` shows it), the JSON line on stdout, exit 2."""
         exit_bad_input(None, message, prog=self.prog)
 
+    def add_no_progress(self) -> None:
+        """Add ``--no-progress`` (``args.no_progress``): no progress bars on stderr."""
+        self.add_argument(
+            "--no-progress", action="store_true", help="no progress bar on stderr (for logs, CI and scripts)"
+        )
+
     def ensure_out_dir(self, flag: str, path: Any) -> Path:
         """Create output folder ``path`` (and parents) now, before any work; exit 2 naming ``flag``
         when it cannot be created or written (a file in the way, no permission, read-only disk).
@@ -99,6 +105,23 @@ def _remove_empty_created(since: int) -> None:
         except OSError:
             pass
     del _CREATED_DIRS[since:]
+
+
+def choices_help(
+    names: Sequence[str], descriptions: dict[str, str] | None = None, aliases: dict[str, str] | None = None
+) -> str:
+    """``--help`` text listing every choice: ``"a = what a does; b (or b2) = ..."``.
+
+    ``names``: the accepted values, in order; ``descriptions``: one line per name (names without
+    one are listed bare); ``aliases``: other spelling -> name, shown in parentheses.
+    """
+    descriptions = descriptions or {}
+    parts = []
+    for name in names:
+        others = [alias for alias, target in (aliases or {}).items() if target == name and alias != name]
+        label = f"{name} (or {', '.join(others)})" if others else name
+        parts.append(f"{label} = {descriptions[name]}" if name in descriptions else label)
+    return "; ".join(parts)
 
 
 def positive_float(text: str) -> float:

@@ -28,6 +28,15 @@ from specfit.context import Plan, PolicyContext, layer_misses, make_plan
 from specfit.planner import plan_exact
 
 TREE_POLICIES: tuple[str, ...] = ("ar", "chain", "topn", "specfit", "cascade")
+#: One line per tree policy for ``--help``.
+TREE_POLICY_HELP: dict[str, str] = {
+    "ar": "autoregressive: the root only, no draft",
+    "full": "verify the whole drafted tree (live engine; what dense trace mode verifies)",
+    "chain": "the draft's most likely path",
+    "topn": "the max_nodes - 1 most likely draft nodes (EAGLE-2/3's tree)",
+    "specfit": "the exact throughput-optimal subtree, with a stopping rule for drafting",
+    "cascade": "topn when the cost model says it beats ar, else ar",
+}
 
 
 class TreePolicy:

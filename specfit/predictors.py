@@ -27,6 +27,14 @@ from specfit.node_experts import NodeExperts
 from specfit.tree import DraftTree
 
 PREDICTORS: tuple[str, ...] = ("oracle", "recent", "token-table", "union-size")
+#: One line per predictor for ``--help`` (the classes below say exactly what each does).
+PREDICTOR_HELP: dict[str, str] = {
+    "oracle": "the true experts of every node (simulator only; an upper bound)",
+    "recent": "the experts of the last committed tokens, for every node",
+    "token-table": "per draft token id and layer, the experts it was most often routed to (fitted)",
+    "union-size": "no per-node sets: expected distinct experts per layer against node count (fitted "
+    "on dense trees)",
+}
 
 __all__ = [
     "PREDICTORS",

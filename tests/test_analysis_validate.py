@@ -194,7 +194,7 @@ def test_validate_summary_says_ran_and_whether_targets_were_met(tmp_path, capsys
         "noise_cycle_p90_pct": 4.4,
     }
     monkeypatch.setattr(
-        validate.Validator, "run", lambda self: (table, {"num_cells": 2, "num_cells_ok": 1, **noise})
+        validate.Validator, "run", lambda self, progress=True: (table, {"num_cells": 2, "num_cells_ok": 1, **noise})
     )
     monkeypatch.setattr(validate, "write_outputs", lambda *a, **k: [])
     assert validate.main(["--out", str(tmp_path / "v")]) == 0

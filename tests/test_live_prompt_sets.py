@@ -50,7 +50,10 @@ def test_category_filter_keeps_file_order(tmp_path):
     got = load_prompts(path, ("summarization", "writing"))
     assert [p.source.rsplit(":", 1)[1] for p in got] == ["1", "3", "4"]
     assert load_prompts(path, None) == load_prompts(path, ())  # no filter
-    with pytest.raises(UnknownCategoryError, match=r"unknown category poetry.*available: math \(1\), summarization \(1\), writing \(2\)"):
+    with pytest.raises(
+        UnknownCategoryError,
+        match=r"unknown category poetry.*available: math \(1\), summarization \(1\), writing \(2\)",
+    ):
         load_prompts(path, ("writing", "poetry"))
 
 
@@ -80,7 +83,14 @@ def test_bad_category_field_names_the_line(tmp_path):
         (
             "spec_bench.jsonl",
             480,
-            {"translation": 80, "summarization": 80, "qa": 80, "math_reasoning": 80, "rag": 80, "writing": 10},
+            {
+                "translation": 80,
+                "summarization": 80,
+                "qa": 80,
+                "math_reasoning": 80,
+                "rag": 80,
+                "writing": 10,
+            },
         ),
         ("eagle_cnndm.jsonl", 80, {"summarization": 80}),
         ("eagle_gsm8k.jsonl", 80, {"math": 80}),
@@ -94,7 +104,9 @@ def test_shared_prompt_sets_load(name, rows, categories):
     assert len(prompts) == rows
     counts = prompt_categories(prompts)
     assert {k: counts[k] for k in categories} == categories
-    first_turns = [json.loads(line)["turns"][0].strip() for line in path.read_text().splitlines() if line.strip()]
+    first_turns = [
+        json.loads(line)["turns"][0].strip() for line in path.read_text().splitlines() if line.strip()
+    ]
     assert [p.text for p in prompts] == first_turns
     some = next(iter(categories))
     assert len(load_prompts(str(path), (some,))) == categories[some]
@@ -167,6 +179,7 @@ def test_record_filters_by_category_and_records_it(tiny, tmp_path, capsys):
     assert _record(tiny, out, "--category", "summarization,writing") == 0
     err = capsys.readouterr().err
     assert "max_position_embeddings" not in err  # short prompts: no warning
+    assert "live.record dense" not in err  # --no-progress: no progress bar
     requests = open_run(out).requests.sort_values("request_id")
     assert requests["category"].tolist() == ["writing", "writing", "summarization"]
     assert json.loads((out / "summary.json").read_text())["config"]["category"] == "summarization,writing"

@@ -321,7 +321,7 @@ def test_interrupt_prints_the_json_line_last(tiny, tmp_path, capsys, monkeypatch
     from live.spec import session as session_mod
 
     class Interrupted:
-        def run(self):
+        def run(self, progress=True):
             raise KeyboardInterrupt
 
     monkeypatch.setattr(session_mod.RecordSession, "open", classmethod(lambda cls, config: Interrupted()))
