@@ -266,7 +266,8 @@ def _choices():
 
 
 @pytest.mark.parametrize(("module", "flag", "names"), _choices())
-def test_help_lists_and_explains_every_choice(module, flag, names, capsys):
+def test_help_lists_and_explains_every_choice(module, flag, names, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100000")  # one line per flag: no names broken at a hyphen
     text = _flag_help(_help(module, capsys, collapse=False), flag)
     for name in names:
         assert name in text, f"{module} {flag}: {name!r} not in its help"

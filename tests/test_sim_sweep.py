@@ -347,7 +347,7 @@ def test_stopping_rule_is_part_of_the_cell_and_recorded(trace: str, tmp_path, ca
     assert summary["cells_run"] == 2 and summary["cells_skipped"] == 2  # the 2 ar cells reused
     assert summary["cells_kept_from_earlier_sweeps"] == 2  # the expected rule's specfit cells
     table = (out / "table.txt").read_text()
-    titles = next(line for line in table.splitlines() if line.split()[:2] == ["cache", "GB/s"])
+    titles = next(line for line in table.splitlines() if line.split()[:3] == ["cache", "exp/layer", "cache"])
     assert "stopping" in titles.split()  # the table shows the rule where it varies
     assert sum(" expected " in line for line in table.splitlines()) == 2
     union = pd.read_parquet(out / "results.parquet")
