@@ -286,14 +286,14 @@ def _batch(stream: Any, cfg: TrainConfig, gen: Any) -> tuple[Any, Any]:
     return windows[:, :-1], windows[:, 1:]
 
 
-def _progress(total: int, desc: str) -> Any:
+def _progress(total: int, desc: str, show: bool = True) -> Any:
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="step", file=sys.stderr, dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, unit="step", file=sys.stderr, dynamic_ncols=True, disable=not show)
 
 
-def train_target(cfg: TrainConfig, stream: Any, eos_id: int) -> tuple[Any, list[float]]:
-    """Train the MoE target; returns (model in float32, loss per step)."""
+def train_target(cfg: TrainConfig, stream: Any, eos_id: int, progress: bool = True) -> tuple[Any, list[float]]:
+    """Train the MoE target; returns (model in float32, loss per step). ``progress``: a bar on stderr."""
     import torch
     import torch.nn.functional as F
     from transformers import Qwen3MoeForCausalLM
@@ -305,7 +305,7 @@ def train_target(cfg: TrainConfig, stream: Any, eos_id: int) -> tuple[Any, list[
     opt = _optimizer(model, cfg.target_lr)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     losses = []
-    with _progress(cfg.target_steps, "target") as bar:
+    with _progress(cfg.target_steps, "target", progress) as bar:
         for step in range(cfg.target_steps):
             for group in opt.param_groups:
                 group["lr"] = _lr_at(step, cfg.target_steps, cfg.target_lr, cfg.warmup_steps)
@@ -324,9 +324,11 @@ def train_target(cfg: TrainConfig, stream: Any, eos_id: int) -> tuple[Any, list[
     return model, losses
 
 
-def train_draft(cfg: TrainConfig, stream: Any, target: Any, eos_id: int) -> tuple[Any, list[float]]:
+def train_draft(
+    cfg: TrainConfig, stream: Any, target: Any, eos_id: int, progress: bool = True
+) -> tuple[Any, list[float]]:
     """Distil the dense draft from ``target`` (KL(target || draft) per token); returns
-    (model in float32, KL per step in nats)."""
+    (model in float32, KL per step in nats). ``progress``: a bar on stderr."""
     import torch
     import torch.nn.functional as F
     from transformers import Qwen3ForCausalLM
@@ -337,7 +339,7 @@ def train_draft(cfg: TrainConfig, stream: Any, target: Any, eos_id: int) -> tupl
     opt = _optimizer(model, cfg.draft_lr)
     gen = torch.Generator().manual_seed(cfg.seed + 3)
     losses = []
-    with _progress(cfg.draft_steps, "draft") as bar:
+    with _progress(cfg.draft_steps, "draft", progress) as bar:
         for step in range(cfg.draft_steps):
             for group in opt.param_groups:
                 group["lr"] = _lr_at(step, cfg.draft_steps, cfg.draft_lr, cfg.warmup_steps)
@@ -683,6 +685,7 @@ def build_parser() -> ArgumentParser:
         default=1,
         help="torch CPU threads (1 is fastest on a shared, oversubscribed machine)",
     )
+    p.add_no_progress()
     return p
 
 
@@ -776,8 +779,8 @@ def _train_and_save(cfg: TrainConfig, args: Any, train_texts: list[str]) -> dict
     tokenizer = train_tokenizer(train_texts, cfg.vocab_size)
     train_stream = encode_stream(tokenizer, train_texts)
     print(f"corpus: {len(train_texts)} train pages, {train_stream.numel():,} tokens", file=sys.stderr)
-    target, target_losses = train_target(cfg, train_stream, tokenizer.eos_token_id)
-    draft, draft_losses = train_draft(cfg, train_stream, target, tokenizer.eos_token_id)
+    target, target_losses = train_target(cfg, train_stream, tokenizer.eos_token_id, not args.no_progress)
+    draft, draft_losses = train_draft(cfg, train_stream, target, tokenizer.eos_token_id, not args.no_progress)
     save_checkpoint(target, tokenizer, args.out / "target")
     save_checkpoint(draft, tokenizer, args.out / "draft")
     return {

@@ -463,7 +463,8 @@ def build_parser() -> ArgumentParser:
         "--engine",
         choices=["auto", "fast", "simpy"],
         default="auto",
-        help="timeline engine (same results; fast needs link concurrency 1)",
+        help="timeline engine, same results either way: fast = direct timeline arithmetic (needs "
+        "--link-concurrency 1); simpy = the SimPy discrete-event reference; auto = fast when it applies",
     )
     p.add_argument(
         "--trace",
