@@ -351,3 +351,33 @@ def test_bad_input(case: Case, ws: dict[str, str], capsys, monkeypatch) -> None:
 def test_the_table_covers_every_cli_and_is_large() -> None:
     assert len(CASES) >= 60 and len({c.id for c in CASES}) == len(CASES)
     assert {c.cli for c in CASES} == {REC, SWEEP, FIT, H2D, INSPECT, REPORT, VALIDATE, SYNTH, TRAIN}
+
+
+@pytest.mark.parametrize(
+    ("cli", "argv", "needle"),
+    [
+        (INSPECT, ["{root}/no-run"], "run_dir: "),
+        (FIT, ["{policy}", "--h2d-table", "{bad_json}", "--out", "{root}/cal/cost.json"], "--h2d-table: "),
+        (REPORT, ["{sweep_corrupt}", "--out", "{root}/rep"], "results.parquet"),
+    ],
+    ids=["argparse-path", "input-error-path", "read-table-path"],
+)
+def test_bad_input_through_python_m(cli: str, argv: list[str], needle: str, ws: dict[str, str]) -> None:
+    """The same contract through ``python -m`` (a real process): exit 2, one stderr line naming the
+    tool, no traceback, a JSON line last on stdout, nothing written."""
+    import subprocess
+    import sys
+
+    before = _snapshot(Path(ws["root"]))
+    proc = subprocess.run(
+        [sys.executable, "-m", cli, *(a.format(**ws) for a in argv)],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"python -m {cli}: error: ") and needle in lines[0], lines
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["exit_code"] == 2
+    assert _snapshot(Path(ws["root"])) == before

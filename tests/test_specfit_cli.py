@@ -90,3 +90,72 @@ def test_ensure_out_dir_unwritable_folder(tmp_path, capsys) -> None:
         assert "--out:" in capsys.readouterr().err
     finally:
         locked.chmod(0o700)
+
+
+def test_cli_main_input_error_exits_2_with_one_line_and_json(tmp_path, capsys) -> None:
+    import json
+
+    from specfit.cli import InputError, cli_main
+
+    out = tmp_path / "runs" / "t1"
+
+    @cli_main
+    def main(argv=None) -> int:
+        ArgumentParser(prog="t").ensure_out_dir("--out", out)
+        raise InputError("--trace", "--trace: x/part-0.parquet: row 3: expected an expert id < 8")
+
+    with pytest.raises(SystemExit) as exc:
+        main([])
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == ["python -m test_specfit_cli: error: --trace: x/part-0.parquet: row 3: expected an expert id < 8"]
+    assert json.loads(captured.out) == {
+        "ok": False,
+        "error": "--trace: x/part-0.parquet: row 3: expected an expert id < 8",
+        "exit_code": 2,
+    }
+    assert not (tmp_path / "runs").exists()  # the folders it created, left empty, are removed
+
+
+def test_cli_main_keeps_folders_of_a_success_and_non_empty_ones(tmp_path, capsys) -> None:
+    from specfit.cli import cli_main
+
+    @cli_main
+    def ok(argv=None) -> int:
+        ArgumentParser(prog="t").ensure_out_dir("--out", tmp_path / "a")
+        return 0
+
+    @cli_main
+    def fails_after_work(argv=None) -> int:
+        folder = ArgumentParser(prog="t").ensure_out_dir("--out", tmp_path / "b")
+        (folder / "cells.json").write_text("{}")
+        return 1
+
+    assert ok([]) == 0 and (tmp_path / "a").is_dir()
+    assert fails_after_work([]) == 1 and (tmp_path / "b" / "cells.json").is_file()
+
+
+def test_cli_main_bug_keeps_its_traceback_and_ends_stdout_with_json(capsys) -> None:
+    import json
+
+    from specfit.cli import cli_main
+
+    @cli_main
+    def buggy(argv=None) -> int:
+        raise ZeroDivisionError("division by zero")
+
+    with pytest.raises(ZeroDivisionError):
+        buggy([])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary == {"ok": False, "error": "internal error (ZeroDivisionError): division by zero", "exit_code": 1}
+
+
+def test_parser_error_is_one_line_without_usage(capsys) -> None:
+    parser = ArgumentParser(prog="python -m t")
+    parser.add_argument("--jobs", type=int, default=1)
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args(["--jobs", "many"])
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == ["python -m t: error: argument --jobs: invalid int value: 'many'"]
+    assert '"exit_code": 2' in captured.out
