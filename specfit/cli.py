@@ -12,7 +12,7 @@ each flag with its unit and default. The contract (README, "The command-line too
   other long work, and nothing already on disk is changed;
 - exit 1: the tool ran but its result failed (a replay that failed, a calibration fit that misses
   its accuracy thresholds); the JSON line says why (``"ok": false``);
-- exit 130: interrupted (Ctrl-C), finished work kept.
+- exit 130 (Ctrl-C) or 143 (SIGTERM, where handled): interrupted, finished work kept.
 
 Raise :class:`InputError` (or call :meth:`ArgumentParser.fail`) for bad input; :func:`cli_main`
 turns it into the exit-2 line. An unexpected exception (a bug, not bad input) keeps its traceback
