@@ -623,10 +623,14 @@ def check_cost(args: Any, parser: ArgumentParser) -> CycleCostModel | None:
 
 def check_model_and_prompts(args: Any, parser: ArgumentParser) -> None:
     """Flag checks that need the checkpoint or prompt file, made before any output is written:
-    a checkpoint without ``config.json``, ``--cache-experts`` above the experts per layer, a
+    a checkpoint without ``config.json`` or with a truncated safetensors file, an unsupported
+    architecture, a draft with a larger vocabulary (:func:`live.loader.check_checkpoints`), ``--cache-experts`` above the experts per layer, a
     prompt file that yields no prompts. Exits 2 naming the flag."""
     if args.model != "default" and not (Path(args.model) / "config.json").is_file():
         parser.fail("--model", f"{args.model!r} is not a Hugging Face checkpoint directory (no config.json)")
+    from live.loader import check_checkpoints
+
+    check_checkpoints(args.model, args.draft)  # config, safetensors headers, vocabularies: exit 2
     experts = _experts_per_layer(args.model)
     if experts is not None and args.cache_experts:
         big = [c for c in args.cache_experts if c > experts]

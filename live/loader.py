@@ -225,6 +225,33 @@ def check_forward(model: torch.nn.Module, path: str | Path) -> None:
         ) from exc
 
 
+def check_checkpoints(model: str, draft: str | None = None) -> None:
+    """The CLI's checkpoint checks before any model loads (``live.record``, ``analysis.validate``):
+    ``--model`` (a directory, or ``"default"``) has a readable config.json of a supported MoE
+    architecture and intact safetensors headers, ``--draft`` a readable config.json and intact
+    headers and a vocabulary no larger than the target's. Reads configs and headers only.
+
+    Raises:
+        specfit.cli.InputError: naming ``--model`` or ``--draft``, the file and what was expected.
+    """
+    from specfit.cli import InputError
+
+    for flag, path in (("--model", model), ("--draft", draft)):
+        if path is None or path == "default":
+            continue
+        try:
+            config = read_checkpoint_config(path)
+            if flag == "--model":
+                check_target_arch(config, Path(path))
+        except (ValueError, FileNotFoundError) as exc:
+            raise InputError(flag, str(exc)) from None
+    if draft is not None and draft != "default":
+        try:
+            check_draft_vocab(model, draft)
+        except ValueError as exc:
+            raise InputError("--draft", str(exc)) from None
+
+
 def vocab_size_of(path: str | Path) -> int | None:
     """``vocab_size`` from a checkpoint's ``config.json`` (also under ``text_config``; ``path`` may
     be ``"default"``, the embedded target), else ``None``."""

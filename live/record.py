@@ -479,13 +479,6 @@ def resolve_config(args: Any, parser: ArgumentParser, explicit: set[str] | None 
             "--draft",
             f"{why}: give a draft checkpoint directory (the embedded draft goes with --model default only)",
         )
-    if args.draft is not None:
-        from live.loader import check_draft_vocab
-
-        try:
-            check_draft_vocab(args.model, args.draft)
-        except (ValueError, FileNotFoundError) as exc:
-            parser.fail("--draft", str(exc))
     if args.mode == "dense" and (args.depth < 1 or args.max_nodes < 2):
         parser.fail("--depth", "dense mode needs a tree: --depth >= 1 and --max-nodes >= 2")
     from specfit.units import us_to_s
@@ -544,22 +537,16 @@ def check_categories(prompts: str, category: str | None, parser: ArgumentParser)
 
 def check_input_files(args: Any, parser: ArgumentParser) -> None:
     """Read every input file's format before any model loads (exit 2 naming the flag and file):
-    the checkpoints' config.json and safetensors headers (``--model``, ``--draft``),
+    the checkpoints' config.json, safetensors headers and vocabularies (``--model``, ``--draft``:
+    :func:`live.loader.check_checkpoints`),
     ``--cache-experts`` against the experts per layer, ``--cost`` (a CycleCostModel JSON for the
     model's MoE layer count), ``--acceptance`` (an AcceptanceCalibration JSON) and a
     ``--predictor-tables`` file (a .npz archive, read without pickle)."""
     import zipfile
 
-    from live.loader import check_target_arch, experts_per_layer, moe_layer_count, read_checkpoint_config
+    from live.loader import check_checkpoints, experts_per_layer, moe_layer_count
 
-    for flag, path in (("--model", args.model), ("--draft", args.draft)):
-        if path is not None and path != "default":
-            try:
-                config = read_checkpoint_config(path)
-                if flag == "--model":
-                    check_target_arch(config, Path(path))
-            except (ValueError, FileNotFoundError) as exc:
-                parser.fail(flag, str(exc))
+    check_checkpoints(args.model, args.draft)
     experts = experts_per_layer(args.model)
     if args.cache_experts is not None and experts is not None and args.cache_experts > experts:
         parser.fail(

@@ -205,6 +205,9 @@ CASES = [
     C("validate-cost-corrupt", VALIDATE, "--cost {bad_json}", "--cost", "bad.json"),
     C("validate-repeats-zero", VALIDATE, "--repeats 0", "--repeats"),
     C("validate-cache-too-large", VALIDATE, "--cache-experts 9999", "--cache-experts", "9999"),
+    C("validate-model-truncated", VALIDATE, "--model {ck_truncated}", "--model", "{ck_truncated}/model.safetensors"),
+    C("validate-model-not-moe", VALIDATE, "--model {ck_bigvocab}", "--model", "'qwen3'"),
+    C("validate-draft-vocab-larger", VALIDATE, "--model {ck_target} --draft {ck_bigvocab}", "--draft", "192", "96"),
     C("validate-prompts-missing", VALIDATE, "--prompts {root}/absent.txt", "--prompts", "absent.txt"),
     # traces.synthetic
     C("synthetic-shape-unknown", SYNTH, "--shape gpt-5 --out {root}/syn", "--shape", "gpt-5"),
