@@ -166,9 +166,11 @@ class ThroughputGuard:
 
     * fewer than ``min_samples`` drafting cycles: no opinion (the planner's rule decides);
     * then fewer than ``min_samples`` non-drafting cycles: no drafting (measure autoregressive);
-    * else the arm with the higher realised rate is preferred; every ``probe_period``-th question
-      (``4 x probe_period`` when the rates differ by more than 10%) takes the other arm, so a
-      change of regime (cache warming, a harder text) is noticed. Preferring ``spec`` leaves the
+    * else the arm with the higher realised rate is preferred; every
+      ``probe_period * clip(gap / 2.5%, 1, 8)``-th question (``gap``: relative difference of the
+      two rates; a clear loser is probed more rarely, so probing costs about ``gap / period``, at
+      most 2.5% / ``probe_period``) takes the other arm, so a change of regime (cache warming, a
+      harder text) is noticed. Preferring ``spec`` leaves the
       decision to the planner's rule (which may still decline); preferring ``ar`` declines.
 
     The per-cycle planner is exact for its predicted objective; the guard corrects what the
@@ -181,7 +183,7 @@ class ThroughputGuard:
         ValueError: a window, sample count or period below 1.
     """
 
-    def __init__(self, window: int = 32, min_samples: int = 4, probe_period: int = 32) -> None:
+    def __init__(self, window: int = 32, min_samples: int = 2, probe_period: int = 32) -> None:
         for name, value in (("window", window), ("min_samples", min_samples), ("probe_period", probe_period)):
             if int(value) < 1:
                 raise ValueError(f"throughput guard: {name} must be >= 1, got {value}")
@@ -211,7 +213,8 @@ class ThroughputGuard:
             return False
         spec, ar = self.rate("spec"), self.rate("ar")
         prefer_spec = spec >= ar
-        period = self.probe_period * (4 if abs(spec / ar - 1.0) > 0.1 else 1)
+        gap = abs(spec / ar - 1.0)
+        period = int(self.probe_period * min(8.0, max(1.0, gap / 0.025)))  # rarer probes of a clear loser
         probe = self.questions % period == 0
         return prefer_spec != probe
 

@@ -266,12 +266,12 @@ def test_throughput_guard_backs_off_and_probes() -> None:
     for _ in range(2):
         guard.observe(1, 0.005, num_levels=0)  # autoregressive: 200 tokens/s
     answers = [guard.allows_drafting() for _ in range(32)]
-    # autoregressive preferred; the drafting arm is probed once per 4 x 4 questions (rates differ > 10%)
-    assert sum(answers) == 2 and guard.rate("ar") == 200.0
+    # autoregressive preferred; the drafting arm (rates 50% apart) is probed once per 4 x 8 questions
+    assert sum(answers) == 1 and guard.rate("ar") == 200.0
     for _ in range(8):
         guard.observe(6, 0.02, num_levels=3)  # drafting now realises 300 tokens/s
     answers = [guard.allows_drafting() for _ in range(32)]
-    assert sum(answers) == 30  # drafting preferred, autoregressive probed
+    assert sum(answers) == 31  # drafting preferred (300 vs 200 tokens/s), autoregressive probed once
 
 
 def test_specfit_guard_declines_on_the_root_and_can_be_off() -> None:
