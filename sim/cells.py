@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.config import LOSSY_POLICIES, SimConfig, base_policy, canonical_policy
+from sim.config import LOSSY_POLICIES, SimConfig, base_policy, canonical_policy, overlap_mode
 from specfit.cost import CycleCostModel
 from specfit.units import gb_per_s_to_bytes_per_s
 
@@ -59,7 +59,7 @@ class CellSpec:
     policy: str
     cache_policy: str = "lru"
     predictor: str = "union-size"
-    overlap: bool = False
+    overlap: bool | str = "off"
     prefetch: bool = False
     engine: str = "auto"
     link_concurrency: int = 1
@@ -83,6 +83,8 @@ class CellSpec:
         the ids they had before the field existed; a resumed sweep still finds them).
         """
         content = self.to_dict()
+        # off/on as the bools they were before "ideal" existed (resumed sweeps keep their ids)
+        content["overlap"] = {"off": False, "on": True}.get(content["overlap"], content["overlap"])
         for optional in ("policy_options", "expert_budget"):
             if content[optional] is None:
                 del content[optional]
@@ -166,7 +168,7 @@ def make_cells(
     policies: Sequence[str],
     cache_policies: Sequence[str] = ("lru",),
     predictors: Sequence[str] = ("union-size",),
-    overlaps: Sequence[bool] = (False,),
+    overlaps: Sequence[bool | str] = ("off",),
     prefetches: Sequence[bool] = (False,),
     policy_options: dict[str, dict[str, Any]] | None = None,
     budget: int | None = None,
@@ -194,7 +196,7 @@ def make_cells(
             policy=canonical_policy(pol),
             cache_policy=cpol,
             predictor=pred,
-            overlap=bool(ovl),
+            overlap=overlap_mode(ovl, "--overlap"),
             prefetch=bool(pre),
             policy_options=options.get(name, options.get(base_policy(name))),
             expert_budget=budget if name in LOSSY_POLICIES else None,
@@ -251,7 +253,7 @@ def run_cell(cell: dict[str, Any] | CellSpec, cycles_dir: str | None = None) -> 
         "cache_fraction": spec.cache_fraction,
         "cache_policy": spec.cache_policy,
         "predictor": spec.predictor,
-        "overlap": spec.overlap,
+        "overlap": overlap_mode(spec.overlap),
         "prefetch": spec.prefetch,
         "policy": spec.policy,
     }

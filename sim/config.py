@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from sim.engine import ENGINES
 from specfit.cost import CycleCostModel
 
@@ -64,6 +66,19 @@ def canonical_policy(name: str) -> str:
     return POLICY_ALIASES[key]
 
 
+def overlap_mode(value: bool | str, name: str = "overlap") -> str:
+    """``"off"``, ``"on"`` or ``"ideal"`` from a mode name or a bool (``True`` = ``"on"``).
+
+    Raises:
+        ValueError: any other value, naming ``name``.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return "on" if value else "off"
+    if value not in ("off", "on", "ideal"):
+        raise ValueError(f"{name}: expected 'off', 'on' or 'ideal', got {value!r}")
+    return str(value)
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """One replay configuration: tree policy, expert cache, predictor, link and cost model.
@@ -76,7 +91,9 @@ class SimConfig:
         cache_capacity_per_layer: experts the device caches per layer (count, >= 0).
         cache_policy: ``specfit.cache`` policy name (``"lru"``, ``"lfu"``, ``"static"``, ...).
         predictor: ``specfit.predictors`` name used by the planner and by prefetch.
-        overlap: pipeline all demand copies of a cycle behind compute (see :mod:`sim.engine`).
+        overlap: ``"off"``, ``"on"`` (as the live engine's ``--overlap on``) or ``"ideal"`` (a
+            bound: every demand copy enqueued when verification starts), see :mod:`sim.engine`;
+            ``False``/``True`` are read as ``"off"``/``"on"``.
         prefetch: copy the predicted misses of the chosen subtree when it is chosen.
         engine: ``"auto"``, ``"fast"`` or ``"simpy"`` (same results; fast needs concurrency 1).
         link_concurrency: expert copies in flight at once (copy engines; the wire is shared).
@@ -107,7 +124,7 @@ class SimConfig:
     cache_capacity_per_layer: int = 32
     cache_policy: str = "lru"
     predictor: str = "union-size"
-    overlap: bool = False
+    overlap: bool | str = "off"
     prefetch: bool = False
     engine: str = "auto"
     link_concurrency: int = 1
@@ -161,8 +178,12 @@ class SimConfig:
                 make_tree_policy(base_policy(self.policy), **dict(self.policy_options))
             except ValueError as exc:
                 raise ValueError(f"SimConfig.policy_options: {exc}") from None
-        if self.cost.overlap_h2d != self.overlap:
-            object.__setattr__(self, "cost", dataclasses.replace(self.cost, overlap_h2d=bool(self.overlap)))
+        object.__setattr__(self, "overlap", overlap_mode(self.overlap, "SimConfig.overlap"))
+        mode = "on" if self.overlap == "on" else "ideal"
+        wanted = (self.overlap != "off", mode)
+        if (self.cost.overlap_h2d, self.cost.overlap_mode) != wanted:
+            cost = dataclasses.replace(self.cost, overlap_h2d=wanted[0], overlap_mode=mode)
+            object.__setattr__(self, "cost", cost)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (the cost model via its own ``to_dict``)."""

@@ -16,13 +16,19 @@ Model (issue 6, "The discrete-event model"):
   enqueued). Each expert copy takes ``latency_ns`` (per-transfer dispatch cost) then ``wire_ns``
   (``expert_bytes / bandwidth``). With ``concurrency = c > 1`` up to ``c`` copies are in flight:
   their dispatch latencies overlap while the wire (the bandwidth) is shared, one copy at a time.
-* Demand misses of layer ``l``: without overlap they are enqueued when layer ``l`` is reached
-  (its router has run) and the compute stream blocks on them, so with an idle link the cycle is
-  exactly ``draft + decision + verify + sum_l misses_l * (latency + wire)``: the analytic formula
-  of ``specfit.cost.CycleCostModel.cycle_s`` (overlap off). With overlap on, the demand misses of
-  every layer are enqueued when verification starts, in layer order, so the copies of later
-  layers proceed while earlier layers compute: the exact pipelined value whose analytic bound is
-  ``draft + max(verify, h2d)``.
+* Demand misses of layer ``l`` are enqueued when layer ``l`` is reached (its router has run),
+  as the live engine does (``live.offload``). ``overlap="off"``: the compute stream blocks on
+  them (and on the layer's prefetched experts still in flight) before the layer computes, so
+  with an idle link the cycle is exactly ``draft + decision + verify + sum_l misses_l *
+  (latency + wire)``: ``specfit.cost.CycleCostModel.cycle_s`` with overlap off.
+  ``overlap="on"`` (the live engine's ``--overlap on``): the layer computes its resident experts
+  at once while its copies are in flight, and each late expert as soon as its copy lands; late
+  experts are modelled as costing no compute of their own, so the layer ends at
+  ``max(start + compute, last arrival)`` (analytic: ``sum_l max(compute_l, h2d_l)`` on an idle
+  link). ``overlap="ideal"`` is a BOUND no engine reaches (a layer's experts are known only once
+  its router has run): as "on", but the demand misses of every layer are enqueued when
+  verification starts, in layer order, so copies of later layers also proceed while earlier
+  layers compute; never slower than "on" (analytic bound ``draft + max(verify, h2d)``). ``True``/``False`` are read as ``"ideal"``/``"off"``.
 * Prefetch: the predicted misses (``CyclePlan.prefetch``) are enqueued when the subtree is chosen
   (after ``decision_ns``), before any demand copy. A prefetched expert is resident in the cache
   from that instant but usable only once its copy arrives; copies still in flight at the end of
@@ -42,6 +48,7 @@ from dataclasses import dataclass
 import simpy
 
 ENGINES = ("auto", "fast", "simpy")
+OVERLAP_MODES = ("off", "on", "ideal")
 
 
 @dataclass(frozen=True)
@@ -91,7 +98,8 @@ class CyclePlan:
             be in flight from a prefetch; the engine knows which).
         demand: per layer, experts the layer needs that must be copied on demand (misses).
         prefetch: ``(layer, expert)`` copies enqueued at decision time, in this order.
-        overlap: enqueue all demand copies at verification start (True) or per layer (False).
+        overlap: ``"off"``, ``"on"`` or ``"ideal"`` (see the module docstring; a bool is read as
+            ``"ideal"``/``"off"``).
     """
 
     draft_ns: int
@@ -100,7 +108,14 @@ class CyclePlan:
     hits: Sequence[Sequence[int]]
     demand: Sequence[Sequence[int]]
     prefetch: Sequence[tuple[int, int]] = ()
-    overlap: bool = False
+    overlap: bool | str = "off"
+
+    @property
+    def overlap_mode(self) -> str:
+        """``"off"``, ``"on"`` or ``"ideal"``."""
+        if isinstance(self.overlap, str):
+            return self.overlap
+        return "ideal" if self.overlap else "off"
 
     @property
     def num_layers(self) -> int:
@@ -119,6 +134,9 @@ class CycleTiming:
         layer_h2d_ns: ``L``, summed duration of this cycle's copies for layer ``l`` (demand and
             prefetch; with ``concurrency == 1`` this is the link time they occupied).
         num_transfers: copies enqueued in this cycle (demand + prefetch).
+        layer_wait_ns: ``L``, with ``overlap="on"``: how long layer ``l``'s end waited for late
+            copies after its compute (0 otherwise; the wait before a layer's start is the gap
+            between layers).
     """
 
     start_ns: int
@@ -129,6 +147,7 @@ class CycleTiming:
     layer_end_ns: tuple[int, ...]
     layer_h2d_ns: tuple[int, ...]
     num_transfers: int
+    layer_wait_ns: tuple[int, ...] = ()
 
     @property
     def cycle_ns(self) -> int:
@@ -138,7 +157,7 @@ class CycleTiming:
     @property
     def stall_ns(self) -> int:
         """Time the compute stream waited for copies during verification."""
-        return sum(
+        return sum(self.layer_wait_ns) + sum(
             s - e for s, e in zip(self.layer_start_ns, (self.verify_start_ns, *self.layer_end_ns[:-1]))
         )
 
@@ -152,6 +171,8 @@ def _check_plan(plan: CyclePlan) -> None:
         )
     if min(plan.draft_ns, plan.decision_ns, *plan.layer_compute_ns, 0) < 0:
         raise ValueError("CyclePlan: durations must be >= 0 ns")
+    if plan.overlap_mode not in OVERLAP_MODES:
+        raise ValueError(f"CyclePlan.overlap: expected one of {list(OVERLAP_MODES)}, got {plan.overlap!r}")
 
 
 class _EngineBase:
@@ -216,7 +237,8 @@ class FastEngine(_EngineBase):
             num_transfers += 1
 
         demand_arrival = [0] * self.num_layers
-        if plan.overlap:
+        mode = plan.overlap_mode
+        if mode == "ideal":
             for layer, experts in enumerate(plan.demand):
                 n = len(experts)
                 if n:
@@ -226,28 +248,35 @@ class FastEngine(_EngineBase):
                     num_transfers += n
 
         compute_free = verify_start
-        starts, ends = [], []
-        overlap, hits = plan.overlap, plan.hits
+        starts, ends, waits = [], [], []
+        hits = plan.hits
         for layer, (pending, demand, compute_ns) in enumerate(
             zip(self._pending, plan.demand, plan.layer_compute_ns)
         ):
-            ready = compute_free
+            late = 0  # last arrival among the layer's copies in flight
             if pending:
                 for e in hits[layer]:
                     arrival = pending.get(int(e))
-                    if arrival is not None and arrival > ready:
-                        ready = arrival
+                    if arrival is not None and arrival > late:
+                        late = arrival
             n = len(demand)
-            if n and not overlap:
+            if n and mode != "ideal":  # enqueued once the layer's router has run
                 link_free = (compute_free if compute_free > link_free else link_free) + n * t_ns
                 demand_arrival[layer] = link_free
                 layer_h2d[layer] += n * t_ns
                 num_transfers += n
-            arrival = demand_arrival[layer]
-            if arrival > ready:
-                ready = arrival
-            starts.append(ready)
-            compute_free = ready + int(compute_ns)
+            if demand_arrival[layer] > late:
+                late = demand_arrival[layer]
+            if mode != "off":  # resident experts compute at once, late ones as they land
+                starts.append(compute_free)
+                end = compute_free + int(compute_ns)
+                waits.append(late - end if late > end else 0)
+                compute_free = end if end > late else late
+            else:
+                ready = late if late > compute_free else compute_free
+                starts.append(ready)
+                waits.append(0)
+                compute_free = ready + int(compute_ns)
             ends.append(compute_free)
 
         self._link_free_ns = link_free
@@ -262,6 +291,7 @@ class FastEngine(_EngineBase):
             layer_end_ns=tuple(ends),
             layer_h2d_ns=tuple(layer_h2d),
             num_transfers=num_transfers,
+            layer_wait_ns=tuple(waits),
         )
 
 
@@ -324,12 +354,13 @@ class SimPyEngine(_EngineBase):
             layer_h2d[layer] += t_ns
             count += 1
         demand_events: list[list[simpy.Event]] = [[] for _ in range(self.num_layers)]
-        if plan.overlap:
+        mode = plan.overlap_mode
+        if mode == "ideal":
             for layer, experts in enumerate(plan.demand):
                 demand_events[layer] = [self._enqueue(layer, e) for e in experts]
-        starts, ends = [], []
+        starts, ends, layer_waits = [], [], []
         for layer in range(self.num_layers):
-            if not plan.overlap:
+            if mode != "ideal":  # enqueued once the layer's router has run
                 demand_events[layer] = [self._enqueue(layer, e) for e in plan.demand[layer]]
             n = len(plan.demand[layer])
             layer_h2d[layer] += n * t_ns
@@ -339,13 +370,24 @@ class SimPyEngine(_EngineBase):
             if pending:
                 waits += [pending[int(e)] for e in plan.hits[layer] if int(e) in pending]
             waits = [w for w in waits if not w.processed]
-            if waits:
-                yield simpy.AllOf(env, waits)
-            starts.append(int(env.now))
-            if plan.layer_compute_ns[layer]:
-                yield env.timeout(int(plan.layer_compute_ns[layer]))
+            if mode != "off":  # the compute stream: resident experts first, then the late ones
+                starts.append(int(env.now))
+                if plan.layer_compute_ns[layer]:
+                    yield env.timeout(int(plan.layer_compute_ns[layer]))
+                computed = int(env.now)
+                waits = [w for w in waits if not w.processed]
+                if waits:
+                    yield simpy.AllOf(env, waits)
+                layer_waits.append(int(env.now) - computed)
+            else:
+                if waits:
+                    yield simpy.AllOf(env, waits)
+                starts.append(int(env.now))
+                if plan.layer_compute_ns[layer]:
+                    yield env.timeout(int(plan.layer_compute_ns[layer]))
+                layer_waits.append(0)
             ends.append(int(env.now))
-        out.update(starts=starts, ends=ends, layer_h2d=layer_h2d, count=count)
+        out.update(starts=starts, ends=ends, layer_h2d=layer_h2d, count=count, waits=layer_waits)
 
     def run_cycle(self, plan: CyclePlan) -> CycleTiming:
         """Run ``plan`` from the current time; the clock ends at the cycle's last layer."""
@@ -369,6 +411,7 @@ class SimPyEngine(_EngineBase):
             layer_end_ns=tuple(out["ends"]),
             layer_h2d_ns=tuple(out["layer_h2d"]),
             num_transfers=out["count"],
+            layer_wait_ns=tuple(out["waits"]),
         )
 
 

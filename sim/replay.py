@@ -325,6 +325,10 @@ class _Replayer:
             self.calibration = modules["acceptance"].AcceptanceCalibration.from_dict(config.acceptance)
         self.access_log: list[list[np.ndarray]] | None = None
         self.cache = self._make_cache()
+        from specfit.prefetch import PrefetchLedger
+
+        self.ledger = PrefetchLedger(self.num_layers, self.num_experts)
+        self._ledger_counts = self.ledger.counts()
         self.policy = modules["policies"].make_tree_policy(
             base_policy(config.policy), **dict(config.policy_options)
         )
@@ -591,27 +595,18 @@ class _Replayer:
         return plan, nodes, levels, node_experts
 
     def _prefetch(self, nodes: np.ndarray, node_experts: Any) -> list[tuple[int, int]]:
-        """Warm the cache with the predicted experts of ``nodes``; return the copies, in order.
+        """Draft prefetch, as the live engine's ``--prefetch draft``: warm the cache with the
+        predicted experts of ``nodes`` and return the copies, in order
+        (``specfit.prefetch.draft_prefetch``; counted in the prefetch ledger)."""
+        from specfit.prefetch import draft_prefetch
 
-        Per layer, the predicted experts of ``nodes`` ranked by how many nodes share them (then
-        ascending id), at most the cache capacity, are made resident (``cache.warm``; the cached
-        ones among them are protected from eviction); those not cached before cross the link.
-        """
-        if node_experts.bits is None or self.config.cache_capacity_per_layer == 0:
-            return []  # union-size predictions name no experts
-        predicted = bitsets.unpack(node_experts.bits[nodes], self.num_experts)  # bool[|S|, L, E]
-        counts = np.asarray(predicted, dtype=np.int64).sum(axis=0)
-        copies: list[tuple[int, int]] = []
-        cap = self.config.cache_capacity_per_layer
-        for layer in range(self.num_layers):
-            wanted = np.flatnonzero(counts[layer])
-            if not len(wanted):
-                continue
-            order = np.lexsort((wanted, -counts[layer][wanted]))
-            chosen = np.sort(wanted[order[:cap]])
-            missing = [int(e) for e in chosen if not self.cache.contains(layer, int(e))]
-            self.cache.warm(layer, chosen)
-            copies += [(layer, e) for e in missing]
+        bits = None if node_experts.bits is None else node_experts.bits[nodes]
+        copies, evicted = draft_prefetch(
+            self.cache, bits, self.num_experts, self.config.cache_capacity_per_layer
+        )
+        for layer, gone in enumerate(evicted):
+            self.ledger.evicted(layer, gone)
+            self.ledger.issue(layer, [e for lay, e in copies if lay == layer])
         return copies
 
     def _dense_tree(self, i: int) -> Any:
@@ -644,6 +639,9 @@ class _Replayer:
             weights = np.asarray(dense.router_weights)
             access = self._access(_budget_mask(true_ids, weights, nodes, self.num_experts, self.budget))
         hits, demand = _MaskRows(access.hits), access.miss_ids()
+        if cfg.prefetch:
+            for layer, (hit, gone) in enumerate(zip(access.hit_ids(), access.evicted_ids())):
+                self.ledger.accessed(layer, hit, gone)
         verify_ns = s_to_ns(self.cost.verify_s(len(nodes), dense.context_len))
         layer_compute = self._splits.get(verify_ns)
         if layer_compute is None:
@@ -658,7 +656,7 @@ class _Replayer:
                 hits=hits,
                 demand=demand,
                 prefetch=prefetch,
-                overlap=cfg.overlap,
+                overlap=cfg.overlap,  # "off" | "on" | "ideal"
             )
         )
         path = committed_path(tree, path_ok, nodes)
@@ -710,7 +708,8 @@ class _Replayer:
         t["num_draft_levels"] += levels
         t["decode_ns"] += timing.cycle_ns
         t["draft_ns"] += timing.draft_end_ns - timing.start_ns
-        busy_ns = sum(timing.layer_end_ns) - sum(timing.layer_start_ns)  # = sum of (end - start)
+        # compute-stream busy time: the layers' spans less the late-copy waits at their ends
+        busy_ns = sum(timing.layer_end_ns) - sum(timing.layer_start_ns) - sum(timing.layer_wait_ns)
         t["verify_ns"] += busy_ns
         t["h2d_ns"] += sum(timing.layer_h2d_ns)
         t["stall_ns"] += timing.end_ns - timing.verify_start_ns - busy_ns  # = timing.stall_ns
@@ -738,6 +737,9 @@ class _Replayer:
         tokens: list,
     ) -> CycleRecord:
         layer_misses = access.num_misses.tolist()
+        counts = self.ledger.counts()
+        issued, used, wasted = (now - before for now, before in zip(counts, self._ledger_counts))
+        self._ledger_counts = counts
         per_layer_copies = list(layer_misses)
         for layer, _ in prefetch:
             per_layer_copies[layer] += 1
@@ -766,6 +768,10 @@ class _Replayer:
             predicted_cycle_s=float(plan.predicted_cycle_s),
             decision_s=float(self.decision_s),
             committed_token_ids=list(tokens),
+            num_prefetch_issued=issued if self.config.prefetch else None,
+            num_prefetch_used=used if self.config.prefetch else None,
+            num_prefetch_wasted=wasted if self.config.prefetch else None,
+            prefetch_wasted_bytes=wasted * self.expert_bytes if self.config.prefetch else None,
         )
 
 

@@ -78,6 +78,7 @@ class _DefaultText(str):
 
 
 MODES = {"off": (False,), "on": (True,), "both": (False, True)}
+OVERLAP_CHOICES = {**MODES, "ideal": ("ideal",)}  # "ideal": the bound, never the default
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -410,9 +411,11 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument(
         "--overlap",
-        choices=sorted(MODES),
+        choices=sorted(OVERLAP_CHOICES),
         default="off",
-        help="pipeline a cycle's expert copies behind compute: on, off, or both (a cell each)",
+        help="on: a layer's copies, enqueued once its router has run, overlap its compute (as "
+        "live.record --overlap on); off; both (a cell each); ideal: a BOUND no engine reaches "
+        "(every demand copy of a cycle enqueued when verification starts)",
     )
     p.add_argument(
         "--prefetch",
@@ -688,7 +691,7 @@ def _build_cells(
         policies=policies,
         cache_policies=args.cache_policy,
         predictors=args.predictor,
-        overlaps=MODES[args.overlap],
+        overlaps=OVERLAP_CHOICES[args.overlap],
         prefetches=MODES[args.prefetch],
         engine=args.engine,
         link_concurrency=args.link_concurrency,

@@ -1,7 +1,8 @@
 """THE cycle cost model of the project: one verification cycle's duration, in seconds.
 
     T_cycle = T_draft(levels) + T_verify(nodes, context) + T_h2d(misses)          (no overlap)
-    T_cycle = T_draft(levels) + max(T_verify, T_h2d)                              (overlap_h2d)
+    T_cycle = T_draft(levels) + sum_l max(T_verify / L, T_h2d,l)      (overlap_h2d, mode "on")
+    T_cycle = T_draft(levels) + max(T_verify, T_h2d)               (overlap_h2d, mode "ideal")
     T_draft  = draft_base_s + draft_s_per_level * levels   (levels > 0; 0 when nothing is drafted)
     T_verify = verify_base_s + verify_s_per_node * nodes + verify_s_per_context_token * context_len
     T_h2d    = sum over layers of misses_l * (expert_bytes / h2d_bytes_per_s + h2d_s_per_transfer)
@@ -9,8 +10,13 @@
 This is the cost of the SpecFit paper's objective (arXiv 2610.15417, abstract: throughput =
 E[committed] / T_cycle with an expert-coverage H2D term), with a per-transfer latency term
 because measured offloading engines are dispatch-bound (docs/reference-figures.md).
-The overlapped form is the analytic bound (transfers hidden behind compute as far as the totals
-allow); the simulator gives the exact pipelined value. ``draft_base_s`` is what a drafting cycle pays
+Overlap mode "on" is the live engine's ``--overlap on`` (``live.offload``; ``sim.engine`` mode "on"):
+layer l's copies are enqueued once its router has run and overlap only that layer's compute, so on
+an idle link a layer lasts ``max(compute_l, h2d_l)``; with misses spread evenly over the layers
+(all the totals-only paths, :meth:`CycleCostModel.cycle_s_total`, can assume) it equals the
+"ideal" form, which is a bound no engine reaches (every layer's copies enqueued when verification
+starts). Files without ``overlap_mode`` keep the "ideal" meaning they had. The simulator gives the
+exact value with prefetch and copies carried across cycles. ``draft_base_s`` is what a drafting cycle pays
 once whatever its depth (the draft model's catch-up forward over the tokens committed last cycle,
 launch overheads): measured live on the embedded default it is ~0.6 ms beside ~0.9 ms per level, so a
 per-level-only draft term mispredicts 1-level drafts by ~25 % and SpecFit's "draft at all?" question. Calibration fits the parameters and writes
@@ -47,6 +53,7 @@ FIELD_UNITS: dict[str, str] = {
     "expert_bytes": "bytes",
     "num_layers": "count",
     "overlap_h2d": "bool",
+    "overlap_mode": "text",
     "source": "text",
 }
 _FLOAT_FIELDS = (
@@ -74,7 +81,9 @@ class CycleCostModel:
         expert_bytes: bytes of one expert (bytes).
         num_layers: MoE layers ``L`` (count, > 0).
         draft_base_s: fixed seconds of a cycle that drafts at least one level (s; default 0).
-        overlap_h2d: whether transfers overlap the verify compute (analytic bound, see module doc).
+        overlap_h2d: whether transfers overlap the verify compute (see module doc).
+        overlap_mode: how, when ``overlap_h2d``: ``"on"`` (per layer, as the live engine) or
+            ``"ideal"`` (the bound; the default, which files written before the field keep).
         source: where the parameters come from (free text, e.g. a calibration path).
 
     Raises:
@@ -93,6 +102,7 @@ class CycleCostModel:
     draft_base_s: float = 0.0
     overlap_h2d: bool = False
     source: str = "manual"
+    overlap_mode: str = "ideal"
 
     def __post_init__(self) -> None:
         for name in _FLOAT_FIELDS:
@@ -118,6 +128,8 @@ class CycleCostModel:
         if not isinstance(self.overlap_h2d, (bool, np.bool_)):
             raise ValueError(f"CycleCostModel.overlap_h2d: expected true/false, got {self.overlap_h2d!r}")
         object.__setattr__(self, "overlap_h2d", bool(self.overlap_h2d))
+        if self.overlap_mode not in ("on", "ideal"):
+            raise ValueError(f"CycleCostModel.overlap_mode: expected 'on' or 'ideal', got {self.overlap_mode!r}")
         object.__setattr__(self, "source", str(self.source))
 
     # ---- the formula -------------------------------------------------------------------------
@@ -187,7 +199,14 @@ class CycleCostModel:
         return float(out) if np.ndim(out) == 0 else out
 
     def cycle_s(self, num_levels: int, num_nodes: int, context_len: int, misses_per_layer: Any) -> float:
-        """Predicted cycle time (s); see the module docstring for both forms."""
+        """Predicted cycle time (s); see the module docstring for the three forms (with a scalar
+        miss total, mode "on" assumes the misses spread evenly over the layers)."""
+        misses = np.asarray(misses_per_layer)
+        if self.overlap_h2d and self.overlap_mode == "on" and misses.ndim == 1:
+            self.h2d_s(misses)  # checks the counts
+            layer_compute = self.verify_s(num_nodes, context_len) / self.num_layers
+            per_layer = np.maximum(layer_compute, misses.astype(np.float64) * self.s_per_miss)
+            return float(self.draft_s(num_levels) + per_layer.sum())
         return self.combine_s(
             self.draft_s(num_levels), self.verify_s(num_nodes, context_len), self.h2d_s(misses_per_layer)
         )
@@ -279,7 +298,7 @@ class CycleCostModel:
         unknown = sorted(set(data) - set(names) - {"format", "version", "units"})
         if unknown:
             raise ValueError(f"{where}: unknown field(s) {unknown}; expected {names}")
-        optional = ("overlap_h2d", "source") + (("draft_base_s",) if version == 1 else ())
+        optional = ("overlap_h2d", "source", "overlap_mode") + (("draft_base_s",) if version == 1 else ())
         missing = [n for n in names if n not in optional and n not in data]
         if missing:
             raise ValueError(f"{where}: missing field(s) {missing}")

@@ -10,7 +10,7 @@ from sim.engine import CyclePlan, FastEngine, LinkSpec, SimPyEngine, make_engine
 LINK = LinkSpec(latency_ns=10_000, wire_ns=290_000)  # 9.4 MB expert at ~32 GB/s + 10 us
 
 
-def _random_plan(rng: np.random.Generator, num_layers: int, *, overlap: bool, prefetch: bool) -> CyclePlan:
+def _random_plan(rng: np.random.Generator, num_layers: int, *, overlap: bool | str, prefetch: bool) -> CyclePlan:
     hits, demand, pre = [], [], []
     for layer in range(num_layers):
         experts = rng.permutation(32)[: rng.integers(0, 12)]
@@ -59,7 +59,7 @@ def test_overlap_pipelines_transfers_of_later_layers_behind_compute() -> None:
         assert cls(LINK, 2).run_cycle(serial).cycle_ns == 2_600_000
 
 
-@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("overlap", [False, True, "on"])
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_fast_engine_matches_simpy_to_the_nanosecond(overlap: bool, prefetch: bool) -> None:
     rng = np.random.default_rng(7)
@@ -124,3 +124,73 @@ def test_bad_inputs_raise_clear_errors() -> None:
         FastEngine(LINK, 2).run_cycle(CyclePlan(0, 0, (1, 1), hits=((),), demand=((), ())))
     assert isinstance(make_engine("auto", LinkSpec(0, 1, concurrency=2), 1), SimPyEngine)
     assert isinstance(make_engine("auto", LINK, 1), FastEngine)
+
+
+GOLDEN_LINK = LinkSpec(latency_ns=100, wire_ns=200)  # one expert copy: 300 ns
+
+
+@pytest.mark.parametrize(
+    ("mode", "starts", "ends", "waits"),
+    [
+        # "on" (the live engine's --overlap on): layer 0 computes its resident experts 600-800
+        # while its copies land at 1200 and 1500, waits until 1500; layer 1's demand copy is
+        # enqueued when it starts (its router has run): 1500-1800, its compute ends at 1700
+        ("on", (600, 1500), (1500, 1800), (700, 100)),
+        # "off": a layer computes only once all its copies landed; layer 1's copy starts at 1700
+        ("off", (1500, 2000), (1700, 2200), (0, 0)),
+        # "ideal" (bound): as "on" with every demand copy enqueued at verification start; here
+        # the link is busy until 1800 either way, so it equals "on"
+        ("ideal", (600, 1500), (1500, 1800), (700, 100)),
+    ],
+)
+def test_golden_cycle_with_prefetch_per_overlap_mode(mode, starts, ends, waits) -> None:
+    """A hand-built cycle: draft 0-500, decision 500-600, the prefetch of (1, 7) on the link
+    600-900 (FIFO first), demand (0, 3), (0, 4) of layer 0 and (1, 5) of layer 1; each layer
+    computes 200 ns. Both engines give this timeline to the nanosecond, and no layer ends before
+    every copy it needs has landed."""
+    plan = CyclePlan(
+        draft_ns=500,
+        decision_ns=100,
+        layer_compute_ns=(200, 200),
+        hits=((), (7,)),
+        demand=((3, 4), (5,)),
+        prefetch=((1, 7),),
+        overlap=mode,
+    )
+    for engine in (FastEngine(GOLDEN_LINK, 2), SimPyEngine(GOLDEN_LINK, 2)):
+        timing = engine.run_cycle(plan)
+        assert (timing.start_ns, timing.draft_end_ns, timing.verify_start_ns) == (0, 500, 600)
+        assert timing.layer_start_ns == starts and timing.layer_end_ns == ends
+        assert timing.layer_wait_ns == waits
+        assert timing.layer_h2d_ns == (600, 600) and timing.num_transfers == 4
+        assert timing.end_ns == ends[-1]
+
+
+def test_bad_overlap_mode_is_refused() -> None:
+    plan = CyclePlan(0, 0, (1,), hits=((),), demand=((),), overlap="sometimes")
+    with pytest.raises(ValueError, match="CyclePlan.overlap"):
+        FastEngine(GOLDEN_LINK, 1).run_cycle(plan)
+
+
+def test_cost_model_overlap_on_equals_the_simulated_cycle_on_an_idle_link() -> None:
+    """specfit.cost's overlap mode "on" (sum over layers of max(compute_l, h2d_l)) is the
+    simulator's "on" timeline exactly when nothing else is on the link; "ideal" is a bound below."""
+    from specfit.cost import CycleCostModel
+
+    cost = CycleCostModel(
+        draft_s_per_level=1e-4, verify_base_s=6e-4, verify_s_per_node=0.0, verify_s_per_context_token=0.0,
+        h2d_bytes_per_s=1e9, h2d_s_per_transfer=1e-4, expert_bytes=200_000, num_layers=3,
+        overlap_h2d=True, overlap_mode="on",
+    )  # fmt: skip
+    misses = (0, 1, 3)
+    plan = CyclePlan(100_000, 0, (200_000,) * 3, hits=((), (), ()), demand=((), (1,), (2, 3, 4)), overlap="on")
+    link = LinkSpec(latency_ns=100_000, wire_ns=200_000)
+    for engine in (FastEngine(link, 3), SimPyEngine(link, 3)):
+        assert engine.run_cycle(plan).cycle_ns == 1_500_000
+    assert cost.cycle_s(1, 1, 0, misses) == pytest.approx(1.5e-3, rel=1e-12)
+    ideal = CycleCostModel(**{**cost.__dict__, "overlap_mode": "ideal"})
+    assert ideal.cycle_s(1, 1, 0, misses) == pytest.approx(1e-4 + 1.2e-3, rel=1e-12)
+    loaded = CycleCostModel.from_dict(cost.to_dict())
+    assert loaded == cost
+    legacy = {k: v for k, v in cost.to_dict().items() if k != "overlap_mode"}
+    assert CycleCostModel.from_dict(legacy).overlap_mode == "ideal"  # files before the field

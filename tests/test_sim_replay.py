@@ -141,6 +141,10 @@ def test_overlap_never_slower_and_simpy_engine_agrees(run) -> None:
     ref = replay_policy(run, dataclasses.replace(both, engine="simpy"))
     fast = replay_policy(run, dataclasses.replace(both, engine="fast"))
     assert ref.totals == fast.totals
+    ideal = replay_policy(
+        run, SimConfig(cost=_cost(), policy="topn", cache_capacity_per_layer=4, overlap="ideal")
+    )
+    assert ideal.totals.decode_ns <= over.totals.decode_ns  # the bound is never slower than "on"
 
 
 def test_prefetch_with_the_oracle_moves_copies_off_the_critical_path(run) -> None:
@@ -148,6 +152,11 @@ def test_prefetch_with_the_oracle_moves_copies_off_the_critical_path(run) -> Non
     plain = replay_policy(run, base)
     pre = replay_policy(run, dataclasses.replace(base, prefetch=True))
     assert pre.totals.prefetch_bytes > 0
+    issued = sum(c.num_prefetch_issued for c in pre.cycles)
+    used, wasted = (sum(getattr(c, f"num_prefetch_{k}") for c in pre.cycles) for k in ("used", "wasted"))
+    assert issued * 9_437_184 == pre.totals.prefetch_bytes
+    assert 0 < used and used + wasted <= issued  # the oracle's prefetches are mostly used
+    assert all(c.num_prefetch_issued is None for c in plain.cycles)
     assert pre.totals.cache_hits > plain.totals.cache_hits
     assert pre.totals.stall_ns < plain.totals.stall_ns
 

@@ -257,7 +257,7 @@ def test_per_cycle_records_use_the_trace_cycles_schema(trace: str, tmp_path, cap
     assert main(argv) == 0
     capsys.readouterr()
     results = pd.read_parquet(out / "results.parquet")
-    assert len(results) == 2 and set(results["overlap"]) == {False, True}
+    assert len(results) == 2 and set(results["overlap"]) == {"off", "on"}
     for _, row in results.iterrows():
         table = read_part(out / "cycles" / f"{row['cell_id']}.parquet", "cycles", read_manifest(trace))
         cycles = table.to_pandas()

@@ -8,6 +8,7 @@ experts per layer, an empty prompt file, an unsupported architecture, missing to
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -364,6 +365,8 @@ class RecordSession:
             )
             self.offload.reset_cache()
             self.offload.reset_stats()
+        if config.overlap == "on":  # the planner prices copies as this engine overlaps them
+            cost = dataclasses.replace(cost, overlap_h2d=True, overlap_mode="on")
         self.cost = cost
         calibration = None
         if config.acceptance is not None:
