@@ -39,6 +39,16 @@ THROUGHPUT_COLUMNS = (
 )
 HIT_COLUMNS = ("label", "source", "bandwidth_gb_per_s", "cache_experts_per_layer", "policy", "hit_rate")
 SPLIT_COLUMNS = ("label", "draft_s", "verify_s", "h2d_s", "other_s")
+CATEGORY_COLUMNS = (
+    "run",
+    "mode",
+    "category",
+    "num_requests",
+    "num_cycles",
+    "tau",
+    "tokens_per_s",
+    "hit_rate",
+)
 SCATTER_COLUMNS = ("label", "predicted_s", "measured_s")
 # the fidelity figures analysis.validate writes under <folder>/figures/ (the report shows them)
 VALIDATE_FIGURES = ("sim_vs_live_throughput", "cycle_error_distribution")
@@ -77,6 +87,11 @@ class ReportData:
             ``repeats`` and ``figures`` (``{name: path or None}`` of :data:`VALIDATE_FIGURES`).
         fit_errors: per-term cost-fit errors of calibration folders (``cost_fit_report.json``):
             ``label, term, split, num_samples, median_abs_pct_error, p90_abs_pct_error, r2``.
+        categories: :data:`CATEGORY_COLUMNS`, one row per (trace run, prompt category) for runs whose
+            requests carry a category (``requests.category``, e.g. ``live.record --prompts
+            spec_bench.jsonl``): policy runs give tau, tokens/s (sum of cycle seconds) and hit rate
+            of that category's cycles; dense runs give ``num_cycles`` = trees and ``tau`` = the
+            full tree's (mean accepted length + 1, bonus included).
         regret: SpecFit rows of sweeps run with the oracle variants: the cell keys, tokens/s, the
             best in hindsight and the ``regret_*`` decomposition (``sim.report._add_regret``).
         inputs: ``(path, kind)`` of every input.
@@ -91,6 +106,7 @@ class ReportData:
     fidelity: pd.DataFrame = field(default_factory=pd.DataFrame)
     fit_errors: pd.DataFrame = field(default_factory=pd.DataFrame)
     regret: pd.DataFrame = field(default_factory=pd.DataFrame)
+    categories: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CATEGORY_COLUMNS))
     validations: list = field(default_factory=list)
     inputs: list = field(default_factory=list)
 
@@ -286,8 +302,11 @@ def _add_trace(
         arrays = run.node_arrays()
         num_trees = arrays.num_trees
         synthetic = manifest.run.prompt_source == "synthetic"  # generated, not recorded by live.record
-        data.dense.append((f"{label} (synthetic)" if synthetic else label, arrays, manifest.model.num_experts))
+        data.dense.append(
+            (f"{label} (synthetic)" if synthetic else label, arrays, manifest.model.num_experts)
+        )
     cycles = run.cycles
+    _add_categories(data, label, run, cycles)
     listed = {"mode": manifest.run.mode, "num_requests": len(run.request_ids), "num_trees": num_trees}
     if not len(cycles):  # e.g. a synthetic dense trace: trees only
         data.run_summaries.append((label, {**listed, "num_cycles": 0}))
@@ -321,7 +340,9 @@ def _add_trace(
     }
     if include_rates:  # a validate folder's fidelity.csv already holds these
         data._add("throughput", pd.DataFrame([{**row, "tokens_per_s": summary["tokens_per_s"]}]))
-        hit = {k: row[k] for k in ("label", "source", "bandwidth_gb_per_s", "cache_experts_per_layer", "policy")}
+        hit = {
+            k: row[k] for k in ("label", "source", "bandwidth_gb_per_s", "cache_experts_per_layer", "policy")
+        }
         data._add("hit_rates", pd.DataFrame([{**hit, "hit_rate": summary["hit_rate"]}]))
     draft, verify, h2d = (float(cycles[c].sum()) for c in ("draft_s", "verify_s", "h2d_s"))
     other = max(float(cycles["cycle_s"].sum()) - draft - verify - h2d, 0.0)
@@ -345,6 +366,43 @@ def _add_trace(
                 }
             ),
         )
+
+
+def _add_categories(data: ReportData, label: str, run: Any, cycles: pd.DataFrame) -> None:
+    """Per prompt category of ``run`` (``requests.category``; nothing without one), the rows of
+    :attr:`ReportData.categories`."""
+    requests = run.requests
+    if "category" not in requests.columns or requests["category"].isna().all():
+        return
+    category_of = dict(zip(requests["request_id"].astype(int), requests["category"].fillna("(none)")))
+    mode = run.manifest.run.mode
+    rows = []
+    if mode == "dense" and run.num_rows("nodes"):
+        from traces.stats import accepted_lengths
+
+        arrays = run.node_arrays()
+        trees = pd.DataFrame(
+            {
+                "category": [category_of.get(int(r), "(none)") for r in arrays.request_ids],
+                "accepted": accepted_lengths(arrays),
+            }
+        )
+        for category, g in trees.groupby("category", sort=True):
+            rows.append(
+                {"category": category, "num_cycles": len(g), "tau": float(g["accepted"].mean()) + 1.0}
+            )
+    elif mode == "policy" and len(cycles):
+        by = cycles.assign(category=[category_of.get(int(r), "(none)") for r in cycles["request_id"]])
+        for category, g in by.groupby("category", sort=True):
+            s = metrics.cycle_summary(g)
+            rows.append(
+                {"category": category, **{k: s[k] for k in ("num_cycles", "tau", "tokens_per_s", "hit_rate")}}
+            )
+    counts = pd.Series(list(category_of.values())).value_counts()
+    for row in rows:
+        row.update(run=label, mode=mode, num_requests=int(counts.get(row["category"], 0)))
+    if rows:
+        data._add("categories", pd.DataFrame(rows).reindex(columns=CATEGORY_COLUMNS))
 
 
 def _live_config(manifest: object) -> str:

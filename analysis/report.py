@@ -299,6 +299,15 @@ def write_report(
         lines.append("No configuration where the full tree is slower than autoregressive decoding.\n")
     else:
         lines.append("_No throughput data in the inputs._\n")
+    if len(data.categories):
+        lines.append("## Prompt categories\n")
+        lines.append(
+            "Per prompt category (`requests.category`, e.g. the MT-bench layout of `live.record "
+            "--prompts`), MEASURED: policy runs give tau, tokens/s (committed tokens / sum of cycle "
+            "seconds) and the hit rate of that category's cycles; dense runs give `num_cycles` = trees "
+            "and `tau` = the full tree's (mean accepted length + 1).\n"
+        )
+        lines.append(markdown_table(data.categories))
     if len(data.regret):
         lines.append("## Decision regret of SpecFit (simulated)\n")
         lines.append(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from live.prompts import (
@@ -198,3 +199,32 @@ def test_record_truncates_a_prompt_past_max_positions_with_one_warning(tiny, tmp
     with pytest.raises(SystemExit) as exc:
         _record(tiny, tmp_path / "none", "--max-new-tokens", "255")
     assert exc.value.code == 2 and "--max-new-tokens" in capsys.readouterr().err
+
+
+def test_report_groups_runs_by_prompt_category(tiny, tmp_path, capsys):
+    from analysis.inputs import collect
+    from analysis.report import main as report_main
+
+    dense, policy = tmp_path / "dense", tmp_path / "policy"
+    assert _record(tiny, dense, "--category", "writing,math") == 0
+    assert _record(tiny, policy, "--category", "writing,math", "--mode", "policy", "--policy", "ar") == 0
+    table = collect([dense, policy]).categories.set_index(["run", "category"])
+    assert sorted(table.index) == [
+        ("dense", "math"),
+        ("dense", "writing"),
+        ("policy", "math"),
+        ("policy", "writing"),
+    ]
+    assert (
+        table.loc[("dense", "writing"), "num_requests"] == 2
+        and table.loc[("policy", "math"), "num_requests"] == 1
+    )
+    assert table.loc[("dense", "writing"), "num_cycles"] == 2 * 4  # one tree per generated token
+    assert table.loc[("policy", "writing"), "tau"] == 1.0  # ar commits one token per cycle
+    assert table.loc[("policy", "math"), "tokens_per_s"] > 0 and pd.isna(
+        table.loc[("dense", "math"), "tokens_per_s"]
+    )
+    capsys.readouterr()
+    assert report_main([str(dense), str(policy), "--out", str(tmp_path / "r"), "--no-progress"]) == 0
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert "## Prompt categories" in text and "| policy | policy | writing | 2 |" in text
