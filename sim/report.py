@@ -74,7 +74,8 @@ TABLE_LEGEND = {
     "-experts / specfit-oracle = SpecFit given the recorded acceptance / experts / both",
     "cache_policy": "expert-cache eviction policy",
     "predictor": "expert predictor of the planner (and of prefetch)",
-    "overlap": "expert copies pipelined behind compute (on/off)",
+    "overlap": "expert copies overlapping compute: off; on (as the live engine); ideal (a bound: every "
+    "copy of a cycle enqueued when verification starts)",
     "prefetch": "predicted misses copied when the subtree is chosen (on/off)",
     "sim tok/s": "SIMULATED committed tokens per second of decode (trace replay, not a measurement)",
     "tau": "mean tokens committed per verification cycle, bonus token included",
@@ -90,7 +91,9 @@ TABLE_LEGEND = {
     "r.acc": "share of it perfect acceptance estimates recover (specfit-oracle-accept - specfit) / best",
     "r.exp": "share perfect expert predictions recover (specfit-oracle-experts - specfit) / best",
     "r.myo": "share left with both inputs perfect (best - specfit-oracle) / best: the greedy per-cycle choice",
-    "!": "SpecFit below max(autoregressive, chain, top-N, cascade) in this cell (see the note below)",
+    "!": "SpecFit below max(autoregressive, chain, top-N, cascade) in this cell beyond the seed-to-seed "
+    "noise (see the note below)",
+    "~": "SpecFit below that best baseline, but within the seed-to-seed noise",
 }
 
 
@@ -191,7 +194,7 @@ def format_table(df: pd.DataFrame, header: Sequence[str] = ()) -> str:
             if value is None or (isinstance(value, float) and np.isnan(value)):
                 out.append("-")
             elif name in ("overlap", "prefetch"):
-                out.append("on" if _on_off(value) else "off")
+                out.append(_overlap_name(value) if name == "overlap" else ("on" if _on_off(value) else "off"))
             else:
                 out.append(fmt.format(int(value) if fmt == "{:d}" else value))
         below = bool(row.get("specfit_below_baseline", False))
@@ -203,7 +206,7 @@ def format_table(df: pd.DataFrame, header: Sequence[str] = ()) -> str:
     lines.append("  ".join("-" * w for w in widths[:-1]))
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
     flagged = bool(df.get("specfit_below_baseline", pd.Series(dtype=bool)).any())
-    lines += table_legend([title for _, title, _ in columns] + (["!"] if flagged else []))
+    lines += table_legend([title for _, title, _ in columns] + (["!", "~"] if flagged else []))
     if flagged:
         lines.append(CHECK_NOTE)
     return "\n".join(lines)
@@ -230,16 +233,25 @@ POLICY_COLORS = {
 # Line style per (overlap, prefetch) pair, so `--overlap both` / `--prefetch both` pair up with
 # the policy colours: colour = policy, line style = overlap/prefetch.
 OVERLAP_PREFETCH_STYLES = {
-    (False, False): "-",
-    (True, False): "--",
-    (False, True): ":",
-    (True, True): "-.",
+    ("off", False): "-",
+    ("on", False): "--",
+    ("ideal", False): (0, (6, 2, 1, 2, 1, 2)),
+    ("off", True): ":",
+    ("on", True): "-.",
+    ("ideal", True): (0, (1, 4)),
 }
 VARIANT_MARKERS = ("o", "s", "^", "D", "v", "P", "X")  # cache policy / predictor variants
 
 
 def _on_off(value: Any) -> bool:
     return str(value).strip().lower() in ("true", "1", "on")
+
+
+def _overlap_name(value: Any) -> str:
+    """A result row's overlap as its mode name: ``off``, ``on`` or ``ideal`` (bools of older sweeps:
+    on/off)."""
+    text = str(value).strip().lower()
+    return text if text in ("off", "on", "ideal") else ("on" if _on_off(text) else "off")
 
 
 def plot_throughput(df: pd.DataFrame, path: Path, title: str = "") -> Path:
@@ -273,7 +285,7 @@ def throughput_figure(df: pd.DataFrame, title: str = "") -> Any:
         combo: VARIANT_MARKERS[i % len(VARIANT_MARKERS)]
         for i, combo in enumerate(dict.fromkeys(map(tuple, df[marker_keys].astype(str).to_numpy())))
     }
-    styles_used: dict[tuple[bool, bool], str] = {}
+    styles_used: dict[tuple[str, bool], Any] = {}
     policies_used: list[str] = []
     fig, axes = plt.subplots(
         1, len(caches), figsize=(max(6.0, 4.2 * len(caches)), 3.8), squeeze=False, sharey=True
@@ -283,7 +295,7 @@ def throughput_figure(df: pd.DataFrame, title: str = "") -> Any:
         for keys, series in part.groupby(
             ["policy", "overlap", "prefetch", *marker_keys], sort=False, dropna=False
         ):
-            policy, overlap, prefetch = str(keys[0]), _on_off(keys[1]), _on_off(keys[2])
+            policy, overlap, prefetch = str(keys[0]), _overlap_name(keys[1]), _on_off(keys[2])
             combo = tuple(str(k) for k in keys[3:])
             style = OVERLAP_PREFETCH_STYLES[(overlap, prefetch)]
             styles_used[(overlap, prefetch)] = style
@@ -315,9 +327,11 @@ def throughput_figure(df: pd.DataFrame, title: str = "") -> Any:
                 [],
                 color="black",
                 linestyle=style,
-                label=f"overlap {'on' if o else 'off'}, prefetch {'on' if f else 'off'}",
+                label=f"overlap {o}, prefetch {'on' if f else 'off'}",
             )
-            for (o, f), style in sorted(styles_used.items())
+            for (o, f), style in sorted(
+                styles_used.items(), key=lambda item: list(OVERLAP_PREFETCH_STYLES).index(item[0])
+            )
         ]
     if len(markers) > 1:
         handles += [
