@@ -15,7 +15,13 @@ every policy: the committed tokens equal autoregressive greedy decoding's.
 ``--out RUN --resume`` continues an interrupted run with the configuration stored in its
 manifest: flags not given take the recorded values, a flag given with another value exits 2
 (naming it and both values; ``--num-prompts`` may differ, to extend or shorten the run); finished
-prompts are skipped (the trace writer drops rows of unfinished ones). The summary table and JSON
+prompts are skipped (the trace writer drops rows of unfinished ones; it flushes every finished
+request, so a kill loses at most the request in progress). The expert cache is rebuilt by
+replaying the finished requests' recorded cache accesses and the planner keeps the recorded cost
+model and what the planner learned (``planner_state.json``, saved after every request), so the
+resumed run equals an uninterrupted one in every column but timings. A stderr line, the
+JSON line (``resumed_from_request``, ``cache``, ...) and the manifest (``config.resumes``) say
+where it resumed. The summary table and JSON
 line cover the whole run: each finished request's totals are kept beside the trace
 (``request_totals.json``, written atomically after the request), and a resumed call adds its
 requests to those of earlier calls (``summary_covers`` says "whole run", or which share when some
@@ -663,6 +669,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if covered == recorded
         else f"{covered} of {recorded} recorded requests (the others were recorded without per-request totals)",
         "num_requests_recorded": _recorded_requests(config.out),
+        **({"resumed": True, **session.resume_info} if config.resume else {}),
     }
     session.write_summary(summary, asdict(config))
     session.print_table(summary, stream=sys.stdout)

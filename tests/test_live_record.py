@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from live_fixtures import make_tiny_checkpoint, make_tiny_draft
+from live_fixtures import TINY_VOCAB_SIZE, make_tiny_checkpoint, make_tiny_draft
 from live_fixtures import save_tiny_tokenizer as _save_tokenizer
 
 from live.record import main
@@ -198,7 +198,9 @@ def test_policy_runs_are_lossless(tiny, dense_run, tmp_path, capsys, policy, ove
     assert np.all(stall >= 0)
     if overlap == "off" and prefetch == "none":  # no copy stream: the whole H2D time is stall
         np.testing.assert_array_equal(stall, h2d)
-    issued, used, wasted = (int(cycles[c].sum()) for c in ("num_prefetch_issued", "num_prefetch_used", "num_prefetch_wasted"))
+    issued, used, wasted = (
+        int(cycles[c].sum()) for c in ("num_prefetch_issued", "num_prefetch_used", "num_prefetch_wasted")
+    )
     # (the prefill's prefetches, not in the cycles table, may be used or wasted in a cycle)
     assert (issued > 0) == (prefetch != "none") and (used + wasted > 0) == (prefetch != "none")
     transfers = run.transfers
@@ -567,3 +569,150 @@ def test_planned_chooser_builds_the_chosen_stopping_rule():
         PlannedChooser(None, shape, "topn", "recent", None, 16, stopping="bound")
     with pytest.raises(ValueError, match="stopping must be one of"):
         PlannedChooser(None, shape, "specfit", "recent", None, 16, stopping="never")
+
+
+# resume after a stop or a SIGKILL: the same run as an uninterrupted one, timings aside
+
+
+def _timing_columns() -> set[str]:
+    """Measured times: the columns in seconds (their values differ run to run)."""
+    from traces.schema import TABLES
+
+    return {spec.name for specs in TABLES.values() for spec in specs if spec.unit == "s"}
+
+
+def _many_prompts(tiny, count: int) -> str:
+    path = tiny["root"] / f"prompts-{count}.txt"
+    rng = np.random.default_rng(count)
+    lines = [
+        " ".join(f"w{w}" for w in rng.integers(4, TINY_VOCAB_SIZE, size=rng.integers(1, 9)))
+        for _ in range(count)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def _planned_args(tiny, out, prompts: str, cost_path, policy: str = "specfit") -> list[str]:
+    """A planned policy with the union-size predictor (priced at the cache's observed miss
+    fraction) and a fixed cost model: SpecFit's choices depend on the cache's state and statistics."""
+    argv = _args(tiny, out, "--mode", "policy", "--policy", policy, "--cost", str(cost_path))
+    argv[argv.index("--prompts") + 1] = prompts
+    return [*argv, "--predictor", "union-size", "--predictor-tables", str(tiny["dense_tables"])]
+
+
+def _values(column) -> list:
+    """A column's values as plain lists, nulls as None (comparable with ==)."""
+    return [None if np.ndim(v) == 0 and v != v or v is None else np.asarray(v).tolist() for v in column]
+
+
+def _assert_same_run_but_timings(a, b) -> None:
+    """Every column of requests, cycles and transfers equal except the measured times."""
+    ra, rb = open_run(a), open_run(b)
+    assert rb.complete and ra.request_ids.tolist() == rb.request_ids.tolist()
+    for table, keys in (("requests", ["request_id"]), ("cycles", ["request_id", "cycle_index"])):
+        fa = getattr(ra, table).sort_values(keys).reset_index(drop=True)
+        fb = getattr(rb, table).sort_values(keys).reset_index(drop=True)
+        columns = [c for c in fa.columns if c not in _timing_columns()]
+        for column in columns:
+            assert _values(fa[column]) == _values(fb[column]), column
+    ta, tb = (r.transfers.sort_values(["request_id", "cycle_index"], kind="stable") for r in (ra, rb))
+    for column in ("request_id", "cycle_index", "layer", "expert", "bytes"):
+        assert ta[column].tolist() == tb[column].tolist(), column
+
+
+@pytest.fixture(scope="module")
+def planned_setup(tiny, dense_run):
+    from specfit.cost import CycleCostModel
+
+    cost_path = tiny["root"] / "resume-cost.json"
+    CycleCostModel(1e-3, 5e-3, 1e-4, 0.0, 1e9, 0.0, 6144, 2, source="test").save(cost_path)
+    tiny["dense_tables"] = dense_run
+    return cost_path
+
+
+NUM_RESUME_PROMPTS = 8
+
+
+def _whole_run(tiny, planned_setup, out, policy: str) -> str:
+    """The uninterrupted reference: 8 prompts in one call; returns the prompts file."""
+    prompts = _many_prompts(tiny, NUM_RESUME_PROMPTS)
+    argv = _planned_args(tiny, out, prompts, planned_setup, policy)
+    assert main([*argv, "--num-prompts", str(NUM_RESUME_PROMPTS)]) == 0
+    return prompts
+
+
+def test_resume_rebuilds_the_expert_cache_and_the_planner_state(
+    tiny, planned_setup, tmp_path, capsys, monkeypatch
+):
+    """SpecFit, 8 prompts at once, and 2 then --resume to 8: the same cycles, hits, misses, H2D
+    bytes and tokens (the resumed call replays the first 2 requests' cache accesses and restores
+    the planner's root-acceptance estimate). The throughput guard, which acts on measured cycle
+    seconds, is held open so that the choices depend on no timing."""
+    from specfit.policies import ThroughputGuard
+
+    monkeypatch.setattr(ThroughputGuard, "allows_drafting", lambda self: True)
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    prompts = _whole_run(tiny, planned_setup, whole, "specfit")
+    assert main([*_planned_args(tiny, split, prompts, planned_setup), "--num-prompts", "2"]) == 0
+    capsys.readouterr()
+    assert main(["--out", str(split), "--resume", "--num-prompts", str(NUM_RESUME_PROMPTS)]) == 0
+    captured = capsys.readouterr()
+    assert "resuming" in captured.err and "2 of 8 requests finished; continuing at request 2" in captured.err
+    summary = json.loads(captured.out.strip().splitlines()[-1])
+    assert summary["resumed"] is True and summary["resumed_from_request"] == 2
+    assert summary["requests_finished_before"] == 2 and summary["cache"] == "rebuilt"
+    assert summary["planner_state"] == "restored"
+    assert summary["cache_cycles_replayed"] == int((open_run(split).cycles["request_id"] < 2).sum()) > 0
+    resumes = open_run(split).manifest.config["resumes"]
+    assert len(resumes) == 1 and resumes[0]["resumed_from_request"] == 2
+    _assert_same_run_but_timings(whole, split)
+
+
+def test_sigkill_loses_at_most_the_request_in_progress_and_resume_equals_an_uninterrupted_run(
+    tiny, planned_setup, tmp_path, capsys
+):
+    """A real SIGKILL of `python -m live.record` mid-run: every finished request is on disk (the
+    writer flushes each one), the trace validates, and --resume ends with the same run as an
+    uninterrupted one, timings aside (top-N: its choices depend on no timing; the hits, misses and
+    H2D bytes depend on the rebuilt cache)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    prompts = _whole_run(tiny, planned_setup, whole, "topn")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "live.record", *_planned_args(tiny, killed, prompts, planned_setup, "topn")],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120  # bounded wait for the first finished request on disk
+    while not (killed / "requests" / "part-00000.parquet").exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "no request was recorded"
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)  # at once: a part on disk means >= 1 finished request
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it was killed"
+    run = open_run(killed)  # validates: every finished request whole
+    assert not run.complete
+    recorded = len(run.requests)
+    totals = len(json.loads((killed / "request_totals.json").read_text()))
+    # request_totals.json is written right after each request's flush: the trace is never behind it
+    assert 1 <= recorded < NUM_RESUME_PROMPTS and totals <= recorded <= totals + 1
+    capsys.readouterr()
+    assert main(["--out", str(killed), "--resume"]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out.strip().splitlines()[-1])
+    assert summary["resumed_from_request"] == recorded and summary["cache"] == "rebuilt"
+    assert summary["planner_state"] == "restored"
+    assert (
+        f"{recorded} of {NUM_RESUME_PROMPTS} requests finished; continuing at request {recorded}"
+        in captured.err
+    )
+    _assert_same_run_but_timings(whole, killed)

@@ -245,3 +245,31 @@ def test_add_cycle_and_transfers_reject_bad_lengths(tmp_path):
             writer.add_transfers(0, 0, [0, 1], [1, 9], 768, [1e-6, 1e-6])
         with pytest.raises(ValueError, match=r"add_transfers: h2d_s: expected shape \(2,\)"):
             writer.add_transfers(0, 0, [0, 1], [1, 2], 768, [1e-6])
+
+
+def test_cycle_cache_accesses_round_trip_and_bad_ones_are_refused(tmp_path):
+    """cycles.layer_accessed / accessed_experts: written, read back (null when not given), checked."""
+    run_dir = tmp_path / "run"
+    with TraceWriter(run_dir, small_manifest()) as writer:
+        writer.add_cycle(small_cycle(0, 0, layer_accessed=[2, 0, 1], accessed_experts=[1, 5, 7]))
+        writer.add_cycle(small_cycle(0, 1, position=3, context_len=7))  # not recorded: null
+        for changes, message in (
+            ({"layer_accessed": [2, 0, 1]}, "both layer_accessed and accessed_experts"),
+            ({"layer_accessed": [2, 0, 1], "accessed_experts": [1, 5]}, "has 2 ids, layer_accessed counts 3"),
+            (
+                {"layer_accessed": [2, 0, 1], "accessed_experts": [5, 1, 7]},
+                "layer 0: expected distinct ascending",
+            ),
+            ({"layer_accessed": [2, 0, 1], "accessed_experts": [1, 5, 8]}, r"layer 2: .* in 0\.\.7"),
+            ({"layer_accessed": [3], "accessed_experts": [1, 5, 7]}, "expected 3 values"),
+        ):
+            with pytest.raises(ValueError, match=message):
+                writer.add_cycle(small_cycle(0, 2, **changes))
+        writer.add_request(0, [1, 2, 3, 4], [5, 6, 7, 8, 9, 10], "r")
+    cycles = open_run(run_dir).cycles
+    assert cycles["layer_accessed"][0].tolist() == [2, 0, 1] and cycles["accessed_experts"][0].tolist() == [
+        1,
+        5,
+        7,
+    ]
+    assert cycles["layer_accessed"][1] is None and cycles["accessed_experts"][1] is None

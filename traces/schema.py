@@ -411,6 +411,10 @@ class CycleRecord:
     ``num_prefetch_issued``/``_used``/``_wasted`` and ``prefetch_wasted_bytes`` (optional):
     experts prefetched this cycle, prefetched experts hit before leaving the cache, and those
     evicted first (``specfit.prefetch.PrefetchLedger``), ``None`` without prefetch accounting.
+    ``layer_accessed`` (int[L]) and ``accessed_experts`` (the ids, layer by layer, ascending)
+    record the expert-cache accesses of the verification forward (one access per layer: the union
+    of the verified nodes' experts), so a resumed run can replay them into its cache; ``None``
+    when not recorded (both or neither).
     """
 
     request_id: int
@@ -442,6 +446,8 @@ class CycleRecord:
     num_prefetch_used: int | None = None
     num_prefetch_wasted: int | None = None
     prefetch_wasted_bytes: int | None = None
+    layer_accessed: Sequence[int] | None = None
+    accessed_experts: Sequence[int] | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -652,6 +658,26 @@ TABLES: dict[str, tuple[ColumnSpec, ...]] = {
                 ("num_prefetch_wasted", "experts", "prefetched experts evicted before any hit"),
                 ("prefetch_wasted_bytes", "bytes", "bytes of the wasted prefetches"),
             )
+        ),
+        _c(
+            "layer_accessed",
+            KIND_INT_LIST,
+            pa.list_(pa.int32()),
+            "experts",
+            "per layer (L): distinct experts the verification forward accessed in the expert cache "
+            "= hits + misses (optional column; null when not recorded)",
+            required=False,
+            nullable=True,
+        ),
+        _c(
+            "accessed_experts",
+            KIND_INT_LIST,
+            pa.list_(pa.int16()),
+            "expert ids",
+            "the experts accessed, layer by layer (layer_accessed[l] ids of layer l, ascending): the "
+            "cache's access sequence, replayed by live.record --resume (optional column; null when not recorded)",
+            required=False,
+            nullable=True,
         ),
     ),
     "transfers": (

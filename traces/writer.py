@@ -414,7 +414,10 @@ class TraceWriter:
                     raise ValueError(
                         f"add_cycle: {spec.name}: expected {num_layers} values (one per layer), got {len(value)}"
                     )
-            elif spec.name in ("verified_nodes", "committed_token_ids"):
+            elif (
+                spec.name in ("verified_nodes", "committed_token_ids", "accessed_experts")
+                and value is not None
+            ):
                 value = np.asarray(value, dtype=np.int64).tolist()
             row[spec.name] = [value]
         if len(row["verified_nodes"][0]) != record.num_nodes_verified:
@@ -422,11 +425,39 @@ class TraceWriter:
                 f"add_cycle: verified_nodes has {len(row['verified_nodes'][0])} ids, "
                 f"num_nodes_verified is {record.num_nodes_verified}"
             )
+        self._check_accesses(row["layer_accessed"][0], row["accessed_experts"][0])
         key = (int(record.request_id), int(record.cycle_index))
         if key in self._cycle_keys:
             raise ValueError(f"add_cycle: cycle (request {key[0]}, cycle_index {key[1]}) already recorded")
         self._append("cycles", row)
         self._cycle_keys.add(key)
+
+    def _check_accesses(self, counts: list[int] | None, ids: list[int] | None) -> None:
+        """``layer_accessed``/``accessed_experts`` of a cycle: both or neither, ids of each layer
+        ascending, distinct and in ``0..E-1``, as many as the layer's count."""
+        if counts is None and ids is None:
+            return
+        if counts is None or ids is None:
+            raise ValueError("add_cycle: give both layer_accessed and accessed_experts, or neither")
+        if sum(counts) != len(ids) or min(counts, default=0) < 0:
+            raise ValueError(
+                f"add_cycle: accessed_experts has {len(ids)} ids, layer_accessed counts {sum(counts)}"
+            )
+        start = 0
+        for layer, count in enumerate(counts):
+            part = ids[start : start + count]
+            start += count
+            if part and (part[0] < 0 or part[-1] >= self._num_experts or any(np.diff(part) <= 0)):
+                raise ValueError(
+                    f"add_cycle: accessed_experts of layer {layer}: expected distinct ascending ids in "
+                    f"0..{self._num_experts - 1}, got {part}"
+                )
+
+    def update_config(self, **items: Any) -> None:
+        """Add ``items`` to the manifest's ``config`` and rewrite ``manifest.json`` at once
+        (atomically), e.g. what a resumed run continued from."""
+        self.manifest = self.manifest.replace(config={**self.manifest.config, **items})
+        write_manifest(self.run_dir, self.manifest, fsync=self.fsync)
 
     def add_transfers(
         self,

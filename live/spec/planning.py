@@ -97,6 +97,44 @@ class PlannedChooser:
         self.drafter, self.shape, self.cost = drafter, shape, cost
         self.num_experts, self.calibration, self.window = int(num_experts), calibration, int(window)
 
+    def state_dict(self) -> dict[str, Any]:
+        """What this chooser learned so far, as plain JSON: SpecFit's running root-acceptance
+        estimate (``root_alpha``) and throughput guard (its realised cycles per arm and question
+        count) and, with ``token-table``, the token table (token id -> bits uint64[L, W] as lists). ``live.record`` saves it after every finished request so that
+        ``--resume`` continues with it (:meth:`load_state_dict`)."""
+        state: dict[str, Any] = {}
+        if hasattr(self.policy, "root_alpha"):
+            state["root_alpha"] = float(self.policy.root_alpha)
+        guard = getattr(self.policy, "guard", None)
+        if guard is not None:  # SpecFit's throughput guard: its realised cycles and question count
+            state["guard"] = {
+                "arms": {arm: [list(c) for c in cycles] for arm, cycles in guard.arms.items()},
+                "questions": int(guard.questions),
+            }
+        if self.predictor_name == "token-table":
+            state["token_table"] = {str(t): np.asarray(b).tolist() for t, b in self.table.items()}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` output.
+
+        Raises:
+            ValueError: a value of the wrong type or shape.
+        """
+        try:
+            if "root_alpha" in state and hasattr(self.policy, "root_alpha"):
+                self.policy.root_alpha = float(state["root_alpha"])
+            guard = getattr(self.policy, "guard", None)
+            if "guard" in state and guard is not None:
+                for arm, cycles in state["guard"]["arms"].items():
+                    guard.arms[arm].clear()
+                    guard.arms[arm].extend((float(t), float(s)) for t, s in cycles)
+                guard.questions = int(state["guard"]["questions"])
+            if "token_table" in state and self.predictor_name == "token-table":
+                self.table = {int(t): np.asarray(b, dtype=np.uint64) for t, b in state["token_table"].items()}
+        except (TypeError, ValueError, AttributeError, OverflowError, KeyError) as exc:
+            raise ValueError(f"planner state: {exc}") from exc
+
     def _learn(self, state: ChooseState, recent_bits: np.ndarray) -> None:
         """Online token table: the routed tokens are ``committed[:-1]``, newest last."""
         routed = list(state.committed[:-1])[-len(recent_bits) :] if len(recent_bits) else []

@@ -28,11 +28,30 @@ def locally_accepted(event: CycleEvent) -> np.ndarray:
     return accepted & verified
 
 
+def layer_accesses(expert_ids: np.ndarray) -> tuple[list[int], list[int]]:
+    """The expert-cache accesses of one forward from its routing ``expert_ids`` int[T, L, K]:
+    ``(counts int[L], ids)``, where layer ``l`` accessed the union of its tokens' experts
+    (``ExpertCache.access(l, ids)``, as ``live.offload`` does per layer) and ``ids`` holds the
+    ``counts[l]`` ascending ids of each layer in turn (the ``cycles`` columns ``layer_accessed``
+    and ``accessed_experts``; :func:`split_accesses` inverts it)."""
+    ids = np.asarray(expert_ids)
+    unions = [np.unique(ids[:, layer, :]) for layer in range(ids.shape[1])]
+    return [int(u.size) for u in unions], np.concatenate(unions).astype(np.int64).tolist() if unions else []
+
+
+def split_accesses(counts, ids) -> list[np.ndarray]:
+    """Inverse of :func:`layer_accesses`: one int64 array of expert ids per layer."""
+    bounds = np.cumsum([0, *counts])
+    flat = np.asarray(ids, dtype=np.int64)
+    return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 def cycle_record(request_id: int, event: CycleEvent, policy: str):
-    """The :class:`traces.schema.CycleRecord` of one cycle."""
+    """The :class:`traces.schema.CycleRecord` of one cycle (with its expert-cache accesses)."""
     from traces.schema import CycleRecord
 
     stats, ver, plan = event.stats, event.verification, event.choice.plan
+    layer_accessed, accessed = layer_accesses(ver.expert_ids)
     return CycleRecord(
         request_id=int(request_id),
         cycle_index=event.cycle_index,
@@ -63,6 +82,8 @@ def cycle_record(request_id: int, event: CycleEvent, policy: str):
         predicted_cycle_s=None if plan is None else float(plan.predicted_cycle_s),
         decision_s=None if plan is None else float(plan.decision_s),
         committed_token_ids=list(event.committed),
+        layer_accessed=layer_accessed if layer_accessed else None,
+        accessed_experts=accessed if layer_accessed else None,
     )
 
 

@@ -27,6 +27,8 @@ from live.spec.verify import TreeVerifier
 
 REQUEST_TOTALS_NAME = "request_totals.json"
 """Per-request run totals beside the trace, so a --resume summary covers the whole run."""
+PLANNER_STATE_NAME = "planner_state.json"
+"""What the planner learned up to the last finished request, so --resume continues with it."""
 
 
 class SessionError(Exception):
@@ -329,6 +331,7 @@ class RecordSession:
         self.chooser = self._make_chooser()
         self.target_dir, self.draft_dir = target_dir, draft_dir
         self.writer = self._open_writer()
+        self.resume_info = self._rebuild_cache() if config.resume else {}
         return self
 
     def _make_chooser(self) -> SubtreeChooser:
@@ -357,6 +360,8 @@ class RecordSession:
                         f"{model_value}; this cost model was fitted for another model (refit with "
                         "`python -m calibration.fit` on runs of this one)",
                     )
+        elif (cost := self._recorded_cost_model()) is not None:
+            pass  # --resume: the cost model the run's planner used (not a new, differently timed estimate)
         else:
             from live.spec.costs import estimate_cost_model
 
@@ -397,6 +402,109 @@ class RecordSession:
             )
         except ValueError as exc:
             raise SessionError("--stopping" if "stopping" in str(exc) else "--policy", str(exc)) from exc
+
+    def _recorded_cost_model(self):
+        """On ``--resume``, the ``CycleCostModel`` recorded in the run's manifest (``config.cost_model``;
+        the quick estimate of the first call), else ``None``."""
+        if not self.config.resume:
+            return None
+        from specfit.cost import CycleCostModel
+        from traces.reader import read_manifest
+
+        try:
+            recorded = read_manifest(self.config.out).config.get("cost_model")
+            return (
+                None if recorded is None else CycleCostModel.from_dict(recorded, where="manifest cost_model")
+            )
+        except (OSError, ValueError, TypeError) as exc:
+            raise SessionError(
+                "--resume", f"{self.config.out}: unreadable recorded cost model: {exc}"
+            ) from None
+
+    def _rebuild_cache(self) -> dict[str, Any]:
+        """``--resume``: bring the expert cache to the state an uninterrupted run has here.
+
+        Replays, through the same ``specfit.cache`` object and in the order they ran (request id
+        order: a run decodes its prompts in order and a resume re-decodes only the unfinished
+        ones), every recorded access of the finished requests: each prefill forward (the union of
+        its tokens' experts per layer, from ``prefill``) and each cycle's verification forward
+        (``cycles.layer_accessed`` / ``accessed_experts``). The cache's policy state and its
+        statistics (the miss-fraction averages the union-size predictor prices with) then equal
+        an uninterrupted run's, and the device pool is filled to match (uncounted warm copies).
+        A run recorded without those columns starts with a cold cache (``cache`` says so).
+
+        Returns:
+            The resume facts for the summary and the manifest: ``resumed_from_request`` (first
+            request decoded now, None when none is left), ``requests_finished_before``,
+            ``cache`` (``"rebuilt"``, ``"rebuilt-without-prefetches"`` with ``--prefetch``, whose
+            warms are not recorded, or ``"cold"``), ``cache_cycles_replayed``, ``planner_state``
+            (:meth:`_restore_planner_state`: what the planner learned, e.g. SpecFit's running
+            root-acceptance estimate, from ``planner_state.json``).
+        """
+        from live.spec.recording import split_accesses
+        from traces.reader import open_run
+
+        done = sorted(self.writer.recorded_request_ids())
+        todo = [i for i in range(len(self.prompts)) if i not in set(done)]
+        cache = self.offload.cache
+        run = open_run(self.config.out, validate=False)
+        cycles = run.arrow("cycles").select(
+            ["request_id", "cycle_index", "layer_accessed", "accessed_experts"]
+        )
+        frame = cycles.to_pandas().sort_values(["request_id", "cycle_index"], kind="stable")
+        prefill_ids = set(run.arrow("prefill").column("request_id").to_numpy().tolist())
+        by_request = dict(iter(frame.groupby("request_id", sort=True)))
+        replayed, rebuilt = 0, True
+        for request_id in done:
+            if request_id in prefill_ids:
+                experts = run.prefill_experts(request_id)
+                for layer in range(experts.shape[1]):
+                    cache.access(layer, experts[:, layer, :])
+            rows = by_request.get(request_id)
+            if rows is None:
+                continue
+            if rows["layer_accessed"].isna().any():
+                rebuilt = False
+                break
+            for counts, ids in zip(rows["layer_accessed"], rows["accessed_experts"]):
+                for layer, layer_ids in enumerate(split_accesses(counts, ids)):
+                    cache.access(layer, layer_ids)
+                replayed += 1
+        if rebuilt:
+            self.offload.set_cache(cache)  # the pool holds what the cache holds
+        else:
+            self.offload.reset_cache()
+        planner = self._restore_planner_state(done[-1] if done else None)
+        # prefetch warms (--prefetch) are not recorded: the replay leaves them out
+        approx = rebuilt and getattr(self.config, "prefetch", "none") != "none"
+        info = {
+            "resumed_from_request": todo[0] if todo else None,
+            "requests_finished_before": len(done),
+            "cache": ("rebuilt-without-prefetches" if approx else "rebuilt") if rebuilt else "cold",
+            "cache_cycles_replayed": replayed if rebuilt else 0,
+            "planner_state": planner,
+        }
+        cache_text = (
+            f"expert cache rebuilt from {replayed} recorded cycles and their prefills"
+            + (" (without the prefetches, which are not recorded: it may differ)" if approx else "")
+            if rebuilt
+            else "expert cache starts cold (cycles recorded without their cache accesses)"
+        )
+        planner_text = {
+            "restored": "; planner state restored",
+            "reset": f"; planner state starts afresh (no {PLANNER_STATE_NAME} of request {done[-1] if done else '-'})",
+            "none": "",
+        }[planner]
+        where = f"continuing at request {todo[0]}" if todo else "no request left to decode"
+        sys.stderr.write(
+            f"resuming {self.config.out}: {len(done)} of {len(self.prompts)} requests finished; {where}; "
+            f"{cache_text}{planner_text}\n"
+        )
+        from traces.schema import utc_now_iso
+
+        resumes = list(self.writer.manifest.config.get("resumes", []))
+        self.writer.update_config(resumes=[*resumes, {"at": utc_now_iso(), **info}])
+        return info
 
     def _manifest(self):
         from traces.schema import DraftSpec, HardwareSpec, Manifest, ModelSpec, RunConfig
@@ -472,7 +580,9 @@ class RecordSession:
             raw = json.loads(path.read_text())
             return {int(k): RunTotals.from_state(v) for k, v in raw.items()}
         except (ValueError, TypeError, AttributeError) as exc:
-            raise SessionError("--resume", f"{path}: unreadable per-request totals ({exc}); delete it to go on") from None
+            raise SessionError(
+                "--resume", f"{path}: unreadable per-request totals ({exc}); delete it to go on"
+            ) from None
 
     def _save_request_totals(self, per_request: dict[int, RunTotals]) -> None:
         """Write ``request_totals.json`` atomically (a kill never leaves half a file)."""
@@ -480,6 +590,46 @@ class RecordSession:
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps({str(k): v.to_state() for k, v in sorted(per_request.items())}))
         os.replace(tmp, path)
+
+    def _save_planner_state(self, request_id: int) -> None:
+        """Write ``planner_state.json`` (atomic): the chooser's learned state after ``request_id``
+        beside the one after the request before it. Called before the request's row is written,
+        so whenever a run is killed the file holds the state after its last finished request."""
+        state_dict = getattr(self.chooser, "state_dict", None)
+        if state_dict is None:
+            return
+        path = Path(self.config.out) / PLANNER_STATE_NAME
+        previous = self._read_planner_states()
+        kept = {k: v for k, v in previous.items() if int(k) in self.writer.recorded_request_ids()}
+        latest = dict(sorted(kept.items(), key=lambda kv: int(kv[0]))[-1:])
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({"after_request": {**latest, str(int(request_id)): state_dict()}}))
+        os.replace(tmp, path)
+
+    def _read_planner_states(self) -> dict[str, Any]:
+        """``planner_state.json``'s states by request id (empty when absent or unreadable)."""
+        try:
+            states = json.loads((Path(self.config.out) / PLANNER_STATE_NAME).read_text())["after_request"]
+            return dict(states) if isinstance(states, dict) else {}
+        except (OSError, ValueError, TypeError, KeyError):
+            return {}
+
+    def _restore_planner_state(self, last_done: int | None) -> str:
+        """``--resume``: load the chooser's state saved after the last finished request; returns
+        ``"restored"``, ``"none"`` (nothing to learn: no planner, or no finished request) or
+        ``"reset"`` (no such state, e.g. a run recorded before ``planner_state.json`` existed:
+        the planner starts afresh)."""
+        load = getattr(self.chooser, "load_state_dict", None)
+        if load is None or last_done is None:
+            return "none"
+        state = self._read_planner_states().get(str(int(last_done)))
+        if state is None:
+            return "reset"
+        try:
+            load(state)
+        except ValueError:
+            return "reset"
+        return "restored"
 
     def run(self, progress: bool = True) -> RunTotals:
         """Decode every prompt not yet recorded; stream trees and cycles to the trace; return the
@@ -525,6 +675,7 @@ class RecordSession:
                         request_id, result.prefill_expert_ids, result.prefill_router_weights
                     )
                 prompt = self.prompts[request_id]
+                self._save_planner_state(request_id)  # before the request is on disk: see the method
                 self.writer.add_request(request_id, ids, result.generated_ids, prompt.source, prompt.category)
                 totals.add(result)
                 per_request[request_id] = RunTotals()
