@@ -182,17 +182,21 @@ def plot(table: pd.DataFrame, fits: dict[str, Any], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     for kind, group in table.groupby("kind", sort=False):
         med = group.groupby("bytes")["bytes_per_s"].median()
-        ax.plot(
+        (points,) = ax.plot(
             med.index, [bytes_per_s_to_gb_per_s(v) for v in med.to_numpy()], "o", label=f"{kind} (median)"
         )
         fit = fits[str(kind)]
         xs = np.geomspace(med.index.min(), med.index.max(), 50)
         ys = xs / (xs / fit["bytes_per_s"] + fit["s_per_transfer"])
-        ax.plot(xs, [bytes_per_s_to_gb_per_s(v) for v in ys], "-", label=f"{kind} fit")
+        ax.plot(xs, [bytes_per_s_to_gb_per_s(v) for v in ys], "-", color=points.get_color(), label=f"{kind} fit")
     ax.set_xscale("log")
     ax.set_xlabel("transfer size (bytes)")
     ax.set_ylabel("bandwidth (GB/s, 1 GB = 1e9 B)")
-    ax.set_title("Host-to-device bandwidth against transfer size")
+    ax.set_title(
+        "MEASURED host-to-device bandwidth against transfer size\n(markers: median of the timed copies; "
+        "lines: fit, latency + size / bandwidth)",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -311,3 +311,25 @@ def test_no_progress_silences_the_bars(tmp_path, capsys):
     assert "figures" in capsys.readouterr().err
     assert report_main([str(tmp_path / "b"), "--out", str(tmp_path / "r2"), "--no-progress"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_h2d_figure_says_measured_and_pairs_fit_with_points(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from calibration import h2d
+
+    closed = []
+    monkeypatch.setattr(plt, "close", closed.append)
+    rows = [
+        (kind, "cpu", size, r, size / bw + 1e-6, size / (size / bw + 1e-6))
+        for kind, bw in (("memcpy", 1e10), ("emulated", 2e9))
+        for size in (65536, 262144, 1048576)
+        for r in range(2)
+    ]
+    table = pd.DataFrame(rows, columns=["kind", "link_kind", "bytes", "repeat", "h2d_s", "bytes_per_s"])
+    h2d.plot(table, h2d.fit_table(table)["fits"], tmp_path / "h2d.png")
+    (fig,) = closed
+    ax = fig.axes[0]
+    assert ax.get_title().startswith("MEASURED")
+    points, fit = ax.lines[0], ax.lines[1]
+    assert points.get_color() == fit.get_color()  # a kind's fit in its points' colour
