@@ -254,6 +254,6 @@ def make_tiny_eagle3_head(
             head.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
     if train_on:
         data = collect_features(target, train_on, head.config.layer_ids)
-        train_head(head, data, steps=train_steps, lr=1e-2, seed=seed)
+        train_head(head, lambda step: [data[step % len(data)]], steps=train_steps, lr=1e-2, seed=seed)
     out = Path(tmp_path) / f"tiny-eagle3-{Path(target_dir).name}-{seed}"
     return save_head(head, out)
