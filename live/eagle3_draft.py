@@ -192,7 +192,74 @@ class Eagle3Drafter(TreeDrafter):
     def _to_target_ids(self, ids: np.ndarray) -> np.ndarray:
         return self.head.to_target_ids(ids)
 
+    @torch.inference_mode()
+    def node_states(self) -> torch.Tensor | None:
+        """[N, H] the head's state at each node of the tree the last :meth:`grow` returned.
+
+        The state at node ``v`` is the head's output after feeding ``v``'s token at ``v``'s
+        position (for the root: the last context pair), the head's stand-in for the target's
+        hidden state there. Nodes of the last level were never fed while drafting: they get
+        one extra head pass here (its keys are not kept). None when the root was not drafted.
+        """
+        if 0 not in self._node_out:
+            return None
+        tokens, parents, depths = self._candidates
+        missing = [int(c) for c in self._tree_to_cand if int(c) not in self._node_out]
+        if missing:
+            hidden = torch.stack([self._node_out[parents[c]] for c in missing])
+            ids = torch.as_tensor([tokens[c] for c in missing], dtype=torch.long, device=self.device)
+            pos = torch.as_tensor(
+                [self._n - 2 + depths[c] for c in missing], dtype=torch.long, device=self.device
+            )
+            mask = tree_attention_mask(
+                self._ctx,
+                [*self._slots, *missing],
+                missing,
+                ancestor_matrix(parents),
+                self.dtype,
+                self.device,
+            )
+            out, _ = self.head(hidden, ids, pos, self._past, mask, fused=False)
+            for i, c in enumerate(missing):
+                self._node_out[c] = out[i]
+        return torch.stack([self._node_out[int(c)] for c in self._tree_to_cand])
+
     def accept(self, path_nodes: Sequence[int]) -> None:
         """Roll the head's cache back to the committed context (accepted tokens are re-fed next grow)."""
         self._truncate(self._ctx)
         self._slots = []
+
+
+class HeadRouter:
+    """Routes head states with the target's own routers: per MoE layer ``l``, the target's
+    ``post_attention_layernorm`` of that decoder layer then its router (top-k by router weight).
+
+    Why the head's output state: it exists for every draft node (the fc-projected fused feature
+    exists only for committed tokens, whose routing is already known), it is built on the
+    residual stream ``fc(target states)`` and trained to predict the next token through an RMS
+    norm, like the target's own late states; each layer's RMS norm removes its scale. It is an
+    approximation: the head is never trained to match the target's per-layer states.
+
+    Args:
+        target: the target model (MoE blocks found by :func:`live.loader.find_moe_blocks`).
+    """
+
+    def __init__(self, target: nn.Module) -> None:
+        from live.loader import find_moe_blocks
+
+        layers = decoder_layers(target)
+        self.parts = [
+            (layers[i].post_attention_layernorm, block.gate) for i, block in find_moe_blocks(target)
+        ]
+
+    @torch.inference_mode()
+    def route(self, states: torch.Tensor) -> np.ndarray:
+        """int64[M, L, K] top-k experts per MoE layer of ``states`` [M, H], by descending router weight."""
+        out = []
+        for norm, gate in self.parts:
+            x = norm(states.to(norm.weight.dtype))
+            result = gate(x.reshape(-1, x.shape[-1]))
+            weights, ids = result[1], result[2]
+            order = torch.argsort(weights.float(), dim=-1, descending=True, stable=True)
+            out.append(torch.gather(ids, -1, order).cpu().numpy().astype(np.int64))
+        return np.stack(out, axis=1)

@@ -631,6 +631,9 @@ Weights, tokenizer and recipe are this project's (Apache-2.0). They were trained
 documentation, (c) Python Software Foundation, distributed under the PSF licence; no text of it is
 shipped here.
 """
+    from live.train_eagle3 import eagle3_card_section
+
+    text += eagle3_card_section(out_dir / "eagle3")
     path = out_dir / "MODEL_CARD.md"
     path.write_text(text, encoding="utf-8")
     return path

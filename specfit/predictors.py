@@ -10,6 +10,9 @@ from a prediction (a :class:`~specfit.node_experts.NodeExperts`):
   traces (token-level routing affinity); unknown tokens fall back to ``recent``'s sets or nothing.
 * ``union-size``: no per-node sets, only the expected number of distinct experts ``n`` nodes
   touch per layer, measured from traces (see node_experts.py for how the planner uses it).
+* ``head-router``: with an EAGLE-3 head, each node's head state routed by the target's own
+  routers (``live.eagle3_draft.HeadRouter``), handed in as ``PredictContext.head_experts``. Not
+  in :data:`PREDICTORS` (what ``sim.sweep`` replays): dense traces do not record head routing yet.
 
 :func:`predictor_recall_precision` scores per-node predictions against the truth.
 """
@@ -27,6 +30,7 @@ from specfit.node_experts import NodeExperts
 from specfit.tree import DraftTree
 
 PREDICTORS: tuple[str, ...] = ("oracle", "recent", "token-table", "union-size")
+ALL_PREDICTORS: tuple[str, ...] = (*PREDICTORS, "head-router")
 #: One line per predictor for ``--help`` (the classes below say exactly what each does).
 PREDICTOR_HELP: dict[str, str] = {
     "oracle": "the true experts of every node (simulator only; an upper bound)",
@@ -34,9 +38,11 @@ PREDICTOR_HELP: dict[str, str] = {
     "token-table": "per draft token id and layer, the experts it was most often routed to (fitted)",
     "union-size": "no per-node sets: expected distinct experts per layer against node count (fitted "
     "on dense trees)",
+    "head-router": "an EAGLE-3 head's state of each node routed by the target's own routers (live only)",
 }
 
 __all__ = [
+    "ALL_PREDICTORS",
     "PREDICTORS",
     "NodeExperts",
     "PredictContext",
@@ -64,6 +70,8 @@ class PredictContext:
         miss_fraction: float64[L], the expert cache's observed miss fraction per layer
             (``cache.stats.layer_miss_fraction``; NaN where not yet observed), or ``None``.
             Used by the union-size predictor.
+        head_experts: uint64[N, L, W], the experts the target's routers pick for each node's
+            EAGLE-3 head state (head-router only), or ``None``.
     """
 
     tree: DraftTree
@@ -73,10 +81,12 @@ class PredictContext:
     recent_experts: np.ndarray | None = None
     true_experts: np.ndarray | None = None
     miss_fraction: np.ndarray | None = None
+    head_experts: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         words = bitsets.num_words(self.num_experts)
-        for name, lead in (("recent_experts", None), ("true_experts", self.tree.num_nodes)):
+        nodes = self.tree.num_nodes
+        for name, lead in (("recent_experts", None), ("true_experts", nodes), ("head_experts", nodes)):
             arr = getattr(self, name)
             if arr is None:
                 continue
@@ -118,6 +128,29 @@ class OraclePredictor(Predictor):
         if ctx.true_experts is None:
             raise ValueError("oracle predictor: PredictContext.true_experts is required (dense trace)")
         return NodeExperts(ctx.num_experts, bits=np.asarray(ctx.true_experts), source=self.name)
+
+
+class HeadRouterPredictor(Predictor):
+    """Per node, the experts the target's routers choose for the node's EAGLE-3 head state.
+
+    Source: EAGLE-3 heads draft from the target's hidden states (Li et al. 2025), so a node's head
+    state is an estimate of the target's state there; applying the target's per-layer router to it
+    predicts the node's routing before verification (computed live by ``live.eagle3_draft``).
+    """
+
+    name = "head-router"
+
+    def predict(self, ctx: PredictContext) -> NodeExperts:
+        """``NodeExperts(bits=ctx.head_experts)``.
+
+        Raises:
+            ValueError: ``ctx.head_experts`` is missing (no EAGLE-3 head).
+        """
+        if ctx.head_experts is None:
+            raise ValueError(
+                "head-router predictor: PredictContext.head_experts is required (an EAGLE-3 head)"
+            )
+        return NodeExperts(ctx.num_experts, bits=np.asarray(ctx.head_experts), source=self.name)
 
 
 def _recent_union(ctx: PredictContext, window: int) -> np.ndarray:
@@ -295,11 +328,12 @@ _PREDICTORS: dict[str, Any] = {
     "recent": RecentPredictor,
     "token-table": TokenTablePredictor,
     "union-size": UnionSizePredictor,
+    "head-router": HeadRouterPredictor,
 }
 
 
 def make_predictor(name: str, **tables: Any) -> Predictor:
-    """Build a predictor by name (one of :data:`PREDICTORS`); ``tables`` go to its constructor.
+    """Build a predictor by name (one of :data:`ALL_PREDICTORS`); ``tables`` go to its constructor.
 
     ``oracle``: none; ``recent``: ``window``; ``token-table``: ``table``, ``fallback_window``;
     ``union-size``: ``union_size``, ``miss_fraction``.
@@ -308,7 +342,7 @@ def make_predictor(name: str, **tables: Any) -> Predictor:
         ValueError: unknown name (lists the valid ones) or bad/missing arguments.
     """
     if name not in _PREDICTORS:
-        raise ValueError(f"unknown expert predictor {name!r}; expected one of {list(PREDICTORS)}")
+        raise ValueError(f"unknown expert predictor {name!r}; expected one of {list(ALL_PREDICTORS)}")
     try:
         return _PREDICTORS[name](**tables)
     except TypeError as exc:

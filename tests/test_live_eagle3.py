@@ -207,3 +207,56 @@ def test_record_refuses_a_mismatched_head_before_writing(cli, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert exc.value.code == 2 and "--draft" in err and "64" in err and "32" in err
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_head_router_routes_every_node_and_leaves_decoding_lossless(heads):
+    from live.eagle3_draft import HeadRouter
+    from specfit import bitsets
+    from specfit.predictors import PredictContext, make_predictor, score_predictor
+
+    target_dir, head_dir = heads["olmoe"]
+    target = _load(target_dir)
+    drafter, verifier = _drafter(target, head_dir)
+    router = HeadRouter(target)
+    routed = []
+
+    class Spy(FullTreeChooser):
+        def choose(self, state):
+            choice = super().choose(state)
+            states = drafter.node_states()  # feeds the unfed leaves once; must not disturb drafting
+            if states is not None:
+                assert states.shape == (choice.draft.tree.num_nodes, drafter.head.hidden_size)
+                routed.append((choice.draft.tree, router.route(states)))
+            return choice
+
+    result = SpecDecoder(verifier, drafter).generate(
+        PROMPT, N_NEW, Spy(drafter, TreeShape(3, 3, 10)), dense=True
+    )
+    assert list(result.generated_ids) == reference_greedy(target, PROMPT, N_NEW)
+    num_experts, top_k = verifier.capture.num_experts, verifier.capture.top_k
+    cases = []
+    assert len(routed) == len(result.cycles)  # a 6-token prompt: every cycle drafts from target states
+    for (tree, ids), cycle in zip(routed, result.cycles, strict=True):
+        assert ids.shape == (tree.num_nodes, verifier.capture.num_layers, top_k)
+        assert ((ids >= 0) & (ids < num_experts)).all()
+        assert all(len(set(row)) == top_k for row in ids.reshape(-1, top_k).tolist())
+        truth = bitsets.pack(cycle.verification.expert_ids, num_experts)
+        ctx = PredictContext(tree, num_experts, ids.shape[1], head_experts=bitsets.pack(ids, num_experts))
+        cases.append((ctx, truth))
+    score = score_predictor(make_predictor("head-router"), cases)
+    assert 0.0 <= score.recall <= 1.0 and score.recall == pytest.approx(
+        score.precision
+    )  # K per node both sides
+    with pytest.raises(ValueError, match="head_experts"):
+        make_predictor("head-router").predict(PredictContext(routed[0][0], num_experts, ids.shape[1]))
+
+
+def test_head_training_is_reproducible_from_the_seed(tmp_path):
+    target_dir = make_tiny_checkpoint(tmp_path, "mixtral")
+    seq = [PROMPT + reference_greedy(_load(target_dir), PROMPT, 10)]
+    first = make_tiny_eagle3_head(tmp_path / "a", target_dir, train_on=seq, train_steps=15)
+    again = make_tiny_eagle3_head(tmp_path / "b", target_dir, train_on=seq, train_steps=15)
+    untrained = make_tiny_eagle3_head(tmp_path / "c", target_dir)
+    data = [(d / "model.safetensors").read_bytes() for d in (first, again, untrained)]
+    assert data[0] == data[1] and data[0] != data[2]
+    assert (first / "config.json").read_bytes() == (again / "config.json").read_bytes()

@@ -150,6 +150,7 @@ class TreeDrafter:
         if len(committed) == 0:
             raise ValueError(f"{type(self).__name__}.grow: committed is empty (need at least the root token)")
         tokens, parents, logps, path, depths = [int(committed[-1])], [-1], [0.0], [0.0], [0]
+        self._candidates = (tokens, parents, depths)  # grown in place; read by subclasses after grow
         self._begin(committed)
         logits = None
         if shape.depth > 0 and shape.max_nodes > 1:

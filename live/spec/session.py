@@ -42,10 +42,11 @@ class SessionError(Exception):
 
 def _model_dirs(config) -> tuple[Path, Path | None]:
     if config.model == "default" or config.draft == "default":
-        from live.assets import default_model_paths
+        from live.assets import default_draft_path, default_model_paths
 
         try:
-            default_target, default_draft = default_model_paths()
+            default_target, _ = default_model_paths()
+            default_draft = default_draft_path()
         except FileNotFoundError as exc:
             raise SessionError("--model", str(exc)) from exc
     target = default_target if config.model == "default" else Path(config.model)

@@ -1,0 +1,185 @@
+"""Both drafter kinds on the embedded default, per prompt category: tau, per-depth acceptance, tokens/s.
+
+For each drafter (the 2-layer causal-LM draft ``live/assets/default/draft`` and the EAGLE-3 head
+``live/assets/default/eagle3``) and each policy (``full``: the whole drafted tree verified, so
+acceptance measures the drafter alone; ``specfit``: ``live.record``'s default policy), one
+``python -m live.record --mode policy`` run decodes ``--per-category`` prompts of every category
+of a real prompt set (default ``../shared/data/prompts/spec_bench.jsonl``, read with
+:func:`live.prompts.load_prompts`, the MT-bench ``question.jsonl`` layout) at the default link
+(plain copy, a quarter of the experts cached). From each run's trace, per category:
+
+- ``tau``: committed tokens per cycle, bonus included;
+- ``accept_depth``: alpha_d = P(at least d draft tokens accepted | at least d - 1), d = 1..depth
+  (``full`` runs only: there every cycle verifies the whole tree);
+- ``tokens_per_s``: committed tokens / summed cycle seconds (draft + decision + verify + H2D).
+
+Usage::
+
+    python benchmarks/drafters.py                           # 7 Spec-Bench categories, 2 prompts each
+    python benchmarks/drafters.py --prompts ../shared/data/prompts/eagle_gsm8k.jsonl --per-category 4
+
+Timings on a shared, loaded CPU are noisy; compare the drafters within one invocation. Skips
+cleanly (exit 0, ``"skipped"`` in the JSON line) when the prompt file is absent. The last stdout
+line is a JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DEFAULT_PROMPTS = ROOT.parent / "shared" / "data" / "prompts" / "spec_bench.jsonl"
+DEFAULT_CATEGORIES = "writing,coding,math_reasoning,summarization,translation,qa,rag"
+
+
+def per_depth_acceptance(num_accepted: np.ndarray, depth: int) -> list[float]:
+    """alpha_d = #(accepted >= d) / #(accepted >= d - 1) for d = 1..depth (NaN when undefined)."""
+    acc = np.asarray(num_accepted)
+    out = []
+    for d in range(1, depth + 1):
+        base = int((acc >= d - 1).sum())
+        out.append(float((acc >= d).sum() / base) if base else float("nan"))
+    return out
+
+
+def category_figures(run_dir: Path, depth: int) -> dict[str, dict[str, object]]:
+    """Per category of a recorded run (and ``"all"``): tau, accept_depth, tokens_per_s, cycles."""
+    from traces.reader import open_run
+
+    run = open_run(run_dir)
+    requests = run.requests
+    cats = requests.set_index("request_id")["category"] if "category" in requests else None
+    cycles = run.cycles.copy()
+    cycles["category"] = cycles["request_id"].map(cats) if cats is not None else "all"
+    out = {}
+    groups = [*cycles.groupby("category", sort=False), ("all", cycles)]
+    for cat, group in groups:
+        out[str(cat)] = {
+            "tau": float(group["num_committed"].mean()),
+            "accept_depth": per_depth_acceptance(group["num_accepted"].to_numpy(), depth),
+            "tokens_per_s": float(group["num_committed"].sum() / group["cycle_s"].sum()),
+            "cycles": len(group),
+        }
+    return out
+
+
+def _prompt_file(source: Path, categories: Sequence[str], per_category: int, folder: Path) -> Path:
+    """A question.jsonl with the first ``per_category`` prompts of each category (loader of live.prompts)."""
+    from live.prompts import load_prompts
+
+    rows = []
+    for cat in categories:
+        for i, p in enumerate(load_prompts(str(source), [cat])[:per_category]):
+            rows.append({"question_id": f"{cat}-{i}", "category": cat, "turns": [p.text]})
+    path = folder / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _save(path: Path, results: dict, args, argv: Sequence[str] | None) -> None:
+    """Write the figures (and re-render the default model card when saved beside the head)."""
+    import os
+
+    from live.assets import DEFAULT_DIR
+
+    flags = " ".join(sys.argv[1:] if argv is None else argv)
+    data = {
+        "command": f"python benchmarks/drafters.py {flags}".strip(),
+        "note": f"shared 2-core CPU under load from other jobs (load average {os.getloadavg()[0]:.1f}); "
+        "timings are noisy, compare the drafters within one invocation",
+        "depth": args.depth,
+        "results": results,
+    }
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    if (
+        path.resolve().parent == (DEFAULT_DIR / "eagle3").resolve()
+        and (DEFAULT_DIR / "metrics.json").is_file()
+    ):
+        from live.train_default import write_model_card
+
+        write_model_card(DEFAULT_DIR, json.loads((DEFAULT_DIR / "metrics.json").read_text()))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the comparison; returns 0 (also when skipped)."""
+    import argparse
+
+    from live.assets import DEFAULT_DIR
+    from live.record import main as record_main
+    from specfit.cli import print_summary
+
+    p = argparse.ArgumentParser(prog="python benchmarks/drafters.py", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--prompts", type=Path, default=DEFAULT_PROMPTS, help="MT-bench layout .jsonl with categories"
+    )
+    p.add_argument("--categories", default=DEFAULT_CATEGORIES, help="comma-separated categories")
+    p.add_argument("--per-category", type=int, default=2, help="prompts per category (count)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens per prompt (count)")
+    p.add_argument("--policies", default="full,specfit", help="live policies to run (comma-separated)")
+    p.add_argument("--depth", type=int, default=6, help="maximum draft depth (levels)")
+    p.add_argument("--head", type=Path, default=None, help="EAGLE-3 head (default: the embedded one)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
+    p.add_argument(
+        "--save",
+        type=Path,
+        default=None,
+        help="write the figures as JSON here; into live/assets/default/eagle3/drafters.json it also "
+        "re-renders the embedded default's MODEL_CARD.md",
+    )
+    args = p.parse_args(argv)
+    if not args.prompts.is_file():
+        print(f"{args.prompts}: absent (needs ../shared/data/prompts); skipped")
+        print_summary({"skipped": f"no prompt file {args.prompts}"})
+        return 0
+    drafters = {"causal-lm": DEFAULT_DIR / "draft", "eagle3": args.head or DEFAULT_DIR / "eagle3"}
+    categories = [c.strip() for c in args.categories.split(",") if c.strip()]
+    results: dict[str, dict[str, dict[str, object]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.out or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        prompts = _prompt_file(args.prompts, categories, args.per_category, root)
+        for kind, folder in drafters.items():
+            if not (folder / "config.json").is_file():
+                print(f"{kind}: {folder} absent; skipped")
+                continue
+            for policy in [x.strip() for x in args.policies.split(",") if x.strip()]:
+                out = root / f"{kind}-{policy}"
+                argv_run = [
+                    "--draft", str(folder), "--prompts", str(prompts), "--num-prompts", str(len(categories) * args.per_category),
+                    "--max-new-tokens", str(args.max_new_tokens), "--mode", "policy", "--policy", policy,
+                    "--depth", str(args.depth), "--threads", str(args.threads), "--out", str(out), "--no-progress",
+                ]  # fmt: skip
+                if record_main(argv_run) != 0:
+                    raise SystemExit(f"live.record failed for {kind} {policy}")
+                results[f"{kind}/{policy}"] = category_figures(out, args.depth)
+    print()
+    print(
+        f"{'drafter/policy':<20} {'category':<15} {'tau':>6} {'tok/s':>7}  accept by depth d=1..{args.depth}"
+    )
+    for key, cats in results.items():
+        for cat, fig in cats.items():
+            alphas = " ".join("  -  " if np.isnan(a) else f"{a:.2f}" for a in fig["accept_depth"])
+            print(f"{key:<20} {cat:<15} {fig['tau']:>6.2f} {fig['tokens_per_s']:>7.2f}  {alphas}")
+    summary: dict[str, object] = {"prompts": str(args.prompts), "per_category": args.per_category}
+    for key, cats in results.items():
+        summary[f"{key}/tokens_per_s"] = cats["all"]["tokens_per_s"]
+        summary[f"{key}/tau"] = cats["all"]["tau"]
+    summary["results"] = results
+    if args.save is not None:
+        _save(args.save, results, args, argv)
+    print_summary(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

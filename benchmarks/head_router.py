@@ -1,0 +1,144 @@
+"""Recall and precision of the head-router expert predictor beside the existing ones (embedded default).
+
+Decodes ``--prompts`` (default: the embedded default's prompts) greedily in dense mode with the
+embedded EAGLE-3 head (``live/assets/default/eagle3``): every cycle the whole drafted tree is
+verified, so the target's true top-k experts of every node are known. For each tree the
+predictors of :mod:`specfit.predictors` are scored with :func:`specfit.predictors.score_predictor`
+(micro-averaged over nodes and layers):
+
+- ``head-router``: each node's head state (``Eagle3Drafter.node_states``) routed by the target's
+  own routers (``live.eagle3_draft.HeadRouter``);
+- ``recent``: the union of the last 4 committed tokens' experts (the same for every node);
+- ``token-table``: per token id the experts it was routed to most often, fitted IN-SAMPLE on the
+  same trees (an optimistic upper bound for that predictor);
+- ``oracle``: the truth (1.0 / 1.0, a check).
+
+Usage::
+
+    python benchmarks/head_router.py --num-prompts 8 --max-new-tokens 24
+
+The last stdout line is a JSON object.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def collect_cases(
+    num_prompts: int, max_new_tokens: int, prompts: str = "default", head_dir: Path | None = None
+) -> list[dict]:
+    """Per dense cycle: tree, true expert ids [N, L, K], head-routed ids [N, L, K], recent ids [m, L, K]."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from live.assets import DEFAULT_DIR, default_model_paths
+    from live.eagle3 import load_head
+    from live.eagle3_draft import Eagle3Drafter, HeadRouter, features_for
+    from live.loader import load_target
+    from live.prompts import load_prompts
+    from live.spec.draft import TreeShape
+    from live.spec.engine import FullTreeChooser, SpecDecoder
+    from live.spec.verify import TreeVerifier
+
+    target_dir, _ = default_model_paths()
+    target = load_target(target_dir, experts_on_device=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+    head = load_head(head_dir or DEFAULT_DIR / "eagle3", target)
+    features = features_for(head, target)
+    drafter = Eagle3Drafter(head, features)
+    verifier = TreeVerifier(target, eos_token_ids=[tokenizer.eos_token_id], features=features)
+    router = HeadRouter(target)
+    cases: list[dict] = []
+    pending: dict = {}
+
+    class Spy(FullTreeChooser):
+        def choose(self, state):
+            choice = super().choose(state)
+            states = drafter.node_states()
+            pending.update(
+                tree=choice.draft.tree,
+                head=None if states is None else router.route(states),
+                recent=np.asarray(state.recent_experts),
+            )
+            return choice
+
+    def on_cycle(event) -> None:
+        if pending.get("head") is not None:
+            cases.append({**pending, "truth": np.asarray(event.verification.expert_ids)})
+
+    chooser = Spy(drafter, TreeShape(6, 4, 32))
+    with torch.inference_mode():
+        for prompt in load_prompts(prompts)[:num_prompts]:
+            ids = tokenizer.encode(prompt.text)[-512:]
+            SpecDecoder(verifier, drafter).generate(
+                ids, max_new_tokens, chooser, dense=True, on_cycle=on_cycle
+            )
+    return cases
+
+
+def score_all(cases: Sequence[dict], num_experts: int, window: int = 4) -> dict[str, dict[str, float]]:
+    """``{predictor: {"recall", "precision"}}`` over ``cases`` (see module docstring)."""
+    from specfit import bitsets
+    from specfit.predictors import PredictContext, make_predictor, score_predictor, token_table_from_routing
+
+    tokens = np.concatenate([c["tree"].token_ids for c in cases])
+    table = token_table_from_routing(tokens, np.concatenate([c["truth"] for c in cases]), num_experts)
+    contexts = []
+    for c in cases:
+        num_layers = c["truth"].shape[1]
+        recent = bitsets.pack(c["recent"], num_experts) if len(c["recent"]) else None
+        ctx = PredictContext(
+            tree=c["tree"],
+            num_experts=num_experts,
+            num_layers=num_layers,
+            recent_experts=recent,
+            true_experts=bitsets.pack(c["truth"], num_experts),
+            head_experts=bitsets.pack(c["head"], num_experts),
+        )
+        contexts.append((ctx, ctx.true_experts))
+    predictors = {
+        "oracle": make_predictor("oracle"),
+        "head-router": make_predictor("head-router"),
+        "recent": make_predictor("recent", window=window),
+        "token-table (in-sample)": make_predictor("token-table", table=table, fallback_window=window),
+    }
+    return {name: score_predictor(p, contexts)._asdict() for name, p in predictors.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run and print the table; returns 0."""
+    import argparse
+
+    from specfit.cli import print_summary
+
+    p = argparse.ArgumentParser(prog="python benchmarks/head_router.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--num-prompts", type=int, default=8, help="prompts (count)")
+    p.add_argument("--max-new-tokens", type=int, default=24, help="tokens per prompt (count)")
+    p.add_argument("--prompts", default="default", help="prompt set (as live.record --prompts)")
+    p.add_argument("--head", type=Path, default=None, help="EAGLE-3 head (default: the embedded one)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    args = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    cases = collect_cases(args.num_prompts, args.max_new_tokens, args.prompts, args.head)
+    num_experts = 64
+    scores = score_all(cases, num_experts)
+    print(f"{'predictor':<26} {'recall':>7} {'precision':>9}   ({len(cases)} dense trees)")
+    for name, s in scores.items():
+        print(f"{name:<26} {s['recall']:>7.3f} {s['precision']:>9.3f}")
+    print_summary({"trees": len(cases), "scores": scores})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
