@@ -85,6 +85,17 @@ def _prompt_file(source: Path, categories: Sequence[str], per_category: int, fol
     return path
 
 
+def _finite(obj):
+    """NaN -> None, recursively (strict JSON)."""
+    if isinstance(obj, float) and obj != obj:
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def _save(path: Path, results: dict, args, argv: Sequence[str] | None) -> None:
     """Write the figures (and re-render the default model card when saved beside the head)."""
     import os
@@ -99,7 +110,7 @@ def _save(path: Path, results: dict, args, argv: Sequence[str] | None) -> None:
         "depth": args.depth,
         "results": results,
     }
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    path.write_text(json.dumps(_finite(data), indent=2, sort_keys=True) + "\n")
     if (
         path.resolve().parent == (DEFAULT_DIR / "eagle3").resolve()
         and (DEFAULT_DIR / "metrics.json").is_file()
