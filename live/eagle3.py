@@ -391,6 +391,25 @@ def check_head_fits(config: HeadConfig, target_config, num_target_layers: int, w
         )
 
 
+def check_head_config(path: str | Path, target_config: dict[str, Any], where: str = "--draft") -> None:
+    """:func:`check_head_fits` from config.json files only (before any model loads).
+
+    Args:
+        path: the head's directory; target_config: the target's config.json dict.
+    Raises:
+        HeadMismatchError, ValueError: as :func:`check_head_fits` / :meth:`HeadConfig.from_dict`.
+    """
+    from types import SimpleNamespace
+
+    config = HeadConfig.from_dict(read_config(path), where=f"{where}/config.json")
+    text = target_config.get("text_config") if isinstance(target_config.get("text_config"), dict) else {}
+    merged = {**text, **target_config}
+    if not all(isinstance(merged.get(k), int) for k in ("hidden_size", "vocab_size", "num_hidden_layers")):
+        return  # the target's own checks report an unreadable config
+    target = SimpleNamespace(hidden_size=merged["hidden_size"], vocab_size=merged["vocab_size"])
+    check_head_fits(config, target, merged["num_hidden_layers"], where)
+
+
 def check_vocab_mapping(head: Eagle3Head, target_vocab: int, where: str) -> None:
     """``d2t``/``t2d`` must map every draft id into ``[0, target_vocab)`` and agree with each other.
 

@@ -229,7 +229,8 @@ def check_checkpoints(model: str, draft: str | None = None) -> None:
     """The CLI's checkpoint checks before any model loads (``live.record``, ``analysis.validate``):
     ``--model`` (a directory, or ``"default"``) has a readable config.json of a supported MoE
     architecture and intact safetensors headers, ``--draft`` a readable config.json and intact
-    headers and a vocabulary no larger than the target's. Reads configs and headers only.
+    headers and a vocabulary no larger than the target's (an EAGLE-3 head: the config checks of
+    :func:`live.eagle3.check_head_config`). Reads configs and headers only.
 
     Raises:
         specfit.cli.InputError: naming ``--model`` or ``--draft``, the file and what was expected.
@@ -246,8 +247,13 @@ def check_checkpoints(model: str, draft: str | None = None) -> None:
         except (ValueError, FileNotFoundError) as exc:
             raise InputError(flag, str(exc)) from None
     if draft is not None and draft != "default":
+        from live.eagle3 import check_head_config, is_eagle3_checkpoint
+
         try:
-            check_draft_vocab(model, draft)
+            if is_eagle3_checkpoint(draft):
+                check_head_config(draft, checkpoint_config(model), where=str(draft))
+            else:
+                check_draft_vocab(model, draft)
         except ValueError as exc:
             raise InputError("--draft", str(exc)) from None
 
