@@ -137,6 +137,8 @@ class CycleTiming:
         layer_wait_ns: ``L``, with ``overlap="on"``: how long layer ``l``'s end waited for late
             copies after its compute (0 otherwise; the wait before a layer's start is the gap
             between layers).
+        copies: with ``record_copies`` on the engine, each copy enqueued this cycle as
+            ``(layer, expert, enqueued_ns, started_ns, landed_ns)`` in enqueue order (empty otherwise).
     """
 
     start_ns: int
@@ -148,6 +150,25 @@ class CycleTiming:
     layer_h2d_ns: tuple[int, ...]
     num_transfers: int
     layer_wait_ns: tuple[int, ...] = ()
+    copies: tuple[tuple[int, int, int, int, int], ...] = ()
+
+    def event_log(self) -> list[tuple]:
+        """The cycle as ``[(phase, start_ns, end_ns), ...]`` with the phase names of
+        docs/design.md: ``("draft",)``, ``("decision",)``, ``("h2d", layer, expert)`` per copy
+        (needs ``record_copies``), ``("compute", layer)``, ``("stall", layer)`` (a wait for
+        copies before or at the end of the layer's compute), sorted by start then phase."""
+        log = [(("draft",), self.start_ns, self.draft_end_ns), (("decision",), self.draft_end_ns, self.verify_start_ns)]
+        log += [(("h2d", lay, e), started, landed) for lay, e, _, started, landed in self.copies]
+        previous_end = self.verify_start_ns
+        waits = self.layer_wait_ns or (0,) * len(self.layer_start_ns)
+        for layer, (start, end, wait) in enumerate(zip(self.layer_start_ns, self.layer_end_ns, waits)):
+            if start > previous_end:
+                log.append((("stall", layer), previous_end, start))
+            log.append((("compute", layer), start, end - wait))
+            if wait:
+                log.append((("stall", layer), end - wait, end))
+            previous_end = end
+        return sorted(log, key=lambda row: (row[1], row[0]))
 
     @property
     def cycle_ns(self) -> int:
@@ -215,6 +236,7 @@ class FastEngine(_EngineBase):
         super().__init__(link, num_layers)
         self.now_ns = int(start_ns)
         self._link_free_ns = int(start_ns)
+        self.record_copies = False
 
     def run_cycle(self, plan: CyclePlan) -> CycleTiming:
         """Place ``plan`` on the clock starting now; advance the clock to the cycle's end."""
@@ -229,8 +251,17 @@ class FastEngine(_EngineBase):
         layer_h2d = [0] * self.num_layers
         link_free = self._link_free_ns
         num_transfers = 0
+        copies: list[tuple[int, int, int, int, int]] | None = [] if self.record_copies else None
+
+        def log(layer: int, experts, enqueued: int, started: int) -> None:  # FIFO, back to back
+            copies.extend(
+                (layer, int(e), enqueued, started + k * t_ns, started + (k + 1) * t_ns)
+                for k, e in enumerate(experts)
+            )
 
         for layer, expert in plan.prefetch:
+            if copies is not None:
+                log(layer, (expert,), verify_start, max(verify_start, link_free))
             link_free = max(verify_start, link_free) + t_ns
             self._pending[layer][int(expert)] = link_free
             layer_h2d[layer] += t_ns
@@ -242,6 +273,8 @@ class FastEngine(_EngineBase):
             for layer, experts in enumerate(plan.demand):
                 n = len(experts)
                 if n:
+                    if copies is not None:
+                        log(layer, experts, verify_start, max(verify_start, link_free))
                     link_free = max(verify_start, link_free) + n * t_ns
                     demand_arrival[layer] = link_free
                     layer_h2d[layer] += n * t_ns
@@ -261,6 +294,8 @@ class FastEngine(_EngineBase):
                         late = arrival
             n = len(demand)
             if n and mode != "ideal":  # enqueued once the layer's router has run
+                if copies is not None:
+                    log(layer, demand, compute_free, max(compute_free, link_free))
                 link_free = (compute_free if compute_free > link_free else link_free) + n * t_ns
                 demand_arrival[layer] = link_free
                 layer_h2d[layer] += n * t_ns
@@ -292,6 +327,7 @@ class FastEngine(_EngineBase):
             layer_h2d_ns=tuple(layer_h2d),
             num_transfers=num_transfers,
             layer_wait_ns=tuple(waits),
+            copies=tuple(copies or ()),
         )
 
 
@@ -312,6 +348,8 @@ class SimPyEngine(_EngineBase):
         self._jobs = simpy.Store(self.env)
         self._wire = simpy.Resource(self.env, capacity=1)
         self._events: list[dict[int, simpy.Event]] = [{} for _ in range(self.num_layers)]
+        self.record_copies = False
+        self._copies: list[tuple[int, int, int, int, int]] = []
         for _ in range(link.concurrency):
             self.env.process(self._copy_engine())
 
@@ -322,18 +360,21 @@ class SimPyEngine(_EngineBase):
 
     def _copy_engine(self):  # SimPy process generator
         while True:
-            layer, expert, done = yield self._jobs.get()
+            layer, expert, enqueued, done = yield self._jobs.get()
+            started = int(self.env.now)
             if self.link.latency_ns:
                 yield self.env.timeout(self.link.latency_ns)
             with self._wire.request() as req:
                 yield req
                 if self.link.wire_ns:
                     yield self.env.timeout(self.link.wire_ns)
+            if self.record_copies:
+                self._copies.append((layer, expert, enqueued, started, int(self.env.now)))
             done.succeed(int(self.env.now))
 
     def _enqueue(self, layer: int, expert: int) -> simpy.Event:
         done = self.env.event()
-        self._jobs.put((layer, int(expert), done))
+        self._jobs.put((layer, int(expert), int(self.env.now), done))
         return done
 
     def _cycle(self, plan: CyclePlan, out: dict):  # SimPy process generator
@@ -398,6 +439,7 @@ class SimPyEngine(_EngineBase):
             for e in [e for e, ev in layer_events.items() if ev.processed]:
                 del layer_events[e]
         out: dict = {}
+        self._copies = []
         proc = self.env.process(self._cycle(plan, out))
         self.env.run(until=proc)
         for layer, layer_events in enumerate(self._events):  # mirror for in_flight()
@@ -412,6 +454,7 @@ class SimPyEngine(_EngineBase):
             layer_h2d_ns=tuple(out["layer_h2d"]),
             num_transfers=out["count"],
             layer_wait_ns=tuple(out["waits"]),
+            copies=tuple(sorted(self._copies, key=lambda c: (c[2], c[3]))),
         )
 
 

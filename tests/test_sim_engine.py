@@ -157,13 +157,23 @@ def test_golden_cycle_with_prefetch_per_overlap_mode(mode, starts, ends, waits) 
         prefetch=((1, 7),),
         overlap=mode,
     )
+    logs = []
     for engine in (FastEngine(GOLDEN_LINK, 2), SimPyEngine(GOLDEN_LINK, 2)):
+        engine.record_copies = True
         timing = engine.run_cycle(plan)
+        logs.append(timing.event_log())
+        assert timing.copies[0] == (1, 7, 600, 600, 900)  # the prefetch goes first
         assert (timing.start_ns, timing.draft_end_ns, timing.verify_start_ns) == (0, 500, 600)
         assert timing.layer_start_ns == starts and timing.layer_end_ns == ends
         assert timing.layer_wait_ns == waits
         assert timing.layer_h2d_ns == (600, 600) and timing.num_transfers == 4
         assert timing.end_ns == ends[-1]
+    assert logs[0] == logs[1]  # same event log from both engines, to the nanosecond
+    for phase, start, _ in logs[0]:  # no layer computes before its copies land (on/ideal: the
+        if phase[0] == "compute" and mode == "off":  # late experts compute at the layer's end)
+            layer = phase[1]
+            landed = [end for p, _, end in logs[0] if p[0] == "h2d" and p[1] == layer]
+            assert all(t <= start for t in landed)
 
 
 def test_bad_overlap_mode_is_refused() -> None:
