@@ -172,24 +172,34 @@ def path_accept_probs(tree: DraftTree, calibration: AcceptanceCalibration | None
     multiplied along the path); with a ``"path"`` map ``P(v) = calibration.apply(exp(path_logprobs[v]))``
     clamped to its parent's value so a path is never more likely than its prefix (a monotone map
     already keeps that order; the clamp guards the root, whose value is fixed at 1).
+
+    Siblings are disjoint events (the target's greedy token matches at most one child), so a
+    calibrated map must also keep ``sum of P over a node's children <= P(node)``; a map fitted
+    per node does not guarantee it (four children of draft probability 0.2 mapped to 0.98 each).
+    Where the children of a node sum to more than its P, they are scaled by ``P(node) / sum``
+    (level by level, so deeper nodes build on the scaled values). The draft model's own path
+    probabilities already satisfy it (a softmax over distinct tokens) and are left as they are.
+    ``SpecFitPolicy``'s ``stopping="bound"`` rule relies on this (each level adds at most the
+    mass of the level above).
     """
-    if calibration is not None and calibration.scope == "edge":
-        top = top_child_mask(tree.parents, tree.draft_logprobs)
+    parents, depths = tree.parents, tree.depths
+    p = np.ones(tree.num_nodes, dtype=np.float64)
+    if calibration is None:
+        p[1:] = np.minimum(np.exp(tree.path_logprobs[1:]), 1.0)
+        p = np.clip(p, 0.0, 1.0)
+    elif calibration.scope == "edge":
+        top = top_child_mask(parents, tree.draft_logprobs)
         edge = np.clip(calibration.apply_edges(np.exp(tree.draft_logprobs), top), 0.0, 1.0)
-        p = np.ones(tree.num_nodes, dtype=np.float64)
-        parents, depths = tree.parents, tree.depths
-        for d in range(1, int(tree.max_depth) + 1):
-            level = np.flatnonzero(depths == d)
-            p[level] = p[parents[level]] * edge[level]
-        return p
-    p = np.exp(tree.path_logprobs)
-    if calibration is not None:
-        p = calibration.apply(p)
-    p = np.clip(p, 0.0, 1.0)
-    p[0] = 1.0
-    parents = tree.parents
-    for v in range(1, p.shape[0]):
-        parent_p = p[parents[v]]
-        if p[v] > parent_p:
-            p[v] = parent_p
+    else:
+        mapped = np.clip(calibration.apply(np.exp(tree.path_logprobs)), 0.0, 1.0)
+    for d in range(1, int(tree.max_depth) + 1):
+        level = np.flatnonzero(depths == d)
+        above = p[parents[level]]
+        if calibration is None:
+            p[level] = np.minimum(p[level], above)
+            continue
+        p[level] = above * edge[level] if calibration.scope == "edge" else np.minimum(mapped[level], above)
+        sums = np.bincount(parents[level], weights=p[level], minlength=tree.num_nodes)[parents[level]]
+        over = sums > above
+        p[level[over]] *= above[over] / sums[over]
     return p

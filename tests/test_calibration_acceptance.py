@@ -137,7 +137,13 @@ def test_edge_map_recovers_per_token_acceptance_and_calibrates_paths() -> None:
     assert p[2] == pytest.approx(
         cal.apply(np.array([0.25]))[0] * cal.apply(np.array([0.64]))[0]
     )  # only children
-    wide = DraftTree.from_parents(np.array([0, 1, 2]), np.array([-1, 0, 0]), np.log([1.0, 0.6, 0.3]))
+    wide = DraftTree.from_parents(np.array([0, 1, 2]), np.array([-1, 0, 0]), np.log([1.0, 0.3, 0.1]))
     p_wide = path_accept_probs(wide, cal)  # node 2 is the runner-up of node 1
-    assert p_wide[2] == pytest.approx(cal.apply_edges(np.array([0.3]), np.array([False]))[0])
+    assert p_wide[2] == pytest.approx(cal.apply_edges(np.array([0.1]), np.array([False]))[0])
+    # this synthetic data accepts siblings independently (sqrt(0.6) + sqrt(0.3) > 1); real greedy
+    # verification accepts at most one child, so P shares the parent's value among the siblings
+    wider = DraftTree.from_parents(np.array([0, 1, 2]), np.array([-1, 0, 0]), np.log([1.0, 0.6, 0.3]))
+    mapped = cal.apply_edges(np.array([0.6, 0.3]), np.array([True, False]))
+    assert mapped.sum() > 1
+    np.testing.assert_allclose(path_accept_probs(wider, cal)[1:], mapped / mapped.sum())
     assert AcceptanceCalibration.from_dict(cal.to_dict()).scope == "edge"

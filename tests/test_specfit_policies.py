@@ -288,3 +288,74 @@ def test_specfit_guard_declines_on_the_root_and_can_be_off() -> None:
     bigger = random_small_context(np.random.default_rng(3), 6)
     on.keep_drafting(bigger, max_depth=bigger.tree.max_depth + 2)  # after a level: the guard is not asked
     assert on.guard.questions == 1
+
+
+def _issue14_contexts() -> tuple[PolicyContext, PolicyContext]:
+    """Issue 14's counterexample: an over-confident edge map (four children of draft probability
+    0.2 each mapped to 0.98), draft 0.5 s/level, verify 1 s + 0.05 s/node, no transfers."""
+    from specfit.acceptance import AcceptanceCalibration, path_accept_probs
+
+    cal = AcceptanceCalibration([0.0, 0.05, 0.2, 1.0], [0.0, 0.5, 0.98, 1.0], scope="edge")
+    parents = [-1, 0, 1, 1, 1, 1]
+    logp = np.log([1.0, 0.05, 0.2, 0.2, 0.2, 0.2])
+    cost = CycleCostModel(0.5, 1.0, 0.05, 0.0, 1.0, 0.0, 0, 1)
+
+    def level(n: int) -> PolicyContext:
+        tree = DraftTree.from_parents(np.arange(n), parents[:n], logp[:n])
+        bits = bitsets.pack(np.full((n, 1, 1), -1), 8)
+        p = path_accept_probs(tree, cal)
+        return PolicyContext(tree, p, NodeExperts(8, bits=bits), bitsets.empty((1,), 8), cost, 0, tree.max_depth)
+
+    return level(2), level(6)
+
+
+def test_bound_rule_is_a_bound_with_an_overconfident_edge_map() -> None:
+    one, two = _issue14_contexts()
+    p = two.accept_probs
+    assert p[1] == pytest.approx(0.5)
+    # before renormalising the children summed to 4 * 0.49 = 1.96 > P(1) = 0.5 and level 2 reached
+    # 1.5043 tokens/s while the rule stopped at 0.9375; siblings are disjoint events, so now they
+    # share P(1): 0.125 each
+    assert p[2:].sum() == pytest.approx(p[1])
+    assert np.allclose(p[2:], 0.125)
+    best_one = plan_exact(one).predicted_tokens_per_s
+    assert best_one == pytest.approx(1.5 / 1.6)  # {0, 1}: 0.9375 tokens/s
+    best_two = plan_exact(two).predicted_tokens_per_s
+    stop = not make_tree_policy("specfit", stopping="bound").keep_drafting(one, max_depth=2)
+    assert stop and best_two <= best_one * (1 + 1e-9)  # level 2 gives at most 2.0 / 2.3 = 0.87
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(2, 13),
+    st.integers(0, 4),
+    st.lists(st.floats(0.0, 1.0), min_size=3, max_size=3),
+    st.sampled_from(["edge", "path"]),
+)
+def test_bound_rule_stays_a_bound_with_any_calibration_map(seed, n, cut_depth, ys, scope) -> None:
+    """Any monotone map, edge or path scope: children never outweigh their parent, and the bound
+    rule never stops before a better deeper tree."""
+    from specfit.acceptance import AcceptanceCalibration, path_accept_probs
+
+    cal = AcceptanceCalibration([0.0, 0.1, 0.3, 1.0], [0.0, *sorted(ys)], scope=scope)
+    full = random_small_context(np.random.default_rng(seed), n, sibling_mass=True)
+    tree = full.tree
+    p = path_accept_probs(tree, cal)
+    child_sum = np.bincount(tree.parents[1:], weights=p[1:], minlength=n)
+    assert np.all(child_sum <= p * (1 + 1e-12) + 1e-15)
+    full = dataclasses.replace(full, accept_probs=p)
+    if tree.max_depth <= cut_depth:
+        return
+    keep = np.flatnonzero(tree.depths <= cut_depth)
+    shallow = dataclasses.replace(
+        full,
+        tree=tree.subtree(keep),
+        accept_probs=path_accept_probs(tree.subtree(keep), cal),
+        node_experts=NodeExperts(full.node_experts.num_experts, bits=full.node_experts.bits[keep]),
+        num_levels=cut_depth,
+    )
+    assert np.allclose(shallow.accept_probs, p[keep])  # deeper levels do not change shallower P
+    if not make_tree_policy("specfit", stopping="bound").keep_drafting(shallow, max_depth=100):
+        deeper = plan_exact(dataclasses.replace(full, num_levels=tree.max_depth)).predicted_tokens_per_s
+        assert deeper <= plan_exact(shallow).predicted_tokens_per_s * (1 + 1e-9)
