@@ -20,6 +20,7 @@ Optionally it also times the large golden cases of ``tests/data/planner_cases.js
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -48,10 +49,14 @@ from specfit.planner import plan_exact
 from specfit.shapes import MODEL_SHAPES, get_model_shape
 from specfit.synthetic import random_context
 from specfit.tree import DraftTree
-from specfit.units import s_to_ms
+from specfit.units import ms_to_s, s_to_ms
 
-TARGET_P50_MS = 1.0
-TARGET_P99_MS = 5.0
+AIMS_MS = {64: (0.3, 2.0), 128: (1.0, 5.0)}  # issue 14: N -> (p50, p99) decision ms on one core
+# Hard inputs (issue 14): the trees of the default N=128 trace (seed 0, 200 trees) that took the
+# most search states with the H2D/verify overlap cost (overlap_h2d=True, the weakest bound), found
+# by timing every tree of that trace; kept here so the tail is tracked release to release.
+HARD_TREES = (19, 139, 119, 198, 79, 99, 59, 199, 38, 58)
+HARD_NODES = 128
 
 
 def build_parser() -> ArgumentParser:
@@ -60,7 +65,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument(
         "--nodes",
         type=comma_list(positive_int),
-        default=[16, 32, 64],
+        default=[64, 128],
         help="tree sizes N (nodes; trace trees have at most N)",
     )
     p.add_argument("--trees", type=positive_int, default=200, help="trees timed per N (count)")
@@ -91,6 +96,13 @@ def build_parser() -> ArgumentParser:
         default="runs/bench/planner-traces",
         help="folder where the per-N synthetic traces are generated once and reused (--source trace)",
     )
+    p.add_argument(
+        "--deadline-ms",
+        type=float,
+        default=5.0,
+        help="planner deadline of the second pass and the hard inputs (ms; its max decision time is the aim)",
+    )
+    p.add_argument("--no-hard", action="store_true", help="skip the hard-input set")
     p.add_argument("--golden", default=None, help="also time the N>=32 golden cases from this .jsonl.gz path")
     p.add_argument(
         "--out", default="runs/benchmarks/planner.json", help="where to write per-N results (JSON)"
@@ -217,18 +229,38 @@ def _trace_contexts(shape_name: str, n: int, trees: int, args: Any, root: Path) 
     return out
 
 
-def _time(contexts: list[PolicyContext], desc: str, quiet: bool) -> dict[str, Any]:
-    plan_exact(contexts[0])  # warm caches and lazy imports
-    wall, cpu, explored, sizes = [], [], [], []
+def _time(
+    contexts: list[PolicyContext], desc: str, quiet: bool, deadline_s: float | None = None
+) -> dict[str, Any]:
+    plan_exact(contexts[0])  # warm caches and lazy imports (the first call loads the compiled search)
+    plan_exact(dataclasses.replace(contexts[0]), deadline_s=0.0)  # and the deadline's bound
+    wall, cpu, explored, sizes, gaps = [], [], [], [], []
     tree_sizes = [ctx.num_nodes for ctx in contexts]
     for ctx in tqdm(contexts, desc=desc, disable=quiet, leave=False):
+        if deadline_s is not None:
+            ctx = dataclasses.replace(ctx)  # a fresh context: plans are remembered per context object
         started, started_cpu = time.perf_counter(), time.thread_time()
-        plan = plan_exact(ctx)
+        plan = plan_exact(ctx, deadline_s=deadline_s)
         cpu.append(time.thread_time() - started_cpu)
         wall.append(time.perf_counter() - started)
         explored.append(plan.nodes_explored)
         sizes.append(plan.num_nodes)
-    return _summarise(wall, cpu, explored, sizes, tree_sizes)
+        gaps.append(None if plan.exact else plan.gap)
+    row = _summarise(wall, cpu, explored, sizes, tree_sizes)
+    hit = [g for g in gaps if g is not None]
+    row["deadline_ms"] = None if deadline_s is None else s_to_ms(deadline_s)
+    row["deadline_hits"] = len(hit)
+    row["max_gap"] = max(hit, default=0.0)
+    return row
+
+
+def _print_row(label: str, row: dict[str, Any]) -> None:
+    print(
+        f"{label:>10} {row['trees']:>6} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} {row['max_ms']:>8.3f} "
+        f"{row['cpu_p50_ms']:>8.3f} {row['cpu_p99_ms']:>8.3f} {row['cpu_max_ms']:>8.3f} "
+        f"{row['nodes_explored_p50']:>9.1f} {row['nodes_explored_max']:>9d} {row['deadline_hits']:>5d} "
+        f"{row['max_gap']:>8.2%} {row['mean_plan_size']:>9.2f} {row['mean_tree_nodes']:>7.1f}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -251,9 +283,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"planner benchmark: {shape.name}, trees from {args.source}, {pinned}, python {platform.python_version()}, numpy {np.__version__}"
     )
     print(
-        f"{'N':>4} {'trees':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'cpu p50':>8} {'cpu p99':>8} "
-        f"{'expl p50':>9} {'expl p99':>9} {'|S| mean':>9} {'N mean':>7}"
+        f"{'N':>10} {'trees':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'cpu p50':>8} {'cpu p99':>8} "
+        f"{'cpu max':>8} {'expl p50':>9} {'expl max':>9} {'hits':>5} {'max gap':>8} {'|S| mean':>9} {'N mean':>7}"
     )
+    deadline_s = ms_to_s(args.deadline_ms)
     for n in args.nodes:
         if args.source == "trace":
             contexts = _trace_contexts(shape.name, n, args.trees, args, Path(args.trace_root))
@@ -267,26 +300,48 @@ def main(argv: Sequence[str] | None = None) -> int:
                 contexts.append(random_context(rng, shape, n, cost, cache_fraction=fraction))
         row = _time(contexts, f"N={n}", args.no_progress)
         results[f"n{n}"] = row
-        print(
-            f"{n:>4} {row['trees']:>6} {row['p50_ms']:>8.3f} {row['p99_ms']:>8.3f} {row['max_ms']:>8.3f} "
-            f"{row['cpu_p50_ms']:>8.3f} {row['cpu_p99_ms']:>8.3f} "
-            f"{row['nodes_explored_p50']:>9.1f} {row['nodes_explored_p99']:>9.1f} {row['mean_plan_size']:>9.2f} {row['mean_tree_nodes']:>7.1f}"
-        )
+        _print_row(f"{n}", row)
+        row = _time(contexts, f"N={n} deadline", args.no_progress, deadline_s)
+        results[f"n{n}_deadline"] = row
+        _print_row(f"{n} dl", row)
+    if not args.no_hard:
+        pool = _trace_contexts(shape.name, HARD_NODES, max(HARD_TREES) + 1, args, Path(args.trace_root))
+        hard = [
+            dataclasses.replace(pool[i], cost=dataclasses.replace(pool[i].cost, overlap_h2d=True))
+            for i in HARD_TREES
+            if i < len(pool)
+        ]
+        for key, limit in (("hard", None), ("hard_deadline", deadline_s)):
+            row = _time(hard, key, args.no_progress, limit)
+            results[key] = row
+            _print_row(key.replace("_deadline", " dl"), row)
     if golden is not None:
         for n, contexts in sorted(_golden_contexts(golden).items()):
             row = _time(contexts, f"golden N={n}", args.no_progress)
             results[f"golden_n{n}"] = row
+            _print_row(f"golden {n}", row)
+    aims: dict[str, Any] = {}
+    print("aims (issue 14, one core; on a shared machine the wall clock includes preemption, CPU time does not):")
+    for n, (p50, p99) in AIMS_MS.items():
+        row = results.get(f"n{n}")
+        if row is None:
+            continue
+        for clock in ("", "cpu_"):
+            met = row[f"{clock}p50_ms"] <= p50 and row[f"{clock}p99_ms"] <= p99
+            aims[f"n{n}_{clock or 'wall_'}met"] = bool(met)
             print(
-                f"golden N={n}: p50 {row['p50_ms']:.3f} ms, p99 {row['p99_ms']:.3f} ms, "
-                f"cpu p50 {row['cpu_p50_ms']:.3f} ms, cpu p99 {row['cpu_p99_ms']:.3f} ms"
+                f"  N={n} {clock or 'wall '}p50 {row[f'{clock}p50_ms']:.3f} ms (aim {p50}), "
+                f"p99 {row[f'{clock}p99_ms']:.3f} ms (aim {p99}): {'met' if met else 'NOT met'}"
             )
-    largest = results[f"n{max(args.nodes)}"]
-    results["target_met_wall"] = bool(
-        largest["p50_ms"] <= TARGET_P50_MS and largest["p99_ms"] <= TARGET_P99_MS
-    )
-    results["target_met_cpu"] = bool(
-        largest["cpu_p50_ms"] <= TARGET_P50_MS and largest["cpu_p99_ms"] <= TARGET_P99_MS
-    )
+        dl = results[f"n{n}_deadline"]
+        met = dl["max_ms"] <= args.deadline_ms
+        aims[f"n{n}_max_within_deadline"] = bool(met)
+        print(
+            f"  N={n} with a {args.deadline_ms:g} ms deadline: max {dl['max_ms']:.3f} ms wall, "
+            f"{dl['cpu_max_ms']:.3f} ms CPU, {dl['deadline_hits']} hits, max gap {dl['max_gap']:.2%}: "
+            f"{'met' if met else 'NOT met'}"
+        )
+    results["aims"] = aims
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {

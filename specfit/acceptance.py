@@ -183,11 +183,15 @@ def path_accept_probs(tree: DraftTree, calibration: AcceptanceCalibration | None
     mass of the level above).
     """
     parents, depths = tree.parents, tree.depths
-    p = np.ones(tree.num_nodes, dtype=np.float64)
     if calibration is None:
-        p[1:] = np.minimum(np.exp(tree.path_logprobs[1:]), 1.0)
-        p = np.clip(p, 0.0, 1.0)
-    elif calibration.scope == "edge":
+        p = np.clip(np.exp(tree.path_logprobs), 0.0, 1.0)
+        p[0] = 1.0
+        if p.shape[0] > 1 and np.any(p[1:] > p[parents[1:]]):  # never for a consistent tree
+            for v in range(1, p.shape[0]):
+                p[v] = min(p[v], p[parents[v]])
+        return p
+    p = np.ones(tree.num_nodes, dtype=np.float64)
+    if calibration.scope == "edge":
         top = top_child_mask(parents, tree.draft_logprobs)
         edge = np.clip(calibration.apply_edges(np.exp(tree.draft_logprobs), top), 0.0, 1.0)
     else:
@@ -195,9 +199,6 @@ def path_accept_probs(tree: DraftTree, calibration: AcceptanceCalibration | None
     for d in range(1, int(tree.max_depth) + 1):
         level = np.flatnonzero(depths == d)
         above = p[parents[level]]
-        if calibration is None:
-            p[level] = np.minimum(p[level], above)
-            continue
         p[level] = above * edge[level] if calibration.scope == "edge" else np.minimum(mapped[level], above)
         sums = np.bincount(parents[level], weights=p[level], minlength=tree.num_nodes)[parents[level]]
         over = sums > above

@@ -154,6 +154,7 @@ def _min_added_h2d_s(ctx: PolicyContext, max_new: int) -> np.ndarray:
 
 
 STOPPING_RULES = ("expected", "bound")
+LIVE_DEADLINE_FRACTION = 0.1  # live: each exact search gets 10 % of the cycle's least predicted time
 
 
 class ThroughputGuard:
@@ -239,12 +240,18 @@ class SpecFitPolicy(TreePolicy):
         guard: keep the :class:`ThroughputGuard` (default True): once cycles are reported through
             :meth:`observe`, drafting on the root alone is allowed only while drafting cycles
             realise more tokens/s than non-drafting ones (with periodic probes of the other arm).
+        deadline_fraction: give each exact search a deadline of this fraction of the predicted
+            cycle time of the context (root only, no transfers: the cycle's least predicted
+            time), ``plan_exact(ctx, deadline_s=...)``; a search cut short returns its incumbent
+            with ``Plan.exact = False`` and its certified ``Plan.gap``. ``None`` (default): no
+            deadline (deterministic; what the simulator uses). The live engine passes
+            :data:`LIVE_DEADLINE_FRACTION`.
 
     The policy keeps that one running estimate (and the guard's windows) across cycles; build one
     policy per run.
 
     Raises:
-        ValueError: unknown ``stopping`` or a weight / rate out of range.
+        ValueError: unknown ``stopping`` or a weight / rate / fraction out of range.
     """
 
     name = "specfit"
@@ -255,6 +262,7 @@ class SpecFitPolicy(TreePolicy):
         root_alpha_weight: float = 0.25,
         reprobe_rate: float = 0.05,
         guard: bool = True,
+        deadline_fraction: float | None = None,
     ) -> None:
         if stopping not in STOPPING_RULES:
             raise ValueError(f"specfit policy: stopping must be one of {list(STOPPING_RULES)}, got {stopping!r}")
@@ -267,6 +275,16 @@ class SpecFitPolicy(TreePolicy):
         self.reprobe_rate = float(reprobe_rate)
         self.root_alpha = 1.0  # optimistic start: the first cycle drafts, then measures
         self.guard = ThroughputGuard() if guard else None
+        if deadline_fraction is not None and not 0.0 <= float(deadline_fraction) < float("inf"):
+            raise ValueError(f"specfit policy: deadline_fraction must be >= 0 or None, got {deadline_fraction}")
+        self.deadline_fraction = None if deadline_fraction is None else float(deadline_fraction)
+
+    def plan(self, ctx: PolicyContext) -> Plan:
+        """:func:`plan_exact` of ``ctx``, with this policy's deadline (see ``deadline_fraction``)."""
+        if self.deadline_fraction is None:
+            return plan_exact(ctx)
+        least_s = ctx.cost.cycle_s_total(ctx.num_levels, 1, ctx.context_len, 0.0)
+        return plan_exact(ctx, deadline_s=self.deadline_fraction * least_s)
 
     def observe(self, num_committed: int, cycle_s: float, num_levels: int) -> None:
         """Report one realised cycle (tokens committed incl. bonus, wall seconds, levels drafted)."""
@@ -279,7 +297,7 @@ class SpecFitPolicy(TreePolicy):
             observed = float(ctx.accept_probs[ctx.tree.nodes_at_depth(1)].max())
             w = self.root_alpha_weight
             self.root_alpha = (1.0 - w) * self.root_alpha + w * min(max(observed, 0.0), 1.0)
-        return plan_exact(ctx)
+        return self.plan(ctx)
 
     def keep_drafting(self, ctx: PolicyContext, max_depth: int, topk: int | None = None) -> bool:
         """True if another draft level should be drafted (the rule chosen by ``stopping``); on the
@@ -317,7 +335,7 @@ class SpecFitPolicy(TreePolicy):
         tree = ctx.tree
         if tree.max_depth >= int(max_depth):
             return False
-        best = plan_exact(ctx)
+        best = self.plan(ctx)
         probs = ctx.accept_probs
         if tree.max_depth == 0:
             leaf, alpha = 0, self.root_alpha
@@ -387,7 +405,7 @@ class SpecFitPolicy(TreePolicy):
             raise ValueError(f"keep_drafting: topk must be >= 1 or None, got {topk}")
         if ctx.tree.max_depth >= int(max_depth):
             return False
-        best = plan_exact(ctx).predicted_tokens_per_s
+        best = self.plan(ctx).predicted_tokens_per_s
         mass, p_max = _max_level_mass(ctx, topk)
         if mass <= 0.0:
             return False

@@ -184,6 +184,9 @@ def test_policy_runs_are_lossless(tiny, dense_run, tmp_path, capsys, policy, ove
     assert main(_args(tiny, out, *argv)) == 0
     summary = _last_json(capsys)
     assert summary["policy"] == policy and summary["num_tokens"] == 24
+    # the planner's time per cycle, as the summary table and JSON line state it (issue 14)
+    assert summary["decision_s_per_cycle"] == pytest.approx(summary["decision_s"] / summary["num_cycles"])
+    assert summary["planner_deadline_hits"] <= summary["num_cycles"] and summary["planner_mean_gap"] >= 0
     want = open_run(dense).requests.sort_values("request_id")["generated_token_ids"].map(list).tolist()
     run = open_run(out)
     got = run.requests.sort_values("request_id")["generated_token_ids"].map(list).tolist()

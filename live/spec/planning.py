@@ -67,7 +67,7 @@ class PlannedChooser:
         tables: dict[str, np.ndarray] | None = None,
         stopping: str | None = None,
     ) -> None:
-        from specfit.policies import make_tree_policy
+        from specfit.policies import LIVE_DEADLINE_FRACTION, make_tree_policy
         from specfit.predictors import make_predictor
 
         if policy not in PLANNED_POLICIES:
@@ -79,6 +79,8 @@ class PlannedChooser:
             if policy != "specfit":
                 raise ValueError(f"stopping rule {stopping!r}: only policy 'specfit' has one, not {policy!r}")
             kwargs["stopping"] = stopping
+        if policy == "specfit":  # a live cycle cannot wait for a long search (issue 14)
+            kwargs["deadline_fraction"] = LIVE_DEADLINE_FRACTION
         self.name = policy
         self.policy = make_tree_policy(policy, **kwargs)
         self.predictor_name = predictor

@@ -128,6 +128,9 @@ def write_tree(writer, request_id: int, event: CycleEvent) -> None:
     )
 
 
+_ADDED_TOTALS = ("planner_deadline_hits", "planner_gap_sum")  # 0 when resuming older totals
+
+
 @dataclass
 class RunTotals:
     """Running totals over requests, for the summary table and ``summary.json``.
@@ -150,6 +153,8 @@ class RunTotals:
     cache_misses: int = 0
     nodes_verified: int = 0
     decision_s: float = 0.0
+    planner_deadline_hits: int = 0  # cycles whose exact search stopped at its deadline
+    planner_gap_sum: float = 0.0  # sum of those plans' certified relative gaps
     committed_per_cycle: list[int] = field(default_factory=list)
     tree_accept_lengths: list[int] = field(default_factory=list)
 
@@ -169,7 +174,11 @@ class RunTotals:
             self.cache_hits += c.stats.hits
             self.cache_misses += c.stats.misses
             self.nodes_verified += len(c.verification.nodes)
-            self.decision_s += 0.0 if c.choice.plan is None else float(c.choice.plan.decision_s)
+            plan = c.choice.plan
+            self.decision_s += 0.0 if plan is None else float(plan.decision_s)
+            if plan is not None and not plan.exact:
+                self.planner_deadline_hits += 1
+                self.planner_gap_sum += float(plan.gap)
             self.committed_per_cycle.append(len(c.committed))
             self.tree_accept_lengths.append(c.num_accepted + 1)
 
@@ -190,6 +199,7 @@ class RunTotals:
             ValueError: a field missing or unknown (the message names it).
         """
         names = {f.name for f in fields(cls)}
+        state = {**{name: 0 for name in _ADDED_TOTALS}, **state}  # totals written before they existed
         if set(state) != names:
             raise ValueError(
                 f"run totals: fields {sorted(set(state) ^ names)} missing or unknown; expected {sorted(names)}"
@@ -220,4 +230,9 @@ class RunTotals:
             "h2d_s": self.h2d_s,
             "expert_compute_s": self.compute_s,
             "decision_s": self.decision_s,
+            "decision_s_per_cycle": self.decision_s / self.num_cycles if self.num_cycles else float("nan"),
+            "planner_deadline_hits": self.planner_deadline_hits,
+            "planner_mean_gap": self.planner_gap_sum / self.planner_deadline_hits
+            if self.planner_deadline_hits
+            else 0.0,
         }

@@ -705,7 +705,7 @@ class RecordSession:
 
     def print_table(self, summary: dict[str, Any], stream=None) -> None:
         """Human-readable summary table (stdout)."""
-        from specfit.units import bytes_to_gb
+        from specfit.units import bytes_to_gb, s_to_ms
 
         stream = stream or sys.stdout
         busy = summary["expert_compute_s"] + summary["h2d_s"]
@@ -739,6 +739,15 @@ class RecordSession:
                 f"{summary['draft_s']:.2f} / {summary['verify_s']:.2f} / {summary['h2d_s']:.2f}",
             ),
             ("expert compute / H2D split", split),
+            (
+                "decision per cycle (planner)",
+                f"{s_to_ms(summary['decision_s_per_cycle']):.3f} ms"
+                + (
+                    f"; deadline hit in {summary['planner_deadline_hits']} cycles, mean gap {summary['planner_mean_gap']:.2%}"
+                    if summary.get("planner_deadline_hits")
+                    else ""
+                ),
+            ),
         ]
         width = max(len(k) for k, _ in rows)
         for key, value in rows:
