@@ -744,12 +744,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _config_of_saved_run(parser: ArgumentParser, out: Path, fallback: TrainConfig) -> TrainConfig:
     """The TrainConfig recorded in ``out/metrics.json`` (``fallback`` if none); exits 2 naming
     ``--out`` when the checkpoints are missing or the recorded config is unreadable."""
+    from live.loader import check_safetensors_files
+
     for sub in ("target", "draft"):
         if not (out / sub / "model.safetensors").is_file():
             parser.fail(
                 "--out",
                 f"--evaluate-only needs a trained checkpoint, {out / sub / 'model.safetensors'} is missing",
             )
+        try:
+            check_safetensors_files(out / sub)  # a truncated file: named now, not a traceback later
+        except ValueError as exc:
+            parser.fail("--out", str(exc))
     path = out / "metrics.json"
     if not path.is_file():
         return fallback

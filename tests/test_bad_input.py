@@ -217,6 +217,7 @@ CASES = [
     # live.train_default
     C("train-vocab-too-small", TRAIN, "--vocab-size 10 --out {root}/train", "--vocab-size", ">= 300"),
     C("train-docs-missing", TRAIN, "--docs-dir {root}/no-docs --out {root}/train", "--docs-dir", "no-docs"),
+    C("train-evaluate-only-truncated", TRAIN, "--evaluate-only --out {ck_trained}", "--out", "target/model.safetensors"),
     C("train-evaluate-only-no-checkpoint", TRAIN, "--evaluate-only --out {empty}", "--out", "model.safetensors"),
 ]
 
@@ -313,6 +314,9 @@ def _checkpoints(root: Path) -> dict[str, Path]:
     # 4 query heads over 3 key/value heads: transformers builds and loads it, its attention cannot run
     out["ck_unrunnable"] = make_tiny_checkpoint(root / "unrunnable", num_key_value_heads=3)
     out["ck_bigvocab"] = make_tiny_draft(root, vocab_size=2 * TINY_VOCAB_SIZE)
+    out["ck_trained"] = root / "trained"  # live.train_default's --out layout, the target cut short
+    shutil.copytree(out["ck_truncated"], out["ck_trained"] / "target")
+    shutil.copytree(target, out["ck_trained"] / "draft")
     return out
 
 
