@@ -320,6 +320,12 @@ def cli_main(main: Callable[[Sequence[str] | None], int]) -> Callable[[Sequence[
     return wrapped
 
 
+def missing_file(path: str | Path) -> str:
+    """Why ``path`` is not a readable file, for a message: ``"is a folder, not a file"`` or
+    ``"does not exist"``."""
+    return "is a folder, not a file" if Path(path).is_dir() else "does not exist"
+
+
 def read_table(path: str | Path, what: str | None = None, expected: str = "") -> Any:
     """A Parquet (``*.parquet``) or CSV file as a ``pandas.DataFrame``; a file that is missing,
     truncated or not in that format raises :class:`InputError` naming the file (and ``what``, the

@@ -95,6 +95,7 @@ CASES = [
         "4 MoE layers x 16 experts",
     ),
     C("rec-predictor-tables-folder", REC, "--mode policy --predictor-tables {empty}", "--predictor-tables", "manifest"),
+    C("rec-cost-is-a-folder", REC, "--mode policy --cost {empty}", "--cost", "is a folder, not a file"),
     C("rec-prompts-empty", REC, "--prompts {empty_txt}", "--prompts", "no prompts"),
     C("rec-prompts-wrong-kind", REC, "--prompts {bad_json}", "--prompts", ".jsonl or .txt"),
     C("rec-max-nodes-zero", REC, "--max-nodes 0", "--max-nodes", "integer > 0"),
