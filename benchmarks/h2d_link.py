@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from specfit.cli import ArgumentParser, non_negative_int, positive_int, print_summary  # noqa: E402
+from benchmarks._threads import add_threads_flag, apply_threads  # noqa: E402
+from specfit.cli import ArgumentParser, positive_int, print_summary  # noqa: E402
 
 AIM_REL = 0.05
 # (name, gate/up bytes, down bytes, bandwidth GB/s, latency us per expert)
@@ -50,12 +51,7 @@ def _parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--transfers", type=positive_int, default=150, help="experts fetched per repeat (count)")
     p.add_argument("--repeats", type=positive_int, default=3, help="fetch batches per case (count)")
-    p.add_argument(
-        "--threads",
-        type=non_negative_int,
-        default=None,
-        help="torch CPU threads (count; 0 = torch's default); default: live.record's default",
-    )
+    add_threads_flag(p)
     return p
 
 
@@ -101,13 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     import torch
 
-    if args.threads is None:  # live.record's default, so the figures match what a run sees
-        from live.record import build_parser
-
-        args.threads = int(build_parser().get_default("threads"))
-    threads = args.threads
-    if threads:
-        torch.set_num_threads(threads)
+    apply_threads(args.threads)
     rows, results = [], {}
     for name, gate_up, down, gb_per_s, latency_us in CASES:
         got = measure_case(gate_up, down, gb_per_s, latency_us, args.transfers, args.repeats)

@@ -38,7 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from specfit.cli import ArgumentParser, non_negative_int, positive_int, print_summary  # noqa: E402
+from benchmarks._threads import add_threads_flag, apply_threads  # noqa: E402
+from specfit.cli import ArgumentParser, positive_int, print_summary  # noqa: E402
 
 
 def _parser() -> ArgumentParser:
@@ -55,12 +56,7 @@ def _parser() -> ArgumentParser:
     p.add_argument(
         "--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="weight dtype"
     )
-    p.add_argument(
-        "--threads",
-        type=non_negative_int,
-        default=None,
-        help="torch CPU threads (count; 0 = torch's default); default: live.record's default",
-    )
+    add_threads_flag(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt")
     return p
 
@@ -199,12 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ValueError, FileNotFoundError) as exc:
             parser.fail("--model", str(exc))
 
-    if args.threads is None:  # live.record's default, so the figures match what a run sees
-        from live.record import build_parser
-
-        args.threads = int(build_parser().get_default("threads"))
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         path, source = _resolve_model(args.model, Path(tmp))
         try:

@@ -96,6 +96,7 @@ class RecordConfig:
     category: str | None = None  # --category, comma-separated names as given; None = every prompt
     overlap: str = "off"  # "on": expert copies on the link's copy stream, overlapped with compute
     prefetch: str = "none"  # none | draft | next-layer | both
+    verify_logits: str = "model"  # "float32": the target's greedy tokens from float32 logits
 
 
 def build_parser() -> ArgumentParser:
@@ -212,6 +213,13 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model weight dtype")
     p.add_argument(
+        "--verify-logits",
+        choices=("model", "float32"),
+        default="model",
+        help="dtype of the target's final logits (greedy tokens): model = --dtype; float32 = the last "
+        "projection in float32 on a float32 copy of its weight (bfloat16/float16 runs; see README)",
+    )
+    p.add_argument(
         "--threads",
         type=non_negative_int,
         default=1,
@@ -322,6 +330,7 @@ _RESUMED_FLAGS: tuple[tuple[str, str, str, Any], ...] = (
     ("stopping", "--stopping", "stopping", None),
     ("overlap", "--overlap", "overlap", None),
     ("prefetch", "--prefetch", "prefetch", None),
+    ("verify_logits", "--verify-logits", "verify_logits", None),
 )
 
 
@@ -520,6 +529,7 @@ def resolve_config(args: Any, parser: ArgumentParser, explicit: set[str] | None 
         category=args.category,
         overlap=args.overlap,
         prefetch=args.prefetch,
+        verify_logits=args.verify_logits,
     )
 
 

@@ -17,12 +17,41 @@ from transformers import DynamicCache
 from live.spec.attention import FULL, SLIDING, attention_layout, keep_cache_positions, tree_attention_mask
 
 
+def float32_output_head(model: nn.Module) -> None:
+    """Make ``model``'s output projection compute its logits in float32 (in place).
+
+    The hidden state stays in the model's dtype; the last projection runs as
+    ``linear(hidden.float(), W.float(), b)`` on a float32 copy of the head weight (``V x H x 4``
+    bytes, e.g. 1.2 GB for Qwen3-30B-A3B's 151,936 x 2,048 head), so logits are no longer rounded
+    to bfloat16/float16, where tokens one ulp apart tie (a bfloat16 logit near 10 has an ulp of
+    0.0625). Affects every later forward of ``model``.
+
+    Raises:
+        ValueError: a model without an output embedding (``get_output_embeddings() is None``).
+    """
+    head = model.get_output_embeddings()
+    if head is None or not hasattr(head, "weight"):
+        raise ValueError("float32 logits: the model has no output projection (get_output_embeddings)")
+    weight = head.weight.detach().float()
+    bias = None if getattr(head, "bias", None) is None else head.bias.detach().float()
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(hidden.float(), weight, bias)
+
+    head.forward = forward
+
+
 class CachedLM:
     """Wraps ``model`` (eval mode, no grad) with a ``DynamicCache`` that holds a committed prefix.
 
     The cache keeps every key in full-attention layers whatever the model's attention (sliding
     windows are applied by the masks, see :mod:`live.spec.attention`), and the position id of
     each cache entry, so tree masks can reproduce a sliding window.
+
+    Args:
+        model: the causal LM.
+        float32_logits: compute the logits in float32 (:func:`float32_output_head`) when the
+            model runs in a lower precision.
 
     Attributes:
         model: the causal LM.
@@ -33,11 +62,13 @@ class CachedLM:
         ValueError: an attention layout tree verification cannot reproduce (names the config field).
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, *, float32_logits: bool = False) -> None:
         self.model = model.eval()
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
         self.layout = attention_layout(model.config)
+        if float32_logits and self.dtype != torch.float32:
+            float32_output_head(model)
         self.reset()
 
     @property

@@ -325,7 +325,10 @@ class RecordSession:
         if draft_dir is not None:
             self.drafter, features = _load_drafter(draft_dir, target_dir, target, config)
         self.verifier = TreeVerifier(
-            target, eos_token_ids=_eos_ids(target, self.tokenizer), features=features
+            target,
+            eos_token_ids=_eos_ids(target, self.tokenizer),
+            features=features,
+            float32_logits=getattr(config, "verify_logits", "model") == "float32",
         )
         self.shape = TreeShape(config.depth, config.topk, config.max_nodes)
         self.decoder = SpecDecoder(self.verifier, self.drafter, stats=self.offload)

@@ -98,10 +98,19 @@ class TreeVerifier:
         features: optional tap of the target's hidden states (:class:`live.eagle3_draft.TargetFeatures`,
             for an EAGLE-3 drafter): told before every forward, reset by :meth:`prefill` and given
             the committed rows by :meth:`commit`, so it always covers the tokens the KV cache holds.
+        float32_logits: greedy tokens from float32 logits (``live.record --verify-logits float32``;
+            :func:`live.spec.runner.float32_output_head`) when the model runs in bfloat16/float16.
     """
 
-    def __init__(self, model: nn.Module, eos_token_ids: Sequence[int] = (), features=None) -> None:
-        self.lm = CachedLM(model)
+    def __init__(
+        self,
+        model: nn.Module,
+        eos_token_ids: Sequence[int] = (),
+        features=None,
+        *,
+        float32_logits: bool = False,
+    ) -> None:
+        self.lm = CachedLM(model, float32_logits=float32_logits)
         self.capture = RouterCapture(model)
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.features = features
