@@ -251,7 +251,11 @@ def test_cycle_cache_accesses_round_trip_and_bad_ones_are_refused(tmp_path):
     """cycles.layer_accessed / accessed_experts: written, read back (null when not given), checked."""
     run_dir = tmp_path / "run"
     with TraceWriter(run_dir, small_manifest()) as writer:
-        writer.add_cycle(small_cycle(0, 0, layer_accessed=[2, 0, 1], accessed_experts=[1, 5, 7]))
+        writer.add_cycle(
+            small_cycle(
+                0, 0, layer_accessed=[2, 0, 1], accessed_experts=[1, 5, 7], cache_hits=1, cache_misses=2
+            )
+        )
         writer.add_cycle(small_cycle(0, 1, position=3, context_len=7))  # not recorded: null
         for changes, message in (
             ({"layer_accessed": [2, 0, 1]}, "both layer_accessed and accessed_experts"),
@@ -273,3 +277,21 @@ def test_cycle_cache_accesses_round_trip_and_bad_ones_are_refused(tmp_path):
         7,
     ]
     assert cycles["layer_accessed"][1] is None and cycles["accessed_experts"][1] is None
+
+
+def test_validation_checks_the_recorded_cache_accesses(tmp_path):
+    """A cycle whose layer_accessed does not add up to its hits + misses is reported (row named)."""
+    from test_traces_helpers import edit_part, first_part, set_value
+
+    from traces.errors import TraceError
+
+    run_dir = tmp_path / "run"
+    with TraceWriter(run_dir, small_manifest()) as writer:
+        writer.add_cycle(
+            small_cycle(0, 0, layer_accessed=[6, 3, 3], accessed_experts=list(range(6)) + [0, 1, 2] * 2)
+        )
+        writer.add_request(0, [1, 2, 3, 4], [5, 6, 7], "r")
+    open_run(run_dir)  # 12 accesses = cache_hits 10 + cache_misses 2
+    edit_part(first_part(run_dir, "cycles"), lambda t: set_value(t, "cache_hits", 0, 9))
+    with pytest.raises(TraceError, match="row 0: layer_accessed adds up to other than cache_hits"):
+        open_run(run_dir)

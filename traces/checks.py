@@ -198,7 +198,39 @@ def _cycles(run: TraceRun) -> Iterator[Check]:
         values = run.arrow("cycles").column(name).to_numpy(zero_copy_only=False).astype(np.float64)
         yield lambda values=values, name=name: V.check_range(np.where(np.isnan(values), 0.0, values), name, 0)
     yield lambda: V.check_unique([col("request_id"), col("cycle_index")], "(request_id, cycle_index)")
+    yield from _cache_accesses(run)
     yield from _references(run, "cycles")
+
+
+def _cache_accesses(run: TraceRun) -> Iterator[Check]:
+    """Where recorded (not null), ``layer_accessed`` holds L counts adding up to the cycle's hits +
+    misses, and ``accessed_experts`` that many expert ids, each in ``0..E-1``."""
+    model = run.manifest.model
+
+    def check() -> V.Violation | None:
+        recorded = ~run.arrow("cycles").column("layer_accessed").is_null().to_numpy(zero_copy_only=False)
+        if not recorded.any():
+            return None
+        lengths, values = _lists(run, "cycles", "layer_accessed")
+        id_lengths, _ = _lists(run, "cycles", "accessed_experts")
+        starts = np.r_[0, np.cumsum(lengths)[:-1]]
+        running = np.r_[0, np.cumsum(values)]
+        sums = running[starts + lengths] - running[starts]
+        accesses = _col(run, "cycles", "cache_hits") + _col(run, "cycles", "cache_misses")
+        per_layer = f"layer_accessed: expected {model.num_layers} values (one per layer)"
+        for bad, message in (
+            (lengths != model.num_layers, per_layer),
+            (sums != accesses, "layer_accessed adds up to other than cache_hits + cache_misses"),
+            (id_lengths != sums, "accessed_experts holds other than sum(layer_accessed) expert ids"),
+        ):
+            row = V.first_true(recorded & bad)
+            if row is not None:
+                return V.Violation(row, message)
+        return None
+
+    yield check
+    id_lengths, ids = _lists(run, "cycles", "accessed_experts")
+    yield _flat_range(id_lengths, ids, "accessed_experts value", 0, model.num_experts)
 
 
 def _transfers(run: TraceRun) -> Iterator[Check]:
