@@ -228,3 +228,15 @@ def test_report_groups_runs_by_prompt_category(tiny, tmp_path, capsys):
     assert report_main([str(dense), str(policy), "--out", str(tmp_path / "r"), "--no-progress"]) == 0
     text = (tmp_path / "r" / "report.md").read_text()
     assert "## Prompt categories" in text and "| policy | policy | writing | 2 |" in text
+
+
+def test_validate_checks_category_before_any_work(tmp_path, capsys):
+    from analysis.validate import main as validate_main
+
+    prompts = _mtbench_file(tmp_path)
+    out = tmp_path / "val"
+    with pytest.raises(SystemExit) as exc:
+        validate_main(["--prompts", str(prompts), "--category", "poetry", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--category" in err and "available: math (1)" in err
+    assert not out.exists()
