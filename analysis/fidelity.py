@@ -303,6 +303,39 @@ def _tables(name: str, value: pd.DataFrame | Sequence[pd.DataFrame]) -> list[pd.
     return tables
 
 
+def sim_cycle_agreement(live_cycles: pd.DataFrame, sim_cycles: pd.DataFrame) -> dict[str, float]:
+    """Per-cycle times, simulated vs live, the statistics simulator validations report.
+
+    ``live_cycles``: one live run's cycles table; ``sim_cycles``: the replay's cycle records (both
+    with ``request_id``, ``cycle_index``, ``cycle_s``). Cycles present in both (same request and
+    cycle index) give the percentage errors ``100 * (sim - live) / live``; the two-sample
+    Kolmogorov-Smirnov test (``scipy.stats.ks_2samp``, two-sided) compares all per-cycle times of
+    the two sides as distributions.
+
+    Returns:
+        ``sim_cycle_mean_abs_pct_error`` and ``sim_cycle_mean_signed_pct_error`` (%, NaN without
+        a shared cycle), ``cycle_ks_statistic`` (0..1) and ``cycle_ks_pvalue`` (NaN when a side
+        has no cycle).
+    """
+    from scipy.stats import ks_2samp
+
+    keys = ["request_id", "cycle_index"]
+    out = dict.fromkeys(
+        ("sim_cycle_mean_abs_pct_error", "sim_cycle_mean_signed_pct_error", "cycle_ks_statistic", "cycle_ks_pvalue"),
+        float("nan"),
+    )
+    if not len(live_cycles) or not len(sim_cycles):
+        return out
+    both = live_cycles[[*keys, "cycle_s"]].merge(sim_cycles[[*keys, "cycle_s"]], on=keys, suffixes=("_live", "_sim"))
+    if len(both):
+        err = metrics.percentage_error(both["cycle_s_sim"].to_numpy(), both["cycle_s_live"].to_numpy())
+        out["sim_cycle_mean_abs_pct_error"] = float(np.mean(np.abs(err)))
+        out["sim_cycle_mean_signed_pct_error"] = float(np.mean(err))
+    ks = ks_2samp(sim_cycles["cycle_s"].to_numpy(dtype=float), live_cycles["cycle_s"].to_numpy(dtype=float))
+    out["cycle_ks_statistic"], out["cycle_ks_pvalue"] = float(ks.statistic), float(ks.pvalue)
+    return out
+
+
 def compare_cell(
     key: dict[str, Any],
     live_cycles: pd.DataFrame | Sequence[pd.DataFrame],
@@ -408,6 +441,7 @@ def compare_cell(
         live_repeat_spread_pct=spread,
         cycle_noise_median_pct=_median(noise),
         cycle_noise_p90_pct=_p90(noise),
+        **sim_cycle_agreement(cycles_r[0], sim_cycles),
     )
     off: list[str] = []
     if not (

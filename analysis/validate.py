@@ -129,12 +129,15 @@ class Cell:
     cache_experts_per_layer: int
     policy: str
     depth: int | None = None
+    overlap: str = "off"
 
     @property
     def name(self) -> str:
-        """Folder-safe name, e.g. ``bw16-c8-specfit`` (``bw16-c8-topn-d1`` with a depth)."""
+        """Folder-safe name, e.g. ``bw16-c8-specfit`` (``bw16-c8-topn-d1`` with a depth,
+        ``bw16-c8-specfit-ovl`` with overlap on)."""
         name = f"bw{self.bandwidth_gb_per_s:g}-c{self.cache_experts_per_layer}-{self.policy}"
-        return name if self.depth is None else f"{name}-d{self.depth}"
+        name = name if self.depth is None else f"{name}-d{self.depth}"
+        return name if self.overlap == "off" else f"{name}-ovl"
 
     def key(self) -> dict[str, Any]:
         """The fidelity row's key columns."""
@@ -142,6 +145,7 @@ class Cell:
             "bandwidth_gb_per_s": self.bandwidth_gb_per_s,
             "cache_experts_per_layer": self.cache_experts_per_layer,
             "policy": self.policy,
+            "overlap": self.overlap,
         }
 
 
@@ -223,6 +227,13 @@ def build_parser() -> ArgumentParser:
         type=positive_int,
         default=2,
         help="live runs per policy-mode cell (count); the repeats measure the run-to-run noise floor",
+    )
+    p.add_argument(
+        "--overlap",
+        type=comma_list(str),
+        default=["off"],
+        help="compute/H2D overlap of the policy-mode cells, off and/or on (live.record --overlap, "
+        "sim.sweep --overlap: the same per-layer model); e.g. off,on for a cell of each",
     )
     p.add_argument("--seed", type=int, default=0, help="seed (live runs and fit split)")
     p.add_argument(
@@ -350,6 +361,8 @@ class Validator:
             argv += ["--acceptance", str(self.acceptance_path)]
         argv += ["--cache-experts", str(cell.cache_experts_per_layer), "--out", str(path)]
         argv += self._link_flags(cell.bandwidth_gb_per_s)
+        if cell.overlap != "off":
+            argv += ["--overlap", cell.overlap]
         if cost_path is not None:
             argv += ["--cost", str(cost_path)]
         if started is False:  # an interrupted earlier call: finish it
@@ -416,6 +429,7 @@ class Validator:
             cache_capacity_per_layer=cell.cache_experts_per_layer,
             cache_policy=SIM_CACHE_POLICY,
             predictor=SIM_PREDICTOR,
+            overlap=cell.overlap,
             decision_s=decision_s,
             seed=self.args.seed,
             record_cycles=True,
@@ -483,18 +497,26 @@ class Validator:
                     f"--cache-experts {c} exceeds the model's {model.num_experts} experts per layer"
                 )
         policies = list(self.args.policies)
-        total = len(self.args.bandwidth) * len(caches) * len(policies)
+        overlaps = list(getattr(self.args, "overlap", ["off"]))
+        total = len(self.args.bandwidth) * len(caches) * len(policies) * len(overlaps)
         bar = tqdm(total=total, desc="cells", unit="cell", disable=not progress, file=sys.stderr)
         rows = []
         for bw in self.args.bandwidth:
             cost = cost_path = None
             if self.args.cost is not None:
                 cost, cost_path = self.cost_for(bw, [], model)
-            free = [Cell(bw, c, p) for p in policies if p in COST_FREE_POLICIES for c in caches]
+            free = [
+                Cell(bw, c, p, overlap=o)
+                for p in policies
+                if p in COST_FREE_POLICIES
+                for c in caches
+                for o in overlaps
+            ]
             live_paths = self.run_repeats(free, cost_path)
             if cost is None:
                 # only planned policies asked: record the cost-free ones at one cache size to calibrate from
-                fit_paths = live_paths or self.run_repeats(
+                # (fitted on overlap-off runs: the cost model's terms are serial phases)
+                fit_paths = {c: p for c, p in live_paths.items() if c.overlap == "off"} or self.run_repeats(
                     [Cell(bw, caches[0], p) for p in COST_FREE_POLICIES], None
                 )
                 fit_runs = [path for paths in fit_paths.values() for path in paths]
@@ -504,10 +526,19 @@ class Validator:
                     cost, cost_path = self.cost_for(bw, fit_runs, model)
                 except CalibrationDataError as exc:
                     raise ValidationError(f"bandwidth {bw:g} GB/s: cost fit failed: {exc}") from None
-            planned = [Cell(bw, c, p) for p in policies if p not in COST_FREE_POLICIES for c in caches]
+            planned = [
+                Cell(bw, c, p, overlap=o)
+                for p in policies
+                if p not in COST_FREE_POLICIES
+                for c in caches
+                for o in overlaps
+            ]
             live_paths.update(self.run_repeats(planned, cost_path))
             for cell, paths in live_paths.items():
-                rows.append(self.compare(dense, cell, paths, cost))
+                cell_cost = cost
+                if cell.overlap != "off":  # priced as the engine overlaps (per layer)
+                    cell_cost = dataclasses.replace(cost, overlap_h2d=True, overlap_mode="on")
+                rows.append(self.compare(dense, cell, paths, cell_cost))
                 bar.update(1)
         bar.close()
         table = pd.DataFrame(rows)
@@ -654,6 +685,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point (see the module docstring)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    bad_overlap = [o for o in args.overlap if o not in ("off", "on")]
+    if bad_overlap:
+        parser.fail("--overlap", f"expected off and/or on, got {bad_overlap}")
     bad = [p for p in args.policies if p not in GRID_POLICIES]
     if bad:
         parser.fail("--policies", f"expected names from {list(GRID_POLICIES)}, got {bad}")

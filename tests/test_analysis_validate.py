@@ -120,10 +120,19 @@ def test_validate_tiny_grid(tiny_models, tmp_path, capsys) -> None:
 
 @pytest.mark.slow
 def test_validate_single_repeat_is_todays_run(tiny_models, tmp_path, capsys) -> None:
-    """``--repeats 1``: one run per cell under r1, no noise measured, within_noise == ok."""
+    """``--repeats 1``: one run per cell under r1, no noise measured, within_noise == ok; with
+    ``--overlap off,on`` a cell of each (the on cells recorded with live.record --overlap on and
+    replayed with the simulator's per-layer overlap); the sim-vs-live per-cycle statistics."""
     out = tmp_path / "val1"
     argv = _tiny_argv(tiny_models, out, num_prompts=1, repeats=1) + ["--policies", "ar,topn"]
-    assert validate.main(argv) == 0
+    assert validate.main(argv + ["--overlap", "off,on"]) == 0
+    assert (out / "live" / "bw1-c4-topn-ovl" / "r1").is_dir()
+    manifest = json.loads((out / "live" / "bw1-c4-topn-ovl" / "r1" / "manifest.json").read_text())
+    assert manifest["config"]["overlap"] == "on"
+    overlap_table = pd.read_csv(out / "fidelity.csv")
+    assert sorted(overlap_table["overlap"]) == ["off", "off", "on", "on"]
+    for col in ("sim_cycle_mean_abs_pct_error", "cycle_ks_statistic", "cycle_ks_pvalue"):
+        assert overlap_table[col].notna().all()
     lines = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(lines[-1])
     assert sorted(p.name for p in (out / "live" / "bw1-c4-topn").iterdir()) == ["r1"]
@@ -143,6 +152,9 @@ def test_validate_bad_flags_exit_2(capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         validate.main(["--policies", "ar,bogus"])
     assert exc.value.code == 2 and "--policies" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        validate.main(["--overlap", "off,ideal"])
+    assert exc.value.code == 2 and "--overlap" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         validate.main(["--bandwidth", "0"])
     assert exc.value.code == 2 and "--bandwidth" in capsys.readouterr().err
