@@ -11,7 +11,9 @@ predictors of :mod:`specfit.predictors` are scored with :func:`specfit.predictor
 - ``recent``: the union of the last 4 committed tokens' experts (the same for every node);
 - ``token-table``: per token id the experts it was routed to most often, fitted IN-SAMPLE on the
   same trees (an optimistic upper bound for that predictor);
-- ``oracle``: the truth (1.0 / 1.0, a check).
+- ``oracle``: the truth (1.0 / 1.0, a check);
+- two variants of the head-router input: the head state plus the node token's embedding, and
+  the token embedding alone (the target's routers applied to it: no head involved).
 
 Usage::
 
@@ -22,6 +24,7 @@ The last stdout line is a JSON object.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -64,9 +67,12 @@ def collect_cases(
         def choose(self, state):
             choice = super().choose(state)
             states = drafter.node_states()
+            emb = target.get_input_embeddings()(torch.as_tensor(choice.draft.tree.token_ids))
             pending.update(
                 tree=choice.draft.tree,
                 head=None if states is None else router.route(states),
+                head_emb=None if states is None else router.route(states + emb),
+                emb=router.route(emb),
                 recent=np.asarray(state.recent_experts),
             )
             return choice
@@ -92,7 +98,7 @@ def score_all(cases: Sequence[dict], num_experts: int, window: int = 4) -> dict[
 
     tokens = np.concatenate([c["tree"].token_ids for c in cases])
     table = token_table_from_routing(tokens, np.concatenate([c["truth"] for c in cases]), num_experts)
-    contexts = []
+    contexts, variants = [], {}
     for c in cases:
         num_layers = c["truth"].shape[1]
         recent = bitsets.pack(c["recent"], num_experts) if len(c["recent"]) else None
@@ -105,13 +111,24 @@ def score_all(cases: Sequence[dict], num_experts: int, window: int = 4) -> dict[
             head_experts=bitsets.pack(c["head"], num_experts),
         )
         contexts.append((ctx, ctx.true_experts))
+        for variant in ("head_emb", "emb"):
+            variants.setdefault(variant, []).append(
+                (
+                    dataclasses.replace(ctx, head_experts=bitsets.pack(c[variant], num_experts)),
+                    ctx.true_experts,
+                )
+            )
     predictors = {
         "oracle": make_predictor("oracle"),
         "head-router": make_predictor("head-router"),
         "recent": make_predictor("recent", window=window),
         "token-table (in-sample)": make_predictor("token-table", table=table, fallback_window=window),
     }
-    return {name: score_predictor(p, contexts)._asdict() for name, p in predictors.items()}
+    scores = {name: score_predictor(p, contexts)._asdict() for name, p in predictors.items()}
+    head = make_predictor("head-router")
+    scores["head-router (state + token embedding)"] = score_predictor(head, variants["head_emb"])._asdict()
+    scores["target routers on the token embedding"] = score_predictor(head, variants["emb"])._asdict()
+    return scores
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -305,6 +305,14 @@ tree verified) and decode tokens/s, per prompt category:
                 text += (
                     f"| {kind} | {policy} | {cat} | {f['tau']:.2f} | {f['tokens_per_s']:.2f} | {alphas} |\n"
                 )
+    from live.assets import DEFAULT_DRAFT_KIND
+
+    text += f"""
+`python -m live.record --model default` drafts with: **{DEFAULT_DRAFT_KIND}**
+(`live.assets.DEFAULT_DRAFT_KIND`; the head becomes the default only when it beats the 2-layer
+draft in measured tokens/s at the default link; `--draft live/assets/default/draft` or
+`--draft live/assets/default/eagle3` selects either).
+"""
     return text
 
 

@@ -260,3 +260,27 @@ def test_head_training_is_reproducible_from_the_seed(tmp_path):
     data = [(d / "model.safetensors").read_bytes() for d in (first, again, untrained)]
     assert data[0] == data[1] and data[0] != data[2]
     assert (first / "config.json").read_bytes() == (again / "config.json").read_bytes()
+
+
+def test_embedded_head_is_lossless_on_the_embedded_default_and_documented():
+    import hashlib
+
+    from transformers import AutoTokenizer
+
+    from live.assets import DEFAULT_DIR, DEFAULT_EAGLE3_DIR, default_model_paths
+    from live.prompts import default_prompts
+
+    if not (DEFAULT_EAGLE3_DIR / "model.safetensors").is_file():
+        pytest.skip("no embedded EAGLE-3 head (python -m live.train_eagle3 --out live/assets/default/eagle3)")
+    target_dir, _ = default_model_paths()
+    target = _load(target_dir)
+    ids = AutoTokenizer.from_pretrained(str(target_dir)).encode(default_prompts(1)[0].text)[:40]
+    drafter, verifier = _drafter(target, DEFAULT_EAGLE3_DIR)
+    result = SpecDecoder(verifier, drafter).generate(ids, 10, FullTreeChooser(drafter, TreeShape(4, 4, 16)))
+    assert list(result.generated_ids) == reference_greedy(target, ids, 10)
+    assert result.tau > 1.0  # the trained head's drafts are accepted
+    metrics = json.loads((DEFAULT_EAGLE3_DIR / "metrics.json").read_text())
+    sha = hashlib.sha256((DEFAULT_EAGLE3_DIR / "model.safetensors").read_bytes()).hexdigest()
+    assert metrics["weights_sha256"] == sha
+    card = (DEFAULT_DIR / "MODEL_CARD.md").read_text()
+    assert "## EAGLE-3 head" in card and sha in card and metrics["command"] in card
