@@ -291,7 +291,7 @@ def test_undocumented_eagle_alias_is_gone(capsys):
 @pytest.mark.parametrize(
     "module",
     ["live.record", "analysis.validate", "analysis.report", "sim.sweep", "calibration.fit", "calibration.h2d",
-     "traces.synthetic", "live.train_default"],
+     "traces.synthetic", "live.train_default", "live.train_eagle3"],
 )  # fmt: skip
 def test_long_running_clis_have_no_progress(module, capsys):
     assert "--no-progress" in _help(module, capsys)
