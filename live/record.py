@@ -36,6 +36,7 @@ import contextlib
 import datetime as _dt
 import json
 import math
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -55,6 +56,7 @@ from specfit.cli import (
     non_negative_int,
     positive_int,
     print_summary,
+    sigterm_as_interrupt,
 )
 from specfit.policies import STOPPING_RULES, TREE_POLICY_HELP
 from specfit.predictors import PREDICTOR_HELP
@@ -654,23 +656,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         try:
-            session = RecordSession.open(config)
-            session.run(progress=not args.no_progress)
+            with sigterm_as_interrupt():  # kill (SIGTERM) stops like Ctrl-C: JSON line, exit 143
+                session = RecordSession.open(config)
+                session.run(progress=not args.no_progress)
         except SessionError as exc:
             parser.fail(exc.flag, exc.message)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        signum = getattr(exc, "signum", int(signal.SIGINT))
         sys.stderr.write(
-            f"interrupted; finished prompts are saved: continue with --out {config.out} --resume\n"
+            f"interrupted ({signal.Signals(signum).name}); finished prompts are saved: continue with "
+            f"--out {config.out} --resume\n"
         )
         print_summary(
             {
                 **head,
                 "interrupted": True,
+                "signal": signal.Signals(signum).name,
                 "wall_s": time.perf_counter() - started,
                 "num_requests_recorded": _recorded_requests(config.out),
             }
         )
-        return 130
+        return 128 + signum
     covered, recorded = session.run_totals_cover
     summary = {
         **head,

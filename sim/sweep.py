@@ -49,6 +49,7 @@ from sim.traceselect import SyntheticSpec, resolve_trace
 from specfit.cache import CACHE_POLICIES, CACHE_POLICY_HELP
 from specfit.cli import (
     ArgumentParser,
+    Interrupted,
     choices_help,
     cli_main,
     comma_list,
@@ -58,6 +59,7 @@ from specfit.cli import (
     positive_int,
     print_summary,
     run_main,
+    sigterm_as_interrupt,
 )
 from specfit.policies import STOPPING_RULES, TREE_POLICY_HELP
 from specfit.predictors import PREDICTOR_HELP, PREDICTORS
@@ -102,12 +104,8 @@ def _load_done(cells_dir: Path, wanted: set[str]) -> dict[str, dict[str, Any]]:
     return done
 
 
-class SweepInterrupted(KeyboardInterrupt):
-    """The sweep was stopped by a signal: SIGINT (Ctrl-C) or SIGTERM; ``signum`` says which."""
-
-    def __init__(self, signum: int = signal.SIGINT) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = int(signum)
+SweepInterrupted = Interrupted
+"""The sweep was stopped by a signal: SIGINT (Ctrl-C) or SIGTERM (``specfit.cli.Interrupted``)."""
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -791,11 +789,6 @@ def _min_or_none(values: pd.Series) -> float | None:
     return float(values.min()) if len(values) else None
 
 
-def _raise_interrupted(signum: int, frame: Any) -> None:
-    """SIGTERM handler outside the worker pool: stop like Ctrl-C."""
-    raise SweepInterrupted(signum)
-
-
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the sweep CLI; returns the exit status (2 on bad flags, 1 if a replay fails, 130 on
@@ -808,11 +801,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cost_explicit = not isinstance(args.cost, _DefaultText)
     args.cost = str(args.cost)
     state: dict[str, Any] = {"out": Path(args.out) if args.out else None, "cells": []}
-    previous_term = None
-    with contextlib.suppress(ValueError):  # ValueError: not the main thread, SIGTERM left alone
-        previous_term = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
-        return _run(parser, args, argv, cost_explicit, started, state)
+        with sigterm_as_interrupt():  # outside the worker pool SIGTERM stops like Ctrl-C
+            return _run(parser, args, argv, cost_explicit, started, state)
     except KeyboardInterrupt as exc:
         signum = getattr(exc, "signum", int(signal.SIGINT))
         previous = {}
@@ -824,9 +815,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             for s, handler in previous.items():
                 signal.signal(s, handler)
         return 128 + signum
-    finally:
-        if previous_term is not None:
-            signal.signal(signal.SIGTERM, previous_term)
 
 
 def _report_interrupt(state: dict[str, Any], started: float, signum: int = signal.SIGINT) -> None:

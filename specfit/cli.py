@@ -22,11 +22,14 @@ and still ends stdout with a JSON line (``exit_code`` 1).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import functools
 import json
 import math
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -279,6 +282,35 @@ def _prog(main: Callable[..., Any]) -> str:
         spec = getattr(sys.modules.get("__main__"), "__spec__", None)
         module = spec.name if spec is not None else Path(sys.argv[0]).stem
     return f"python -m {module}"
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal raised as ``KeyboardInterrupt``: SIGINT (Ctrl-C) or SIGTERM; ``signum`` says
+    which. A CLI that catches it keeps what is finished, prints its JSON line and exits
+    ``128 + signum`` (130, 143), the shell's convention for a process ended by a signal."""
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """While active, SIGTERM raises :class:`Interrupted` in the main thread, so a CLI stops on
+    ``kill`` (or a job scheduler's stop) as it does on Ctrl-C; the previous handler is restored
+    after. No-op outside the main thread (Python delivers signals to it only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def cli_main(main: Callable[[Sequence[str] | None], int]) -> Callable[[Sequence[str] | None], int]:

@@ -719,3 +719,37 @@ def test_sigkill_loses_at_most_the_request_in_progress_and_resume_equals_an_unin
         in captured.err
     )
     _assert_same_run_but_timings(whole, killed)
+
+
+def test_sigterm_stops_like_ctrl_c(tiny, tmp_path):
+    """`kill` (SIGTERM) of a running `python -m live.record`: the finished requests are kept, a JSON
+    line ends stdout, exit 143, and the run continues with --resume."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    out = tmp_path / "terminated"
+    argv = _args(tiny, out)
+    argv[argv.index("--prompts") + 1] = _many_prompts(tiny, NUM_RESUME_PROMPTS)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "live.record", *argv, "--no-progress"],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120  # bounded wait for the first finished request on disk
+    while not (out / "requests" / "part-00000.parquet").exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "no request was recorded"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["interrupted"] is True and summary["signal"] == "SIGTERM"
+    assert "Traceback" not in stderr and "--resume" in stderr
+    run = open_run(out)  # validates
+    assert not run.complete and summary["num_requests_recorded"] == len(run.requests) >= 1
