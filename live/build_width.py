@@ -6,8 +6,9 @@ from a real model's. This writes a Qwen3-MoE checkpoint with Qwen3-30B-A3B's wid
 4 key-value heads of 128; values from the model's public ``config.json``) but only ``--layers``
 decoder layers and the embedded default's tokenizer and vocabulary (2,048 tokens, so the embedded
 draft can draft for it), with random weights (seeded). It is made at run time under ``runs/`` and
-never committed: two layers take ~2.5 GB. Use it with ``live.record --model <out>`` (the embedded
-draft is the default draft) and ``analysis.validate --model <out>``.
+never committed: two layers take ~2.5 GB. Use it with ``live.record --model <out> --draft
+live/assets/default/draft --dtype bfloat16`` (the embedded draft, same vocabulary) and
+``analysis.validate`` with the same flags.
 """
 
 from __future__ import annotations
