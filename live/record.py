@@ -110,7 +110,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument(
         "--draft",
         default=None,
-        help="draft checkpoint directory; default: the embedded draft with --model default",
+        help="draft checkpoint directory: a causal LM sharing the target's tokenizer, or an EAGLE-3 head "
+        "(EAGLE/SpecForge layout, detected from its config.json); default: the embedded draft with "
+        "--model default",
     )
     p.add_argument(
         "--prompts",
