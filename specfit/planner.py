@@ -59,7 +59,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from specfit import bitsets
 from specfit.context import Plan, PolicyContext, make_plan
 from specfit.node_experts import NodeExperts
 
@@ -71,6 +70,7 @@ _THETA_STEPS = 4  # bisection steps on the overlap minorant's theta
 
 
 _CHUNK_STATES = 8  # states searched between two deadline checks
+_NO_LIMIT = 2**62  # states per call without a deadline
 
 
 def _search_plan(
@@ -81,8 +81,8 @@ def _search_plan(
     With ``deadline_s`` the search runs in chunks of ``_CHUNK_STATES`` states and checks
     ``clock() - clock_start`` before each chunk; when it reaches the deadline the incumbent is
     returned with the certified bound of the unexplored part (``planner_kernels.pending_bound``).
-    The plan is scored with the cost model (:meth:`CycleCostModel.cycle_s_total` of the exact
-    total misses, the operations of :func:`specfit.context.evaluate_nodes`).
+    The plan is scored with the cost model's terms (``combine_s`` of ``draft_s``, ``verify_s`` and
+    ``transfer_s`` of the exact total misses: the values :func:`specfit.context.evaluate_nodes` gives).
     """
     from specfit import planner_kernels as kernels  # numba: imported (and compiled, cached) on first use
 
@@ -101,9 +101,11 @@ def _search_plan(
         ]
     )
     tol = _REL_TOL * float(probs.sum())
+    flat_bits = np.ascontiguousarray(node_bits.reshape(n, -1))
+    flat_cached = np.ascontiguousarray(ctx.cached_bits.reshape(-1))
     ids, kparents, kprobs, knptr, kngrp, weight, seed, lam, root_misses = kernels.setup(
-        np.ascontiguousarray(node_bits.reshape(n, -1)),
-        np.ascontiguousarray(ctx.cached_bits.reshape(-1)),
+        flat_bits,
+        flat_cached,
         probs,
         np.ascontiguousarray(ctx.tree.parents, dtype=np.int64),
         np.argsort(-probs, kind="stable"),  # P descending, ties by id: the root (P = 1) first
@@ -116,7 +118,7 @@ def _search_plan(
     state[6][0] = root_misses  # misses of the root-only frame
     problem = (kparents, kprobs, knptr, kngrp, weight, costs, tol, _REFINEMENTS, _THETA_STEPS)
     istate = state[-1]
-    limit = _CHUNK_STATES if deadline_s is not None else np.iinfo(np.int64).max // 2
+    limit = _CHUNK_STATES if deadline_s is not None else _NO_LIMIT
     while istate[0] >= 0:
         if deadline_s is not None and clock() - clock_start >= deadline_s:
             break
@@ -131,10 +133,12 @@ def _search_plan(
         exact = bool(upper <= lam)
     size = int(istate[2])
     nodes = np.sort(ids[state[9][:size]]) if size > 0 else seed
-    union = bitsets.union(node_bits[nodes], axis=0)
-    misses = float(bitsets.popcount(bitsets.difference(union, ctx.cached_bits)).sum())
+    misses = kernels.union_misses(flat_bits, flat_cached, nodes)
     gain = 1.0 + float(probs[nodes[1:]].sum())
-    cycle = cost.cycle_s_total(ctx.num_levels, nodes.shape[0], ctx.context_len, misses)
+    # the cost model's own terms, as evaluate_nodes combines them (cost.cycle_s of the per-layer misses)
+    cycle = cost.combine_s(
+        cost.draft_s(ctx.num_levels), cost.verify_s(int(nodes.shape[0]), ctx.context_len), cost.transfer_s(misses)
+    )
     nodes.setflags(write=False)
     tokens_per_s = gain / cycle
     return Plan(

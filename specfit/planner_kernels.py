@@ -499,31 +499,36 @@ def bound(parents, probs, nptr, ngrp, weight, alive, in_set, covered, nch, m, ga
     return ub[0]
 
 
-@njit(cache=True, error_model="numpy")
-def new_state(n, num_groups):
+def new_state(n: int, num_groups: int) -> tuple[np.ndarray, ...]:
     """Search state for ``n`` kept nodes and ``num_groups`` expert groups, at the root-only frame.
 
-    Returns ``(alive bool[n+1, n], covered bool[n+1, G], in_set bool[n], chosen int64[n],
-    clen int64[n+1], gain float64[n+1], misses float64[n+1], phase int64[n+1], forced bool[n+1],
-    best int64[n], istate int64[3] = (top frame, states explored, best size or 0 = the seed))``;
-    the caller sets ``misses[0]`` (the root's own misses).
+    Plain numpy (allocating here is cheaper than boxing numba's arrays). Returns ``(alive
+    bool[n+1, n], covered bool[n+1, G], in_set bool[n], chosen int64[n], clen int64[n+1], gain
+    float64[n+1], misses float64[n+1], phase int64[n+1], forced bool[n+1], best int64[n], istate
+    int64[3] = (top frame, states explored, best size or 0 = the seed))``; the caller sets
+    ``misses[0]`` (the root's own misses).
     """
     alive = np.zeros((n + 1, n), np.bool_)
     alive[0, 1:] = True
-    covered = np.zeros((n + 1, num_groups), np.bool_)
     in_set = np.zeros(n, np.bool_)
     in_set[0] = True
-    chosen = np.zeros(n, np.int64)
     clen = np.zeros(n + 1, np.int64)
     clen[0] = 1
     gain = np.zeros(n + 1, np.float64)
     gain[0] = 1.0
-    misses = np.zeros(n + 1, np.float64)
-    phase = np.zeros(n + 1, np.int64)
-    forced = np.zeros(n + 1, np.bool_)
-    best = np.zeros(n, np.int64)
-    istate = np.zeros(3, np.int64)
-    return alive, covered, in_set, chosen, clen, gain, misses, phase, forced, best, istate
+    return (
+        alive,
+        np.zeros((n + 1, num_groups), np.bool_),
+        in_set,
+        np.zeros(n, np.int64),
+        clen,
+        gain,
+        np.zeros(n + 1, np.float64),
+        np.zeros(n + 1, np.int64),
+        np.zeros(n + 1, np.bool_),
+        np.zeros(n, np.int64),
+        np.zeros(3, np.int64),
+    )
 
 
 @njit(cache=True, error_model="numpy")
@@ -659,3 +664,19 @@ def pending_bound(parents, probs, nptr, ngrp, weight, costs, tol, refinements, t
         if ub > tol:
             out = max(out, best_ratio + ub / _cycle_s(costs, clen[k], misses[k]))
     return out
+
+
+@njit(cache=True, error_model="numpy")
+def union_misses(node_bits, cached, nodes):
+    """Experts the subtree ``nodes`` (int64[]) misses: popcount of the OR of their rows of
+    ``node_bits`` (uint64[N, W]) minus ``cached`` (uint64[W]), as a float."""
+    total = 0.0
+    for j in range(cached.shape[0]):
+        x = _ZERO
+        for i in range(nodes.shape[0]):
+            x |= node_bits[nodes[i], j]
+        x &= ~cached[j]
+        while x != _ZERO:
+            total += 1.0
+            x &= x - _ONE
+    return total
