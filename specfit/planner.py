@@ -266,6 +266,29 @@ def plan_exact(
     return plan
 
 
+def warm_up() -> float:
+    """Load (or, on a fresh install, compile) the compiled search now; returns the seconds it took.
+
+    The first :func:`plan_exact` of a process imports numba and loads the kernels from numba's
+    on-disk cache (~1 s; a first compile ~15-20 s CPU): a live engine calls this before its first
+    timed cycle so that cost is not charged to a cycle's decision time.
+    """
+    from specfit import bitsets
+    from specfit.cost import CycleCostModel
+    from specfit.tree import DraftTree
+
+    started = time.perf_counter()
+    tree = DraftTree.from_parents(np.arange(3), np.array([-1, 0, 0]), np.log([1.0, 0.5, 0.4]))
+    bits = bitsets.pack(np.array([[[0]], [[1]], [[1]]]), 64)
+    cost = CycleCostModel(0.0, 1.0, 0.1, 0.0, 1e9, 1.0, 0, 1)
+    for deadline_s in (None, 0.0):  # both paths: the search and the deadline's bound
+        ctx = PolicyContext(
+            tree, np.array([1.0, 0.5, 0.4]), NodeExperts(64, bits=bits), bitsets.empty((1,), 64), cost
+        )
+        plan_exact(ctx, deadline_s=deadline_s)
+    return time.perf_counter() - started
+
+
 def plan_exact_many(contexts: list[PolicyContext]) -> list[Plan]:
     """:func:`plan_exact` of each context, union-size contexts that share their inputs batched.
 

@@ -81,6 +81,10 @@ class PlannedChooser:
             kwargs["stopping"] = stopping
         if policy == "specfit":  # a live cycle cannot wait for a long search (issue 14)
             kwargs["deadline_fraction"] = LIVE_DEADLINE_FRACTION
+            if predictor != "union-size":  # per-node sets: the compiled search will run
+                from specfit.planner import warm_up
+
+                warm_up()  # load it before the first timed cycle
         self.name = policy
         self.policy = make_tree_policy(policy, **kwargs)
         self.predictor_name = predictor
