@@ -167,7 +167,9 @@ class ThroughputGuard:
 
     * fewer than ``min_samples`` drafting cycles: no opinion (the planner's rule decides);
     * then fewer than ``min_samples`` non-drafting cycles: no drafting (measure autoregressive);
-    * else the arm with the higher realised rate is preferred; every
+    * else drafting is preferred unless its realised rate is more than ``margin`` below the
+      non-drafting one (near a tie the exact planner keeps the say: per-cycle rates are noisy,
+      and a planner that wins by a little should not be dragged to autoregressive); every
       ``probe_period * clip(gap / 2.5%, 1, 8)``-th question (``gap``: relative difference of the
       two rates; a clear loser is probed more rarely, so probing costs about ``gap / period``, at
       most 2.5% / ``probe_period``) takes the other arm, so a change of regime (cache warming, a
@@ -184,10 +186,15 @@ class ThroughputGuard:
         ValueError: a window, sample count or period below 1.
     """
 
-    def __init__(self, window: int = 32, min_samples: int = 2, probe_period: int = 32) -> None:
+    def __init__(
+        self, window: int = 64, min_samples: int = 2, probe_period: int = 32, margin: float = 0.03
+    ) -> None:
         for name, value in (("window", window), ("min_samples", min_samples), ("probe_period", probe_period)):
             if int(value) < 1:
                 raise ValueError(f"throughput guard: {name} must be >= 1, got {value}")
+        if not 0.0 <= float(margin) < 1.0:
+            raise ValueError(f"throughput guard: margin must be in [0, 1), got {margin}")
+        self.margin = float(margin)
         from collections import deque
 
         self.window, self.min_samples, self.probe_period = int(window), int(min_samples), int(probe_period)
@@ -213,7 +220,7 @@ class ThroughputGuard:
         if len(self.arms["ar"]) < self.min_samples:
             return False
         spec, ar = self.rate("spec"), self.rate("ar")
-        prefer_spec = spec >= ar
+        prefer_spec = spec >= ar * (1.0 - self.margin)  # near a tie the exact planner keeps the say
         gap = abs(spec / ar - 1.0)
         period = int(self.probe_period * min(8.0, max(1.0, gap / 0.025)))  # rarer probes of a clear loser
         probe = self.questions % period == 0
