@@ -187,7 +187,7 @@ class ThroughputGuard:
     """
 
     def __init__(
-        self, window: int = 64, min_samples: int = 2, probe_period: int = 32, margin: float = 0.03
+        self, window: int = 64, min_samples: int = 2, probe_period: int = 32, margin: float = 0.01
     ) -> None:
         for name, value in (("window", window), ("min_samples", min_samples), ("probe_period", probe_period)):
             if int(value) < 1:
