@@ -666,9 +666,9 @@ class _Replayer:
         for bits in bitsets.pack(true_ids[path], self.num_experts):
             history.append(bits)
         self._account(timing, plan, nodes, levels, access, prefetch, num_accepted, num_committed)
-        observe = getattr(self.policy, "observe", None)
-        if observe is not None:  # as live.spec.engine: the policy sees each realised cycle
-            observe(num_committed, ns_to_s(timing.cycle_ns), levels)
+        observe = getattr(self.policy, "observe_cycle", None)
+        if observe is not None:  # as live.spec.engine: the policy sees each realised cycle, priced
+            observe(self.cost, num_committed, levels, len(nodes), dense.context_len, access.num_misses)
         if cfg.record_cycles:
             self.records.append(
                 self._record(

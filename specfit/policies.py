@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from specfit.context import Plan, PolicyContext, layer_misses, make_plan
+from specfit.cost import CycleCostModel
 from specfit.planner import plan_exact
 
 TREE_POLICIES: tuple[str, ...] = ("ar", "chain", "topn", "specfit", "cascade")
@@ -294,9 +295,34 @@ class SpecFitPolicy(TreePolicy):
         return plan_exact(ctx, deadline_s=self.deadline_fraction * least_s)
 
     def observe(self, num_committed: int, cycle_s: float, num_levels: int) -> None:
-        """Report one realised cycle (tokens committed incl. bonus, wall seconds, levels drafted)."""
+        """Report one realised cycle (tokens committed incl. bonus, its seconds, levels drafted)."""
         if self.guard is not None:
             self.guard.observe(num_committed, cycle_s, num_levels)
+
+    def observe_cycle(
+        self,
+        cost: CycleCostModel,
+        num_committed: int,
+        num_levels: int,
+        num_nodes: int,
+        context_len: int,
+        misses_per_layer: Any,
+    ) -> None:
+        """Report one realised cycle priced by the cost model: what the live engine and the
+        simulator both call, so the guard decides alike in both (the same committed tokens and
+        the same cache misses give the same seconds, where wall-clock seconds would not: a
+        guard fed measured time makes SpecFit's choices depend on machine noise, so a resumed
+        run, a repeat or the simulator's replay of a live run would choose differently).
+
+        The price is ``cost.cycle_s(num_levels, num_nodes, context_len, misses_per_layer)`` with
+        the cycle's REALISED misses (int[L]), so the guard still sees what the per-cycle objective
+        cannot: the realised acceptance and the misses caused by earlier cycles' evictions; the
+        cost model's own error is calibration's to fix (``calibration.fit``). Planner time is not
+        priced (it is the same order for both arms' questions).
+        """
+        if self.guard is not None:
+            priced_s = cost.cycle_s(int(num_levels), int(num_nodes), int(context_len), misses_per_layer)
+            self.guard.observe(num_committed, float(priced_s), num_levels)
 
     def select(self, ctx: PolicyContext) -> Plan:
         """The exact optimum (see :mod:`specfit.planner`); a drafted tree also updates the root estimate."""

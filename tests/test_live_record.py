@@ -523,9 +523,13 @@ def test_dense_trace_as_predictor_tables(tiny, dense_run, tmp_path, capsys):
     assert exc.value.code == 2 and "--predictor-tables" in capsys.readouterr().err
 
 
-def test_stopping_rule_is_recorded_and_followed_on_resume(tiny, tmp_path, capsys):
-    """--stopping reaches SpecFitPolicy and the manifest; --resume keeps it and refuses another."""
+def test_stopping_rule_is_recorded_and_followed_on_resume(tiny, tmp_path, capsys, monkeypatch):
+    """--stopping reaches SpecFitPolicy and the manifest; --resume keeps it and refuses another.
+    (The throughput guard is held open: the depth comparison is about the two stopping rules.)"""
     from live.record import build_parser, resolve_config
+    from specfit.policies import ThroughputGuard
+
+    monkeypatch.setattr(ThroughputGuard, "allows_drafting", lambda self: True)
 
     out = tmp_path / "bound"
     argv = _args(
@@ -645,15 +649,12 @@ def _whole_run(tiny, planned_setup, out, policy: str) -> str:
 
 
 def test_resume_rebuilds_the_expert_cache_and_the_planner_state(
-    tiny, planned_setup, tmp_path, capsys, monkeypatch
+    tiny, planned_setup, tmp_path, capsys
 ):
     """SpecFit, 8 prompts at once, and 2 then --resume to 8: the same cycles, hits, misses, H2D
     bytes and tokens (the resumed call replays the first 2 requests' cache accesses and restores
-    the planner's root-acceptance estimate). The throughput guard, which acts on measured cycle
-    seconds, is held open so that the choices depend on no timing."""
-    from specfit.policies import ThroughputGuard
-
-    monkeypatch.setattr(ThroughputGuard, "allows_drafting", lambda self: True)
+    the planner's root-acceptance estimate and the throughput guard's history; the guard prices
+    cycles with the cost model, so the choices depend on no timing)."""
     whole, split = tmp_path / "whole", tmp_path / "split"
     prompts = _whole_run(tiny, planned_setup, whole, "specfit")
     assert main([*_planned_args(tiny, split, prompts, planned_setup), "--num-prompts", "2"]) == 0

@@ -82,7 +82,7 @@ def test_specfit_follows_the_cost_model_and_stays_lossless(path):
     sizes = {}
     for s_per_node in (10.0, 0.0):  # a verified node costs 10 s vs. nothing
         decoder, chooser = _engine(path, 1e15, s_per_node=s_per_node)
-        chooser.policy.guard = None  # the cost model alone (the throughput guard reads wall time)
+        chooser.policy.guard = None  # the per-cycle cost model alone, without the guard's history
         result = decoder.generate(PROMPT, 16, chooser)
         assert list(result.generated_ids) == ref
         for c in result.cycles:
@@ -265,3 +265,12 @@ def test_live_engine_reports_each_cycle_to_the_policy_guard(path):
     result = decoder.generate(PROMPT, 8, chooser)
     guard = chooser.policy.guard
     assert len(guard.arms["spec"]) + len(guard.arms["ar"]) == len(result.cycles)
+    # each cycle is priced by the planner's cost model on its realised misses, never wall time,
+    # so the simulator's replay (same misses, same cost model) feeds the guard the same numbers
+    expected = {"spec": [], "ar": []}
+    for c in result.cycles:
+        levels = int(c.choice.draft.num_levels)
+        priced = chooser.cost.cycle_s(levels, len(c.choice.nodes), c.context_len, c.stats.layer_misses)
+        expected["spec" if levels > 0 else "ar"].append((float(len(c.committed)), float(priced)))
+    for arm in ("spec", "ar"):
+        assert list(guard.arms[arm]) == expected[arm][-guard.window :]

@@ -295,9 +295,16 @@ class SpecDecoder:
             committed.extend(toks)
             generated.extend(toks)
             cycles.append(event)
-            observe = getattr(getattr(chooser, "policy", None), "observe", None)
-            if observe is not None:  # the policy's online guard sees each realised cycle (as sim.replay)
-                observe(len(toks), event.cycle_s, int(choice.draft.num_levels))
+            observe = getattr(getattr(chooser, "policy", None), "observe_cycle", None)
+            if observe is not None:  # the policy's online guard sees each realised cycle, priced (as sim.replay)
+                observe(
+                    chooser.cost,
+                    len(toks),
+                    int(choice.draft.num_levels),
+                    len(choice.nodes),
+                    event.context_len,
+                    stats.layer_misses,
+                )
             if on_cycle is not None:  # recording is not decoding: kept off the decode clock
                 callback_start = time.perf_counter()
                 on_cycle(event)
