@@ -163,7 +163,9 @@ class ThroughputGuard:
 
     A two-armed comparison over realised cycles (issue 12, "a planner that never loses"): arm
     ``spec`` = cycles that drafted at least one level, arm ``ar`` = cycles that drafted none. Each
-    arm's realised rate is committed tokens / wall seconds over its last ``window`` cycles. On the
+    arm's realised rate is committed tokens / seconds over its last ``window`` cycles, the seconds
+    being each cycle priced by the cost model on its REALISED misses (see
+    :meth:`SpecFitPolicy.observe_cycle`: never wall time, so live and simulated runs decide alike). On the
     first-level question (the root alone):
 
     * fewer than ``min_samples`` drafting cycles: no opinion (the planner's rule decides);
@@ -181,7 +183,7 @@ class ThroughputGuard:
     objective cannot see (misestimated acceptance, evictions of experts later tokens need, draft
     time spent before verifying the root only) with what the cycles realised. Both the simulator
     (``sim.replay``) and the live engine (``live.spec.engine``) report each cycle through
-    :meth:`SpecFitPolicy.observe`.
+    :meth:`SpecFitPolicy.observe_cycle`.
 
     Raises:
         ValueError: a window, sample count or period below 1.
