@@ -3,20 +3,14 @@ fake clock, where the emulated link is exact, every case meets its aim)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "h2d_link.py"
+from bench_loader import load_benchmark
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("h2d_link_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("h2d_link")
 
 
 def test_h2d_link_benchmark_on_a_fake_clock(fake_clock, capsys):

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "lossless_dtype.py"
+from bench_loader import load_benchmark
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("lossless_dtype_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("lossless_dtype")
 
 
 def test_float32_speculative_equals_causal(tiny_checkpoint, tiny_draft, capsys):

@@ -3,20 +3,14 @@ targets live in the benchmark's own output)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "live_overhead.py"
+from bench_loader import load_benchmark
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("live_overhead_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("live_overhead")
 
 
 def test_benchmark_smoke(tiny_checkpoint, capsys):

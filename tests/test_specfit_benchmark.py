@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "planner.py"
+from bench_loader import load_benchmark
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("planner_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("planner")
 
 
 def test_planner_benchmark_smoke(tmp_path, capsys) -> None:
