@@ -180,6 +180,14 @@ def check_device(device: str | torch.device) -> torch.device:
     return dev
 
 
+def quiet_loading() -> None:
+    """Silence transformers' per-load "Loading weights" progress bars (``--no-progress``), through
+    its own switch ``transformers.utils.logging.disable_progress_bar``."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def _from_pretrained(path: Path, dtype: torch.dtype, attn_implementation: str | None):
     from transformers import AutoModelForCausalLM
 

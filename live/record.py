@@ -655,6 +655,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
     from live.spec.session import RecordSession, SessionError
 
+    if args.no_progress:  # transformers' own loading bars too
+        from live.loader import quiet_loading
+
+        quiet_loading()
     started = time.perf_counter()
     try:
         try:

@@ -38,7 +38,16 @@ def _markdown_files() -> list[Path]:
 
 
 def _top_level_dirs() -> set[str]:
-    return {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    """The repository's own top-level folders: not the git-ignored ones a run leaves in a checkout
+    (``runs/`` after the README's first command, a ``build/`` or a ``.venv``)."""
+    ignored = {
+        line.strip().strip("/")
+        for line in (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#") and "*" not in line
+    }
+    return {
+        p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name not in ignored
+    }
 
 
 def _inside_repo(path: Path) -> bool:

@@ -752,5 +752,6 @@ def test_sigterm_stops_like_ctrl_c(tiny, tmp_path):
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["interrupted"] is True and summary["signal"] == "SIGTERM"
     assert "Traceback" not in stderr and "--resume" in stderr
+    assert "Loading weights" not in stderr  # --no-progress silences transformers' loading bars too
     run = open_run(out)  # validates
     assert not run.complete and summary["num_requests_recorded"] == len(run.requests) >= 1
