@@ -59,10 +59,11 @@ from specfit.cli import (
     print_summary,
     run_main,
 )
+from specfit.cost import COST_FIT_REPORT_NAME
 from specfit.units import s_to_us, us_to_s
 
 DEFAULT_OUT = "runs/calibration/cost.json"
-REPORT_NAME = "cost_fit_report.json"
+REPORT_NAME = COST_FIT_REPORT_NAME
 CYCLES_NAME = "cost_fit_cycles.csv"
 ACCEPTANCE_NAME = "acceptance.json"
 RELIABILITY_NAME = "acceptance_reliability.csv"
@@ -436,11 +437,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     why = "--holdout 0" if args.holdout == 0 else f"too few cycles for --holdout {args.holdout:g}"
     verdict = judge(summary, args.max_median_pct, args.max_p90_pct, no_heldout=why)
     summary.update(verdict)
+    _record_verdict(Path(summary["report"]), verdict)
     print(f"cost model -> {summary['cost']}: {verdict['verdict_line']}")
     if not summary["ok"]:
         print(_warning_block(verdict["verdict_line"], args), file=sys.stderr)
     print_summary(summary)
     return 0 if summary["ok"] else 1
+
+
+def _record_verdict(report_path: Path, verdict: dict[str, Any]) -> None:
+    """Add the verdict to ``cost_fit_report.json``, where the tools that load the cost JSON read it
+    (:func:`specfit.cost.failed_fit_note`)."""
+    report = json.loads(report_path.read_text(encoding="utf-8"))
+    report["verdict"] = verdict
+    report_path.write_text(json.dumps(_json_safe(report), indent=2, sort_keys=True) + "\n")
 
 
 def judge(

@@ -581,6 +581,11 @@ def check_input_files(args: Any, parser: ArgumentParser) -> None:
             cost = CycleCostModel.load(args.cost)
         except (ValueError, TypeError, KeyError) as exc:
             parser.fail("--cost", f"{exc} (expected a CycleCostModel JSON, e.g. calibration.fit's cost.json)")
+        from specfit.cost import failed_fit_note
+
+        note = failed_fit_note(args.cost)
+        if note is not None:  # said, not refused: the planner will price cycles with that error
+            print(f"warning: --cost {note}; the planner prices cycles with that error", file=sys.stderr)
         layers = moe_layer_count(args.model)
         if layers is not None and cost.num_layers != layers:
             parser.fail(

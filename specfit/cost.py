@@ -40,6 +40,27 @@ from specfit.units import gb_per_s_to_bytes_per_s
 
 COST_MODEL_FORMAT = "specfit.CycleCostModel"
 COST_MODEL_VERSION = 2  # 2: draft_base_s (version-1 files load with draft_base_s = 0)
+COST_FIT_REPORT_NAME = "cost_fit_report.json"  # written by calibration.fit beside its cost.json
+
+
+def failed_fit_note(cost_path: str | Path) -> str | None:
+    """One line saying that the cost JSON at ``cost_path`` failed ``calibration.fit``'s verdict, or
+    None (it passed, or it has no fit report beside it: a hand-written or preset cost).
+
+    Reads the ``verdict`` that ``calibration.fit`` records in ``cost_fit_report.json`` in the same
+    folder (held-out per-cycle |% error| median and p90 against its thresholds), so that the tools
+    that price cycles with this file (``sim.sweep --cost``, ``live.record --cost``) say so instead
+    of using a model that missed its own accuracy aims silently. Never raises: an unreadable
+    report gives None.
+    """
+    report = Path(cost_path).parent / COST_FIT_REPORT_NAME
+    try:
+        verdict = json.loads(report.read_text(encoding="utf-8")).get("verdict")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(verdict, dict) or verdict.get("verdict") != "fail":
+        return None
+    return f"{cost_path}: this cost model FAILED calibration.fit's verdict ({verdict.get('verdict_line', 'see ' + str(report))})"
 
 # field -> unit written beside it in JSON; load() rejects a file that states another unit.
 FIELD_UNITS: dict[str, str] = {

@@ -243,9 +243,16 @@ def test_fit_verdict_fails_loudly_on_a_noisy_fit(tmp_path, capsys) -> None:
     assert summary["cycle_heldout_median_pct"] > 5.0 or summary["cycle_heldout_p90_pct"] > 15.0
     assert "WARNING" in captured.err and "misses its accuracy thresholds" in captured.err
     assert "FAIL" in captured.out and "--max-median-pct" in captured.err
+    # the verdict travels with the file: the tools that price cycles with it say it failed
+    from specfit.cost import failed_fit_note
+
+    note = failed_fit_note(out)
+    assert note is not None and "FAILED" in note and str(out) in note
     rc = fit_cli.main([str(noisy), "--out", str(out), "--max-median-pct", "90", "--max-p90-pct", "400"])
     summary = _last_json(capsys)
     assert rc == 0 and summary["ok"] is True and summary["verdict"] == "pass"
+    assert failed_fit_note(out) is None
+    assert failed_fit_note(tmp_path / "no-report-here" / "cost.json") is None  # a hand-written cost
 
 
 def test_fit_verdict_passes_within_thresholds_and_judges_in_sample_without_holdout() -> None:
