@@ -14,9 +14,10 @@ live/assets/default/draft --dtype bfloat16`` (the embedded draft, same vocabular
 from __future__ import annotations
 
 import shutil
-import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from specfit.cli import cli_main, run_main
 
 QWEN3_30B_A3B_WIDTH = {
     "hidden_size": 2048,
@@ -93,6 +94,7 @@ def build(out: str | Path, num_layers: int = 2, seed: int = 0, num_experts: int 
     return out
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: ``--out DIR`` (default ``runs/qwen3-30b-a3b-width-L<layers>``), ``--layers``, ``--seed``."""
     import json
@@ -114,4 +116,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

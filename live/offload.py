@@ -258,7 +258,7 @@ class _ForwardState:
         self.placing_s = np.zeros(num_layers, dtype=np.float64)  # host seconds placing misses
         self.waited_s = np.zeros(num_layers, dtype=np.float64)  # compute waiting on copy-stream copies
         self.prefetch_counts = (0, 0, 0)  # the prefetch ledger's counts at the start
-        self.cuda_waits: list[list[tuple]] = [[] for _ in range(num_layers)]  # (ready, landed) events
+        self.cuda_waits: list[list[tuple]] = [[] for _ in range(num_layers)]  # (mark, fetch, transfer)
         self.marks: list[list] = [[] for _ in range(num_layers)]  # [start, end] pairs per call
         self.ids: list[list[np.ndarray]] = [[] for _ in range(num_layers)]
         self.weights: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
@@ -693,12 +693,12 @@ class OffloadedMoE:
         """Copies still in flight at the end of a forward (prefetches nobody waited for) move to
         the next forward's records; landed ones leave ``_in_flight``."""
         for layer in range(self.num_layers):
-            keep = [(f, e) for f, e in zip(state.fetches[layer], state.fetch_experts[layer]) if f.done()]
-            self._carried += [
-                (layer, f, e)
-                for f, e in zip(state.fetches[layer], state.fetch_experts[layer])
-                if not f.done()
-            ]
+            keep = []
+            for f, e in zip(state.fetches[layer], state.fetch_experts[layer]):
+                if f.done():  # asked once: a copy landing meanwhile must not fall in neither list
+                    keep.append((f, e))
+                else:
+                    self._carried.append((layer, f, e))
             state.fetches[layer] = [f for f, _ in keep]
             state.fetch_experts[layer] = [e for _, e in keep]
         self._in_flight = {k: v for k, v in self._in_flight.items() if not v[0].done()}
@@ -792,7 +792,8 @@ class OffloadedMoE:
         state.hits[layer] += len(access.hits)
         state.misses[layer] += len(access.misses)
         state.evictions[layer] += len(access.evicted)
-        self.ledger.accessed(layer, access.hits, access.evicted)
+        if self.prefetch != "none":  # nothing is pending without prefetch
+            self.ledger.accessed(layer, access.hits, access.evicted)
         pool = self.pool
         if len(access.evicted):
             self._release(layer, access.evicted)
@@ -814,8 +815,10 @@ class OffloadedMoE:
                     self._sync_layer_slots_only(layer)
                 transfers.append(pool.place(layer, e, persistent=kept))
         # prefetched experts this layer hits whose copies may still be in flight
-        waits = [(*self._in_flight[(layer, int(e))], int(e)) for e in hits if (layer, int(e)) in self._in_flight]
-        waits = [w for w in waits if not w[0].transfer_landed(w[1])]
+        waits = []
+        if self._in_flight:  # only prefetches leave copies in flight across layers
+            waits = [(*self._in_flight[(layer, int(e))], int(e)) for e in hits if (layer, int(e)) in self._in_flight]
+            waits = [w for w in waits if not w[0].transfer_landed(w[1])]
         if transfers:
             state.placing_s[layer] += time.perf_counter() - placing_started_s
             fetched = np.asarray(to_fetch, dtype=np.int64)

@@ -23,15 +23,13 @@ for byte (same flags, same ``--threads``, same software versions). Steps:
 from __future__ import annotations
 
 import json
-import platform
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from specfit.cli import ArgumentParser, positive_float, positive_int, print_summary, run_main
+from specfit.cli import ArgumentParser, cli_main, positive_float, positive_int, print_summary, run_main
 
 
 @dataclass(frozen=True)
@@ -83,6 +81,7 @@ def build_parser() -> ArgumentParser:
         help="training windows run once through the target (count)",
     )
     p.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (results depend on it)")
+    p.add_no_progress()
     return p
 
 
@@ -116,7 +115,7 @@ def head_agreement(head, target, windows: Sequence[Sequence[int]]) -> float:
     a chain drafter when the target follows its own text."""
     import torch
 
-    from live.eagle3_train import collect_features
+    from live.eagle3_train import _ttt_mask, collect_features
 
     hits = total = 0
     with torch.no_grad():
@@ -125,9 +124,7 @@ def head_agreement(head, target, windows: Sequence[Sequence[int]]) -> float:
         ):
             greedy = target(input_ids=torch.tensor([list(seq)])).logits[0].argmax(-1)
             n = len(seq) - 1
-            chain = torch.zeros(1, 1, n, n).masked_fill(
-                ~torch.tril(torch.ones(n, n, dtype=torch.bool)), torch.finfo(torch.float32).min
-            )
+            chain = _ttt_mask(n, 0)  # causal over the window
             out, _ = head(feats[:n], ids[1:], torch.arange(n), None, chain, fused=True)
             pred = head.to_target_ids(head.logits(out).argmax(-1).numpy())
             hits += int((torch.as_tensor(pred[: n - 1]) == greedy[1:n]).sum())
@@ -156,11 +153,10 @@ def train(cfg: HeadTrainConfig, target, stream, progress: bool = True):
     every step draws ``cfg.batch_size`` of them (seeded).
     """
     import torch
-    from tqdm import tqdm
 
     from live.eagle3 import random_head
     from live.eagle3_train import collect_features, train_head
-    from live.train_default import _lr_at
+    from live.train_default import _lr_at, _progress
 
     head = random_head(
         target.config,
@@ -174,7 +170,7 @@ def train(cfg: HeadTrainConfig, target, stream, progress: bool = True):
         head.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
     gen = torch.Generator().manual_seed(cfg.seed + 11)
     pool = collect_features(target, _windows(stream, cfg.seq_len, cfg.pool_windows, gen))
-    bar = tqdm(total=cfg.steps, desc="eagle3 head", unit="step", file=sys.stderr, disable=not progress)
+    bar = _progress(cfg.steps, "eagle3 head", progress)
 
     def batches(step: int):
         picks = torch.randint(0, len(pool), (cfg.batch_size,), generator=gen).tolist()
@@ -216,7 +212,14 @@ def _run(cfg: HeadTrainConfig, args, parser) -> int:
 
     from live.assets import default_model_paths
     from live.eagle3 import load_head
-    from live.train_default import _sha256, encode_stream, load_checkpoint, read_corpus
+    from live.train_default import (
+        _sha256,
+        _versions,
+        checkpoint_bytes,
+        encode_stream,
+        load_checkpoint,
+        read_corpus,
+    )
 
     torch.set_num_threads(args.threads)
     target_dir, draft_dir = default_model_paths()
@@ -244,8 +247,8 @@ def _run(cfg: HeadTrainConfig, args, parser) -> int:
         "heldout_agreement_head": head_agreement(reloaded, target, windows),
         "heldout_agreement_draft": draft_agreement(load_checkpoint(draft_dir), target, windows),
         "weights_sha256": _sha256(out / "model.safetensors"),
-        "size_bytes": sum(p.stat().st_size for p in out.iterdir() if p.is_file()),
-        "software": {"torch": torch.__version__, "python": platform.python_version()},
+        "size_bytes": checkpoint_bytes(out),
+        "software": _versions(),
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     if (out.parent / "metrics.json").is_file() and (out.parent / "MODEL_CARD.md").is_file():
@@ -316,10 +319,10 @@ draft in measured tokens/s at the default link; `--draft live/assets/default/dra
     return text
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Train, save and evaluate the embedded head; the last stdout line is a JSON summary."""
     parser = build_parser()
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     cfg = HeadTrainConfig(
         seed=args.seed,

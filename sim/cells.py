@@ -193,7 +193,7 @@ def make_cells(
             bandwidth_gb_per_s=float(bw),
             cache_experts_per_layer=int(cache[0]),
             cache_fraction=float(cache[1]),
-            policy=canonical_policy(pol),
+            policy=name,
             cache_policy=cpol,
             predictor=pred,
             overlap=overlap_mode(ovl, "--overlap"),

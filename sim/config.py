@@ -28,6 +28,12 @@ POLICY_ALIASES = {
 }
 # lossy baselines: reported as lossy, never in a lossless comparison (sim.sweep --lossy)
 LOSSY_POLICIES = ("moespec",)
+
+
+def expert_budget_or_default(expert_budget: int | None, top_k: int) -> int:
+    """MoE-Spec's verification expert budget B per layer (experts): ``expert_budget`` when given,
+    else ``2 * top_k`` (the default of ``sim.sweep --expert-budget``)."""
+    return int(expert_budget or 2 * int(top_k))
 DEFAULT_POLICIES = ("ar", "topn", "specfit")
 # SpecFit fed oracle inputs (issue 12, decision regret): (recorded accepted flags as acceptance,
 # recorded experts of every draft node); simulator only, never a policy a user can run live

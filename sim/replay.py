@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.config import ORACLE_VARIANTS, SimConfig, base_policy
+from sim.config import ORACLE_VARIANTS, SimConfig, base_policy, expert_budget_or_default
 from sim.engine import CyclePlan, CycleTiming, LinkSpec, make_engine
 from specfit import bitsets
 from specfit.units import BYTES_PER_GB, ns_to_s, s_to_ns
@@ -336,7 +336,7 @@ class _Replayer:
         self.oracle_accept, self.oracle_experts = ORACLE_VARIANTS.get(config.policy, (False, False))
         self.budget = None  # MoE-Spec's verification expert budget (lossy baseline)
         if config.policy == "moespec":
-            self.budget = int(config.expert_budget or 2 * int(model.top_k))
+            self.budget = expert_budget_or_default(config.expert_budget, model.top_k)
         if self.oracle_experts:
             self.predictor = modules["predictors"].make_predictor("oracle")
         else:

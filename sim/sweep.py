@@ -41,7 +41,13 @@ from typing import Any
 import pandas as pd
 
 from sim.cells import KEY_COLUMNS, CellSpec, make_cells, parse_cache_sizes
-from sim.config import DEFAULT_POLICIES, ORACLE_VARIANT_HELP, POLICY_ALIASES, canonical_policy
+from sim.config import (
+    DEFAULT_POLICIES,
+    ORACLE_VARIANT_HELP,
+    POLICY_ALIASES,
+    canonical_policy,
+    expert_budget_or_default,
+)
 from sim.executors import EXECUTORS, RayAddressError, run_cells
 from sim.presets import DEFAULT_COST, link_presets, preset_names, resolve_cost
 from sim.report import format_table, plot_throughput, results_frame
@@ -730,7 +736,7 @@ def _build_cells(
     ]
     if "moespec" in policies:
         header.append(
-            f"lossy baseline moespec (--lossy): MoE-Spec's verification budget of {args.expert_budget or 2 * model.top_k} "
+            f"lossy baseline moespec (--lossy): MoE-Spec's verification budget of {expert_budget_or_default(args.expert_budget, model.top_k)} "
             "experts per layer; the replay keeps the recorded acceptance (an optimistic bound), never compared"
         )
     return cells, header, Path(trace_path)

@@ -59,7 +59,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from specfit.context import Plan, PolicyContext, make_plan
+from specfit.context import Plan, PolicyContext, evaluate_nodes, make_plan
 from specfit.node_experts import NodeExperts
 
 POLICY_NAME = "specfit"
@@ -133,12 +133,20 @@ def _search_plan(
         exact = bool(upper <= lam)
     size = int(istate[2])
     nodes = np.sort(ids[state[9][:size]]) if size > 0 else seed
-    misses = kernels.union_misses(flat_bits, flat_cached, nodes)
-    gain = 1.0 + float(probs[nodes[1:]].sum())
-    # the cost model's own terms, as evaluate_nodes combines them (cost.cycle_s of the per-layer misses)
-    cycle = cost.combine_s(
-        cost.draft_s(ctx.num_levels), cost.verify_s(int(nodes.shape[0]), ctx.context_len), cost.transfer_s(misses)
-    )
+    if cost.overlap_h2d and cost.overlap_mode == "on":
+        # per-layer overlap needs the misses of each layer: the chosen subtree is scored as every
+        # other policy's (cost.cycle_s); the search itself bounds the aggregate form (module notes)
+        gain, cycle, per_layer = evaluate_nodes(ctx, nodes)
+        misses = float(per_layer.sum())
+    else:
+        misses = kernels.union_misses(flat_bits, flat_cached, nodes)
+        gain = 1.0 + float(probs[nodes[1:]].sum())
+        # the cost model's own terms, as evaluate_nodes combines them (cost.cycle_s of the misses)
+        cycle = cost.combine_s(
+            cost.draft_s(ctx.num_levels),
+            cost.verify_s(int(nodes.shape[0]), ctx.context_len),
+            cost.transfer_s(misses),
+        )
     nodes.setflags(write=False)
     tokens_per_s = gain / cycle
     return Plan(

@@ -421,7 +421,7 @@ def bound(parents, probs, nptr, ngrp, weight, alive, in_set, covered, nch, m, ga
     ``front`` (out) marks the frontier (open nodes whose parent is in S); ``ub_with[v]`` /
     ``ub_without[v]`` (out) bound the completions that hold / avoid frontier node ``v``. Returns
     ``-inf`` when nothing is open on the frontier. See ``specfit.planner``'s docstring and
-    ``_Search``-level notes there for the shares, the refinement and the overlap theta.
+    notes there for the shares, the refinement and the overlap theta.
     """
     n = parents.shape[0]
     num_groups = weight.shape[0]

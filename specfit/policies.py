@@ -205,7 +205,9 @@ class ThroughputGuard:
         self.questions = 0
 
     def observe(self, num_committed: int, cycle_s: float, num_levels: int) -> None:
-        """Record one realised cycle: tokens committed (bonus included), wall seconds, levels drafted."""
+        """Record one realised cycle: tokens committed (bonus included), its seconds (the live engine
+        and the simulator pass the cost model's price, see :meth:`SpecFitPolicy.observe_cycle`),
+        levels drafted."""
         if cycle_s > 0:
             self.arms["spec" if num_levels > 0 else "ar"].append((float(num_committed), float(cycle_s)))
 
@@ -324,7 +326,7 @@ class SpecFitPolicy(TreePolicy):
         """
         if self.guard is not None:
             priced_s = cost.cycle_s(int(num_levels), int(num_nodes), int(context_len), misses_per_layer)
-            self.guard.observe(num_committed, float(priced_s), num_levels)
+            self.observe(num_committed, float(priced_s), num_levels)
 
     def select(self, ctx: PolicyContext) -> Plan:
         """The exact optimum (see :mod:`specfit.planner`); a drafted tree also updates the root estimate."""

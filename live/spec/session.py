@@ -449,7 +449,8 @@ class RecordSession:
         from traces.reader import open_run
 
         done = sorted(self.writer.recorded_request_ids())
-        todo = [i for i in range(len(self.prompts)) if i not in set(done)]
+        finished = set(done)
+        todo = [i for i in range(len(self.prompts)) if i not in finished]
         cache = self.offload.cache
         run = open_run(self.config.out, validate=False)
         cycles = run.arrow("cycles").select(
