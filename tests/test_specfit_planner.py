@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fake_clock import FakeClock  # one second per reading: deterministic deadlines
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -200,17 +201,6 @@ def test_golden_cases() -> None:
         assert _value(ctx, np.asarray(case["best_subtree"])) == pytest.approx(case["best_ratio"], rel=REL)
 
 
-class _TickClock:
-    """A fake clock that advances one second per reading (deterministic deadlines)."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        self.now += 1.0
-        return self.now
-
-
 @settings(max_examples=300, deadline=None)
 @given(small_problem, st.integers(0, 3))
 def test_deadline_plan_is_valid_and_its_gap_certifies_the_optimum(params, ticks) -> None:
@@ -220,7 +210,7 @@ def test_deadline_plan_is_valid_and_its_gap_certifies_the_optimum(params, ticks)
     )
     # the fake clock reads once at the start and once before each chunk of states:
     # deadline `ticks` lets exactly `ticks - 1` chunks run (0: none, only the seed)
-    plan = plan_exact(ctx, deadline_s=float(ticks), clock=_TickClock())
+    plan = plan_exact(ctx, deadline_s=float(ticks), clock=FakeClock(tick_s=1.0, start_s=0.0).perf_counter)
     brute = plan_brute_force(ctx)
     _check_plan(ctx, plan)
     assert plan.gap >= 0.0
