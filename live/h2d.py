@@ -183,9 +183,15 @@ class H2DFetch:
             torch.cuda.current_stream(self._device).wait_event(self._events[self._last_copy_of(transfer) + 1])
 
     def done(self) -> bool:
-        """Whether every copy of the batch has landed (CPU) or been issued and resolvable (CUDA:
-        ``True``; the engine synchronises the device at the end of each forward)."""
-        return self._done is None or self._done.is_set()
+        """Whether every copy of the batch has landed, without waiting: CPU, the copy stream's
+        flag; CUDA, ``Event.query()`` on the batch's last event (the engine synchronises only the
+        compute stream at the end of a forward, so copies nobody waited for stay in flight into
+        the next forward, as on the CPU copy stream)."""
+        if self._done is not None:
+            return self._done.is_set()
+        if self._events is not None and self._seconds is None:
+            return bool(self._events[-1].query())
+        return True
 
     def transfer_landed(self, transfer: int) -> bool:
         """Whether ``transfer`` has landed, without waiting. CPU: exact. CUDA: ``False`` (the host

@@ -633,14 +633,16 @@ class OffloadedMoE:
     def end_forward(self) -> ForwardStats:
         """Finish the forward pass started by :meth:`begin_forward`; return its statistics.
 
-        Resolves CUDA timings (synchronises), updates ``last_stats``/``total_stats`` and calls
-        the recorder. Raises ``RuntimeError`` without a matching ``begin_forward``.
+        Resolves CUDA timings (synchronises the compute stream only: copies still in flight, on
+        CUDA as on the CPU copy stream, move to the next forward's records), updates
+        ``last_stats``/``total_stats`` and calls the recorder. Raises ``RuntimeError`` without a
+        matching ``begin_forward``.
         """
         state = self._state
         if state is None:
             raise RuntimeError("end_forward: no forward in progress (call begin_forward first)")
-        if self.link.device.type == "cuda":
-            torch.cuda.synchronize(self.link.device)
+        if self.link.device.type == "cuda":  # the compute stream only: copies nobody waited for
+            torch.cuda.current_stream(self.link.device).synchronize()  # carry into the next forward
         wall_s = time.perf_counter() - state.started_s
         self._carry_unlanded(state)
         h2d_bytes = np.array([sum(f.num_bytes for f in fl) for fl in state.fetches], dtype=np.int64)

@@ -167,3 +167,122 @@ def test_cuda_overlapped_equals_resident(tiny_checkpoint):
     assert total.misses > 0 and np.all(total.layer_stall_s >= 0)
     log = stats[0].transfers
     assert np.all(log.started_at_s <= log.landed_at_s)
+
+
+def _prefetch_unneeded(engine, model, prompt, hold=None):
+    """Make every expert ``prompt``'s forward needs resident (no demand copy will queue behind a
+    prefetch) and draft-prefetch two experts of the last layer it does not need (after calling
+    ``hold()``, if given); returns the copies enqueued."""
+    from specfit import bitsets
+
+    with torch.no_grad():
+        model(prompt)
+    routing = engine.last_routing()[0]  # [T, L, K]
+    last = engine.num_layers - 1
+    for layer in range(engine.num_layers):
+        engine.warm(layer, np.unique(routing[:, layer]))
+    unused = [e for e in range(engine.num_experts) if e not in routing[:, last]][:2]
+    predicted = np.zeros((1, engine.num_layers, 2), dtype=np.int64)
+    predicted[0, :] = routing[0, :, :2]  # resident already: nothing to copy at the other layers
+    predicted[0, last] = unused
+    if hold is not None:
+        hold()
+    return engine.prefetch_predicted(bitsets.pack(predicted, engine.num_experts))
+
+
+def _capacity(tiny_checkpoint_path):
+    probe = load_target(tiny_checkpoint_path)
+    spec = describe_moe(probe)
+    engine = OffloadedMoE.install(probe, make_cache("lru", spec.num_layers, spec.num_experts, 1))
+    with torch.no_grad():
+        probe(PROMPT)
+    routing = engine.last_routing()[0]
+    return max(np.unique(routing[:, layer]).size for layer in range(spec.num_layers)) + 2
+
+
+def test_prefetch_copies_in_flight_carry_into_the_next_forward(tiny_checkpoint, monkeypatch):
+    """A draft prefetch nobody waits for is still crossing the link when the forward ends (fake
+    clock: it lands only when the clock reaches it): the forward's records leave it out, the next
+    forward's records hold it, and nothing is lost or counted twice."""
+    from fake_clock import FakeClock
+    from test_live_golden_cycle import TRANSFER_NS, _FakeClockLink
+
+    path = tiny_checkpoint("qwen3_moe")
+    capacity = _capacity(path)
+    clock = FakeClock(tick_s=0.0, start_s=0.0)
+    model = load_target(path)
+    spec = describe_moe(model)
+    cache = make_cache("lru", spec.num_layers, spec.num_experts, capacity)
+    engine = OffloadedMoE.install(
+        model, cache, _FakeClockLink(clock), capacity_per_layer=capacity, prefetch="draft"
+    )
+    clock.install(monkeypatch)
+    assert _prefetch_unneeded(engine, model, PROMPT) == 2
+    engine.begin_forward()
+    with torch.no_grad():
+        model(PROMPT)
+    first = engine.end_forward()
+    carried = [fetch for _, fetch, _ in engine._carried]
+    assert first.misses == 0 and first.h2d_bytes == 0  # the prefetch is not in this forward's records
+    assert carried and all(not fetch.done() for fetch in carried)  # still in flight at the end
+    clock.now_s += 2 * TRANSFER_NS / 1e9  # both copies land
+    engine.begin_forward()
+    with torch.no_grad():
+        model(PROMPT)
+    second = engine.end_forward()
+    assert second.misses == 0
+    assert second.h2d_bytes == sum(fetch.num_bytes for fetch in carried) == 2 * engine.bytes_per_expert
+    assert int(second.transfers.num_bytes.sum()) == second.h2d_bytes  # the carried copies are in its log
+    assert not engine._carried
+
+
+class _FakeCudaEvent:
+    def __init__(self, landed: bool) -> None:
+        self.landed = landed
+
+    def query(self) -> bool:
+        return self.landed
+
+
+def test_cuda_fetch_done_queries_its_last_event_without_waiting():
+    """CUDA code path without a device: ``done`` asks the batch's last event (``Event.query``),
+    so a copy still on the copy stream is carried into the next forward instead of being waited
+    for at the forward's end."""
+    from live.h2d import H2DFetch
+
+    events = [_FakeCudaEvent(True), _FakeCudaEvent(True), _FakeCudaEvent(False)]
+    fetch = H2DFetch(16, 1, events=events, copy_bytes=np.array([8, 8]), copies_per_transfer=np.array([2]))
+    assert not fetch.done()
+    events[-1].landed = True
+    assert fetch.done()
+    assert H2DFetch(0, 0, seconds=0.0).done()
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_copies_in_flight_carry_across_forwards(tiny_checkpoint):
+    """On CUDA the end of a forward synchronises the compute stream only: a prefetch held behind a
+    long kernel on the copy stream is still in flight, moves to the next forward's records, and
+    nothing is lost."""
+    path = tiny_checkpoint("qwen3_moe")
+    model, engine = _overlapped(path, capacity=_capacity(path), link=H2DLink("cuda"), prefetch="draft")
+    prompt = PROMPT.cuda()
+
+    def hold():  # a long kernel on the copy stream keeps the prefetch behind it (about a second)
+        with torch.cuda.stream(engine.link._copy_stream):
+            torch.cuda._sleep(int(2e9))
+
+    assert _prefetch_unneeded(engine, model, prompt, hold) == 2
+    engine.begin_forward()
+    with torch.no_grad():
+        model(prompt)
+    first = engine.end_forward()
+    assert first.h2d_bytes == 0 and engine._carried
+    assert not all(fetch.done() for _, fetch, _ in engine._carried)
+    engine.link.synchronize()
+    engine.begin_forward()
+    with torch.no_grad():
+        model(prompt)
+    second = engine.end_forward()
+    assert second.h2d_bytes == int(second.transfers.num_bytes.sum()) == 2 * engine.bytes_per_expert
+    assert not engine._carried

@@ -136,7 +136,8 @@ class TreeVerifier:
         if self.features is not None:
             self.features.reset(take_forward=len(prompt_ids) > 1)
         if self.lm.device.type == "cuda":  # the last layers may still be queued: time their end
-            torch.cuda.synchronize(self.lm.device)
+            # (the compute stream only: prefetch copies nobody waited for stay in flight)
+            torch.cuda.current_stream(self.lm.device).synchronize()
         seconds = time.perf_counter() - start
         ids, weights = self.capture.take()
         if len(prompt_ids) == 1:
