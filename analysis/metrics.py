@@ -88,29 +88,42 @@ def tau_from_committed(num_committed: ArrayLike) -> float:
     return float(np.mean(com))
 
 
-def per_depth_acceptance(num_accepted: ArrayLike, verified_depth: ArrayLike) -> np.ndarray:
-    """Conditional acceptance per depth: accepted(d) / reached(d) for d = 1..max(verified_depth).
+def per_depth_acceptance(num_accepted: ArrayLike, reached_depth: ArrayLike) -> np.ndarray:
+    """Conditional acceptance per depth: accepted(d) / reached(d) for d = 1..max(reached_depth).
+
+    A cycle reached depth d when its accepted path got to depth d - 1 and verification tested a
+    draft token at depth d below it (``reached_depth >= d``); it accepted d when ``num_accepted >= d``.
 
     Args:
         num_accepted: int[C], accepted draft tokens per cycle (bonus excluded).
-        verified_depth: int[C], depth of the deepest node of the cycle's verified subtree
-            (0 for a root-only cycle). ``num_accepted <= verified_depth`` is required.
+        reached_depth: int[C], the depth each cycle's verification reached along its accepted
+            path: ``num_accepted + 1`` when the last accepted node (the root if none) had a
+            verified child, else ``num_accepted``. Policy-mode cycles record it (the ``cycles``
+            column ``reached_depth``; read with ``traces.stats.cycle_reached_depths``), dense
+            trees give it by ``traces.stats.reached_depths``. The deepest verified depth is a
+            valid input only where the verified subtree is a chain (it counts a cycle as reaching
+            depth d even when its accepted node there had no verified child, biasing alpha_d low).
+            ``num_accepted <= reached_depth`` is required.
 
     Returns:
         float64[D] where entry ``d - 1`` is the acceptance at depth d; NaN where no cycle reached d.
-        Example: accepted (0, 2, 3) with depth 3 each -> [2/3, 2/2, 1/2].
+        Example: accepted (0, 2, 3) with reached (1, 3, 3) -> [2/3, 2/2, 1/2]; with reached
+        (1, 2, 3) -> [2/3, 2/2, 1/1] (the second cycle's path ended at a verified leaf).
 
     Raises:
-        ValueError: mismatched lengths, negative counts, or num_accepted > verified_depth.
+        ValueError: mismatched lengths, negative counts, or num_accepted > reached_depth.
+
+    Source: docs/metrics.md (``alpha(d)``), on greedy tree verification as in SpecInfer
+    (Miao et al. 2024).
     """
     acc = _non_negative_ints("num_accepted", num_accepted)
-    dep = _non_negative_ints("verified_depth", verified_depth)
+    dep = _non_negative_ints("reached_depth", reached_depth)
     if acc.shape != dep.shape:
-        raise ValueError(f"num_accepted and verified_depth: lengths differ ({acc.size} vs {dep.size})")
+        raise ValueError(f"num_accepted and reached_depth: lengths differ ({acc.size} vs {dep.size})")
     if np.any(acc > dep):
         bad = int(np.argmax(acc > dep))
         raise ValueError(
-            f"num_accepted: cycle {bad} accepted {acc[bad]} drafts but its verified depth is {dep[bad]}"
+            f"num_accepted: cycle {bad} accepted {acc[bad]} drafts but its reached depth is {dep[bad]}"
         )
     max_depth = int(dep.max()) if dep.size else 0
     out = np.full(max_depth, np.nan)

@@ -9,8 +9,11 @@ of a real prompt set (default ``../shared/data/prompts/spec_bench.jsonl``, read 
 (plain copy, a quarter of the experts cached). From each run's trace, per category:
 
 - ``tau``: committed tokens per cycle, bonus included;
-- ``accept_depth``: alpha_d = P(at least d draft tokens accepted | at least d - 1), d = 1..depth
-  (``full`` runs only: there every cycle verifies the whole tree);
+- ``accept_depth``: alpha_d = accepted(d) / reached(d), d = 1..depth (docs/metrics.md): a cycle
+  reached depth d when its accepted path got to d - 1 and its verified subtree held a child of the
+  path's last node (the ``cycles`` column ``reached_depth``), so ``specfit`` rows, whose subtrees
+  stop short of the drafted tree, are conditioned on what was verified; ``full`` rows measure
+  the drafter alone;
 - ``tokens_per_s``: committed tokens / summed cycle seconds (draft + decision + verify + H2D).
 
 Usage::
@@ -41,14 +44,16 @@ DEFAULT_PROMPTS = ROOT.parent / "shared" / "data" / "prompts" / "spec_bench.json
 DEFAULT_CATEGORIES = "writing,coding,math_reasoning,summarization,translation,qa,rag"
 
 
-def per_depth_acceptance(num_accepted: np.ndarray, depth: int) -> list[float]:
-    """alpha_d = #(accepted >= d) / #(accepted >= d - 1) for d = 1..depth (NaN when undefined)."""
-    acc = np.asarray(num_accepted)
-    out = []
-    for d in range(1, depth + 1):
-        base = int((acc >= d - 1).sum())
-        out.append(float((acc >= d).sum() / base) if base else float("nan"))
-    return out
+def depth_figures(cycles, depth: int) -> tuple[list[float], int]:
+    """alpha_d = accepted(d) / reached(d) for d = 1..depth (NaN where no cycle reached d) of a
+    ``cycles`` table (pandas), and how many cycles had no recorded ``reached_depth`` (their reach
+    is bounded, ``traces.stats.cycle_reached_depths``)."""
+    from analysis.metrics import per_depth_acceptance
+    from traces.stats import cycle_reached_depths
+
+    reached, bounded = cycle_reached_depths(cycles)
+    alphas = per_depth_acceptance(cycles["num_accepted"].to_numpy(), reached)[:depth].tolist()
+    return alphas + [float("nan")] * (depth - len(alphas)), bounded
 
 
 def category_figures(run_dir: Path, depth: int) -> dict[str, dict[str, object]]:
@@ -63,11 +68,13 @@ def category_figures(run_dir: Path, depth: int) -> dict[str, dict[str, object]]:
     out = {}
     groups = [*cycles.groupby("category", sort=False), ("all", cycles)]
     for cat, group in groups:
+        alphas, bounded = depth_figures(group, depth)
         out[str(cat)] = {
             "tau": float(group["num_committed"].mean()),
-            "accept_depth": per_depth_acceptance(group["num_accepted"].to_numpy(), depth),
+            "accept_depth": alphas,
             "tokens_per_s": float(group["num_committed"].sum() / group["cycle_s"].sum()),
             "cycles": len(group),
+            "cycles_reach_bounded": bounded,
         }
     return out
 

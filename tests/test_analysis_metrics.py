@@ -37,6 +37,13 @@ def test_per_depth_acceptance_respects_verified_depth() -> None:
     np.testing.assert_allclose(acc, [1.0, 0.0])
 
 
+def test_per_depth_acceptance_on_a_path_ending_at_a_verified_leaf() -> None:
+    # docs/metrics.md: the second round's accepted path ends at a leaf of its verified subtree
+    # (its subtree reached depth 3 on another branch): it does not reach depth 3 along its path.
+    np.testing.assert_allclose(metrics.per_depth_acceptance([0, 2, 3], [1, 2, 3]), [2 / 3, 1.0, 1.0])
+    np.testing.assert_allclose(metrics.per_depth_acceptance([0, 2, 3], [1, 3, 3]), [2 / 3, 1.0, 0.5])
+
+
 def test_per_depth_acceptance_nan_where_unreached() -> None:
     acc = metrics.per_depth_acceptance([0, 0], [3, 3])
     assert acc[0] == 0.0

@@ -120,15 +120,20 @@ def test_dense_run_writes_a_valid_trace(tiny, tmp_path, capsys):
     assert run.manifest.complete and run.manifest.run.mode == "dense"
     trees = list(run.iter_trees())
     assert len(trees) == 24  # one tree per committed position
-    accepted_lengths = []
+    accepted_lengths, reached = [], []
     for t in trees:
         assert t.tree.num_nodes == 7 and t.expert_ids.shape == (7, 2, 4)
         path_ok = t.accepted.copy()
         for v in range(1, t.tree.num_nodes):
             path_ok[v] &= path_ok[t.tree.parents[v]]
         accepted_lengths.append(int(t.tree.depths[path_ok].max()))
-    # the cycle's num_accepted is the accepted path length of the whole tree
-    assert run.cycles.sort_values(["request_id", "position"])["num_accepted"].tolist() == accepted_lengths
+        last = int(np.flatnonzero(path_ok & (t.tree.depths == accepted_lengths[-1]))[0])
+        reached.append(accepted_lengths[-1] + int((t.tree.parents == last).any()))
+    # the cycle's num_accepted is the accepted path length of the whole tree; reached_depth adds
+    # one where the path's last node has a child (verified and rejected)
+    by_position = run.cycles.sort_values(["request_id", "position"])
+    assert by_position["num_accepted"].tolist() == accepted_lengths
+    assert by_position["reached_depth"].tolist() == reached
     generated = {int(r.request_id): list(r.generated_token_ids) for r in run.requests.itertuples()}
     # the committed token at each position is the target's greedy token at the tree's root
     by_request = {}
@@ -197,6 +202,9 @@ def test_policy_runs_are_lossless(tiny, dense_run, tmp_path, capsys, policy, ove
             cycles["predicted_cycle_s"].notna().all() and (cycles["predicted_expected_committed"] >= 1).all()
         )
     assert (cycles["num_committed"] == cycles["num_accepted"] + 1).sum() >= len(cycles) - 3
+    assert cycles["reached_depth"].notna().all()  # bounds: checked by open_run
+    if policy == "ar":
+        assert (cycles["reached_depth"] == 0).all()
     stall, h2d = np.stack(cycles["layer_stall_s"]), np.stack(cycles["layer_h2d_s"])
     assert np.all(stall >= 0)
     if overlap == "off" and prefetch == "none":  # no copy stream: the whole H2D time is stall

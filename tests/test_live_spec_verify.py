@@ -81,6 +81,27 @@ class FixedTreeChooser:
         return Choice(DraftResult(tree, int(tree.max_depth), 0.0), np.arange(tree.num_nodes))
 
 
+def test_reached_depth_follows_the_accepted_path_not_the_deepest_verified_node():
+    from live.spec.verify import Verification, greedy_accept
+
+    # root 0 -> 1 (a), 2 (b); 1 -> 3 (c); 2 -> 4 (d) -> 5 (e). The target wants a after the root,
+    # then x after a (c rejected), so the accepted path is [1].
+    tree = TokenTree.from_parents([7, 10, 11, 12, 13, 14], [-1, 0, 0, 1, 2, 4], np.zeros(6))
+    target = np.array([10, 99, 13, 50, 14, 60])
+
+    def reached(nodes, eos=frozenset()):
+        path, on_eos = greedy_accept(tree, nodes, target, eos)
+        empty = np.zeros((len(nodes), 0, 1), dtype=np.int64)
+        ver = Verification(tree, np.asarray(nodes), target, path, on_eos, empty, empty.astype(np.float32), 0.0)
+        return len(path), ver.reached_depth
+
+    assert reached([0, 1, 2, 3, 4, 5]) == (1, 2)  # c verified below a and rejected: depth 2 reached
+    assert reached([0, 1, 2, 4, 5]) == (1, 1)  # verified to depth 3 on b's branch, but a is a leaf
+    assert reached([0, 2, 4, 5]) == (0, 1)  # a not verified: b judged at depth 1 and rejected
+    assert reached([0]) == (0, 0)  # root only
+    assert reached([0, 1, 3], eos=frozenset({10})) == (1, 1)  # accepted EOS: nothing judged below it
+
+
 def test_tree_attention_mask_values():
     tree = TokenTree.from_parents([1, 2, 3, 4], [-1, 0, 0, 1], [0, -1, -2, -1])
     mask = tree_attention_mask(2, [0, 1, 2, 3], [0, 1, 2, 3], tree.ancestor_matrix(), torch.float16)

@@ -295,3 +295,33 @@ def test_validation_checks_the_recorded_cache_accesses(tmp_path):
     edit_part(first_part(run_dir, "cycles"), lambda t: set_value(t, "cache_hits", 0, 9))
     with pytest.raises(TraceError, match="row 0: layer_accessed adds up to other than cache_hits"):
         open_run(run_dir)
+
+
+def test_cycle_reached_depth_round_trips_is_checked_and_read_with_a_fallback(tmp_path):
+    """cycles.reached_depth: written, read back (null when not given), bounded by num_accepted (+1)
+    at write and at validation, and traces.stats.cycle_reached_depths bounds the unrecorded rows."""
+    from test_traces_helpers import edit_part, first_part, set_value
+
+    from traces.errors import TraceError
+    from traces.stats import cycle_reached_depths
+
+    run_dir = tmp_path / "run"
+    with TraceWriter(run_dir, small_manifest()) as writer:
+        writer.add_cycle(small_cycle(0, 0, reached_depth=2))  # accepted 2: path ended at a verified leaf
+        writer.add_cycle(
+            small_cycle(0, 1, position=3, context_len=7, num_accepted=1, num_committed=2, reached_depth=2)
+        )
+        writer.add_cycle(small_cycle(0, 2, position=5, context_len=9, num_accepted=0, num_committed=1))
+        for bad in (1, 4):
+            with pytest.raises(ValueError, match=f"reached_depth {bad}: expected num_accepted \\(2\\) or one more"):
+                writer.add_cycle(small_cycle(0, 3, reached_depth=bad))
+        writer.add_request(0, [1, 2, 3, 4], [5, 6, 7, 8, 9, 10], "r")
+    cycles = open_run(run_dir).cycles
+    assert cycles["reached_depth"].isna().tolist() == [False, False, True]
+    reached, bounded = cycle_reached_depths(cycles)
+    assert reached.tolist() == [2, 2, 1] and bounded == 1  # row 2: min(0 + 1, 2 draft levels)
+    reached, bounded = cycle_reached_depths(cycles.drop(columns="reached_depth"))  # an older trace
+    assert reached.tolist() == [2, 2, 1] and bounded == 3
+    edit_part(first_part(run_dir, "cycles"), lambda t: set_value(t, "reached_depth", 1, 3))
+    with pytest.raises(TraceError, match=r"row 1: reached_depth 3: expected num_accepted \(1\) or one more"):
+        open_run(run_dir)

@@ -190,6 +190,7 @@ def _cycles(run: TraceRun) -> Iterator[Check]:
     yield _at_most(
         num_committed, num_accepted + 1, "num_committed {} > num_accepted + 1 = {} (one bonus token)"
     )
+    yield _reached_depth(run, num_accepted)
     for name in ("cycle_index", "position", "context_len", "num_draft_levels", "cache_hits", "cache_misses"):
         yield lambda name=name: V.check_range(col(name), name, 0)
     for name in ("draft_s", "verify_s", "h2d_s", "cycle_s"):
@@ -200,6 +201,23 @@ def _cycles(run: TraceRun) -> Iterator[Check]:
     yield lambda: V.check_unique([col("request_id"), col("cycle_index")], "(request_id, cycle_index)")
     yield from _cache_accesses(run)
     yield from _references(run, "cycles")
+
+
+def _reached_depth(run: TraceRun, num_accepted: np.ndarray) -> Check:
+    """Where recorded (not null), ``num_accepted <= reached_depth <= num_accepted + 1``."""
+
+    def check() -> V.Violation | None:
+        column = run.arrow("cycles").column("reached_depth")
+        recorded = ~column.is_null().to_numpy(zero_copy_only=False)
+        reached = column.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        row = V.first_true(recorded & ((reached < num_accepted) | (reached > num_accepted + 1)))
+        if row is None:
+            return None
+        return V.Violation(
+            row, f"reached_depth {reached[row]}: expected num_accepted ({num_accepted[row]}) or one more"
+        )
+
+    return check
 
 
 def _cache_accesses(run: TraceRun) -> Iterator[Check]:

@@ -414,7 +414,11 @@ class CycleRecord:
     ``layer_accessed`` (int[L]) and ``accessed_experts`` (the ids, layer by layer, ascending)
     record the expert-cache accesses of the verification forward (one access per layer: the union
     of the verified nodes' experts), so a resumed run can replay them into its cache; ``None``
-    when not recorded (both or neither).
+    when not recorded (both or neither). ``reached_depth`` (optional): the depth verification
+    tested along the accepted path, ``num_accepted + 1`` when the last accepted node (the root when
+    none) had a verified child and the path did not end on an accepted end-of-sequence token, else
+    ``num_accepted``; it is what per-depth acceptance conditions on for a verified subtree that is not
+    the whole tree (``traces.stats.cycle_reached_depths``); ``None`` when not recorded.
     """
 
     request_id: int
@@ -448,6 +452,7 @@ class CycleRecord:
     prefetch_wasted_bytes: int | None = None
     layer_accessed: Sequence[int] | None = None
     accessed_experts: Sequence[int] | None = None
+    reached_depth: int | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -676,6 +681,17 @@ TABLES: dict[str, tuple[ColumnSpec, ...]] = {
             "expert ids",
             "the experts accessed, layer by layer (layer_accessed[l] ids of layer l, ascending): the "
             "cache's access sequence, replayed by live.record --resume (optional column; null when not recorded)",
+            required=False,
+            nullable=True,
+        ),
+        _c(
+            "reached_depth",
+            KIND_INT,
+            pa.int32(),
+            "levels",
+            "depth verification tested along the accepted path: num_accepted + 1 when the last accepted "
+            "node (root if none) has a verified child and is not an accepted EOS, else num_accepted; "
+            "per-depth acceptance conditions on it (optional column; null when not recorded)",
             required=False,
             nullable=True,
         ),

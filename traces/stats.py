@@ -54,6 +54,38 @@ def reached_depths(arrays: NodeArrays) -> np.ndarray:
     return accepted_lengths(arrays) + expanded.astype(np.int64)
 
 
+def cycle_reached_depths(cycles: Any) -> tuple[np.ndarray, int]:
+    """int64[C]: the depth each recorded cycle's verification reached along its accepted path.
+
+    Args:
+        cycles: the ``cycles`` table as a pandas DataFrame (``TraceRun.cycles``) or any mapping
+            with ``num_accepted`` and ``num_draft_levels`` columns, and ``reached_depth`` when
+            recorded (a column, docs/trace-format.md).
+
+    Returns:
+        ``(reached, num_bounded)``: the ``reached_depth`` column where recorded; where it is null
+        or absent (traces written before it existed, simulator cycles) the upper bound
+        ``min(num_accepted + 1, num_draft_levels)``, which assumes the verified subtree extends
+        below the accepted path whenever the drafted tree does (exact when the whole tree is
+        verified and every node above the last level was expanded); ``num_bounded`` counts those
+        cycles, so a caller can say its figures are bounds.
+
+    Use with ``analysis.metrics.per_depth_acceptance(num_accepted, reached)``.
+    """
+    accepted = np.asarray(cycles["num_accepted"], dtype=np.int64)
+    bound = np.minimum(accepted + 1, np.asarray(cycles["num_draft_levels"], dtype=np.int64))
+    bound = np.maximum(bound, accepted)
+    if "reached_depth" not in cycles:
+        return bound, int(accepted.size)
+    column = cycles["reached_depth"]
+    if hasattr(column, "to_numpy"):  # pandas: float64 with NaN, nullable Int32 or object with None
+        recorded = column.to_numpy(dtype=np.float64, na_value=np.nan)
+    else:
+        recorded = np.array([np.nan if v is None else v for v in column], dtype=np.float64)
+    known = ~np.isnan(recorded)
+    return np.where(known, np.nan_to_num(recorded), bound).astype(np.int64), int((~known).sum())
+
+
 def depth_acceptance(accepted_len: np.ndarray, max_depth: int, reached: np.ndarray | None = None) -> list[float]:
     """Conditional acceptance per depth ``d = 1..max_depth``: accepted(d) / reached(d); NaN if unreached.
 

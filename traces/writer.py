@@ -401,8 +401,8 @@ class TraceWriter:
         """One executed verification cycle (:class:`~traces.schema.CycleRecord`).
 
         Raises:
-            ValueError: per-layer lists not of length ``L`` or ``verified_nodes`` not of length
-                ``num_nodes_verified``.
+            ValueError: per-layer lists not of length ``L``, ``verified_nodes`` not of length
+                ``num_nodes_verified``, or ``reached_depth`` other than ``num_accepted`` (+ 1).
         """
         num_layers = self._num_layers
         row: dict[str, list[Any]] = {}
@@ -426,6 +426,11 @@ class TraceWriter:
                 f"num_nodes_verified is {record.num_nodes_verified}"
             )
         self._check_accesses(row["layer_accessed"][0], row["accessed_experts"][0])
+        reached = record.reached_depth
+        if reached is not None and not record.num_accepted <= reached <= record.num_accepted + 1:
+            raise ValueError(
+                f"add_cycle: reached_depth {reached}: expected num_accepted ({record.num_accepted}) or one more"
+            )
         key = (int(record.request_id), int(record.cycle_index))
         if key in self._cycle_keys:
             raise ValueError(f"add_cycle: cycle (request {key[0]}, cycle_index {key[1]}) already recorded")

@@ -84,6 +84,7 @@ def cycle_record(request_id: int, event: CycleEvent, policy: str):
         committed_token_ids=list(event.committed),
         layer_accessed=layer_accessed if layer_accessed else None,
         accessed_experts=accessed if layer_accessed else None,
+        reached_depth=ver.reached_depth,
     )
 
 

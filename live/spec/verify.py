@@ -56,6 +56,24 @@ class Verification:
         mask[[0, *self.accepted_path]] = True
         return mask
 
+    @property
+    def reached_depth(self) -> int:
+        """Depth this verification tested along its accepted path (the ``cycles.reached_depth`` column).
+
+        ``len(accepted_path) + 1`` when the last accepted node (the root when none) has a child in
+        the verified subtree, so the target judged a draft token one level deeper (and rejected
+        it); ``len(accepted_path)`` when it has none or the path ended on an accepted
+        end-of-sequence token. Per-depth acceptance accepted(d) / reached(d) conditions on it
+        (``analysis.metrics.per_depth_acceptance``); the dense-tree form is
+        ``traces.stats.reached_depths``.
+        """
+        depth = len(self.accepted_path)
+        if self.stopped_on_eos:
+            return depth
+        last = self.accepted_path[-1] if self.accepted_path else 0
+        children = self.tree.children(last)
+        return depth + int(bool(np.isin(children, self.nodes).any()))
+
     def committed_tokens(self) -> list[int]:
         """Tokens this verification commits: the accepted path, then the bonus token unless EOS was accepted."""
         toks = [int(self.tree.token_ids[v]) for v in self.accepted_path]
