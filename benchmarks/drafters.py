@@ -40,6 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks._threads import add_threads_flag  # noqa: E402
+from specfit.cli import ArgumentParser, cli_main, comma_list, positive_int, print_summary  # noqa: E402
+
 DEFAULT_PROMPTS = ROOT.parent / "shared" / "data" / "prompts" / "spec_bench.jsonl"
 DEFAULT_CATEGORIES = "writing,coding,math_reasoning,summarization,translation,qa,rag"
 
@@ -79,13 +82,11 @@ def category_figures(run_dir: Path, depth: int) -> dict[str, dict[str, object]]:
     return out
 
 
-def _prompt_file(source: Path, categories: Sequence[str], per_category: int, folder: Path) -> Path:
-    """A question.jsonl with the first ``per_category`` prompts of each category (loader of live.prompts)."""
-    from live.prompts import load_prompts
-
+def _prompt_file(prompts: dict[str, list], per_category: int, folder: Path) -> Path:
+    """A question.jsonl with the first ``per_category`` prompts of each category (``{category: prompts}``)."""
     rows = []
-    for cat in categories:
-        for i, p in enumerate(load_prompts(str(source), [cat])[:per_category]):
+    for cat, items in prompts.items():
+        for i, p in enumerate(items[:per_category]):
             rows.append({"question_id": f"{cat}-{i}", "category": cat, "turns": [p.text]})
     path = folder / "prompts.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -127,25 +128,29 @@ def _save(path: Path, results: dict, args, argv: Sequence[str] | None) -> None:
         write_model_card(DEFAULT_DIR, json.loads((DEFAULT_DIR / "metrics.json").read_text()))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the comparison; returns 0 (also when skipped)."""
-    import argparse
+def build_parser() -> ArgumentParser:
+    """The flags (``--help`` lists units and defaults)."""
+    from live.spec.names import LIVE_POLICIES
 
-    from live.assets import DEFAULT_DIR
-    from live.record import main as record_main
-    from specfit.cli import print_summary
-
-    p = argparse.ArgumentParser(prog="python benchmarks/drafters.py", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python benchmarks/drafters.py", description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--prompts", type=Path, default=DEFAULT_PROMPTS, help="MT-bench layout .jsonl with categories"
+        "--prompts",
+        type=Path,
+        default=None,
+        help=f"MT-bench layout .jsonl with categories (default: {DEFAULT_PROMPTS}, skipped when absent)",
     )
-    p.add_argument("--categories", default=DEFAULT_CATEGORIES, help="comma-separated categories")
-    p.add_argument("--per-category", type=int, default=2, help="prompts per category (count)")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens per prompt (count)")
-    p.add_argument("--policies", default="full,specfit", help="live policies to run (comma-separated)")
-    p.add_argument("--depth", type=int, default=6, help="maximum draft depth (levels)")
-    p.add_argument("--head", type=Path, default=None, help="EAGLE-3 head (default: the embedded one)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--categories", type=comma_list(str), default=DEFAULT_CATEGORIES, help="categories")
+    p.add_argument("--per-category", type=positive_int, default=2, help="prompts per category (count)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens per prompt (count)")
+    p.add_argument(
+        "--policies",
+        type=comma_list(str),
+        default="full,specfit",
+        help="live.record policies to run: " + ", ".join(LIVE_POLICIES),
+    )
+    p.add_argument("--depth", type=positive_int, default=6, help="maximum draft depth (levels)")
+    p.add_argument("--head", type=Path, default=None, help="EAGLE-3 head folder (default: the embedded one)")
+    add_threads_flag(p)
     p.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
     p.add_argument(
         "--save",
@@ -154,31 +159,74 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="write the figures as JSON here; into live/assets/default/eagle3/drafters.json it also "
         "re-renders the embedded default's MODEL_CARD.md",
     )
-    args = p.parse_args(argv)
-    if not args.prompts.is_file():
-        print(f"{args.prompts}: absent (needs ../shared/data/prompts); skipped")
-        print_summary({"skipped": f"no prompt file {args.prompts}"})
-        return 0
+    return p
+
+
+def _check_args(parser: ArgumentParser, args) -> dict[str, list]:
+    """Check the flags before any decoding (exit 2 naming the flag); return ``{category: prompts}``."""
+    from live.eagle3 import is_eagle3_checkpoint
+    from live.prompts import UnknownCategoryError, load_prompts
+    from live.spec.names import LIVE_POLICIES
+
+    unknown = [x for x in args.policies if x not in LIVE_POLICIES]
+    if unknown:
+        parser.fail("--policies", f"unknown policy {unknown[0]!r}; expected some of {', '.join(LIVE_POLICIES)}")
+    if args.head is not None and not is_eagle3_checkpoint(args.head):
+        parser.fail("--head", f"{args.head}: expected an EAGLE-3 head folder (config.json with draft_vocab_size)")
+    if args.save is not None and not args.save.parent.is_dir():
+        parser.fail("--save", f"folder {str(args.save.parent)!r} does not exist")
+    try:
+        prompts = {cat: load_prompts(str(args.prompts), [cat]) for cat in args.categories}
+    except UnknownCategoryError as exc:  # the message lists the file's categories
+        parser.fail("--categories", str(exc))
+    except (OSError, ValueError) as exc:  # missing, empty or malformed file
+        parser.fail("--prompts", str(exc))
+    if args.out is not None:
+        parser.ensure_out_dir("--out", args.out)
+    return prompts
+
+
+@cli_main
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the comparison; returns 0 (also when skipped), 1 when a ``live.record`` run failed.
+
+    Raises:
+        SystemExit(2): a bad flag or prompt file (one line naming it, then the JSON line).
+    """
+    from live.assets import DEFAULT_DIR
+    from live.record import main as record_main
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.prompts is None:
+        args.prompts = DEFAULT_PROMPTS
+        if not args.prompts.is_file():
+            print(f"{args.prompts}: absent (needs ../shared/data/prompts); skipped")
+            print_summary({"skipped": f"no prompt file {args.prompts}"})
+            return 0
+    prompts = _check_args(parser, args)
     drafters = {"causal-lm": DEFAULT_DIR / "draft", "eagle3": args.head or DEFAULT_DIR / "eagle3"}
-    categories = [c.strip() for c in args.categories.split(",") if c.strip()]
+    num_prompts = sum(min(len(v), args.per_category) for v in prompts.values())
+    threads = [] if args.threads is None else ["--threads", str(args.threads)]
     results: dict[str, dict[str, dict[str, object]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = args.out or Path(tmp)
-        root.mkdir(parents=True, exist_ok=True)
-        prompts = _prompt_file(args.prompts, categories, args.per_category, root)
+        prompt_file = _prompt_file(prompts, args.per_category, root)
         for kind, folder in drafters.items():
             if not (folder / "config.json").is_file():
                 print(f"{kind}: {folder} absent; skipped")
                 continue
-            for policy in [x.strip() for x in args.policies.split(",") if x.strip()]:
+            for policy in args.policies:
                 out = root / f"{kind}-{policy}"
                 argv_run = [
-                    "--draft", str(folder), "--prompts", str(prompts), "--num-prompts", str(len(categories) * args.per_category),
+                    "--draft", str(folder), "--prompts", str(prompt_file), "--num-prompts", str(num_prompts),
                     "--max-new-tokens", str(args.max_new_tokens), "--mode", "policy", "--policy", policy,
-                    "--depth", str(args.depth), "--threads", str(args.threads), "--out", str(out), "--no-progress",
+                    "--depth", str(args.depth), *threads, "--out", str(out), "--no-progress",
                 ]  # fmt: skip
-                if record_main(argv_run) != 0:
-                    raise SystemExit(f"live.record failed for {kind} {policy}")
+                code = record_main(argv_run)
+                if code != 0:
+                    print_summary({"ok": False, "error": f"live.record exited {code} for {kind} {policy}"})
+                    return 1
                 results[f"{kind}/{policy}"] = category_figures(out, args.depth)
     print()
     print(
@@ -200,4 +248,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from specfit.cli import run_main
+
+    run_main(main)

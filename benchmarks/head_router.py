@@ -35,6 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks._threads import add_threads_flag, apply_threads  # noqa: E402
+from specfit.cli import ArgumentParser, cli_main, positive_int, print_summary  # noqa: E402
+
 
 def collect_cases(
     num_prompts: int, max_new_tokens: int, prompts: str = "default", head_dir: Path | None = None
@@ -131,31 +134,53 @@ def score_all(cases: Sequence[dict], num_experts: int, window: int = 4) -> dict[
     return scores
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run and print the table; returns 0."""
-    import argparse
-
-    from specfit.cli import print_summary
-
-    p = argparse.ArgumentParser(prog="python benchmarks/head_router.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--num-prompts", type=int, default=8, help="prompts (count)")
-    p.add_argument("--max-new-tokens", type=int, default=24, help="tokens per prompt (count)")
+def build_parser() -> ArgumentParser:
+    """The flags (``--help`` lists units and defaults)."""
+    p = ArgumentParser(prog="python benchmarks/head_router.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--num-prompts", type=positive_int, default=8, help="prompts (count)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=24, help="tokens per prompt (count)")
     p.add_argument("--prompts", default="default", help="prompt set (as live.record --prompts)")
-    p.add_argument("--head", type=Path, default=None, help="EAGLE-3 head (default: the embedded one)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    args = p.parse_args(argv)
-    import torch
+    p.add_argument("--head", type=Path, default=None, help="EAGLE-3 head folder (default: the embedded one)")
+    add_threads_flag(p)
+    return p
 
-    torch.set_num_threads(args.threads)
+
+def _check_args(parser: ArgumentParser, args) -> int:
+    """Check the flags before any model load (exit 2 naming the flag); return the embedded
+    target's routed experts per layer, read from its ``config.json``."""
+    from live.eagle3 import is_eagle3_checkpoint
+    from live.loader import experts_per_layer
+    from live.prompts import load_prompts
+
+    if args.head is not None and not is_eagle3_checkpoint(args.head):
+        parser.fail("--head", f"{args.head}: expected an EAGLE-3 head folder (config.json with draft_vocab_size)")
+    try:
+        load_prompts(args.prompts)
+    except (OSError, ValueError) as exc:
+        parser.fail("--prompts", str(exc))
+    num_experts = experts_per_layer("default")
+    if num_experts is None:
+        parser.fail("live/assets/default", "the embedded target's config.json states no expert count")
+    return num_experts
+
+
+@cli_main
+def main(argv: Sequence[str] | None = None) -> int:
+    """Decode, score and print the table; returns 0 (``SystemExit(2)`` on a bad flag, see ``specfit.cli``)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    num_experts = _check_args(parser, args)
+    apply_threads(args.threads)
     cases = collect_cases(args.num_prompts, args.max_new_tokens, args.prompts, args.head)
-    num_experts = 64
     scores = score_all(cases, num_experts)
     print(f"{'predictor':<26} {'recall':>7} {'precision':>9}   ({len(cases)} dense trees)")
     for name, s in scores.items():
         print(f"{name:<26} {s['recall']:>7.3f} {s['precision']:>9.3f}")
-    print_summary({"trees": len(cases), "scores": scores})
+    print_summary({"trees": len(cases), "num_experts": num_experts, "scores": scores})
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from specfit.cli import run_main
+
+    run_main(main)

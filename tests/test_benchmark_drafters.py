@@ -1,9 +1,12 @@
-"""benchmarks/drafters.py: per-depth acceptance conditions on the depth each cycle reached."""
+"""benchmarks/drafters.py and head_router.py: per-depth acceptance conditions on the depth each cycle
+reached; the CLI contract; the expert count read from the model config."""
 
 from __future__ import annotations
 
+import json
 import math
 
+import pytest
 from bench_loader import load_benchmark
 from test_traces_helpers import small_cycle, small_manifest
 
@@ -42,3 +45,47 @@ def test_category_figures_condition_on_the_reached_depth(tmp_path):
     # every cycle reaching every drafted depth (the former formula) would say 3/5 and 1/3
     accepted = [a for rows in cycles.values() for a, _ in rows]
     assert [sum(a >= d for a in accepted) / sum(a >= d - 1 for a in accepted) for d in (1, 2)] == [3 / 5, 1 / 3]
+
+
+@pytest.mark.parametrize(
+    ("stem", "argv", "named"),
+    [
+        ("drafters", ["--policies", "full,bogus"], "--policies"),
+        ("drafters", ["--prompts", "{tmp}/absent.jsonl"], "--prompts"),
+        ("drafters", ["--per-category", "0"], "--per-category"),
+        ("drafters", ["--head", "{tmp}"], "--head"),
+        ("drafters", ["--threads", "-1"], "--threads"),
+        ("drafters", ["--save", "{tmp}/no/such/folder/x.json", "--prompts", "{tmp}/p.jsonl"], "--save"),
+        ("drafters", ["--categories", "nosuch", "--prompts", "{tmp}/p.jsonl"], "--categories"),
+        ("head_router", ["--num-prompts", "0"], "--num-prompts"),
+        ("head_router", ["--prompts", "{tmp}/absent.jsonl"], "--prompts"),
+        ("head_router", ["--head", "{tmp}"], "--head"),
+        ("head_router", ["--threads", "x"], "--threads"),
+    ],
+)
+def test_benchmark_bad_flags_exit_2_with_one_line_and_the_json_line(stem, argv, named, tmp_path, capsys):
+    """The CLI contract (specfit.cli): exit 2 before any decoding, one stderr line naming the flag,
+    stdout ending with the JSON line; nothing written."""
+    (tmp_path / "p.jsonl").write_text('{"question_id": 1, "category": "qa", "turns": ["w5 w6"]}\n')
+    before = sorted(tmp_path.rglob("*"))
+    main = load_benchmark(stem).main
+    with pytest.raises(SystemExit) as exc:
+        main([a.format(tmp=tmp_path) for a in argv])
+    assert exc.value.code == 2
+    out, err = capsys.readouterr()
+    assert len(err.strip().splitlines()) == 1 and named in err and "Traceback" not in err
+    last = json.loads(out.strip().splitlines()[-1])
+    assert last["exit_code"] == 2 and last["ok"] is False and named in last["error"]
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_head_router_reads_the_expert_count_from_the_model_config(monkeypatch, capsys):
+    from live.loader import experts_per_layer
+
+    head_router = load_benchmark("head_router")
+    seen = {}
+    monkeypatch.setattr(head_router, "collect_cases", lambda *a: ["case"])
+    monkeypatch.setattr(head_router, "score_all", lambda cases, n: seen.setdefault("n", n) and {})
+    assert head_router.main(["--num-prompts", "1", "--threads", "1"]) == 0
+    assert seen["n"] == experts_per_layer("default") and seen["n"] is not None
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["num_experts"] == seen["n"]
