@@ -2,8 +2,9 @@
 
 ``sim.sweep``: pool workers die with their parent whatever signal ends it (checked by pid), SIGTERM
 keeps the finished cells like Ctrl-C, and a sweep with another grid into the same ``--out`` keeps
-every finished cell or refuses (exit 2, nothing changed). Waits poll files and pids with bounds;
-nothing asserts how fast anything runs.
+every finished cell or refuses (exit 2, nothing changed). A killed sweep is paused mid-run by a
+test-only patch (``paused_child``), so no signal races the end of the run; waits poll files and
+pids with bounds; nothing asserts how fast anything runs.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from paused_child import paused_command, wait_for_pause
 from tiny_shapes import tiny_sweep_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,11 +74,12 @@ def _wait_until(condition, what: str, proc: subprocess.Popen | None = None) -> N
 
 
 def _popen_sweep(trace: str, out: Path, jobs: int) -> subprocess.Popen:
-    """``python -m sim.sweep`` of 400 cells (still running when a cell has finished), in its own
-    process group (a signal to it alone is not a terminal's Ctrl-C)."""
-    bandwidths = ",".join(str(b) for b in range(1, 201))
+    """``python -m sim.sweep`` of 40 cells that pauses once the first cell is recorded (until the
+    test signals it: ``paused_child``), in its own process group (a signal to it alone is not a
+    terminal's Ctrl-C)."""
+    bandwidths = ",".join(str(b) for b in range(1, 21))
     return subprocess.Popen(
-        [sys.executable, "-m", "sim.sweep", *_sweep_argv(trace, out, bandwidths, jobs)],
+        paused_command("sim.sweep", out.with_name(out.name + ".paused"), _sweep_argv(trace, out, bandwidths, jobs)),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -87,15 +89,17 @@ def _popen_sweep(trace: str, out: Path, jobs: int) -> subprocess.Popen:
 
 
 def _start_pool_sweep(trace: str, out: Path) -> tuple[subprocess.Popen, set[int]]:
-    """A sweep of 400 cells on 2 workers, returned once both workers exist and a cell finished."""
+    """A sweep of 40 cells on 2 workers, returned once it paused after its first cell with both
+    workers alive."""
     proc = _popen_sweep(trace, out, jobs=2)
+    wait_for_pause(proc, out.with_name(out.name + ".paused"))
     workers: set[int] = set()
 
     def ready() -> bool:
         workers.update(_children(proc.pid))
-        return len(workers) >= 2 and any((out / "cells").glob("*.json"))
+        return len(workers) >= 2
 
-    _wait_until(ready, "two workers and a finished cell", proc)
+    _wait_until(ready, "two workers", proc)
     return proc, workers
 
 
@@ -134,7 +138,7 @@ def test_sigterm_outside_the_pool_is_handled_like_ctrl_c(trace: str, tmp_path: P
     """--jobs 1: SIGTERM while a cell runs in the sweep process itself."""
     out = tmp_path / "one"
     proc = _popen_sweep(trace, out, jobs=1)
-    _wait_until(lambda: any((out / "cells").glob("*.json")), "a finished cell", proc)
+    wait_for_pause(proc, out.with_name(out.name + ".paused"))  # a cell recorded, more to run
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=WAIT_S)
     assert proc.returncode == 143, stderr
