@@ -288,6 +288,7 @@ class Validator:
         self.cells_done: list[dict[str, Any]] = []
         self.per_cycle: list[pd.DataFrame] = []
         self.cost_splits: dict[float, dict[str, float]] = {}  # bandwidth -> CostFit.term_split()
+        self.fits: dict[float, Any] = {}  # bandwidth -> the serial CostFit
         self.dense_path: Path | None = None
         self.acceptance: dict[str, Any] | None = None
         self.acceptance_path: Path | None = None
@@ -412,11 +413,45 @@ class Validator:
             source=f"analysis.validate fit at {bandwidth:g} GB/s from {len(runs)} runs",
         )
         fit.model.save(path)
+        self.fits[bandwidth] = fit
         self.cost_splits[bandwidth] = fit.term_split()
         (self.out / f"cost_{bandwidth:g}_report.json").write_text(
             json.dumps(fit.to_dict(), indent=2, default=float) + "\n"
         )
         return fit.model, path
+
+    def overlap_cost_for(self, bandwidth: float, cost: CycleCostModel, runs: list[Path]) -> tuple[CycleCostModel, Path]:
+        """The overlap-on cost model of one bandwidth: ``cost`` priced with overlap mode "on",
+        its compute-stream terms (placing per miss, late-expert call) fitted on ``runs`` (the
+        cost-free policies' overlap-on runs; ``calibration.costfit.fit_overlap_terms``) when the
+        serial cost was fitted here, else ``cost`` as given (``--cost``)."""
+        path = self.out / f"cost_{bandwidth:g}_overlap.json"
+        fit = self.fits.get(bandwidth)
+        if fit is None or not runs:
+            cost = dataclasses.replace(cost, overlap_h2d=True, overlap_mode="on")
+            cost.save(path)
+            return cost, path
+        from calibration.costfit import fit_overlap_terms
+        from calibration.runs import load_runs
+
+        try:
+            cycles, transfers, _ = load_runs(runs).cost_fit_tables()
+        except ValueError as exc:
+            raise CalibrationDataError(str(exc)) from None
+        overlap = fit_overlap_terms(fit, cycles, transfers)
+        overlap.model.save(path)
+        report = {
+            "cost": overlap.model.to_dict(),
+            "host_s_per_transfer": overlap.host_s_per_transfer,
+            "late_call_s": overlap.late_call_s,
+            "num_cycles": overlap.num_cycles,
+            "cycle_error_in_sample": vars(overlap.cycle_error),
+            "notes": list(overlap.notes),
+        }
+        (self.out / f"cost_{bandwidth:g}_overlap_report.json").write_text(
+            json.dumps(report, indent=2, default=float) + "\n"
+        )
+        return overlap.model, path
 
     def replay(self, dense: Any, cell: Cell, cost: CycleCostModel, decision_s: float) -> Any:
         """Replay one cell on the dense trace."""
@@ -526,19 +561,20 @@ class Validator:
                     cost, cost_path = self.cost_for(bw, fit_runs, model)
                 except CalibrationDataError as exc:
                     raise ValidationError(f"bandwidth {bw:g} GB/s: cost fit failed: {exc}") from None
-            planned = [
-                Cell(bw, c, p, overlap=o)
-                for p in policies
-                if p not in COST_FREE_POLICIES
-                for c in caches
-                for o in overlaps
-            ]
-            live_paths.update(self.run_repeats(planned, cost_path))
+            costs = {"off": (cost, cost_path)}
+            if any(o != "off" for o in overlaps):  # priced as the engine overlaps (per layer)
+                overlap_runs = [p for c, paths in live_paths.items() if c.overlap != "off" for p in paths]
+                try:
+                    costs["on"] = self.overlap_cost_for(bw, cost, overlap_runs)
+                except CalibrationDataError as exc:
+                    raise ValidationError(f"bandwidth {bw:g} GB/s: overlap cost fit failed: {exc}") from None
+            for o in overlaps:
+                planned = [
+                    Cell(bw, c, p, overlap=o) for p in policies if p not in COST_FREE_POLICIES for c in caches
+                ]
+                live_paths.update(self.run_repeats(planned, costs[o][1]))
             for cell, paths in live_paths.items():
-                cell_cost = cost
-                if cell.overlap != "off":  # priced as the engine overlaps (per layer)
-                    cell_cost = dataclasses.replace(cost, overlap_h2d=True, overlap_mode="on")
-                rows.append(self.compare(dense, cell, paths, cell_cost))
+                rows.append(self.compare(dense, cell, paths, costs[cell.overlap][0]))
                 bar.update(1)
         bar.close()
         table = pd.DataFrame(rows)

@@ -600,6 +600,7 @@ def fit_cost_model(
         verify_s_per_context_token=per_ctx,
         h2d_bytes_per_s=link.bytes_per_s,
         h2d_s_per_transfer=link.s_per_transfer + host_s + miss_compute_s,
+        host_s_per_transfer=host_s + miss_compute_s,
         expert_bytes=int(expert_bytes),
         num_layers=int(num_layers),
         overlap_h2d=bool(opts.overlap_h2d),
@@ -628,6 +629,92 @@ def fit_cost_model(
         compute_s_per_miss=miss_compute_s,
         draft_base_note=draft_base_note,
     )
+
+
+@dataclass(frozen=True)
+class OverlapFit:
+    """Outcome of :func:`fit_overlap_terms`: the overlap-on cost model and how it was found.
+
+    Attributes:
+        model: the serial fit's model priced as the live engine overlaps (``overlap_mode="on"``),
+            with ``host_s_per_transfer`` and ``late_call_s`` fitted.
+        host_s_per_transfer: compute-stream seconds per miss measured on the overlap runs
+            (placing and the CPU copy stream's memcpy), before the serial fit's per-miss compute
+            is added.
+        late_call_s: the late-expert kernel call's seconds (per layer with misses).
+        num_cycles: overlap-on cycles used.
+        cycle_error: |% error| of whole overlap-on cycles with the fitted model (in sample: one
+            parameter fitted on them).
+        notes: remarks.
+    """
+
+    model: CycleCostModel
+    host_s_per_transfer: float
+    late_call_s: float
+    num_cycles: int
+    cycle_error: TermError
+    notes: tuple[str, ...] = ()
+
+
+def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFrame | None) -> OverlapFit:
+    """Fit what overlap costs the compute stream, from cycles recorded with ``--overlap on``.
+
+    ``fit`` is the serial fit (:func:`fit_cost_model` on overlap-off runs of the same link); its
+    link (bandwidth, latency per expert), verify and draft terms are kept. Two compute-stream
+    terms of the cost model's overlap mode "on" (``specfit.cost``) are then measured on the
+    overlap runs: ``host_s_per_transfer`` = :func:`host_s_per_transfer` of these runs (the cycles'
+    ``h2d_s`` beyond their copies' own seconds: placing each miss and, on the CPU copy stream,
+    its memcpy, which the live engine counts as stall) plus the serial fit's per-miss compute;
+    ``late_call_s`` = the median over cycles with misses of ``(measured model cycle - the "on"
+    formula without late calls) / layers with misses`` (clipped at 0; a median because one
+    parameter fitted on a shared machine's cycles should not follow its outliers). It is the
+    extra kernel call a layer makes on experts whose copies landed after its resident experts
+    were computed (``live.offload``), and whatever else overlap costs per such layer.
+
+    Raises:
+        CalibrationDataError: bad cycle values (run and field named) or no overlap cycle.
+    """
+    base = fit.model
+    validate_cycles(cycles, base.num_layers)
+    if not len(cycles):
+        raise CalibrationDataError("overlap fit: no cycles recorded with --overlap on")
+    transfers = transfers if transfers is not None else pd.DataFrame(columns=list(TRANSFER_COLUMNS))
+    notes: list[str] = []
+    if len(transfers):
+        host_s = host_s_per_transfer(cycles, transfers, copies_per_transfer(transfers))
+    else:
+        host_s = fit.h2d_host_s_per_transfer
+        notes.append("no transfers table in the overlap runs: the serial runs' placing time is used")
+    link_latency_s = max(base.h2d_s_per_transfer - fit.h2d_host_s_per_transfer - fit.compute_s_per_miss, 0.0)
+    host_total_s = host_s + fit.compute_s_per_miss
+    model = replace(
+        base,
+        overlap_h2d=True,
+        overlap_mode="on",
+        h2d_s_per_transfer=link_latency_s + host_total_s,
+        host_s_per_transfer=host_total_s,
+        late_call_s=0.0,
+        source=f"{base.source}; overlap terms from {len(cycles)} overlap-on cycles",
+    )
+    misses = _stack(cycles["layer_misses"])  # [C, L]
+    rows = zip(cycles["num_draft_levels"], cycles["num_nodes_verified"], cycles["context_len"], misses)
+    without_late = np.array([model.cycle_s(int(lev), int(n), int(ctx), m) for lev, n, ctx, m in rows])
+    measured = model_cycle_s(cycles)
+    layers_with_misses = np.count_nonzero(misses, axis=1) if misses.size else np.zeros(len(cycles))
+    keep = layers_with_misses > 0
+    late_s = 0.0
+    if keep.sum() >= 3:
+        late_s = max(float(np.median((measured - without_late)[keep] / layers_with_misses[keep])), 0.0)
+    else:
+        notes.append(f"late_call_s set to 0: {int(keep.sum())} overlap cycle(s) with misses (need >= 3)")
+    model = replace(model, late_call_s=late_s)
+    predicted = without_late + late_s * layers_with_misses
+    notes.append(
+        f"overlap on: compute stream {host_total_s * 1e6:.3g} us per miss (placing + memcpy "
+        f"{host_s * 1e6:.3g} us, per-miss compute {fit.compute_s_per_miss * 1e6:.3g} us), late-expert call "
+        f"{late_s * 1e6:.3g} us per layer with misses ({len(cycles)} cycles)"
+    )
+    return OverlapFit(model, host_s, late_s, len(cycles), TermError.of(predicted, measured), tuple(notes))
 
 
 def fit_tables(fit: CostFit) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -112,7 +112,10 @@ def build_parser() -> ArgumentParser:
         "--overlap",
         choices=("auto", "on", "off"),
         default="auto",
-        help="overlap_h2d of the fitted model; auto = manifest config 'overlap_h2d' (false if absent)",
+        help="overlap_h2d of the fitted model; auto = manifest config 'overlap_h2d' (false if absent). "
+        "Runs recorded with `live.record --overlap on` beside overlap-off runs of the same link: the "
+        "serial terms are fitted on the off runs and the overlap terms (placing per miss, late-expert "
+        "call) on the on runs, and the model written is priced with overlap mode 'on' (unless --overlap off)",
     )
     p.add_argument(
         "--verify-target",
@@ -203,6 +206,20 @@ def _overlap(flag: str, loaded: LoadedRuns) -> bool:
     return any(bool(m.config.get("overlap_h2d", False)) for m in loaded.manifests())
 
 
+def _split_overlap_runs(loaded: LoadedRuns, cycles: Any, transfers: Any, args: Any) -> tuple[Any, Any, list[str]]:
+    """``(cycles, transfers, labels)`` of the policy runs recorded with ``live.record --overlap
+    on`` (manifest config ``overlap``), when overlap-off runs are there too and ``--overlap`` is
+    not ``off``; else empty tables and ``[]`` (every run fitted as before)."""
+    on = {lbl for lbl, m in zip(loaded.labels, loaded.manifests()) if m.config.get("overlap") == "on"}
+    labels = sorted(on & set(cycles["run"].astype(str))) if len(cycles) and "run" in cycles.columns else []
+    serial = set(cycles["run"].astype(str)) - on if len(cycles) and "run" in cycles.columns else set()
+    if args.overlap == "off" or not labels or not serial:
+        return cycles.iloc[0:0], transfers.iloc[0:0], []
+    pick = cycles["run"].isin(labels)
+    picked_transfers = transfers[transfers["run"].isin(labels)] if len(transfers) else transfers
+    return cycles[pick].reset_index(drop=True), picked_transfers.reset_index(drop=True), labels
+
+
 def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
     """Run the whole calibration for parsed ``args``; returns the summary dict.
 
@@ -214,6 +231,12 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
         expected_model=args.model,
     )
     cycles, transfers, cost_labels = loaded.cost_fit_tables()
+    overlap_cycles, overlap_transfers, overlap_labels = _split_overlap_runs(loaded, cycles, transfers, args)
+    if overlap_labels:
+        cycles = cycles[~cycles["run"].isin(overlap_labels)].reset_index(drop=True)
+        if len(transfers):
+            transfers = transfers[~transfers["run"].isin(overlap_labels)].reset_index(drop=True)
+        cost_labels = [label for label in cost_labels if label not in overlap_labels]
     has_policy_runs = any(m.run.mode == "policy" for m in loaded.manifests())
     if len(cycles) == 0 or not has_policy_runs:
         dense = loaded.node_arrays()
@@ -268,8 +291,24 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
         options=options,
         source=f"calibration.fit {' '.join(cost_labels)}",
     )
-    fit.model.save(out)
+    overlap = None
+    if overlap_labels:
+        from calibration.costfit import fit_overlap_terms
+
+        overlap = fit_overlap_terms(fit, overlap_cycles, overlap_transfers)
+    (overlap.model if overlap is not None else fit.model).save(out)
     report = fit.to_dict()
+    if overlap is not None:
+        report["cost"] = overlap.model.to_dict()
+        report["serial_cost"] = fit.model.to_dict()
+        report["overlap_fit"] = {
+            "runs": overlap_labels,
+            "host_s_per_transfer": overlap.host_s_per_transfer,
+            "late_call_s": overlap.late_call_s,
+            "num_cycles": overlap.num_cycles,
+            "cycle_error_in_sample": vars(overlap.cycle_error),
+            "notes": list(overlap.notes),
+        }
     report["runs"] = list(loaded.labels)
     report["cost_fit_runs"] = cost_labels
     report["model"] = loaded.model.name
@@ -284,7 +323,7 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
         print()
         print("absolute % error per term (fit / held-out cycles; h2d_transfer per tensor copy):")
         print(errors.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    for note in fit.notes:
+    for note in fit.notes + (overlap.notes if overlap is not None else ()):
         print(f"note: {note}")
     summary: dict[str, Any] = {
         "cost": str(out),
@@ -303,6 +342,14 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
         "compute_us_per_miss": s_to_us(fit.compute_s_per_miss),
         "h2d_identifiable": fit.h2d_identifiable,
     }
+    if overlap is not None:
+        summary.update(
+            overlap_mode="on",
+            late_call_us=s_to_us(overlap.late_call_s),
+            host_us_per_transfer=s_to_us(overlap.model.host_s_per_transfer),
+            overlap_cycle_median_pct=overlap.cycle_error.median_abs_pct_error,
+            overlap_cycle_p90_pct=overlap.cycle_error.p90_abs_pct_error,
+        )
     dense = loaded.node_arrays()
     if dense:
         _fit_dense(dense, loaded, args, folder, report, summary)

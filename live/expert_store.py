@@ -264,17 +264,6 @@ class DeviceExpertPool:
         local = torch.from_numpy(rows).to(top_k_index.device)[top_k_index]
         return [ExpertView(*self._arena, local, top_k_weights)]
 
-    def view_row(self, layer: int, expert: int) -> int:
-        """Row of ``expert`` in the slot tensors of the view :meth:`views` returns for ``layer``
-        right now (its persistent slot, or its arena row when the layer has transient experts);
-        a host-side lookup, so no device synchronisation."""
-        if not self._scratch_used:
-            return int(self.slot_of[layer, expert])
-        slot = self._scratch_used.get(int(expert))
-        if slot is not None:
-            return self.num_layers * self.capacity + slot
-        return int(self._arena_lut(layer)[expert])
-
     def end_layer(self) -> None:
         """Forget the current layer's scratch assignments (their slots are reused next layer)."""
         self._scratch_used.clear()

@@ -25,16 +25,20 @@ Overlap (``H2DLink.enqueue``): the copies run on the link's own *copy stream* (t
 caller waits for each transfer on its own (:meth:`H2DFetch.wait_transfer`) right before computing
 the expert it brings. On CUDA the copy stream is the dedicated ``torch.cuda.Stream`` and the wait is
 ``Stream.wait_event`` on the transfer's end event (the host does not block; PyTorch docs,
-"CUDA semantics", streams and events). On the CPU links the copy stream is one worker thread that
-takes batches in FIFO order, copies, and waits out the emulated wire time (sleeping, never
-spinning, so it holds neither the GIL nor a core), and the wait is a ``threading.Event``. Every copy records when it was enqueued, started and
-landed (:meth:`H2DFetch.copy_spans`).
+"CUDA semantics", streams and events). On the CPU links the copy stream is a *clock*, as a DMA
+copy engine is to the host: :meth:`H2DLink.enqueue` does the memcpys at once (host time, recorded
+by the caller as placing) and gives each copy its landing instant on a FIFO link clock,
+``landed_j = max(landed_{j-1} + bytes_j / bandwidth + latency_s / copies, memcpy end_j)`` (the
+same FIFO recurrence as ``sim.engine.FastEngine``); a copy counts as landed once ``perf_counter``
+passes that instant, and waiting for it sleeps (then spins the last millisecond) until then. No
+thread: a copy-stream thread would compete with the compute thread for the GIL and for the cores
+(on 2 shared cores it made overlap slower than no overlap), and its sleep overshoot would move
+the landings. Every copy records when it was enqueued, started and landed
+(:meth:`H2DFetch.copy_spans`).
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -100,9 +104,8 @@ class H2DFetch:
         "_events",
         "_start",
         "_stamps",
-        "_landed",
-        "_done",
-        "_error",
+        "_landing_s",
+        "_spin_below_s",
         "_device",
     )
 
@@ -131,27 +134,18 @@ class H2DFetch:
         # when the batch was enqueued: perf_counter seconds (CPU) or an event on the compute stream
         self.enqueued_at = None
         self._start = None  # CPU: perf_counter when the copy stream began the batch
-        self._stamps = None  # CPU: float64[M] perf_counter after each copy
-        self._landed: list[threading.Event] | None = None  # CPU worker: one per transfer
-        self._done: threading.Event | None = None
-        self._error: BaseException | None = None
+        self._stamps = None  # CPU: float64[M] perf_counter instant each copy landed
+        self._landing_s: np.ndarray | None = None  # CPU enqueue: float64[num_transfers] landings
+        self._spin_below_s = _SPIN_BELOW_S
         self._device: torch.device | None = None  # CUDA: the device whose current stream waits
 
     def _resolve(self) -> None:
-        if self._done is not None:
-            self._wait_done()
-            return
         events = self._events
         events[-1].synchronize()
         # CUDA events report milliseconds
         stamps = np.array([events[0].elapsed_time(e) for e in events[1:]], dtype=np.float64) / 1e3
         self._copy_s = np.diff(stamps, prepend=0.0)
         self._seconds = float(stamps[-1]) if stamps.size else 0.0
-
-    def _wait_done(self) -> None:
-        self._done.wait()
-        if self._error is not None:
-            raise RuntimeError(f"H2D copy stream failed: {self._error}") from self._error
 
     def _last_copy_of(self, transfer: int) -> int:
         return int(self.copies_per_transfer[: transfer + 1].sum()) - 1
@@ -171,24 +165,23 @@ class H2DFetch:
     def wait_transfer(self, transfer: int) -> None:
         """Make the compute stream wait until ``transfer`` (0-based, issue order) has landed.
 
-        CPU: blocks the calling thread (returns at once for a batch from :meth:`H2DLink.fetch`).
-        CUDA: ``current_stream.wait_event`` on the transfer's end event; the host does not block.
-        Raises ``RuntimeError`` if the copy stream failed.
+        CPU: blocks the calling thread until the transfer's landing instant on the link clock
+        (sleeps, then spins the last millisecond; returns at once for a batch from
+        :meth:`H2DLink.fetch`). CUDA: ``current_stream.wait_event`` on the transfer's end event;
+        the host does not block.
         """
-        if self._landed is not None:
-            self._landed[transfer].wait()
-            if self._error is not None:
-                self._wait_done()
+        if self._landing_s is not None:
+            _wait_until(self._landing_s[transfer], self._spin_below_s)
         elif self._events is not None:
             torch.cuda.current_stream(self._device).wait_event(self._events[self._last_copy_of(transfer) + 1])
 
     def done(self) -> bool:
-        """Whether every copy of the batch has landed, without waiting: CPU, the copy stream's
-        flag; CUDA, ``Event.query()`` on the batch's last event (the engine synchronises only the
-        compute stream at the end of a forward, so copies nobody waited for stay in flight into
-        the next forward, as on the CPU copy stream)."""
-        if self._done is not None:
-            return self._done.is_set()
+        """Whether every copy of the batch has landed, without waiting: CPU, the link clock has
+        passed its last landing; CUDA, ``Event.query()`` on the batch's last event (the engine
+        synchronises only the compute stream at the end of a forward, so copies nobody waited for
+        stay in flight into the next forward, as on the CPU copy stream)."""
+        if self._landing_s is not None:
+            return time.perf_counter() >= self._landing_s[-1]
         if self._events is not None and self._seconds is None:
             return bool(self._events[-1].query())
         return True
@@ -196,8 +189,8 @@ class H2DFetch:
     def transfer_landed(self, transfer: int) -> bool:
         """Whether ``transfer`` has landed, without waiting. CPU: exact. CUDA: ``False`` (the host
         runs ahead of both streams, so each transfer is waited for on its own)."""
-        if self._landed is not None:
-            return self._landed[transfer].is_set()
+        if self._landing_s is not None:
+            return time.perf_counter() >= self._landing_s[transfer]
         return self._events is None
 
     def landed_after_s(self, transfer: int, mark) -> float:
@@ -212,14 +205,14 @@ class H2DFetch:
         (a ``perf_counter`` value on CPU, a CUDA event on the compute stream on CUDA) to the
         batch's enqueue, to each copy's start on the copy stream, and to its landing. A copy
         starts when the previous one of its batch landed (the first: when the copy stream took
-        the batch). Synchronises on CUDA; waits for the batch on CPU."""
+        the batch). Synchronises on CUDA; on CPU the instants are known at enqueue (the link
+        clock), so nothing waits."""
         m = self.copy_bytes.size
         if self._events is not None:  # CUDA
             self.seconds()
             ms = np.array([origin.elapsed_time(e) for e in self._events], dtype=np.float64) / 1e3
             enq = origin.elapsed_time(self.enqueued_at) / 1e3 if self.enqueued_at is not None else ms[0]
             return np.full(m, enq), ms[:-1], ms[1:]
-        self.seconds()
         if self._stamps is None or self._start is None:
             zeros = np.zeros(m, dtype=np.float64)
             return zeros, zeros, zeros
@@ -229,20 +222,16 @@ class H2DFetch:
         return np.full(m, enqueued - origin), started, landed
 
 
-def _wait_until(deadline_s: float, spin: bool = True) -> None:
-    """Return once ``time.perf_counter() >= deadline_s``: sleep the bulk, spin the last ms.
-
-    ``spin=False`` (the copy-stream thread) sleeps all the way: a spinning thread would hold the
-    GIL and a core away from the compute thread; the sleep's overshoot (tens of microseconds,
-    more on a loaded machine) is measured in the copy's recorded time like any other delay."""
+def _wait_until(deadline_s: float, spin_below_s: float = _SPIN_BELOW_S) -> None:
+    """Return once ``time.perf_counter() >= deadline_s``: sleep the bulk, spin the last
+    ``spin_below_s`` (sleep overshoots by ~0.1 ms, more on a loaded machine; 0 = sleep only, for a
+    fake clock whose sleep is exact)."""
     while True:
         remaining = deadline_s - time.perf_counter()
         if remaining <= 0:
             return
-        if not spin:
-            time.sleep(remaining)
-        elif remaining > 2 * _SPIN_BELOW_S:
-            time.sleep(remaining - _SPIN_BELOW_S)
+        if remaining > 2 * spin_below_s:
+            time.sleep(remaining - spin_below_s)
 
 
 class H2DLink:
@@ -259,6 +248,8 @@ class H2DLink:
         ValueError: bandwidth <= 0 or not finite, latency < 0, or an emulated link asked for on
             CUDA (the emulation sleeps on the host; on a GPU the real link is measured).
     """
+
+    spin_below_s = _SPIN_BELOW_S  # waits for a landing spin their last ms (0: sleep only)
 
     def __init__(
         self,
@@ -296,8 +287,7 @@ class H2DLink:
         self._pinned = self._want_pinned
         self._warned_pageable = False
         self._copy_stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
-        self._worker: threading.Thread | None = None  # CPU copy stream, started by enqueue()
-        self._jobs: queue.SimpleQueue | None = None
+        self._link_free_s = 0.0  # CPU: perf_counter instant the last copy enqueued so far lands
 
     # -- description ---------------------------------------------------------------------------
     @property
@@ -372,6 +362,7 @@ class H2DLink:
             self._enqueue_cuda(transfers, fetch)
             torch.cuda.current_stream(self.device).wait_event(fetch._events[-1])
             return fetch
+        _wait_until(self._link_free_s, self.spin_below_s)  # FIFO: after the copies already in flight
         fetch.enqueued_at = time.perf_counter()
         self._copy_cpu(transfers, fetch)
         return fetch
@@ -381,9 +372,11 @@ class H2DLink:
 
         Same copies, timing and emulation as :meth:`fetch`, but the caller must call
         :meth:`H2DFetch.wait_transfer` for each transfer before reading its ``dst`` tensors.
-        Batches run in FIFO order after every batch enqueued earlier. CPU: a worker thread (the
-        copy stream) started on first use. CUDA: the dedicated copy stream, after the work already
-        queued on the current stream (so no slot is overwritten while an earlier layer reads it).
+        Batches run in FIFO order after every batch enqueued earlier. CPU: the memcpys are done
+        here (host time) and each copy gets its landing instant on the link clock (see the module
+        docstring); a copy that cannot be made raises here. CUDA: the dedicated copy stream,
+        after the work already queued on the current stream (so no slot is overwritten while an
+        earlier layer reads it).
         """
         fetch = self._new_fetch(transfers)
         if fetch.num_transfers == 0:
@@ -391,29 +384,20 @@ class H2DLink:
         if self._copy_stream is not None:
             self._enqueue_cuda(transfers, fetch)
             return fetch
-        fetch._landed = [threading.Event() for _ in range(fetch.num_transfers)]
-        fetch._done = threading.Event()
         fetch.enqueued_at = time.perf_counter()
-        self._worker_queue().put((transfers, fetch))
+        self._copy_ahead(transfers, fetch)
         return fetch
 
     def synchronize(self) -> None:
-        """Wait until every copy enqueued so far has landed (CUDA: the copy stream; CPU: the
-        copy-stream thread's queue)."""
+        """Wait until every copy enqueued so far has landed (CUDA: the copy stream; CPU: the link
+        clock's last landing)."""
         if self._copy_stream is not None:
             self._copy_stream.synchronize()
-        elif self._worker is not None:
-            barrier = H2DFetch(0, 0, seconds=0.0)
-            barrier._landed, barrier._done = [], threading.Event()
-            self._jobs.put(((), barrier))
-            barrier._wait_done()
+        else:
+            _wait_until(self._link_free_s, self.spin_below_s)
 
     def close(self) -> None:
-        """Stop the CPU copy-stream thread (after the batches already enqueued); idempotent."""
-        worker, self._worker = self._worker, None
-        if worker is not None:
-            self._jobs.put(None)
-            worker.join()
+        """Release the link (nothing to stop: the CPU copy stream is a clock); idempotent."""
 
     def _new_fetch(self, transfers: Sequence[Sequence[CopyPair]]) -> H2DFetch:
         if not transfers:
@@ -430,56 +414,55 @@ class H2DLink:
         fetch._copy_s = fetch._seconds = None
         return fetch
 
-    def _worker_queue(self) -> queue.SimpleQueue:
-        if self._worker is None:
-            self._jobs = queue.SimpleQueue()
-            self._worker = threading.Thread(
-                target=self._copy_stream_thread, args=(self._jobs,), name="h2d-copy-stream", daemon=True
-            )
-            self._worker.start()
-        return self._jobs
-
-    def _copy_stream_thread(self, jobs: queue.SimpleQueue) -> None:
-        """The CPU copy stream: run enqueued batches in FIFO order until ``None`` arrives."""
-        while True:
-            job = jobs.get()
-            if job is None:
-                return
-            transfers, fetch = job
-            try:
-                self._copy_cpu(transfers, fetch)
-            except BaseException as exc:  # handed to the waiting compute thread
-                fetch._error = exc
-                for event in fetch._landed:
-                    event.set()
-                fetch._done.set()
-
-    def _copy_cpu(self, transfers: Sequence[Sequence[CopyPair]], fetch: H2DFetch) -> None:
-        """Copy, wait out the emulated wire time, stamp each copy; signal each landed transfer."""
-        copy_bytes = fetch.copy_bytes
-        stamps = np.empty(copy_bytes.size, dtype=np.float64)
-        start_s = time.perf_counter()
-        copy_start_s = start_s
+    def _wire_s(self, fetch: H2DFetch) -> np.ndarray:
+        """float64[M]: emulated seconds of each copy, ``bytes / bandwidth + latency_s / copies of
+        its expert`` (zeros for a real link: a copy lasts its memcpy)."""
+        if not self.emulated:
+            return np.zeros(fetch.copy_bytes.size, dtype=np.float64)
         bw = self.bandwidth_bytes_per_s
-        i = 0
-        for index, transfer in enumerate(transfers):
-            latency_each_s = self.latency_s / len(transfer) if transfer else 0.0
-            for dst, src in transfer:
-                dst.copy_(src)
-                if self.emulated:  # each copy lasts max(memcpy, emulated); no catching up
-                    _wait_until(
-                        copy_start_s + (copy_bytes[i] / bw if bw else 0.0) + latency_each_s,
-                        spin=fetch._landed is None,
-                    )
-                copy_start_s = stamps[i] = time.perf_counter()
-                i += 1
-            if fetch._landed is not None:
-                fetch._landed[index].set()
+        wire = fetch.copy_bytes / bw if bw else np.zeros(fetch.copy_bytes.size, dtype=np.float64)
+        return wire + np.repeat(self.latency_s / fetch.copies_per_transfer, fetch.copies_per_transfer)
+
+    def _finish(self, fetch: H2DFetch, start_s: float, stamps: np.ndarray) -> None:
         fetch._start, fetch._stamps = start_s, stamps
         fetch._copy_s = np.diff(stamps, prepend=start_s)
         fetch._seconds = float(stamps[-1] - start_s) if stamps.size else 0.0
-        if fetch._done is not None:
-            fetch._done.set()
+
+    def _copy_cpu(self, transfers: Sequence[Sequence[CopyPair]], fetch: H2DFetch) -> None:
+        """Synchronous copies: copy, wait out the emulated wire time (spinning the last ms), stamp
+        each copy; each copy lasts max(memcpy, emulated), measured from its own start (a late
+        copy never makes the next one shorter)."""
+        wire_s = self._wire_s(fetch)
+        stamps = np.empty(wire_s.size, dtype=np.float64)
+        start_s = copy_start_s = time.perf_counter()
+        i = 0
+        for transfer in transfers:
+            for dst, src in transfer:
+                dst.copy_(src)
+                if self.emulated:
+                    _wait_until(copy_start_s + wire_s[i], self.spin_below_s)
+                copy_start_s = stamps[i] = time.perf_counter()
+                i += 1
+        self._link_free_s = max(self._link_free_s, copy_start_s)
+        self._finish(fetch, start_s, stamps)
+
+    def _copy_ahead(self, transfers: Sequence[Sequence[CopyPair]], fetch: H2DFetch) -> None:
+        """The CPU copy stream: memcpy every copy now, land it on the FIFO link clock,
+        ``landed_j = max(landed_{j-1} + wire_j, memcpy end_j)`` from ``max(now, link free)``."""
+        wire_s = self._wire_s(fetch)
+        stamps = np.empty(wire_s.size, dtype=np.float64)
+        start_s = landed_s = max(fetch.enqueued_at, self._link_free_s)
+        i = 0
+        for transfer in transfers:
+            for dst, src in transfer:
+                dst.copy_(src)
+                landed_s = max(landed_s + wire_s[i], time.perf_counter())
+                stamps[i] = landed_s
+                i += 1
+        self._link_free_s = landed_s
+        fetch._landing_s = stamps[np.cumsum(fetch.copies_per_transfer) - 1]
+        fetch._spin_below_s = self.spin_below_s
+        self._finish(fetch, start_s, stamps)
 
     def _enqueue_cuda(self, transfers: Sequence[Sequence[CopyPair]], fetch: H2DFetch) -> None:
         """Queue the copies on the copy stream, bracketed by timing events (one before the batch,

@@ -31,6 +31,7 @@ bracketed automatically by a wrapper of ``model.forward``.
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -359,28 +360,26 @@ class OffloadedExperts(torch.nn.Module):
         return self._experts_cls.forward(self, hidden_states, view_index, weights)
 
     def _run_as_copies_land(self, work: _LayerWork, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Fetch-before-compute per expert (overlap): the token-expert pairs of the experts
-        already resident are computed (one upstream kernel call) while the missing ones are in
-        flight, then each missing expert's pairs as soon as its copy lands
-        (:meth:`OffloadedMoE._pairs_as_copies_land`), with the upstream eager kernel's per-expert
-        body (``linear``, the class's ``_apply_gate``, ``linear``, times the routing weight), so
-        a late expert costs a few ops rather than a kernel call. Each pair is its own top-1 row
+        """Fetch-before-compute per expert (overlap): one upstream kernel call on the token-expert
+        pairs of the experts already resident (or landed) while the others are in flight, then
+        one call per group of late experts whose copies have landed together
+        (:meth:`OffloadedMoE._pairs_as_copies_land`). Each pair is its own top-1 row
         (``hidden.repeat_interleave(K)``) and the pair outputs are summed over K in upstream's
         order (``view(T, K, D).sum(1)``, as in ``grouped_mm``/``batched_mm``): the result matches
-        the one-call layer up to float rounding."""
+        the one-call layer up to float rounding. With nothing in flight any more when the layer
+        computes, it is the one-call layer itself."""
         view = work.view
+        groups = self.engine._pairs_as_copies_land(self.moe_index, work)
+        first = next(groups)
+        if first is None:  # every copy landed already: one call
+            return self._run(view, hidden_states, view.slot_index, view.weights)
         num_tokens, top_k = view.slot_index.shape
         rows = hidden_states.repeat_interleave(top_k, dim=0)  # [T*K, D]
-        slots = view.slot_index.reshape(-1)  # [T*K]
+        slots = view.slot_index.reshape(-1, 1)  # [T*K, 1]
         weights = view.weights.reshape(-1, 1)  # [T*K, 1]
         pairs = torch.zeros_like(rows)  # [T*K, D]
-        for pair_index, slot in self.engine._pairs_as_copies_land(self.moe_index, work):  # int64[P]
-            if slot is None:  # the resident experts: one upstream kernel call, pairs as top-1 rows
-                part = self._run(view, rows[pair_index], slots[pair_index, None], weights[pair_index])
-            else:
-                hidden = torch.nn.functional.linear(rows[pair_index], view.gate_up[slot])  # [P, 2I]
-                hidden = self._apply_gate(hidden)  # [P, I]
-                part = torch.nn.functional.linear(hidden, view.down[slot]) * weights[pair_index]
+        for pair_index in itertools.chain((first,), groups):  # int64[P]; each group once it landed
+            part = self._run(view, rows[pair_index], slots[pair_index], weights[pair_index])
             pairs.index_copy_(0, pair_index, part.to(pairs.dtype))
         return pairs.view(num_tokens, top_k, -1).sum(dim=1)
 
@@ -822,12 +821,13 @@ class OffloadedMoE:
             waits = [(*self._in_flight[(layer, int(e))], int(e)) for e in hits if (layer, int(e)) in self._in_flight]
             waits = [w for w in waits if not w[0].transfer_landed(w[1])]
         if transfers:
-            state.placing_s[layer] += time.perf_counter() - placing_started_s
             fetched = np.asarray(to_fetch, dtype=np.int64)
-            if self._copy_stream:
+            if self._copy_stream:  # CPU: the memcpys happen here, host time counted as placing
                 fetch = self.link.enqueue(transfers)
+                state.placing_s[layer] += time.perf_counter() - placing_started_s
                 waits += [(fetch, i, int(e)) for i, e in enumerate(fetched)]
             else:
+                state.placing_s[layer] += time.perf_counter() - placing_started_s
                 fetch = self.link.fetch(transfers)
             state.fetches[layer].append(fetch)
             state.fetch_experts[layer].append(fetched)
@@ -917,22 +917,36 @@ class OffloadedMoE:
             self._state.fetch_experts[layer + 1].append(np.asarray(experts, dtype=np.int64))
 
     def _pairs_as_copies_land(self, layer: int, work: _LayerWork):
-        """Yield ``(pair_index int64[P], slot)`` in compute order: the indices into the layer's
-        T*K token-expert pairs of the experts already resident (``slot`` None: one kernel call),
-        then, for each expert of ``work.waits`` in issue order, once its copy has landed, its
-        pairs and its row in ``work.view``'s tensors (:meth:`_wait`: CPU blocks on the copy
-        stream, the wait counted as stall; CUDA ``Stream.wait_event``, the host does not block,
-        the stall measured from events at the end of the forward)."""
+        """Yield, in compute order, ``pair_index int64[P]`` groups of the layer's T*K token-expert
+        pairs, each computed by one kernel call: first ``None`` if every copy of ``work.waits``
+        has landed already (compute the layer in one call), else the pairs of the experts that
+        are resident or landed (none: an empty group is skipped); then, until every expert is
+        computed, wait for the next copy in issue order (:meth:`_wait`: CPU blocks until its
+        landing, the wait counted as stall; CUDA ``Stream.wait_event``, the host does not block,
+        the stall measured from events at the end of the forward) and yield the pairs of it and
+        of every later expert whose copy has landed by then (FIFO link: a prefix of the rest)."""
+        late = [w for w in work.waits if not w[0].transfer_landed(w[1])]
+        if not late:
+            yield None
+            return
         flat = work.ids.reshape(-1)  # [T*K]
         device = work.view.slot_index.device
-        resident = ~np.isin(flat, [e for _, _, e in work.waits])
-        if resident.any():
-            yield torch.from_numpy(np.flatnonzero(resident)).to(device), None
-        for wait in work.waits:
-            self._wait(layer, [wait])
-            expert = wait[2]
-            pair_index = torch.from_numpy(np.flatnonzero(flat == expert)).to(device)
-            yield pair_index, self.pool.view_row(layer, expert)
+
+        def pairs_of(experts) -> torch.Tensor:
+            return torch.from_numpy(np.flatnonzero(np.isin(flat, experts))).to(device)
+
+        ready = ~np.isin(flat, [e for _, _, e in late])
+        if ready.any():
+            yield torch.from_numpy(np.flatnonzero(ready)).to(device)
+        k = 0
+        while k < len(late):
+            self._wait(layer, [late[k]])
+            group = [late[k][2]]
+            k += 1
+            while k < len(late) and late[k][0].transfer_landed(late[k][1]):
+                group.append(late[k][2])
+                k += 1
+            yield pairs_of(group)
 
     def _sync_layer_slots_only(self, layer: int) -> None:
         """Free slots of experts the policy no longer caches (state drift repair)."""

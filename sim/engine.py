@@ -17,18 +17,25 @@ Model (issue 6, "The discrete-event model"):
   (``expert_bytes / bandwidth``). With ``concurrency = c > 1`` up to ``c`` copies are in flight:
   their dispatch latencies overlap while the wire (the bandwidth) is shared, one copy at a time.
 * Demand misses of layer ``l`` are enqueued when layer ``l`` is reached (its router has run),
-  as the live engine does (``live.offload``). ``overlap="off"``: the compute stream blocks on
-  them (and on the layer's prefetched experts still in flight) before the layer computes, so
-  with an idle link the cycle is exactly ``draft + decision + verify + sum_l misses_l *
-  (latency + wire)``: ``specfit.cost.CycleCostModel.cycle_s`` with overlap off.
+  as the live engine does (``live.offload``), after the compute stream has spent
+  ``host_ns_per_transfer`` per miss placing them (slot bookkeeping, and on the emulated CPU link
+  the memcpy: host work a copy engine does not do; the live engine counts it as stall).
+  ``overlap="off"``: the compute stream blocks on them (and on the layer's prefetched experts
+  still in flight) before the layer computes, so with an idle link the cycle is exactly ``draft
+  + decision + verify + sum_l misses_l * (host + latency + wire)``:
+  ``specfit.cost.CycleCostModel.cycle_s`` with overlap off.
   ``overlap="on"`` (the live engine's ``--overlap on``): the layer computes its resident experts
-  at once while its copies are in flight, and each late expert as soon as its copy lands; late
-  experts are modelled as costing no compute of their own, so the layer ends at
-  ``max(start + compute, last arrival)`` (analytic: ``sum_l max(compute_l, h2d_l)`` on an idle
-  link). ``overlap="ideal"`` is a BOUND no engine reaches (a layer's experts are known only once
+  (those whose copies have landed included) at once, in one kernel call, while its copies are in
+  flight; then, until every late expert is computed, it waits for the next copy to land and
+  computes every late expert landed by then in one more kernel call of ``late_call_ns`` (the
+  live engine's late-expert groups: a call's fixed cost dominates a few experts' work on the
+  CPU). So on an idle link with copies landing one by one (``transfer >= late_call``) a layer
+  with misses lasts ``host + max(compute, h2d) + late_call`` (``CycleCostModel.cycle_s``, mode
+  "on"). ``overlap="ideal"`` is a BOUND no engine reaches (a layer's experts are known only once
   its router has run): as "on", but the demand misses of every layer are enqueued when
   verification starts, in layer order, so copies of later layers also proceed while earlier
-  layers compute; never slower than "on" (analytic bound ``draft + max(verify, h2d)``). ``True``/``False`` are read as ``"ideal"``/``"off"``.
+  layers compute (placing and late calls as in "on"; the analytic bound ``draft + max(verify,
+  h2d)`` leaves them out). ``True``/``False`` are read as ``"ideal"``/``"off"``.
 * Prefetch: the predicted misses (``CyclePlan.prefetch``) are enqueued when the subtree is chosen
   (after ``decision_ns``), before any demand copy. A prefetched expert is resident in the cache
   from that instant but usable only once its copy arrives; copies still in flight at the end of
@@ -100,6 +107,10 @@ class CyclePlan:
         prefetch: ``(layer, expert)`` copies enqueued at decision time, in this order.
         overlap: ``"off"``, ``"on"`` or ``"ideal"`` (see the module docstring; a bool is read as
             ``"ideal"``/``"off"``).
+        host_ns_per_transfer: compute-stream time placing each demand miss before its copy is
+            enqueued (``CycleCostModel.host_s_per_transfer``), >= 0.
+        late_call_ns: with overlap, compute-stream time of each kernel call on late experts
+            (``CycleCostModel.late_call_s``), >= 0.
     """
 
     draft_ns: int
@@ -109,6 +120,8 @@ class CyclePlan:
     demand: Sequence[Sequence[int]]
     prefetch: Sequence[tuple[int, int]] = ()
     overlap: bool | str = "off"
+    host_ns_per_transfer: int = 0
+    late_call_ns: int = 0
 
     @property
     def overlap_mode(self) -> str:
@@ -134,9 +147,9 @@ class CycleTiming:
         layer_h2d_ns: ``L``, summed duration of this cycle's copies for layer ``l`` (demand and
             prefetch; with ``concurrency == 1`` this is the link time they occupied).
         num_transfers: copies enqueued in this cycle (demand + prefetch).
-        layer_wait_ns: ``L``, with ``overlap="on"``: how long layer ``l``'s end waited for late
-            copies after its compute (0 otherwise; the wait before a layer's start is the gap
-            between layers).
+        layer_wait_ns: ``L``, with overlap: the layer's stall inside its span, placing its misses
+            and waiting for late copies (0 with ``overlap="off"``, where the stall is the gap
+            between a layer's start and the previous layer's end).
         copies: with ``record_copies`` on the engine, each copy enqueued this cycle as
             ``(layer, expert, enqueued_ns, started_ns, landed_ns)`` in enqueue order (empty otherwise).
     """
@@ -156,7 +169,9 @@ class CycleTiming:
         """The cycle as ``[(phase, start_ns, end_ns), ...]`` with the phase names of
         docs/design.md: ``("draft",)``, ``("decision",)``, ``("h2d", layer, expert)`` per copy
         (needs ``record_copies``), ``("compute", layer)``, ``("stall", layer)`` (a wait for
-        copies before or at the end of the layer's compute), sorted by start then phase."""
+        copies before the layer's compute; with overlap the layer's inner stall, placing and
+        waits between its kernel calls, is shown merged after its compute), sorted by start then
+        phase."""
         log = [(("draft",), self.start_ns, self.draft_end_ns), (("decision",), self.draft_end_ns, self.verify_start_ns)]
         log += [(("h2d", lay, e), started, landed) for lay, e, _, started, landed in self.copies]
         previous_end = self.verify_start_ns
@@ -190,7 +205,7 @@ def _check_plan(plan: CyclePlan) -> None:
             f"CyclePlan: hits ({len(plan.hits)}) and demand ({len(plan.demand)}) need one entry per "
             f"layer ({n})"
         )
-    if min(plan.draft_ns, plan.decision_ns, *plan.layer_compute_ns, 0) < 0:
+    if min(plan.draft_ns, plan.decision_ns, plan.host_ns_per_transfer, plan.late_call_ns, *plan.layer_compute_ns, 0) < 0:
         raise ValueError("CyclePlan: durations must be >= 0 ns")
     if plan.overlap_mode not in OVERLAP_MODES:
         raise ValueError(f"CyclePlan.overlap: expected one of {list(OVERLAP_MODES)}, got {plan.overlap!r}")
@@ -268,14 +283,17 @@ class FastEngine(_EngineBase):
             num_transfers += 1
 
         demand_arrival = [0] * self.num_layers
+        demand_first = [0] * self.num_layers  # start of the layer's first demand copy
         mode = plan.overlap_mode
+        host_ns, late_ns = int(plan.host_ns_per_transfer), int(plan.late_call_ns)
         if mode == "ideal":
             for layer, experts in enumerate(plan.demand):
                 n = len(experts)
                 if n:
+                    first = demand_first[layer] = max(verify_start, link_free)
                     if copies is not None:
-                        log(layer, experts, verify_start, max(verify_start, link_free))
-                    link_free = max(verify_start, link_free) + n * t_ns
+                        log(layer, experts, verify_start, first)
+                    link_free = first + n * t_ns
                     demand_arrival[layer] = link_free
                     layer_h2d[layer] += n * t_ns
                     num_transfers += n
@@ -293,10 +311,12 @@ class FastEngine(_EngineBase):
                     if arrival is not None and arrival > late:
                         late = arrival
             n = len(demand)
+            placed = compute_free + n * host_ns  # the misses placed: their copies enqueued
             if n and mode != "ideal":  # enqueued once the layer's router has run
+                first = demand_first[layer] = placed if placed > link_free else link_free
                 if copies is not None:
-                    log(layer, demand, compute_free, max(compute_free, link_free))
-                link_free = (compute_free if compute_free > link_free else link_free) + n * t_ns
+                    log(layer, demand, placed, first)
+                link_free = first + n * t_ns
                 demand_arrival[layer] = link_free
                 layer_h2d[layer] += n * t_ns
                 num_transfers += n
@@ -304,11 +324,29 @@ class FastEngine(_EngineBase):
                 late = demand_arrival[layer]
             if mode != "off":  # resident experts compute at once, late ones as they land
                 starts.append(compute_free)
-                end = compute_free + int(compute_ns)
-                waits.append(late - end if late > end else 0)
-                compute_free = end if end > late else late
+                cur = placed + int(compute_ns)
+                stall = placed - compute_free
+                if late_ns and late > placed:  # one kernel call per group of late experts landed together
+                    first = demand_first[layer]
+                    arrivals = [first + (k + 1) * t_ns for k in range(n)]
+                    if pending:
+                        arrivals += [pending[int(e)] for e in hits[layer] if int(e) in pending]
+                    arrivals = sorted(a for a in arrivals if a > placed)
+                    i = 0
+                    while i < len(arrivals):
+                        if arrivals[i] > cur:
+                            stall += arrivals[i] - cur
+                            cur = arrivals[i]
+                        while i < len(arrivals) and arrivals[i] <= cur:
+                            i += 1
+                        cur += late_ns
+                elif late > cur:
+                    stall += late - cur
+                    cur = late
+                waits.append(stall)
+                compute_free = cur
             else:
-                ready = late if late > compute_free else compute_free
+                ready = late if late > placed else placed
                 starts.append(ready)
                 waits.append(0)
                 compute_free = ready + int(compute_ns)
@@ -399,28 +437,44 @@ class SimPyEngine(_EngineBase):
         if mode == "ideal":
             for layer, experts in enumerate(plan.demand):
                 demand_events[layer] = [self._enqueue(layer, e) for e in experts]
+        host_ns, late_ns = int(plan.host_ns_per_transfer), int(plan.late_call_ns)
         starts, ends, layer_waits = [], [], []
         for layer in range(self.num_layers):
+            layer_start = int(env.now)
+            n = len(plan.demand[layer])
+            if n and host_ns:  # placing the misses
+                yield env.timeout(n * host_ns)
             if mode != "ideal":  # enqueued once the layer's router has run
                 demand_events[layer] = [self._enqueue(layer, e) for e in plan.demand[layer]]
-            n = len(plan.demand[layer])
             layer_h2d[layer] += n * t_ns
             count += n
             waits = list(demand_events[layer])
             pending = self._events[layer]
             if pending:
                 waits += [pending[int(e)] for e in plan.hits[layer] if int(e) in pending]
-            waits = [w for w in waits if not w.processed]
             if mode != "off":  # the compute stream: resident experts first, then the late ones
-                starts.append(int(env.now))
+                starts.append(layer_start)
+                stall = int(env.now) - layer_start
+                if late_ns:  # copies landing at this very instant count as landed
+                    yield env.timeout(0)
+                late = [w for w in waits if not w.triggered]
                 if plan.layer_compute_ns[layer]:
                     yield env.timeout(int(plan.layer_compute_ns[layer]))
-                computed = int(env.now)
-                waits = [w for w in waits if not w.processed]
-                if waits:
-                    yield simpy.AllOf(env, waits)
-                layer_waits.append(int(env.now) - computed)
+                while late:  # wait for the next landing, then one call on every late expert landed
+                    if late_ns:
+                        yield env.timeout(0)
+                    if not any(w.triggered for w in late):
+                        waited_from = int(env.now)
+                        yield simpy.AnyOf(env, late)
+                        if late_ns:
+                            yield env.timeout(0)
+                        stall += int(env.now) - waited_from
+                    late = [w for w in late if not w.triggered]
+                    if late_ns:
+                        yield env.timeout(late_ns)
+                layer_waits.append(stall)
             else:
+                waits = [w for w in waits if not w.processed]
                 if waits:
                     yield simpy.AllOf(env, waits)
                 starts.append(int(env.now))

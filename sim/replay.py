@@ -170,12 +170,14 @@ def split_ns(total_ns: int, parts: int) -> tuple[int, ...]:
 
 
 def link_from_cost(cost: Any, concurrency: int = 1) -> LinkSpec:
-    """:class:`LinkSpec` of a cost model: latency = ``h2d_s_per_transfer``, wire = bytes / bandwidth.
+    """:class:`LinkSpec` of a cost model: latency = ``h2d_s_per_transfer - host_s_per_transfer``
+    (the compute stream's share, placing each miss, is ``CyclePlan.host_ns_per_transfer``), wire =
+    bytes / bandwidth.
 
-    ``latency_ns + wire_ns == s_to_ns(cost.transfer_s(1))`` exactly.
+    ``latency_ns + wire_ns == s_to_ns(cost.link_s_per_transfer)`` exactly.
     """
-    transfer_ns = s_to_ns(cost.transfer_s(1))
-    latency_ns = min(s_to_ns(cost.h2d_s_per_transfer), transfer_ns)
+    transfer_ns = s_to_ns(cost.link_s_per_transfer)
+    latency_ns = min(s_to_ns(cost.h2d_s_per_transfer - cost.host_s_per_transfer), transfer_ns)
     return LinkSpec(latency_ns=latency_ns, wire_ns=transfer_ns - latency_ns, concurrency=concurrency)
 
 
@@ -319,6 +321,9 @@ class _Replayer:
         self.path_ok = self.arrays.path_accepted()
         self.validated = _VALIDATED.setdefault(trace_run, np.zeros(self.arrays.num_trees, dtype=bool))
         self.link = link_from_cost(self.cost, config.link_concurrency)
+        # the compute stream's share of each miss and, with overlap, each late-expert kernel call
+        self._host_ns = s_to_ns(self.cost.host_s_per_transfer)
+        self._late_call_ns = s_to_ns(self.cost.late_call_s)
         self.expert_bytes = int(self.cost.expert_bytes)
         self.calibration = None
         if config.acceptance is not None:
@@ -657,6 +662,8 @@ class _Replayer:
                 demand=demand,
                 prefetch=prefetch,
                 overlap=cfg.overlap,  # "off" | "on" | "ideal"
+                host_ns_per_transfer=self._host_ns,
+                late_call_ns=self._late_call_ns,
             )
         )
         path = committed_path(tree, path_ok, nodes)

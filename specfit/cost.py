@@ -1,21 +1,31 @@
 """THE cycle cost model of the project: one verification cycle's duration, in seconds.
 
     T_cycle = T_draft(levels) + T_verify(nodes, context) + T_h2d(misses)          (no overlap)
-    T_cycle = T_draft(levels) + sum_l max(T_verify / L, T_h2d,l)      (overlap_h2d, mode "on")
+    T_cycle = T_draft(levels) + sum_l [misses_l * host_s_per_transfer          (overlap_h2d, "on")
+                                       + max(T_verify / L, misses_l * T_link)
+                                       + late_call_s * (misses_l > 0)]
     T_cycle = T_draft(levels) + max(T_verify, T_h2d)               (overlap_h2d, mode "ideal")
     T_draft  = draft_base_s + draft_s_per_level * levels   (levels > 0; 0 when nothing is drafted)
     T_verify = verify_base_s + verify_s_per_node * nodes + verify_s_per_context_token * context_len
     T_h2d    = sum over layers of misses_l * (expert_bytes / h2d_bytes_per_s + h2d_s_per_transfer)
+    T_link   = expert_bytes / h2d_bytes_per_s + h2d_s_per_transfer - host_s_per_transfer
 
 This is the cost of the SpecFit paper's objective (arXiv 2610.15417, abstract: throughput =
 E[committed] / T_cycle with an expert-coverage H2D term), with a per-transfer latency term
 because measured offloading engines are dispatch-bound (docs/reference-figures.md).
 Overlap mode "on" is the live engine's ``--overlap on`` (``live.offload``; ``sim.engine`` mode "on"):
-layer l's copies are enqueued once its router has run and overlap only that layer's compute, so on
-an idle link a layer lasts ``max(compute_l, h2d_l)``; with misses spread evenly over the layers
-(all the totals-only paths, :meth:`CycleCostModel.cycle_s_total`, can assume) it equals the
-"ideal" form, which is a bound no engine reaches (every layer's copies enqueued when verification
-starts). Files without ``overlap_mode`` keep the "ideal" meaning they had. The simulator gives the
+layer l's misses are placed by the compute stream (``host_s_per_transfer`` each: slot
+bookkeeping, the emulated link's memcpy, per-miss compute; the part of ``h2d_s_per_transfer`` that
+is not link time), their copies are enqueued once its router has run and overlap only that
+layer's compute, and the experts whose copies land after the resident ones were computed take one
+more kernel call (``late_call_s``, once per layer when copies land one by one, the usual case:
+``sim.engine`` models the groups exactly). Both are fitted by ``calibration.costfit`` from
+overlap-on runs (``fit_overlap_terms``); with them at 0 a layer lasts ``max(compute_l, h2d_l)``
+on an idle link. The totals-only paths (:meth:`CycleCostModel.cycle_s_total`, the planner's
+search) price overlap with the "ideal" form ``max(T_verify, T_h2d)`` (what the per-layer maximum
+gives with the misses spread evenly and the placing and late calls left out), a bound no engine
+reaches (every layer's copies enqueued when verification starts); plans are re-scored with
+:meth:`CycleCostModel.cycle_s`. Files without ``overlap_mode`` keep the "ideal" meaning they had. The simulator gives the
 exact value with prefetch and copies carried across cycles. ``draft_base_s`` is what a drafting cycle pays
 once whatever its depth (the draft model's catch-up forward over the tokens committed last cycle,
 launch overheads): measured live on the embedded default it is ~0.6 ms beside ~0.9 ms per level, so a
@@ -39,7 +49,8 @@ import numpy as np
 from specfit.units import gb_per_s_to_bytes_per_s
 
 COST_MODEL_FORMAT = "specfit.CycleCostModel"
-COST_MODEL_VERSION = 2  # 2: draft_base_s (version-1 files load with draft_base_s = 0)
+COST_MODEL_VERSION = 3  # 2: draft_base_s (version 1 loads with 0); 3: host_s_per_transfer,
+# late_call_s (versions 1-2 load with 0: all of h2d_s_per_transfer is link time, no late calls)
 COST_FIT_REPORT_NAME = "cost_fit_report.json"  # written by calibration.fit beside its cost.json
 
 
@@ -71,6 +82,8 @@ FIELD_UNITS: dict[str, str] = {
     "verify_s_per_context_token": "s/token",
     "h2d_bytes_per_s": "bytes/s",
     "h2d_s_per_transfer": "s/transfer",
+    "host_s_per_transfer": "s/transfer",
+    "late_call_s": "s",
     "expert_bytes": "bytes",
     "num_layers": "count",
     "overlap_h2d": "bool",
@@ -85,6 +98,8 @@ _FLOAT_FIELDS = (
     "verify_s_per_context_token",
     "h2d_bytes_per_s",
     "h2d_s_per_transfer",
+    "host_s_per_transfer",
+    "late_call_s",
 )
 
 
@@ -106,10 +121,16 @@ class CycleCostModel:
         overlap_mode: how, when ``overlap_h2d``: ``"on"`` (per layer, as the live engine) or
             ``"ideal"`` (the bound; the default, which files written before the field keep).
         source: where the parameters come from (free text, e.g. a calibration path).
+        host_s_per_transfer: the share of ``h2d_s_per_transfer`` the compute stream spends per
+            miss (placing it, the emulated link's memcpy, per-miss compute) rather than the link
+            (s; default 0). Without overlap it changes nothing; with overlap it is not hidden.
+        late_call_s: with overlap mode "on", the compute-stream cost of the extra kernel call on
+            the experts whose copies landed after the layer's resident experts were computed
+            (s; default 0).
 
     Raises:
-        ValueError: a negative or non-finite time, a non-positive bandwidth or layer count; the
-            message names the field.
+        ValueError: a negative or non-finite time, a non-positive bandwidth or layer count,
+            ``host_s_per_transfer > h2d_s_per_transfer``; the message names the field.
     """
 
     draft_s_per_level: float
@@ -124,6 +145,8 @@ class CycleCostModel:
     overlap_h2d: bool = False
     source: str = "manual"
     overlap_mode: str = "ideal"
+    host_s_per_transfer: float = 0.0
+    late_call_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in _FLOAT_FIELDS:
@@ -141,6 +164,11 @@ class CycleCostModel:
                     f"CycleCostModel.{name}: expected a finite number >= 0 ({FIELD_UNITS[name]}), got {value!r}"
                 )
             object.__setattr__(self, name, value)
+        if self.host_s_per_transfer > self.h2d_s_per_transfer:
+            raise ValueError(
+                "CycleCostModel.host_s_per_transfer: expected <= h2d_s_per_transfer (it is the part of "
+                f"it spent on the compute stream), got {self.host_s_per_transfer!r} > {self.h2d_s_per_transfer!r}"
+            )
         for name, minimum in (("expert_bytes", 0), ("num_layers", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or int(value) != value or value < minimum:
@@ -158,6 +186,11 @@ class CycleCostModel:
     def s_per_miss(self) -> float:
         """Seconds one expert transfer costs, ``expert_bytes / h2d_bytes_per_s + h2d_s_per_transfer``."""
         return self.expert_bytes / self.h2d_bytes_per_s + self.h2d_s_per_transfer
+
+    @property
+    def link_s_per_transfer(self) -> float:
+        """Seconds one expert copy occupies the link: :attr:`s_per_miss` less ``host_s_per_transfer``."""
+        return self.expert_bytes / self.h2d_bytes_per_s + self.h2d_s_per_transfer - self.host_s_per_transfer
 
     def draft_s(self, num_levels: int) -> float:
         """Draft time for ``num_levels`` levels (s): ``draft_base_s + draft_s_per_level * levels``, 0 for 0."""
@@ -226,8 +259,10 @@ class CycleCostModel:
         if self.overlap_h2d and self.overlap_mode == "on" and misses.ndim == 1:
             self.h2d_s(misses)  # checks the counts
             layer_compute = self.verify_s(num_nodes, context_len) / self.num_layers
-            per_layer = np.maximum(layer_compute, misses.astype(np.float64) * self.s_per_miss)
-            return float(self.draft_s(num_levels) + per_layer.sum())
+            m = misses.astype(np.float64)
+            per_layer = np.maximum(layer_compute, m * self.link_s_per_transfer)
+            host = self.host_s_per_transfer * m.sum() + self.late_call_s * np.count_nonzero(m)
+            return float(self.draft_s(num_levels) + per_layer.sum() + host)
         return self.combine_s(
             self.draft_s(num_levels), self.verify_s(num_nodes, context_len), self.h2d_s(misses_per_layer)
         )
@@ -320,6 +355,7 @@ class CycleCostModel:
         if unknown:
             raise ValueError(f"{where}: unknown field(s) {unknown}; expected {names}")
         optional = ("overlap_h2d", "source", "overlap_mode") + (("draft_base_s",) if version == 1 else ())
+        optional += ("host_s_per_transfer", "late_call_s") if version <= 2 else ()
         missing = [n for n in names if n not in optional and n not in data]
         if missing:
             raise ValueError(f"{where}: missing field(s) {missing}")

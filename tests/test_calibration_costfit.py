@@ -240,3 +240,43 @@ def test_one_tree_size_cannot_separate_verify_base_and_per_node() -> None:
     cycles = cycles.assign(num_nodes_verified=32)
     with pytest.raises(CalibrationDataError, match="every cycle verified 32 node.*num_nodes_verified"):
         fit_cost_model(cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=TRUTH.num_layers)
+
+
+def test_overlap_terms_are_fitted_from_overlap_on_cycles(tables) -> None:
+    """Overlap-on cycles priced by a known "on" model (15 us of placing per miss on the compute
+    stream, a 250 us late-expert call per layer with misses): the serial fit's link, verify and
+    draft terms are kept, the placing is read off h2d_s beyond the copies and the late call is
+    recovered, and the fitted model predicts those cycles."""
+    import dataclasses
+
+    from calibration.costfit import fit_overlap_terms, model_cycle_s
+
+    cycles, transfers = tables
+    fit = fit_cost_model(cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=6)
+    assert fit.model.host_s_per_transfer == pytest.approx(fit.h2d_host_s_per_transfer, abs=1e-12)
+    on_cycles, on_transfers = synthetic_tables(TRUTH, num_cycles=200, noise_rel=0.0, seed=5)
+    host_s, late_s = 15e-6, 250e-6
+    link_latency_s = fit.model.h2d_s_per_transfer - fit.model.host_s_per_transfer
+    truth_on = dataclasses.replace(
+        fit.model, overlap_h2d=True, overlap_mode="on", h2d_s_per_transfer=link_latency_s + host_s,
+        host_s_per_transfer=host_s, late_call_s=late_s,
+    )  # fmt: skip
+    misses = np.stack(on_cycles["layer_misses"])
+    priced = [
+        truth_on.cycle_s(int(lev), int(n), int(ctx), m)
+        for lev, n, ctx, m in zip(
+            on_cycles["num_draft_levels"], on_cycles["num_nodes_verified"], on_cycles["context_len"], misses
+        )
+    ]
+    decision_s = on_cycles["cycle_s"].to_numpy() - model_cycle_s(on_cycles)
+    on_cycles = on_cycles.assign(h2d_s=on_cycles["h2d_s"] + host_s * misses.sum(axis=1), cycle_s=priced + decision_s)
+    overlap = fit_overlap_terms(fit, on_cycles, on_transfers)
+    assert overlap.host_s_per_transfer == pytest.approx(host_s, rel=1e-6)
+    assert overlap.late_call_s == pytest.approx(late_s, rel=1e-6)
+    m = overlap.model
+    assert (m.overlap_h2d, m.overlap_mode) == (True, "on")
+    assert m.link_s_per_transfer == pytest.approx(truth_on.link_s_per_transfer, rel=1e-9)
+    assert (m.verify_base_s, m.draft_s_per_level) == (fit.model.verify_base_s, fit.model.draft_s_per_level)
+    assert overlap.cycle_error.median_abs_pct_error < 1e-6
+    with pytest.raises(CalibrationDataError, match="no cycles"):
+        fit_overlap_terms(fit, on_cycles.iloc[0:0], None)

@@ -54,11 +54,11 @@ def test_no_expert_computes_before_its_copy_lands(tiny_checkpoint):
 
     def watched(layer, work):
         ids = work.ids.reshape(-1)
-        for pair_index, slot in original(layer, work):
-            experts = np.unique(ids[pair_index.numpy()])
+        for pair_index in original(layer, work):  # None: the whole layer in one call
+            experts = np.unique(ids if pair_index is None else ids[pair_index.numpy()])
             landed = [fetch.transfer_landed(i) for fetch, i, e in work.waits if e in experts]
             groups.append((layer, experts, landed))
-            yield pair_index, slot
+            yield pair_index
 
     engine._pairs_as_copies_land = watched
     with torch.no_grad():
@@ -145,12 +145,32 @@ def test_link_enqueue_is_fifo_and_waits_per_transfer():
     link.close()
 
 
-def test_copy_stream_errors_reach_the_waiting_compute_thread():
+def test_copy_stream_errors_reach_the_compute_thread():
     link = H2DLink("cpu", bandwidth_bytes_per_s=1e9)
-    fetch = link.enqueue([[(torch.empty(3), torch.empty(4))]])  # shape mismatch: copy_ raises
-    with pytest.raises(RuntimeError, match="copy stream failed"):
-        fetch.wait_transfer(0)
+    with pytest.raises(RuntimeError):  # shape mismatch: copy_ raises at enqueue (the memcpy is done there)
+        link.enqueue([[(torch.empty(3), torch.empty(4))]])
     link.close()
+
+
+def test_cpu_copy_stream_lands_on_the_fifo_link_clock(fake_clock):
+    """The CPU copy stream is a clock: each copy lands at max(previous landing + bytes /
+    bandwidth + latency / copies, its memcpy's end), from max(enqueue, link free); waiting for a
+    transfer lets the (fake) clock run exactly to its landing, no thread involved."""
+    link = H2DLink("cpu", bandwidth_bytes_per_s=1e6, latency_s=1e-4)  # 1000 B: 1 ms + 0.1 ms
+    link.spin_below_s = 0.0
+    expert = [(torch.empty(250), torch.ones(250)), (torch.empty(250), torch.ones(250))]  # 2 x 1000 B
+    first = link.enqueue([expert, expert])
+    t0 = first.enqueued_at
+    second = link.enqueue([expert])
+    assert not first.transfer_landed(0) and not first.done()
+    second.wait_transfer(0)
+    _, started, landed = second.copy_spans(t0)
+    _, first_started, first_landed = first.copy_spans(t0)
+    np.testing.assert_allclose(first_landed, [0.00105, 0.0021, 0.00315, 0.0042], atol=1e-6)
+    np.testing.assert_allclose(landed, [0.00525, 0.0063], atol=1e-6)
+    assert started[0] == first_landed[-1]  # FIFO behind the first batch
+    assert fake_clock.now_s >= t0 + 0.0063 - 1e-9 and first.done() and second.done()
+    np.testing.assert_allclose(first.copy_seconds(), np.diff(first_landed, prepend=0.0), atol=1e-9)
 
 
 @pytest.mark.gpu
@@ -205,18 +225,17 @@ def test_prefetch_copies_in_flight_carry_into_the_next_forward(tiny_checkpoint, 
     clock: it lands only when the clock reaches it): the forward's records leave it out, the next
     forward's records hold it, and nothing is lost or counted twice."""
     from fake_clock import FakeClock
-    from test_live_golden_cycle import TRANSFER_NS, _FakeClockLink
+    from test_live_golden_cycle import TRANSFER_NS, _fake_clock_link
 
     path = tiny_checkpoint("qwen3_moe")
     capacity = _capacity(path)
-    clock = FakeClock(tick_s=0.0, start_s=0.0)
     model = load_target(path)
     spec = describe_moe(model)
+    clock = FakeClock(tick_s=0.0, start_s=0.0).install(monkeypatch)
     cache = make_cache("lru", spec.num_layers, spec.num_experts, capacity)
     engine = OffloadedMoE.install(
-        model, cache, _FakeClockLink(clock), capacity_per_layer=capacity, prefetch="draft"
+        model, cache, _fake_clock_link(), capacity_per_layer=capacity, prefetch="draft"
     )
-    clock.install(monkeypatch)
     assert _prefetch_unneeded(engine, model, PROMPT) == 2
     engine.begin_forward()
     with torch.no_grad():

@@ -10,7 +10,9 @@ from sim.engine import CyclePlan, FastEngine, LinkSpec, SimPyEngine, make_engine
 LINK = LinkSpec(latency_ns=10_000, wire_ns=290_000)  # 9.4 MB expert at ~32 GB/s + 10 us
 
 
-def _random_plan(rng: np.random.Generator, num_layers: int, *, overlap: bool | str, prefetch: bool) -> CyclePlan:
+def _random_plan(
+    rng: np.random.Generator, num_layers: int, *, overlap: bool | str, prefetch: bool, late: bool = False
+) -> CyclePlan:
     hits, demand, pre = [], [], []
     for layer in range(num_layers):
         experts = rng.permutation(32)[: rng.integers(0, 12)]
@@ -30,6 +32,8 @@ def _random_plan(rng: np.random.Generator, num_layers: int, *, overlap: bool | s
         demand=tuple(demand),
         prefetch=tuple(pre),
         overlap=overlap,
+        host_ns_per_transfer=int(rng.integers(0, 40_000)) if late else 0,
+        late_call_ns=int(rng.integers(0, 600_000)) if late else 0,
     )
 
 
@@ -61,11 +65,12 @@ def test_overlap_pipelines_transfers_of_later_layers_behind_compute() -> None:
 
 @pytest.mark.parametrize("overlap", [False, True, "on"])
 @pytest.mark.parametrize("prefetch", [False, True])
-def test_fast_engine_matches_simpy_to_the_nanosecond(overlap: bool, prefetch: bool) -> None:
+@pytest.mark.parametrize("late", [False, True])  # placing on the compute stream, late-expert calls
+def test_fast_engine_matches_simpy_to_the_nanosecond(overlap: bool, prefetch: bool, late: bool) -> None:
     rng = np.random.default_rng(7)
     fast, ref = FastEngine(LINK, 6), SimPyEngine(LINK, 6)
     for _ in range(30):  # persistent state: prefetch copies still in flight cross cycle boundaries
-        plan = _random_plan(rng, 6, overlap=overlap, prefetch=prefetch)
+        plan = _random_plan(rng, 6, overlap=overlap, prefetch=prefetch, late=late)
         a, b = fast.run_cycle(plan), ref.run_cycle(plan)
         assert a == b
         assert fast.now_ns == ref.now_ns
@@ -204,3 +209,32 @@ def test_cost_model_overlap_on_equals_the_simulated_cycle_on_an_idle_link() -> N
     assert loaded == cost
     legacy = {k: v for k, v in cost.to_dict().items() if k != "overlap_mode"}
     assert CycleCostModel.from_dict(legacy).overlap_mode == "ideal"  # files before the field
+
+
+def test_late_experts_landing_together_take_one_call_and_placing_stalls() -> None:
+    """Overlap "on" with placing (20 per miss) and late-expert calls (50): layer 0 places its 3
+    misses 0-60, enqueues them (land at 360, 660, 960 on a 300-per-copy link) and computes its
+    resident experts 60-460; copy 1 landed: one call 460-510; wait for copy 2 (660), call
+    660-710; copy 3 at 960, call 960-1010. With a compute of 1000 the three land by 1060 and one
+    call takes them all: 1060-1110. The cost model's "on" form gives the second case exactly."""
+    from specfit.cost import CycleCostModel
+
+    link = LinkSpec(latency_ns=0, wire_ns=300)
+    for compute, end, wait in ((400, 1010, 60 + 150 + 250), (1000, 1110, 60)):
+        plan = CyclePlan(0, 0, (compute,), hits=((9,),), demand=((1, 2, 3),), overlap="on",
+                         host_ns_per_transfer=20, late_call_ns=50)  # fmt: skip
+        for engine in (FastEngine(link, 1), SimPyEngine(link, 1)):
+            timing = engine.run_cycle(plan)
+            assert timing.layer_start_ns == (0,) and timing.layer_end_ns == (end,)
+            assert timing.layer_wait_ns == (wait,)
+        off = CyclePlan(**{**plan.__dict__, "overlap": "off"})
+        for engine in (FastEngine(link, 1), SimPyEngine(link, 1)):  # serial: placing, copies, compute
+            assert engine.run_cycle(off).end_ns == 60 + 900 + compute
+    cost = CycleCostModel(
+        draft_s_per_level=0.0, verify_base_s=1000e-9, verify_s_per_node=0.0, verify_s_per_context_token=0.0,
+        h2d_bytes_per_s=1e9, h2d_s_per_transfer=20e-9, host_s_per_transfer=20e-9, expert_bytes=300,
+        num_layers=1, overlap_h2d=True, overlap_mode="on", late_call_s=50e-9,
+    )  # fmt: skip
+    assert cost.link_s_per_transfer == pytest.approx(300e-9, rel=1e-12)
+    assert cost.cycle_s(0, 1, 0, (3,)) == pytest.approx(1110e-9, rel=1e-12)
+    assert cost.cycle_s(0, 1, 0, (0,)) == pytest.approx(1000e-9, rel=1e-12)  # no miss: no late call

@@ -202,8 +202,15 @@ def test_cost_json_round_trip_and_errors(tmp_path) -> None:
     version_2 = dict(version_1, version=2)  # from version 2 the field is required
     with pytest.raises(ValueError, match="missing field.*draft_base_s"):
         CycleCostModel.from_dict(version_2)
-    with pytest.raises(ValueError, match="'version': expected 1..2.*got 3"):
-        CycleCostModel.from_dict(dict(cost.to_dict(), version=3))
+    with pytest.raises(ValueError, match="'version': expected 1..3.*got 4"):
+        CycleCostModel.from_dict(dict(cost.to_dict(), version=4))
+    # version 2, before the compute stream's share of a miss and the late-expert call: both 0
+    version_2 = {k: v for k, v in cost.to_dict().items() if k not in ("host_s_per_transfer", "late_call_s")}
+    assert CycleCostModel.from_dict(dict(version_2, version=2)) == cost
+    with pytest.raises(ValueError, match="missing field.*host_s_per_transfer"):
+        CycleCostModel.from_dict(dict(version_2, version=3))
+    with pytest.raises(ValueError, match="host_s_per_transfer: expected <= h2d_s_per_transfer"):
+        dataclasses.replace(cost, host_s_per_transfer=cost.h2d_s_per_transfer + 1e-6)
     data = cost.to_dict()
     data["verify_base_s"] = -1
     with pytest.raises(ValueError, match="verify_base_s"):
