@@ -244,7 +244,7 @@ def test_prefetch_copies_in_flight_carry_into_the_next_forward(tiny_checkpoint, 
     carried = [fetch for _, fetch, _ in engine._carried]
     assert first.misses == 0 and first.h2d_bytes == 0  # the prefetch is not in this forward's records
     assert carried and all(not fetch.done() for fetch in carried)  # still in flight at the end
-    clock.now_s += 2 * TRANSFER_NS / 1e9  # both copies land
+    clock.now_s += 2 * TRANSFER_NS / 1e9 + 1e-9  # both copies land (1 ns: float sums of the landings)
     engine.begin_forward()
     with torch.no_grad():
         model(PROMPT)
