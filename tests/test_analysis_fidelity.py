@@ -1,5 +1,7 @@
 """analysis.fidelity on hand-made live and simulated cycles (no live engine needed)."""
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -185,9 +187,13 @@ def test_two_repeats_pooled_throughput_mean_error_and_noise_floor(live) -> None:
     assert inside["cycle_noise_p90_pct"] == pytest.approx(100 * 0.1 / np.sqrt(2) / 1.05)
     assert inside["num_repeats"] == 2 and inside["num_cycles_live"] == 100
     assert inside["num_cycles_matched"] == 50 and inside["repeat_same_subtree_fraction"] == 1.0
-    assert not inside["ok"] and inside["within_noise"]  # targets unchanged; misses inside the floor
+    # the aims are relative to the cell's measured noise: 5 % <= 9.5 % spread, 4.76 % <= 6.73 %
+    assert inside["aim_throughput"] and inside["aim_cycle_median"] and inside["ok"]
+    assert inside["within_noise"] and fidelity.missed_aims(inside) == []
     outside = row(1.12)  # 12 % off: beyond the 9.5 % spread
-    assert not outside["ok"] and not outside["within_noise"]
+    assert not outside["ok"] and not outside["within_noise"] and not outside["aim_throughput"]
+    assert outside["aim_cycle_median"] and outside["off_terms"] == "throughput"
+    assert fidelity.missed_aims(outside) == ["throughput error +12 % > repeat spread 9.5 %"]
 
 
 def test_single_repeat_is_todays_comparison_and_within_noise_equals_ok(live) -> None:
@@ -288,3 +294,68 @@ def test_sim_cycle_agreement_hand_computed() -> None:
     same = sim_cycle_agreement(live, live)
     assert same["cycle_ks_statistic"] == 0.0 and same["cycle_ks_pvalue"] == pytest.approx(1.0)
     assert np.isnan(sim_cycle_agreement(live, sim.iloc[:0])["cycle_ks_pvalue"])
+
+
+def _split_tables():
+    """Two cycles, live and simulated, with hand-set phase times (ms) and misses."""
+    base = {"request_id": [0, 0], "cycle_index": [0, 1], "verified_nodes": [[0, 1], [0]]}
+    live = pd.DataFrame(
+        dict(base, draft_s=[2e-3, 0.0], decision_s=[1e-3, np.nan], verify_s=[10e-3, 8e-3],
+             h2d_s=[4e-3, 2e-3], cycle_s=[18e-3, 11e-3], cache_misses=[4, 2])
+    )  # rest (bookkeeping): 1 ms in each cycle
+    sim = pd.DataFrame(
+        dict(base, draft_s=[3e-3, 0.0], decision_s=[0.5e-3, 0.5e-3], verify_s=[9e-3, 9e-3],
+             h2d_s=[5e-3, 2e-3], cycle_s=[17.5e-3, 11.5e-3], cache_misses=[5, 2])
+    )  # fmt: skip
+    return live, sim
+
+
+def test_error_split_adds_up_to_the_time_error_term_by_term() -> None:
+    live, sim = _split_tables()
+    cost = dataclasses.replace(COST, h2d_s_per_transfer=1e-3 - COST.expert_bytes / COST.h2d_bytes_per_s)
+    assert cost.s_per_miss == pytest.approx(1e-3)  # 1 ms per miss, 0.25 ms of it compute
+    got = fidelity.error_split(live, sim, cost, compute_s_per_miss=0.25e-3)
+    total = 29e-3
+    expected_ms = {
+        "draft": 1.0,  # 3 - 2
+        "decision": 0.5 + 0.5 - 1.0,  # the live null decision is 0
+        "verify": (9 + 0.25 * 4 - 10 - 1) + (9 + 0.25 * 2 - 8 - 1),  # compute per live miss, rest
+        "h2d": (4 * 0.75 - 4) + (2 * 0.75 - 2),  # per-miss H2D at the live miss count
+        "cache": (5 - 4) * 1.0,  # one more miss in the simulator
+        "overlap": 0.0,
+    }
+    for term, ms in expected_ms.items():
+        assert got[f"split_{term}_pct"] == pytest.approx(100 * ms * 1e-3 / total), term
+    signed = 100 * (sim["cycle_s"].sum() - live["cycle_s"].sum()) / total
+    assert sum(got[f"split_{t}_pct"] for t in fidelity.SPLIT_TERMS) == pytest.approx(signed)
+    assert got["split_num_cycles"] == 2 and got["split_live_s"] == pytest.approx(total)
+    other = sim.assign(verified_nodes=[[0], [0]])  # cycle 0 chose another subtree: left out
+    assert fidelity.error_split(live, other, cost)["split_num_cycles"] == 1
+    assert np.isnan(fidelity.error_split(live, sim.iloc[:0], cost)["split_draft_pct"])
+
+
+def test_by_policy_pools_cycles_and_weights_the_split() -> None:
+    table = pd.DataFrame(
+        {"policy": ["ar", "specfit", "specfit"], "bandwidth_gb_per_s": [1.0, 1.0, 1.0],
+         "throughput_error_pct": [1.0, 10.0, 20.0], "split_live_s": [1.0, 1.0, 3.0],
+         **{f"split_{t}_pct": [0.0, 4.0, 8.0] for t in fidelity.SPLIT_TERMS}}
+    )  # fmt: skip
+    errors = pd.DataFrame(
+        {"policy": ["ar", "specfit", "specfit", "specfit"], "bandwidth_gb_per_s": [1.0] * 4,
+         "cycle_error_pct": [1.0, -2.0, -4.0, 6.0]}
+    )  # fmt: skip
+    out = fidelity.by_policy(table, errors).set_index("policy")
+    spec = out.loc["specfit"]
+    assert spec["cells"] == 2 and spec["cycles"] == 3 and spec["throughput_error_pct"] == 15.0
+    assert spec["cycle_error_median_pct"] == 4.0 and spec["cycle_error_signed_median_pct"] == -2.0
+    assert spec["split_verify_pct"] == pytest.approx((4.0 * 1 + 8.0 * 3) / 4)
+    assert out.loc["ar", "cycles"] == 1
+
+
+def test_overall_states_the_grid_aims() -> None:
+    rows = [{"ok": True, "throughput_error_pct": 1.0, "hit_rate_diff_points": 0.0, "same_subtree_fraction": 1.0}]
+    met = fidelity.overall(rows, [np.array([1.0, -2.5, 7.0])])
+    assert met["aim_cycle_median"] and met["aim_cycle_p90"] and met["all_aims_met"]
+    wide = fidelity.overall(rows, [np.array([1.0, -2.5, 2.0, 30.0])])
+    assert wide["aim_cycle_median"] and not wide["aim_cycle_p90"] and not wide["all_aims_met"]
+    assert not fidelity.overall([dict(rows[0], ok=False)], [np.array([1.0])])["all_aims_met"]

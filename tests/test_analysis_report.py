@@ -494,7 +494,7 @@ def test_report_of_a_validate_folder_has_its_fidelity_section(inputs, tmp_path, 
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     text = (out / "report.md").read_text()
     section = text[text.index("## Fidelity (analysis.validate)") : text.index("## Figures")]
-    assert targets_line() in section
+    assert targets_line(summary=json.loads((val / "fidelity.json").read_text())) in section
     assert noise_line(json.loads((val / "fidelity.json").read_text()), 2) in section
     assert "median 3.2 %" in section and "p90 8.5 %" in section  # from fidelity.json
     header = next(line for line in section.splitlines() if line.startswith("| cell |"))
