@@ -111,6 +111,9 @@ class CyclePlan:
             enqueued (``CycleCostModel.host_s_per_transfer``), >= 0.
         late_call_ns: with overlap, compute-stream time of each kernel call on late experts
             (``CycleCostModel.late_call_s``), >= 0.
+        demand_counts: optional ``L`` ints, ``len(demand[l])``: when given, :class:`FastEngine`
+            reads a layer's demand ids only to record copies (``record_copies``), so ``demand``
+            may build them lazily (the simulator passes rows of its miss mask).
     """
 
     draft_ns: int
@@ -122,6 +125,7 @@ class CyclePlan:
     overlap: bool | str = "off"
     host_ns_per_transfer: int = 0
     late_call_ns: int = 0
+    demand_counts: Sequence[int] | None = None
 
     @property
     def overlap_mode(self) -> str:
@@ -200,7 +204,8 @@ class CycleTiming:
 
 def _check_plan(plan: CyclePlan) -> None:
     n = plan.num_layers
-    if len(plan.hits) != n or len(plan.demand) != n:
+    counts = plan.demand_counts
+    if len(plan.hits) != n or len(plan.demand) != n or (counts is not None and len(counts) != n):
         raise ValueError(
             f"CyclePlan: hits ({len(plan.hits)}) and demand ({len(plan.demand)}) need one entry per "
             f"layer ({n})"
@@ -286,13 +291,16 @@ class FastEngine(_EngineBase):
         demand_first = [0] * self.num_layers  # start of the layer's first demand copy
         mode = plan.overlap_mode
         host_ns, late_ns = int(plan.host_ns_per_transfer), int(plan.late_call_ns)
+        demand = plan.demand
+        counts = plan.demand_counts
+        if counts is None:
+            counts = [len(experts) for experts in demand]
         if mode == "ideal":
-            for layer, experts in enumerate(plan.demand):
-                n = len(experts)
+            for layer, n in enumerate(counts):
                 if n:
                     first = demand_first[layer] = max(verify_start, link_free)
                     if copies is not None:
-                        log(layer, experts, verify_start, first)
+                        log(layer, demand[layer], verify_start, first)
                     link_free = first + n * t_ns
                     demand_arrival[layer] = link_free
                     layer_h2d[layer] += n * t_ns
@@ -301,21 +309,18 @@ class FastEngine(_EngineBase):
         compute_free = verify_start
         starts, ends, waits = [], [], []
         hits = plan.hits
-        for layer, (pending, demand, compute_ns) in enumerate(
-            zip(self._pending, plan.demand, plan.layer_compute_ns)
-        ):
+        for layer, (pending, n, compute_ns) in enumerate(zip(self._pending, counts, plan.layer_compute_ns)):
             late = 0  # last arrival among the layer's copies in flight
             if pending:
                 for e in hits[layer]:
                     arrival = pending.get(int(e))
                     if arrival is not None and arrival > late:
                         late = arrival
-            n = len(demand)
             placed = compute_free + n * host_ns  # the misses placed: their copies enqueued
             if n and mode != "ideal":  # enqueued once the layer's router has run
                 first = demand_first[layer] = placed if placed > link_free else link_free
                 if copies is not None:
-                    log(layer, demand, placed, first)
+                    log(layer, demand[layer], placed, first)
                 link_free = first + n * t_ns
                 demand_arrival[layer] = link_free
                 layer_h2d[layer] += n * t_ns

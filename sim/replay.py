@@ -25,6 +25,7 @@ trace's ``generated_token_ids`` (tested).
 
 from __future__ import annotations
 
+import json
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -41,8 +42,8 @@ from traces.schema import CycleRecord
 
 # predictor tables fitted per trace run, shared by the replays of one process
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# per trace run, bool[T]: dense trees already validated (as DraftTree) in this process
-_VALIDATED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# per trace run, list[T] of _TreeData: each dense tree read (and validated) once per process
+_TREES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class ReplayError(ValueError):
@@ -239,8 +240,9 @@ def _budget_mask(
 class _MaskRows(Sequence):
     """Rows of a bool[L, E] mask as ascending id arrays, computed when indexed.
 
-    ``CyclePlan.hits``: the engine reads a layer's hits only while prefetched copies are in
-    flight, so most cycles never build them.
+    ``CyclePlan.hits`` and ``CyclePlan.demand`` (with ``demand_counts``): the fast engine reads a
+    layer's hits only while prefetched copies are in flight and its demand ids only to record
+    copies, so most cycles never build them.
     """
 
     def __init__(self, mask: np.ndarray) -> None:
@@ -319,15 +321,17 @@ class _Replayer:
                 f"{trace_run.manifest.run.mode!r}; record one with the dense mode of live.record)"
             )
         self.path_ok = self.arrays.path_accepted()
-        self.validated = _VALIDATED.setdefault(trace_run, np.zeros(self.arrays.num_trees, dtype=bool))
+        self.trees: list[_TreeData | None] = _TREES.setdefault(trace_run, [None] * self.arrays.num_trees)
         self.link = link_from_cost(self.cost, config.link_concurrency)
         # the compute stream's share of each miss and, with overlap, each late-expert kernel call
         self._host_ns = s_to_ns(self.cost.host_s_per_transfer)
         self._late_call_ns = s_to_ns(self.cost.late_call_s)
         self.expert_bytes = int(self.cost.expert_bytes)
         self.calibration = None
+        self._accept_key = ""  # names the acceptance map in the per-tree memo (_TreeData.accept)
         if config.acceptance is not None:
             self.calibration = modules["acceptance"].AcceptanceCalibration.from_dict(config.acceptance)
+            self._accept_key = json.dumps(config.acceptance, sort_keys=True, default=str)
         self.access_log: list[list[np.ndarray]] | None = None
         self.cache = self._make_cache()
         from specfit.prefetch import PrefetchLedger
@@ -487,10 +491,11 @@ class _Replayer:
         arrays = self.arrays
         engine = make_engine(self.config.engine, self.link, self.num_layers)
         prompt = self._prefill(rid)
+        # the experts (int64[L, K] ids) of the last committed tokens, packed only for the
+        # predictors that read them (PredictContext.recent_experts)
         history: deque[np.ndarray] = deque(maxlen=self.config.history_tokens)
         if prompt.shape[0]:
-            for bits in bitsets.pack(prompt[-self.config.history_tokens :], self.num_experts):
-                history.append(bits)
+            history.extend(prompt[-self.config.history_tokens :])
         limit = lengths.get(rid)
         if limit is None:
             limit = int(arrays.positions[arrays.request_ids == rid].max()) + 1
@@ -517,19 +522,21 @@ class _Replayer:
             self.totals["num_stopped_early"] += 1
 
     def _choose(
-        self, dense: Any, true_bits: np.ndarray | None, history: deque, path_ok: np.ndarray | None = None
+        self, data: _TreeData, true_bits: np.ndarray | None, history: deque, path_ok: np.ndarray | None = None
     ) -> tuple[Any, np.ndarray, int, Any]:
         """Run the policy: (plan, chosen node ids in the recorded tree, draft levels, node experts).
 
         ``path_ok``: the tree's recorded path-accepted flags, used as the acceptance (1 or 0) by
         the oracle-acceptance variants.
         """
-        mods, tree = self.mods, dense.tree
-        recent = (
-            np.stack(list(history))
-            if history
-            else np.zeros((0, self.num_layers, bitsets.num_words(self.num_experts)), np.uint64)
-        )
+        mods, dense = self.mods, data.dense
+        tree = dense.tree
+        if not self.predictor.uses_recent:
+            recent = None
+        elif history:
+            recent = bitsets.pack(np.stack(list(history)), self.num_experts)
+        else:
+            recent = np.zeros((0, self.num_layers, bitsets.num_words(self.num_experts)), np.uint64)
         node_experts = self.predictor.predict(
             mods["predictors"].PredictContext(
                 tree=tree,
@@ -541,10 +548,7 @@ class _Replayer:
                 miss_fraction=self.cache.stats.layer_miss_fraction,
             )
         )
-        if self.oracle_accept and path_ok is not None:
-            accept = np.asarray(path_ok, dtype=np.float64)
-        else:
-            accept = mods["acceptance"].path_accept_probs(tree, self.calibration)
+        oracle_accept = self.oracle_accept and path_ok is not None
         cached = self.cache.cached_bits()
         policy_ctx = mods["policies"].PolicyContext
         contexts: dict[int, tuple[Any, np.ndarray]] = {}
@@ -553,11 +557,14 @@ class _Replayer:
             """The planning problem on the first ``levels`` levels (built once per level)."""
             if levels in contexts:
                 return contexts[levels]
-            keep = np.flatnonzero(tree.depths <= levels)
-            if len(keep) == tree.num_nodes:
-                sub, ne, p = tree, node_experts, accept
+            sub, keep = data.level(levels)
+            if oracle_accept:
+                p = np.asarray(path_ok, dtype=np.float64)[keep]
             else:
-                sub, p = _depth_subtree(tree, keep), accept[keep]
+                p = data.accept_probs(self._accept_key, levels, self.calibration)
+            if sub is tree:
+                ne = node_experts
+            else:
                 ne = node_experts if node_experts.bits is None else _restrict(node_experts, keep)
             # trusted: a validated tree, path_accept_probs output and the predictor's own output
             ctx = policy_ctx.trusted(
@@ -572,7 +579,7 @@ class _Replayer:
             contexts[levels] = ctx, keep
             return contexts[levels]
 
-        depth = int(tree.max_depth)
+        depth = data.depth
         if (
             base_policy(self.config.policy) == "specfit"
             and node_experts.is_union_size
@@ -614,36 +621,35 @@ class _Replayer:
             self.ledger.issue(layer, [e for lay, e in copies if lay == layer])
         return copies
 
-    def _dense_tree(self, i: int) -> Any:
-        """Recorded tree ``i``; validated as a ``DraftTree`` the first time this process reads it.
+    def _tree_data(self, i: int) -> _TreeData:
+        """Recorded tree ``i``, read and validated as a ``DraftTree`` once per process.
 
-        The sweep replays the same trees in every cell: later reads reuse the same (read-only)
-        arrays without re-running the checks.
+        The sweep replays the same trees in every cell: later cells (and the replay's Belady
+        first pass) reuse the same read-only arrays and per-level subtrees without re-running
+        the checks.
         """
-        if self.validated[i]:
-            from specfit.tree import DraftTree
-
-            return self.arrays.tree(i, draft_tree_cls=lambda **fields: _unchecked_tree(DraftTree, fields))
-        dense = self.arrays.tree(i)
-        self.validated[i] = True
-        return dense
+        data = self.trees[i]
+        if data is None:
+            data = self.trees[i] = _TreeData(self.arrays.tree(i))
+        return data
 
     def _cycle(self, i: int, rid: int, cycle_index: int, remaining: int, engine: Any, history: deque) -> int:
-        dense = self._dense_tree(i)
+        data = self._tree_data(i)
+        dense = data.dense
         tree, cfg = dense.tree, self.config
-        true_ids = np.asarray(dense.expert_ids, dtype=np.int64)
+        true_ids = dense.expert_ids  # int16[N, L, K]: only the rows used are widened
         oracle = cfg.predictor == "oracle" or self.oracle_experts
         true_bits = bitsets.pack(true_ids, self.num_experts) if oracle else None
         offsets = self.arrays.offsets
         path_ok = self.path_ok[offsets[i] : offsets[i + 1]]
-        plan, nodes, levels, node_experts = self._choose(dense, true_bits, history, path_ok)
+        plan, nodes, levels, node_experts = self._choose(data, true_bits, history, path_ok)
         prefetch = self._prefetch(nodes, node_experts) if cfg.prefetch else []
         if self.budget is None:
             access = self._access(_layer_mask(true_ids, nodes, self.num_experts))
         else:  # lossy: the recorded acceptance is kept (an optimistic bound on MoE-Spec's output)
             weights = np.asarray(dense.router_weights)
             access = self._access(_budget_mask(true_ids, weights, nodes, self.num_experts, self.budget))
-        hits, demand = _MaskRows(access.hits), access.miss_ids()
+        hits, demand = _MaskRows(access.hits), _MaskRows(access.misses)
         if cfg.prefetch:
             for layer, (hit, gone) in enumerate(zip(access.hit_ids(), access.evicted_ids())):
                 self.ledger.accessed(layer, hit, gone)
@@ -664,14 +670,14 @@ class _Replayer:
                 overlap=cfg.overlap,  # "off" | "on" | "ideal"
                 host_ns_per_transfer=self._host_ns,
                 late_call_ns=self._late_call_ns,
+                demand_counts=access.num_misses.tolist(),
             )
         )
         path = committed_path(tree, path_ok, nodes)
         num_accepted = len(path) - 1
         num_committed = min(num_accepted + 1, remaining)
         tokens = [int(t) for t in tree.token_ids[path[1:]]] + [int(dense.target_tokens[path[-1]])]
-        for bits in bitsets.pack(true_ids[path], self.num_experts):
-            history.append(bits)
+        history.extend(true_ids[path].astype(np.int64))
         self._account(timing, plan, nodes, levels, access, prefetch, num_accepted, num_committed)
         observe = getattr(self.policy, "observe_cycle", None)
         if observe is not None:  # as live.spec.engine: the policy sees each realised cycle, priced
@@ -780,6 +786,53 @@ class _Replayer:
             num_prefetch_wasted=wasted if self.config.prefetch else None,
             prefetch_wasted_bytes=wasted * self.expert_bytes if self.config.prefetch else None,
         )
+
+
+class _TreeData:
+    """One recorded tree, prepared once per process for every replay of it (``_Replayer._tree_data``).
+
+    Attributes:
+        dense: the ``traces.reader.DenseTree`` (validated when first read).
+        depth: its max depth.
+        levels: draft levels -> (the subtree of the first ``levels`` levels, its node ids).
+        accept: (acceptance map key, levels) -> read-only float64 P(v) of that subtree's nodes.
+    """
+
+    __slots__ = ("accept", "dense", "depth", "levels")
+
+    def __init__(self, dense: Any) -> None:
+        self.dense = dense
+        self.depth = int(dense.tree.max_depth)
+        self.levels: dict[int, tuple[Any, np.ndarray]] = {}
+        self.accept: dict[tuple[str, int], np.ndarray] = {}
+
+    def level(self, levels: int) -> tuple[Any, np.ndarray]:
+        """(subtree of the nodes at depth <= ``levels``, their ids int64[] ascending)."""
+        got = self.levels.get(levels)
+        if got is None:
+            tree = self.dense.tree
+            keep = np.flatnonzero(tree.depths <= levels)
+            sub = tree if len(keep) == tree.num_nodes else _depth_subtree(tree, keep)
+            got = self.levels[levels] = (sub, keep)
+        return got
+
+    def accept_probs(self, key: str, levels: int, calibration: Any) -> np.ndarray:
+        """``path_accept_probs(tree, calibration)[keep]`` for :meth:`level` ``(levels)``; ``key``
+        names the calibration (the same key must always mean the same map)."""
+        got = self.accept.get((key, levels))
+        if got is None:
+            full = self.accept.get((key, -1))
+            if full is None:
+                from specfit.acceptance import path_accept_probs
+
+                full = path_accept_probs(self.dense.tree, calibration)
+                full.setflags(write=False)
+                self.accept[(key, -1)] = full
+            sub, keep = self.level(levels)
+            got = full if sub is self.dense.tree else full[keep]
+            got.setflags(write=False)
+            self.accept[(key, levels)] = got
+        return got
 
 
 def _restrict(node_experts: Any, keep: np.ndarray) -> Any:

@@ -127,15 +127,12 @@ class CacheStats:
     hits: int = 0
     misses: int = 0
     evictions: int = 0
-    _layer_hits: np.ndarray = field(default=None, repr=False)  # int64[L]
-    _layer_misses: np.ndarray = field(default=None, repr=False)  # int64[L]
-    _layer_evictions: np.ndarray = field(default=None, repr=False)  # int64[L]
+    _layer_counts: np.ndarray = field(default=None, repr=False)  # int64[3, L]: hits, misses, evictions
     _layer_miss_ema: np.ndarray = field(default=None, repr=False)  # float64[L]
 
     def __post_init__(self) -> None:
-        for name in ("_layer_hits", "_layer_misses", "_layer_evictions"):
-            if getattr(self, name) is None:
-                setattr(self, name, np.zeros(self.num_layers, dtype=np.int64))
+        if self._layer_counts is None:
+            self._layer_counts = np.zeros((3, self.num_layers), dtype=np.int64)
         if self._layer_miss_ema is None:
             self._layer_miss_ema = np.full(self.num_layers, np.nan, dtype=np.float64)
 
@@ -144,9 +141,10 @@ class CacheStats:
         self.hits += hits
         self.misses += misses
         self.evictions += evictions
-        self._layer_hits[layer] += hits
-        self._layer_misses[layer] += misses
-        self._layer_evictions[layer] += evictions
+        counts = self._layer_counts
+        counts[0, layer] += hits
+        counts[1, layer] += misses
+        counts[2, layer] += evictions
         total = hits + misses
         if total:
             frac = misses / total
@@ -162,9 +160,9 @@ class CacheStats:
         self.hits += int(hits.sum())
         self.misses += int(misses.sum())
         self.evictions += int(evictions.sum())
-        self._layer_hits += hits
-        self._layer_misses += misses
-        self._layer_evictions += evictions
+        self._layer_counts[0] += hits
+        self._layer_counts[1] += misses
+        self._layer_counts[2] += evictions
         total = hits + misses
         seen = total > 0
         if seen.any():
@@ -180,17 +178,17 @@ class CacheStats:
     @property
     def layer_hits(self) -> np.ndarray:
         """int64[L] hits per layer."""
-        return self._layer_hits.copy()
+        return self._layer_counts[0].copy()
 
     @property
     def layer_misses(self) -> np.ndarray:
         """int64[L] misses per layer."""
-        return self._layer_misses.copy()
+        return self._layer_counts[1].copy()
 
     @property
     def layer_evictions(self) -> np.ndarray:
         """int64[L] evictions per layer."""
-        return self._layer_evictions.copy()
+        return self._layer_counts[2].copy()
 
     @property
     def hit_rate(self) -> float:
@@ -241,6 +239,7 @@ class ExpertCache:
         self._uses: list[dict[int, list[int]]] = []
         self._ptr: list[dict[int, int]] = []
         self._step = [0] * num_layers
+        self._bits: np.ndarray | None = None  # cached_bits() after the last batched access, if unchanged
         if policy == "static":
             if frequency is None:
                 raise ValueError("ExpertCache: policy 'static' needs frequency (float[L, E])")
@@ -344,6 +343,7 @@ class ExpertCache:
         transient. LFU counts every expert of an access (``count``).
         """
         num_experts = self.num_experts
+        self._bits = None
         stamp = self._stamp[rows]
         cached_count = self._count[rows]
         hit = need & (stamp >= 0)
@@ -393,6 +393,7 @@ class ExpertCache:
         Same rules, same state updates; returns ``(hits, misses, evicted)`` ascending int64 ids.
         """
         num_experts = self.num_experts
+        self._bits = None
         row = self._stamp[layer]  # a view: updated in place
         cached_now = row[ids] >= 0
         hits, misses = ids[cached_now], ids[~cached_now]
@@ -452,12 +453,15 @@ class ExpertCache:
         self.stats.record(layer, out.num_hits, out.num_misses, int(out.evicted.shape[0]))
         return out
 
-    def access_layers(self, expert_mask: np.ndarray) -> LayerAccesses:
+    def access_layers(self, expert_mask: np.ndarray, *, reference: bool = False) -> LayerAccesses:
         """One forward pass over all layers: the same as ``access(l, ids_l)`` for ``l = 0..L-1``.
 
         Args:
             expert_mask: bool[L, E], row ``l`` = the experts layer ``l`` needs (an empty row is
                 still an access: it advances Belady's position and changes nothing else).
+            reference: use the vectorised numpy implementation (``_apply``) instead of the
+                compiled one (:mod:`specfit.cache_kernels`, lru/lfu/static); both give the same
+                results and state (the numpy one is the oracle of the compiled one in the tests).
 
         Returns:
             :class:`LayerAccesses` (bool[L, E] hits, misses, evicted and int64[L] counts); the
@@ -472,6 +476,41 @@ class ExpertCache:
                 f"ExpertCache.access_layers: expert_mask must be bool[{self.num_layers}, "
                 f"{self.num_experts}], got {need.dtype}{list(need.shape)}"
             )
+        if not reference and self.policy != "belady":
+            from specfit import cache_kernels  # numba: imported (compiled once, cached) on first use
+
+            shape = need.shape
+            hit, miss, evicted = np.empty(shape, bool), np.empty(shape, bool), np.empty(shape, bool)
+            counts = np.empty((3, self.num_layers), dtype=np.int64)
+            bits = np.empty((self.num_layers, bitsets.num_words(self.num_experts)), dtype=np.uint64)
+            base = self._next_stamp
+            self._next_stamp += 2 * self.num_experts
+            stats = self.stats
+            clock, hits, misses, evictions = cache_kernels.access_layers(
+                cache_kernels.POLICY_CODES[self.policy],
+                np.ascontiguousarray(need),
+                self._stamp,
+                self._count,
+                self._cap,
+                self._freq,
+                self._tick,
+                base,
+                self._clock,
+                hit,
+                miss,
+                evicted,
+                counts,
+                bits,
+                stats._layer_counts,
+                stats._layer_miss_ema,
+                MISS_EMA_WEIGHT,
+            )
+            self._clock = int(clock)
+            stats.hits += int(hits)
+            stats.misses += int(misses)
+            stats.evictions += int(evictions)
+            self._bits = bits
+            return LayerAccesses(hit, miss, evicted, counts[0], counts[1], counts[2])
         hit, miss, evicted, num_hit, num_miss, num_evicted = self._apply(slice(None), need, True)
         if self.policy == "belady":
             self._step = [s + 1 for s in self._step]
@@ -511,6 +550,8 @@ class ExpertCache:
 
     def cached_bits(self) -> np.ndarray:
         """uint64[L, W] bitsets of the cached experts (a copy)."""
+        if self._bits is not None:  # made by the last batched access, nothing changed since
+            return self._bits.copy()
         words = bitsets.num_words(self.num_experts)
         flags = np.zeros((self.num_layers, words * bitsets.WORD_BITS), dtype=bool)
         flags[:, : self.num_experts] = self._stamp >= 0

@@ -69,6 +69,34 @@ class NodeExperts:
                 raise ValueError(f"NodeExperts.miss_fraction: expected float[{self.num_layers}] in [0, 1]")
             object.__setattr__(self, "miss_fraction", frac)
 
+    @classmethod
+    def trusted(
+        cls,
+        num_experts: int,
+        bits: np.ndarray | None = None,
+        union_size: np.ndarray | None = None,
+        miss_fraction: np.ndarray | None = None,
+        source: str = "unknown",
+    ) -> NodeExperts:
+        """Build WITHOUT the ``__post_init__`` checks, for a predictor's own output in hot loops.
+
+        The caller guarantees what the constructor would check and convert: exactly one of
+        ``bits`` (uint64[N, L, W]) and ``union_size`` (finite float64[L, M+1] >= 0, M >= 1,
+        non-decreasing along the node count, e.g. checked once when the predictor was built),
+        and ``miss_fraction`` float64[L] in [0, 1] or ``None``. Use the constructor for anything
+        external.
+        """
+        out = object.__new__(cls)
+        for name, value in (
+            ("num_experts", num_experts),
+            ("bits", bits),
+            ("union_size", union_size),
+            ("miss_fraction", miss_fraction),
+            ("source", source),
+        ):
+            object.__setattr__(out, name, value)
+        return out
+
     @property
     def is_union_size(self) -> bool:
         """True when only expected union sizes are known (no per-node sets)."""

@@ -108,6 +108,8 @@ class Predictor:
     """Base: ``name`` and ``predict(ctx) -> NodeExperts``."""
 
     name = "base"
+    #: whether :meth:`predict` reads ``PredictContext.recent_experts`` (callers may skip building it)
+    uses_recent = False
 
     def predict(self, ctx: PredictContext) -> NodeExperts:  # pragma: no cover - interface
         """Predicted experts for every node of ``ctx.tree``."""
@@ -168,6 +170,7 @@ class RecentPredictor(Predictor):
     """
 
     name = "recent"
+    uses_recent = True
 
     def __init__(self, window: int = 4) -> None:
         if int(window) < 1:
@@ -191,6 +194,7 @@ class TokenTablePredictor(Predictor):
     """
 
     name = "token-table"
+    uses_recent = True
 
     def __init__(self, table: Mapping[int, np.ndarray], fallback_window: int = 4) -> None:
         self.table = {int(k): np.asarray(v, dtype=np.uint64) for k, v in table.items()}
@@ -232,9 +236,19 @@ class UnionSizePredictor(Predictor):
     def __init__(self, union_size: np.ndarray, miss_fraction: np.ndarray | None = None) -> None:
         self.union_size = np.asarray(union_size, dtype=np.float64)
         self.miss_fraction = miss_fraction
+        self._checked: tuple[int, int] | None = None  # (E, L) the sizes were validated for
 
     def predict(self, ctx: PredictContext) -> NodeExperts:
-        """``NodeExperts(union_size=..., miss_fraction=...)`` (the same sizes for every tree)."""
+        """``NodeExperts(union_size=..., miss_fraction=...)`` (the same sizes for every tree).
+
+        The sizes (and a fixed ``miss_fraction``) are validated by the first prediction for a
+        model shape; later ones build the output unchecked (its only per-tree part, the observed
+        miss fraction, is clipped into [0, 1] here).
+
+        Raises:
+            ValueError: the sizes or the fixed miss fraction are not what ``NodeExperts`` accepts,
+                or ``ctx.miss_fraction`` is not float[L].
+        """
         frac = self.miss_fraction
         if frac is None and ctx.miss_fraction is not None:
             observed = np.asarray(ctx.miss_fraction, dtype=np.float64)
@@ -243,7 +257,19 @@ class UnionSizePredictor(Predictor):
                     f"PredictContext.miss_fraction: expected float[{ctx.num_layers}], got shape {observed.shape}"
                 )
             frac = np.where(np.isfinite(observed), np.clip(observed, 0.0, 1.0), 1.0)
-        return NodeExperts(ctx.num_experts, union_size=self.union_size, miss_fraction=frac, source=self.name)
+        shape = (int(ctx.num_experts), int(ctx.num_layers))
+        if self._checked != shape:
+            out = NodeExperts(
+                ctx.num_experts, union_size=self.union_size, miss_fraction=frac, source=self.name
+            )
+            self.union_size = out.union_size
+            if self.miss_fraction is not None:
+                self.miss_fraction = out.miss_fraction
+            self._checked = shape
+            return out
+        return NodeExperts.trusted(
+            ctx.num_experts, union_size=self.union_size, miss_fraction=frac, source=self.name
+        )
 
 
 def token_table_from_routing(

@@ -1,0 +1,159 @@
+"""Compiled form of :meth:`specfit.cache.ExpertCache.access_layers` (numba, ``cache=True``).
+
+One access at every layer for the ``lru``, ``lfu`` and ``static`` policies, as one pass over
+plain arrays: the same rules and the same state updates as the vectorised reference
+``ExpertCache._apply`` (which stays, and which ``tests/test_specfit_cache_kernels.py`` compares
+this with on random access sequences), without its ``[L, E]`` temporaries. Belady's MIN keeps the
+Python path. Imported lazily by :mod:`specfit.cache` on the first batched access, so importing
+``specfit`` never compiles anything (numba's on-disk cache makes later processes load it in ~1 s).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+POLICY_CODES = {"lru": 0, "lfu": 1, "static": 2}
+
+
+@njit(cache=True, error_model="numpy")
+def access_layers(
+    policy,
+    need,
+    stamp,
+    count,
+    cap,
+    freq,
+    tick,
+    base,
+    clock,
+    hit,
+    miss,
+    evicted,
+    counts,
+    bits,
+    stats,
+    ema,
+    weight,
+):
+    """One access at every layer (``ExpertCache._apply(slice(None), need, True)``), in place.
+
+    Args:
+        policy: 0 = lru, 1 = lfu, 2 = static (:data:`POLICY_CODES`).
+        need: bool[L, E] the experts each layer needs.
+        stamp: int64[L, E] cache state (-1 = not cached, else recency; updated).
+        count: int64[L] cached experts per layer (updated). cap: int64[L] capacities.
+        freq, tick: int64[L, E] LFU access counts and last-access ticks (updated for lfu).
+        base: the access's first stamp (hits get ``base + e``, kept misses ``base + E + e``).
+        clock: LFU clock before the access.
+        hit, miss, evicted: bool[L, E] outputs (zeroed here). counts: int64[3, L] outputs
+            (hits, misses, evictions per layer). bits: uint64[L, W] output, the cached experts
+            after the access as bitsets (``ExpertCache.cached_bits``).
+        stats: int64[3, L] running hits, misses, evictions per layer (``CacheStats``; updated).
+        ema: float64[L] per-layer moving average of the miss fraction (NaN before a layer's first
+            access; updated as ``CacheStats.record``: ``old + weight * (frac - old)``).
+
+    Returns:
+        ``(clock, hits, misses, evictions)``: the LFU clock after the access (``clock`` plus the
+        experts accessed, for lfu; else ``clock``) and this access's totals over layers.
+
+    Rules (module docstring of :mod:`specfit.cache`): hits are refreshed; misses in ascending id
+    fill free slots, then replace evictable experts (cached, not in this access) in the policy's
+    victim order (lru: smallest stamp; lfu: smallest ``(freq, tick, id)``); once none is left the
+    remaining misses are transient; static inserts and evicts nothing.
+    """
+    num_layers, num_experts = need.shape
+    if policy == 1:  # ticks run over all layers in row-major order, as a flattened cumsum
+        for layer in range(num_layers):
+            for e in range(num_experts):
+                if need[layer, e]:
+                    clock += 1
+                    tick[layer, e] = clock
+                    freq[layer, e] += 1
+    cand = np.empty(num_experts, np.int64)
+    keys = np.empty(num_experts, np.int64)
+    total_hit = 0
+    total_miss = 0
+    total_evicted = 0
+    for layer in range(num_layers):
+        num_hit = 0
+        num_miss = 0
+        for e in range(num_experts):  # branch-free: need is sparse, the cache is not
+            wanted = need[layer, e]
+            held = stamp[layer, e] >= 0
+            hit[layer, e] = wanted & held
+            miss[layer, e] = wanted & ~held
+            evicted[layer, e] = False
+            num_hit += wanted & held
+            num_miss += wanted & ~held
+        cached = count[layer]
+        kept_count = 0
+        num_evicted = 0
+        if policy != 2:
+            free = cap[layer] - cached
+            kept_count = min(num_miss, free + cached - num_hit)
+            num_evicted = max(kept_count - free, 0)
+        if num_evicted > 0:
+            n = 0
+            for e in range(num_experts):  # branch-free compaction of the evictable experts
+                cand[n] = e
+                n += (stamp[layer, e] >= 0) & ~need[layer, e]
+            # the num_evicted first candidates in the policy's victim order, by selection
+            # (lru: smallest stamp, distinct; lfu: smallest (freq, tick, id))
+            if policy == 0:
+                for i in range(n):
+                    keys[i] = stamp[layer, cand[i]]
+                for i in range(num_evicted):
+                    best = i
+                    low = keys[i]
+                    for j in range(i + 1, n):
+                        k = keys[j]
+                        if k < low:
+                            low = k
+                            best = j
+                    e = cand[best]
+                    cand[best], keys[best] = cand[i], keys[i]
+                    cand[i], keys[i] = e, low
+            else:
+                for i in range(num_evicted):
+                    best = i
+                    for j in range(i + 1, n):
+                        a, b = cand[j], cand[best]
+                        fa, fb = freq[layer, a], freq[layer, b]
+                        ta, tb = tick[layer, a], tick[layer, b]
+                        if fa < fb or (fa == fb and (ta < tb or (ta == tb and a < b))):
+                            best = j
+                    e = cand[best]
+                    cand[best] = cand[i]
+                    cand[i] = e
+            for i in range(num_evicted):
+                e = cand[i]
+                evicted[layer, e] = True
+                stamp[layer, e] = -1
+        kept = 0
+        for e in range(num_experts):
+            if hit[layer, e]:
+                stamp[layer, e] = base + e
+            elif miss[layer, e] and kept < kept_count:
+                stamp[layer, e] = base + num_experts + e
+                kept += 1
+        count[layer] = cached + kept_count - num_evicted
+        counts[0, layer] = num_hit
+        counts[1, layer] = num_miss
+        counts[2, layer] = num_evicted
+        stats[0, layer] += num_hit
+        stats[1, layer] += num_miss
+        stats[2, layer] += num_evicted
+        total_hit += num_hit
+        total_miss += num_miss
+        total_evicted += num_evicted
+        if num_hit + num_miss > 0:
+            frac = num_miss / (num_hit + num_miss)
+            old = ema[layer]
+            ema[layer] = frac if np.isnan(old) else old + weight * (frac - old)
+        for w in range(bits.shape[1]):
+            word = np.uint64(0)
+            for b in range(min(64, num_experts - w * 64)):
+                word |= np.uint64(stamp[layer, w * 64 + b] >= 0) << np.uint64(b)
+            bits[layer, w] = word
+    return clock, total_hit, total_miss, total_evicted
