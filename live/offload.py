@@ -44,9 +44,9 @@ from live.expert_store import DeviceExpertPool, ExpertView, HostExpertStore
 from live.h2d import H2DFetch, H2DLink, H2DLinkInfo
 from live.loader import MoESpec, describe_moe, find_moe_blocks
 from live.spec.routing import order_by_weight
+from specfit.prefetch import PREFETCH_MODES  # re-exported: live.record's --prefetch choices
 
 CACHE_POLICY_NAMES = ("lru", "lfu", "static")
-PREFETCH_MODES = ("none", "draft", "next-layer", "both")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,6 +263,7 @@ class _ForwardState:
         self.marks: list[list] = [[] for _ in range(num_layers)]  # [start, end] pairs per call
         self.ids: list[list[np.ndarray]] = [[] for _ in range(num_layers)]
         self.weights: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
+        self.next_ids: list[list[np.ndarray]] = [[] for _ in range(num_layers - 1)]  # int64[T, K]
 
 
 class _LayerWork(NamedTuple):
@@ -345,8 +346,7 @@ class OffloadedExperts(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         work = self.engine._prepare_layer(self.moe_index, top_k_index, top_k_weights)
-        if self.engine.prefetch in ("next-layer", "both"):
-            self.engine._prefetch_next_layer(self.moe_index, hidden_states)
+        self.engine._next_layer(self.moe_index, hidden_states)
         try:
             if not work.waits:
                 return self._run(work.view, hidden_states, work.view.slot_index, work.view.weights)
@@ -455,6 +455,7 @@ class OffloadedMoE:
         record_routing: bool = True,
         overlap: bool = False,
         prefetch: str = "none",
+        record_next_layer: bool = False,
     ) -> OffloadedMoE:
         """Offload ``model``'s routed experts and return the engine driving them.
 
@@ -479,6 +480,9 @@ class OffloadedMoE:
                 Prefetched experts enter the cache through ``cache.warm`` (the replacement
                 policy decides what leaves) and cross the link on the copy stream; a layer waits
                 for a prefetched expert's copy only when it needs that expert.
+            record_next_layer: keep every token's next-layer guess (what ``next-layer`` prefetch
+                copies ahead) for :meth:`last_next_layer_routing`, with or without prefetch
+                (``live.record --mode dense`` records it in the trace for ``sim.replay``).
 
         Raises:
             ValueError: no MoE layer, experts already offloaded, or capacity outside ``0..E``.
@@ -510,6 +514,7 @@ class OffloadedMoE:
         if prefetch not in PREFETCH_MODES:
             raise ValueError(f"--prefetch: expected one of {', '.join(PREFETCH_MODES)}, got {prefetch!r}")
         self.prefetch = prefetch
+        self.record_next_layer = bool(record_next_layer)
         # copies go through the link's copy stream (FIFO) whenever anything may be in flight
         self._copy_stream = self.overlap or prefetch != "none"
         self._gates = [block.gate for _, block in blocks]
@@ -740,6 +745,23 @@ class OffloadedMoE:
         weights = torch.stack([c[0] if len(c) == 1 else torch.cat(c) for c in state.weights], dim=1)
         return order_by_weight(ids.astype(np.int64, copy=False), weights.float().cpu().numpy())
 
+    def last_next_layer_routing(self) -> np.ndarray | None:
+        """Next-layer guesses of the last finished forward, tokens in input order (batch
+        flattened): int64[T, L-1, K], row ``l`` = the top-k of layer l+1's router on layer l's MoE
+        input, by descending score (what ``--prefetch next-layer`` copies ahead; the trace column
+        ``next_layer_expert_ids``). ``None`` without ``record_next_layer`` or with one MoE layer.
+        Raises ``RuntimeError`` if no forward has finished."""
+        if not self.record_next_layer or self.num_layers < 2:
+            return None
+        state = self._last_state
+        if state is None:
+            raise RuntimeError("last_next_layer_routing: no finished forward pass yet")
+        per_layer = [
+            np.concatenate(chunks) if chunks else np.zeros((0, self.top_k), dtype=np.int64)
+            for chunks in state.next_ids
+        ]
+        return np.stack(per_layer, axis=1)
+
     # -- forward wrappers ------------------------------------------------------------------------
     def _bracketed_model_forward(self, forward: Callable) -> Callable:
         """Model forward that begins/ends measurement itself when the caller did not."""
@@ -892,24 +914,43 @@ class OffloadedMoE:
                 num += len(experts)
         return num
 
-    def _prefetch_next_layer(self, layer: int, hidden_states: torch.Tensor) -> None:
-        """Next-layer prefetch: the top-k of layer l+1's router logits on layer l's MoE input
-        ``hidden_states [T, D]`` (plus the router's score-correction bias where it has one, on
-        sigmoid scores), ranked by how many tokens choose them and capped at the capacity, are
-        made resident at layer l+1 and copied on the copy stream behind layer l's own copies."""
-        if layer + 1 >= self.num_layers or self.capacity_per_layer == 0:
+    def _next_layer(self, layer: int, hidden_states: torch.Tensor) -> None:
+        """After layer l's router: guess layer l+1's experts (:meth:`_next_layer_guess`), keep
+        the guess for :meth:`last_next_layer_routing` (``record_next_layer``) and, with
+        ``--prefetch next-layer|both``, prefetch it (:meth:`_prefetch_next_layer`)."""
+        prefetching = self.prefetch in ("next-layer", "both")
+        if layer + 1 >= self.num_layers or not (prefetching or self.record_next_layer):
             return
-        from specfit.prefetch import rank_experts, warm_layer
+        ids = self._next_layer_guess(layer, hidden_states)  # [T, K]
+        if self.record_next_layer:
+            self._state.next_ids[layer].append(ids)
+        if prefetching:
+            self._prefetch_next_layer(layer, ids)
 
+    def _next_layer_guess(self, layer: int, hidden_states: torch.Tensor) -> np.ndarray:
+        """int64[T, K]: the top-k of layer l+1's router logits on layer l's MoE input
+        ``hidden_states [T, D]`` (plus the router's score-correction bias where it has one, on
+        sigmoid scores), by descending score. The pre-gating idea of Pre-gated MoE (Hwang et al.,
+        ISCA 2024; here with the next layer's own gate, training-free, as AdapMoE, Zhong et al.,
+        ICCAD 2024): ``specfit.prefetch``."""
         gate = self._gates[layer + 1]
         with torch.no_grad():
             scores = torch.nn.functional.linear(hidden_states, gate.weight.to(hidden_states.dtype))  # [T, E]
             bias = getattr(gate, "e_score_correction_bias", None)
             if bias is not None:
                 scores = scores.sigmoid() + bias
-            ids = scores.topk(self.top_k, dim=-1).indices.cpu().numpy()  # [T, K]
-        counts = np.bincount(ids.reshape(-1), minlength=self.num_experts)
-        chosen = rank_experts(counts, self.capacity_per_layer)
+            return scores.topk(self.top_k, dim=-1).indices.cpu().numpy().astype(np.int64)  # [T, K]
+
+    def _prefetch_next_layer(self, layer: int, ids: np.ndarray) -> None:
+        """Next-layer prefetch: the guessed experts ``ids int[T, K]`` of layer l+1, ranked by how
+        many tokens choose them and capped at the capacity (``specfit.prefetch.next_layer_choice``,
+        which ``sim.replay`` applies to the recorded guesses), are made resident at layer l+1 and
+        copied on the copy stream behind layer l's own copies."""
+        if self.capacity_per_layer == 0:
+            return
+        from specfit.prefetch import next_layer_choice, warm_layer
+
+        chosen = next_layer_choice(ids, self.num_experts, self.capacity_per_layer)
         experts, evicted = warm_layer(self.cache, layer + 1, chosen)
         fetch = self._enqueue_prefetch(layer + 1, experts, evicted)
         if fetch is not None:
@@ -1003,12 +1044,14 @@ def offload_model(
     record_routing: bool = True,
     overlap: bool = False,
     prefetch: str = "none",
+    record_next_layer: bool = False,
 ) -> OffloadedMoE:
     """Build a ``specfit.cache`` expert cache and install an :class:`OffloadedMoE` on ``model``.
 
     ``cache_experts``: persistent slots per layer (default :func:`default_cache_experts`);
     ``cache_policy``: ``"lru"`` (default), ``"lfu"`` or ``"static"`` (needs ``frequency
-    float[L, E]``, e.g. expert counts from a trace); ``overlap``, ``prefetch``: see :meth:`OffloadedMoE.install`.
+    float[L, E]``, e.g. expert counts from a trace); ``overlap``, ``prefetch``,
+    ``record_next_layer``: see :meth:`OffloadedMoE.install`.
     Raises ``ValueError`` naming the flag.
     """
     from specfit.cache import make_expert_cache
@@ -1035,4 +1078,5 @@ def offload_model(
         record_routing=record_routing,
         overlap=overlap,
         prefetch=prefetch,
+        record_next_layer=record_next_layer,
     )

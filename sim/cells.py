@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.config import LOSSY_POLICIES, SimConfig, base_policy, canonical_policy, overlap_mode
+from sim.config import LOSSY_POLICIES, SimConfig, base_policy, canonical_policy, overlap_mode, prefetch_mode
 from specfit.cost import CycleCostModel
 from specfit.units import gb_per_s_to_bytes_per_s
 
@@ -60,7 +60,7 @@ class CellSpec:
     cache_policy: str = "lru"
     predictor: str = "union-size"
     overlap: bool | str = "off"
-    prefetch: bool = False
+    prefetch: bool | str = "none"
     engine: str = "auto"
     link_concurrency: int = 1
     decision_s: float = 0.0
@@ -85,6 +85,8 @@ class CellSpec:
         content = self.to_dict()
         # off/on as the bools they were before "ideal" existed (resumed sweeps keep their ids)
         content["overlap"] = {"off": False, "on": True}.get(content["overlap"], content["overlap"])
+        # none/draft as the bools of the earlier on/off prefetch switch (same ids as before)
+        content["prefetch"] = {"none": False, "draft": True}.get(content["prefetch"], content["prefetch"])
         for optional in ("policy_options", "expert_budget"):
             if content[optional] is None:
                 del content[optional]
@@ -169,7 +171,7 @@ def make_cells(
     cache_policies: Sequence[str] = ("lru",),
     predictors: Sequence[str] = ("union-size",),
     overlaps: Sequence[bool | str] = ("off",),
-    prefetches: Sequence[bool] = (False,),
+    prefetches: Sequence[bool | str] = ("none",),
     policy_options: dict[str, dict[str, Any]] | None = None,
     budget: int | None = None,
     **common: Any,
@@ -197,7 +199,7 @@ def make_cells(
             cache_policy=cpol,
             predictor=pred,
             overlap=overlap_mode(ovl, "--overlap"),
-            prefetch=bool(pre),
+            prefetch=prefetch_mode(pre, "--prefetch"),
             policy_options=options.get(name, options.get(base_policy(name))),
             expert_budget=budget if name in LOSSY_POLICIES else None,
             **common,
@@ -254,7 +256,7 @@ def run_cell(cell: dict[str, Any] | CellSpec, cycles_dir: str | None = None) -> 
         "cache_policy": spec.cache_policy,
         "predictor": spec.predictor,
         "overlap": overlap_mode(spec.overlap),
-        "prefetch": spec.prefetch,
+        "prefetch": prefetch_mode(spec.prefetch),
         "policy": spec.policy,
     }
     if base_policy(spec.policy) == "specfit":  # the stopping rule it ran with (the policy's default when not set)

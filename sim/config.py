@@ -85,6 +85,24 @@ def overlap_mode(value: bool | str, name: str = "overlap") -> str:
     return str(value)
 
 
+def prefetch_mode(value: bool | str, name: str = "prefetch") -> str:
+    """One of ``specfit.prefetch.PREFETCH_MODES`` (``"none"``, ``"draft"``, ``"next-layer"``,
+    ``"both"``) from a mode name or a bool (``True`` = ``"draft"``, ``False`` = ``"none"``; also
+    ``"on"``/``"off"``, the names of the earlier on/off switch).
+
+    Raises:
+        ValueError: any other value, naming ``name``.
+    """
+    from specfit.prefetch import PREFETCH_MODES
+
+    if isinstance(value, (bool, np.bool_)):
+        return "draft" if value else "none"
+    value = {"on": "draft", "off": "none"}.get(value, value)
+    if value not in PREFETCH_MODES:
+        raise ValueError(f"{name}: expected one of {list(PREFETCH_MODES)}, got {value!r}")
+    return str(value)
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """One replay configuration: tree policy, expert cache, predictor, link and cost model.
@@ -100,7 +118,11 @@ class SimConfig:
         overlap: ``"off"``, ``"on"`` (as the live engine's ``--overlap on``) or ``"ideal"`` (a
             bound: every demand copy enqueued when verification starts), see :mod:`sim.engine`;
             ``False``/``True`` are read as ``"off"``/``"on"``.
-        prefetch: copy the predicted misses of the chosen subtree when it is chosen.
+        prefetch: ``"none"``, ``"draft"`` (when the subtree is chosen, make resident the
+            experts the predictor expects its nodes to need), ``"next-layer"`` (after each
+            layer's router, the recorded next-layer guesses of the verified nodes: needs a dense
+            trace with ``next_layer_expert_ids``) or ``"both"``, as ``live.record --prefetch``
+            (``specfit.prefetch``); ``False``/``True`` are read as ``"none"``/``"draft"``.
         engine: ``"auto"``, ``"fast"`` or ``"simpy"`` (same results; fast needs concurrency 1).
         link_concurrency: expert copies in flight at once (copy engines; the wire is shared).
         decision_s: modelled planner time per cycle (s, >= 0) of a drafting policy; ``ar`` pays
@@ -131,7 +153,7 @@ class SimConfig:
     cache_policy: str = "lru"
     predictor: str = "union-size"
     overlap: bool | str = "off"
-    prefetch: bool = False
+    prefetch: bool | str = "none"
     engine: str = "auto"
     link_concurrency: int = 1
     decision_s: float = 0.0
@@ -185,6 +207,7 @@ class SimConfig:
             except ValueError as exc:
                 raise ValueError(f"SimConfig.policy_options: {exc}") from None
         object.__setattr__(self, "overlap", overlap_mode(self.overlap, "SimConfig.overlap"))
+        object.__setattr__(self, "prefetch", prefetch_mode(self.prefetch, "SimConfig.prefetch"))
         mode = "on" if self.overlap == "on" else "ideal"
         wanted = (self.overlap != "off", mode)
         if (self.cost.overlap_h2d, self.cost.overlap_mode) != wanted:

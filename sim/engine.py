@@ -36,10 +36,15 @@ Model (issue 6, "The discrete-event model"):
   verification starts, in layer order, so copies of later layers also proceed while earlier
   layers compute (placing and late calls as in "on"; the analytic bound ``draft + max(verify,
   h2d)`` leaves them out). ``True``/``False`` are read as ``"ideal"``/``"off"``.
-* Prefetch: the predicted misses (``CyclePlan.prefetch``) are enqueued when the subtree is chosen
-  (after ``decision_ns``), before any demand copy. A prefetched expert is resident in the cache
-  from that instant but usable only once its copy arrives; copies still in flight at the end of
-  a cycle stay in flight into the next one (the engine keeps their arrival times).
+* Prefetch: the draft prefetch's copies (``CyclePlan.prefetch``) are enqueued when the subtree is
+  chosen (after ``decision_ns``), before any demand copy. The next-layer prefetch's copies of
+  layer ``l+1`` (``CyclePlan.next_layer[l]``; Pre-gated MoE, Hwang et al., ISCA 2024: layer l+1's
+  router on layer l's input) are enqueued where the live engine enqueues them: right behind layer
+  ``l``'s demand copies once they are placed (overlap "on"/"ideal"), or, with overlap "off", when
+  layer ``l`` starts computing (the live engine issues them after the layer's wait). A
+  prefetched expert is resident in the cache from its enqueue but usable only once its copy
+  arrives; copies still in flight at the end of a cycle stay in flight into the next one (the
+  engine keeps their arrival times).
 
 Two engines compute this timeline: :class:`SimPyEngine` (SimPy processes and resources; the
 reference, any ``concurrency``) and :class:`FastEngine` (the same FIFO recurrence written out,
@@ -114,6 +119,9 @@ class CyclePlan:
         demand_counts: optional ``L`` ints, ``len(demand[l])``: when given, :class:`FastEngine`
             reads a layer's demand ids only to record copies (``record_copies``), so ``demand``
             may build them lazily (the simulator passes rows of its miss mask).
+        next_layer: empty, or per layer ``l`` the experts of layer ``l+1`` copied by the
+            next-layer prefetch when layer ``l`` is reached (see the module docstring), in this
+            order (the last layer's entry is empty).
     """
 
     draft_ns: int
@@ -126,6 +134,7 @@ class CyclePlan:
     host_ns_per_transfer: int = 0
     late_call_ns: int = 0
     demand_counts: Sequence[int] | None = None
+    next_layer: Sequence[Sequence[int]] = ()
 
     @property
     def overlap_mode(self) -> str:
@@ -212,6 +221,11 @@ def _check_plan(plan: CyclePlan) -> None:
         )
     if min(plan.draft_ns, plan.decision_ns, plan.host_ns_per_transfer, plan.late_call_ns, *plan.layer_compute_ns, 0) < 0:
         raise ValueError("CyclePlan: durations must be >= 0 ns")
+    if len(plan.next_layer) not in (0, n) or (n and len(plan.next_layer) and len(plan.next_layer[-1])):
+        raise ValueError(
+            f"CyclePlan.next_layer: expected no entry or one per layer ({n}), the last empty; "
+            f"got {len(plan.next_layer)}"
+        )
     if plan.overlap_mode not in OVERLAP_MODES:
         raise ValueError(f"CyclePlan.overlap: expected one of {list(OVERLAP_MODES)}, got {plan.overlap!r}")
 
@@ -279,6 +293,22 @@ class FastEngine(_EngineBase):
                 for k, e in enumerate(experts)
             )
 
+        def prefetch_next(layer: int, at: int) -> None:  # layer l+1's next-layer copies, enqueued at ``at``
+            nonlocal link_free, num_transfers
+            experts = next_layer[layer]
+            if not experts:
+                return
+            if copies is not None:
+                log(layer + 1, experts, at, max(at, link_free))
+            arrivals = self._pending[layer + 1]
+            for e in experts:
+                link_free = max(at, link_free) + t_ns
+                arrivals[int(e)] = link_free
+            layer_h2d[layer + 1] += len(experts) * t_ns
+            num_transfers += len(experts)
+
+        next_layer = plan.next_layer
+
         for layer, expert in plan.prefetch:
             if copies is not None:
                 log(layer, (expert,), verify_start, max(verify_start, link_free))
@@ -328,6 +358,8 @@ class FastEngine(_EngineBase):
             if demand_arrival[layer] > late:
                 late = demand_arrival[layer]
             if mode != "off":  # resident experts compute at once, late ones as they land
+                if next_layer:  # behind the layer's demand copies, once they are placed
+                    prefetch_next(layer, placed)
                 starts.append(compute_free)
                 cur = placed + int(compute_ns)
                 stall = placed - compute_free
@@ -352,6 +384,8 @@ class FastEngine(_EngineBase):
                 compute_free = cur
             else:
                 ready = late if late > placed else placed
+                if next_layer:  # the live engine issues them once the layer's wait is over
+                    prefetch_next(layer, ready)
                 starts.append(ready)
                 waits.append(0)
                 compute_free = ready + int(compute_ns)
@@ -420,6 +454,15 @@ class SimPyEngine(_EngineBase):
         self._jobs.put((layer, int(expert), int(self.env.now), done))
         return done
 
+    def _prefetch_next(self, plan: CyclePlan, layer: int, layer_h2d: list[int]) -> int:
+        """Enqueue the next-layer prefetch copies of layer ``layer + 1`` now; returns their count."""
+        if not plan.next_layer:
+            return 0
+        for e in plan.next_layer[layer]:
+            self._events[layer + 1][int(e)] = self._enqueue(layer + 1, e)
+            layer_h2d[layer + 1] += self.link.transfer_ns
+        return len(plan.next_layer[layer])
+
     def _cycle(self, plan: CyclePlan, out: dict):  # SimPy process generator
         env = self.env
         out["start"] = int(env.now)
@@ -458,6 +501,7 @@ class SimPyEngine(_EngineBase):
             if pending:
                 waits += [pending[int(e)] for e in plan.hits[layer] if int(e) in pending]
             if mode != "off":  # the compute stream: resident experts first, then the late ones
+                count += self._prefetch_next(plan, layer, layer_h2d)
                 starts.append(layer_start)
                 stall = int(env.now) - layer_start
                 if late_ns:  # copies landing at this very instant count as landed
@@ -482,6 +526,7 @@ class SimPyEngine(_EngineBase):
                 waits = [w for w in waits if not w.processed]
                 if waits:
                     yield simpy.AllOf(env, waits)
+                count += self._prefetch_next(plan, layer, layer_h2d)
                 starts.append(int(env.now))
                 if plan.layer_compute_ns[layer]:
                     yield env.timeout(int(plan.layer_compute_ns[layer]))

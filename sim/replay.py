@@ -334,8 +334,16 @@ class _Replayer:
             self._accept_key = json.dumps(config.acceptance, sort_keys=True, default=str)
         self.access_log: list[list[np.ndarray]] | None = None
         self.cache = self._make_cache()
-        from specfit.prefetch import PrefetchLedger
+        from specfit.prefetch import PrefetchLedger, uses_draft, uses_next_layer
 
+        self.draft_prefetch = uses_draft(config.prefetch)
+        self.next_layer_prefetch = uses_next_layer(config.prefetch) and self.num_layers > 1
+        if self.next_layer_prefetch and not getattr(trace_run, "has_next_layer_guesses", False):
+            raise ReplayError(
+                f"{trace_run.run_dir}: --prefetch {config.prefetch} needs the next-layer guesses "
+                "(column next_layer_expert_ids), which this trace does not carry; record the dense "
+                "trace again with this version's live.record --mode dense"
+            )
         self.ledger = PrefetchLedger(self.num_layers, self.num_experts)
         self._ledger_counts = self.ledger.counts()
         self.policy = modules["policies"].make_tree_policy(
@@ -474,12 +482,51 @@ class _Replayer:
         return ReplayResult(config=self.config, totals=totals, cycles=tuple(self.records))
 
     def _prefill(self, request_id: int) -> np.ndarray:
-        """Warm the cache with the prompt's routing; return its experts int64[T, L, K]."""
+        """Warm the cache with the prompt's routing (with its next-layer prefetch, as the live
+        engine's prefill forward); return its experts int64[T, L, K]. Prefetch counts of the
+        prefill are not a cycle's (as live, where they belong to the prefill forward)."""
         ex = self._prefill_ids(request_id)
         if ex.shape[0]:
+            copies = 0
+            if self.next_layer_prefetch:
+                copies = sum(map(len, self._next_layer_prefetch(self.run.prefill_next_layer_experts(request_id))))
             access = self._access(_layer_mask(ex, np.arange(ex.shape[0]), self.num_experts))
-            self.totals["prefill_h2d_bytes"] += int(access.num_misses.sum()) * self.expert_bytes
+            self._ledger_accessed(access)
+            misses = int(access.num_misses.sum())
+            self.totals["prefill_h2d_bytes"] += (misses + copies) * self.expert_bytes
+        self._ledger_counts = self.ledger.counts()
         return ex
+
+    def _ledger_accessed(self, access: Any) -> None:
+        """Count the prefetched experts an access hit (used) or evicted (wasted)."""
+        if self.config.prefetch != "none":
+            for layer, (hit, gone) in enumerate(zip(access.hit_ids(), access.evicted_ids())):
+                self.ledger.accessed(layer, hit, gone)
+
+    def _next_layer_prefetch(self, guesses: np.ndarray) -> list[list[int]]:
+        """Next-layer prefetch of one forward, as the live engine's ``--prefetch next-layer``:
+        per layer ``l < L-1``, the experts of layer ``l+1`` the forward's tokens guess most
+        (``guesses int[T, L-1, K]``, the recorded ``next_layer_expert_ids``;
+        ``specfit.prefetch.next_layer_choice``) are made resident at layer ``l+1``
+        (``specfit.prefetch.warm_layer``; counted in the prefetch ledger). Returns per layer
+        ``l`` (L entries, the last empty) the experts of layer ``l+1`` that cross the link.
+
+        The live engine warms layer l+1 after layer l's access; the cache's layers are
+        independent, so warming every layer before the forward's accesses gives the same hits,
+        misses and evictions."""
+        from specfit.prefetch import next_layer_choice, warm_layer
+
+        capacity = self.config.cache_capacity_per_layer
+        out: list[list[int]] = [[] for _ in range(self.num_layers)]
+        if capacity == 0:
+            return out
+        for layer in range(self.num_layers - 1):
+            chosen = next_layer_choice(guesses[:, layer], self.num_experts, capacity)
+            copies, evicted = warm_layer(self.cache, layer + 1, chosen)
+            self.ledger.evicted(layer + 1, evicted)
+            self.ledger.issue(layer + 1, copies)
+            out[layer] = copies
+        return out
 
     def _trees(self, request_id: int) -> Iterator[int]:
         idx = np.flatnonzero(self.arrays.request_ids == request_id)
@@ -643,16 +690,17 @@ class _Replayer:
         offsets = self.arrays.offsets
         path_ok = self.path_ok[offsets[i] : offsets[i + 1]]
         plan, nodes, levels, node_experts = self._choose(data, true_bits, history, path_ok)
-        prefetch = self._prefetch(nodes, node_experts) if cfg.prefetch else []
+        prefetch = self._prefetch(nodes, node_experts) if self.draft_prefetch else []
+        next_layer: list[list[int]] = []
+        if self.next_layer_prefetch:
+            next_layer = self._next_layer_prefetch(np.asarray(dense.next_layer_expert_ids)[nodes])
         if self.budget is None:
             access = self._access(_layer_mask(true_ids, nodes, self.num_experts))
         else:  # lossy: the recorded acceptance is kept (an optimistic bound on MoE-Spec's output)
             weights = np.asarray(dense.router_weights)
             access = self._access(_budget_mask(true_ids, weights, nodes, self.num_experts, self.budget))
         hits, demand = _MaskRows(access.hits), _MaskRows(access.misses)
-        if cfg.prefetch:
-            for layer, (hit, gone) in enumerate(zip(access.hit_ids(), access.evicted_ids())):
-                self.ledger.accessed(layer, hit, gone)
+        self._ledger_accessed(access)
         verify_ns = s_to_ns(self.cost.verify_s(len(nodes), dense.context_len))
         layer_compute = self._splits.get(verify_ns)
         if layer_compute is None:
@@ -671,8 +719,11 @@ class _Replayer:
                 host_ns_per_transfer=self._host_ns,
                 late_call_ns=self._late_call_ns,
                 demand_counts=access.num_misses.tolist(),
+                next_layer=next_layer,
             )
         )
+        if next_layer:  # the next-layer copies count as prefetch copies of the layer they fill
+            prefetch = prefetch + [(layer + 1, e) for layer, experts in enumerate(next_layer) for e in experts]
         path = committed_path(tree, path_ok, nodes)
         num_accepted = len(path) - 1
         num_committed = min(num_accepted + 1, remaining)
@@ -756,6 +807,7 @@ class _Replayer:
         per_layer_copies = list(layer_misses)
         for layer, _ in prefetch:
             per_layer_copies[layer] += 1
+        prefetching = self.config.prefetch != "none"
         return CycleRecord(
             request_id=int(rid),
             cycle_index=int(cycle_index),
@@ -781,10 +833,10 @@ class _Replayer:
             predicted_cycle_s=float(plan.predicted_cycle_s),
             decision_s=float(self.decision_s),
             committed_token_ids=list(tokens),
-            num_prefetch_issued=issued if self.config.prefetch else None,
-            num_prefetch_used=used if self.config.prefetch else None,
-            num_prefetch_wasted=wasted if self.config.prefetch else None,
-            prefetch_wasted_bytes=wasted * self.expert_bytes if self.config.prefetch else None,
+            num_prefetch_issued=issued if prefetching else None,
+            num_prefetch_used=used if prefetching else None,
+            num_prefetch_wasted=wasted if prefetching else None,
+            prefetch_wasted_bytes=wasted * self.expert_bytes if prefetching else None,
         )
 
 

@@ -76,7 +76,8 @@ TABLE_LEGEND = {
     "predictor": "expert predictor of the planner (and of prefetch)",
     "overlap": "expert copies overlapping compute: off; on (as the live engine); ideal (a bound: every "
     "copy of a cycle enqueued when verification starts)",
-    "prefetch": "predicted misses copied when the subtree is chosen (on/off)",
+    "prefetch": "expert prefetch: none, draft (the predictor's experts of the chosen subtree), "
+    "next-layer (layer l+1's router on layer l's input, recorded in the trace) or both",
     "sim tok/s": "SIMULATED committed tokens per second of decode (trace replay, not a measurement)",
     "tau": "mean tokens committed per verification cycle, bonus token included",
     "levels": "mean draft levels drafted per cycle",
@@ -194,7 +195,7 @@ def format_table(df: pd.DataFrame, header: Sequence[str] = ()) -> str:
             if value is None or (isinstance(value, float) and np.isnan(value)):
                 out.append("-")
             elif name in ("overlap", "prefetch"):
-                out.append(_overlap_name(value) if name == "overlap" else ("on" if _on_off(value) else "off"))
+                out.append(_overlap_name(value) if name == "overlap" else _prefetch_name(value))
             else:
                 out.append(fmt.format(int(value) if fmt == "{:d}" else value))
         below = bool(row.get("specfit_below_baseline", False))
@@ -233,18 +234,31 @@ POLICY_COLORS = {
 # Line style per (overlap, prefetch) pair, so `--overlap both` / `--prefetch both` pair up with
 # the policy colours: colour = policy, line style = overlap/prefetch.
 OVERLAP_PREFETCH_STYLES = {
-    ("off", False): "-",
-    ("on", False): "--",
-    ("ideal", False): (0, (6, 2, 1, 2, 1, 2)),
-    ("off", True): ":",
-    ("on", True): "-.",
-    ("ideal", True): (0, (1, 4)),
+    ("off", "none"): "-",
+    ("on", "none"): "--",
+    ("ideal", "none"): (0, (6, 2, 1, 2, 1, 2)),
+    ("off", "draft"): ":",
+    ("on", "draft"): "-.",
+    ("ideal", "draft"): (0, (1, 4)),
+    ("off", "next-layer"): (0, (8, 2)),
+    ("on", "next-layer"): (0, (3, 1, 1, 1)),
+    ("ideal", "next-layer"): (0, (2, 2, 6, 2)),
+    ("off", "both"): (0, (4, 1, 1, 1, 1, 1)),
+    ("on", "both"): (0, (10, 3, 2, 3)),
+    ("ideal", "both"): (0, (1, 1)),
 }
 VARIANT_MARKERS = ("o", "s", "^", "D", "v", "P", "X")  # cache policy / predictor variants
 
 
 def _on_off(value: Any) -> bool:
     return str(value).strip().lower() in ("true", "1", "on")
+
+
+def _prefetch_name(value: Any) -> str:
+    """A result row's prefetch as its mode name (``none``, ``draft``, ``next-layer``, ``both``;
+    bools of older sweeps: on = draft)."""
+    text = str(value).strip().lower()
+    return text if text in ("none", "draft", "next-layer", "both") else ("draft" if _on_off(text) else "none")
 
 
 def _overlap_name(value: Any) -> str:
@@ -285,7 +299,7 @@ def throughput_figure(df: pd.DataFrame, title: str = "") -> Any:
         combo: VARIANT_MARKERS[i % len(VARIANT_MARKERS)]
         for i, combo in enumerate(dict.fromkeys(map(tuple, df[marker_keys].astype(str).to_numpy())))
     }
-    styles_used: dict[tuple[str, bool], Any] = {}
+    styles_used: dict[tuple[str, str], Any] = {}
     policies_used: list[str] = []
     fig, axes = plt.subplots(
         1, len(caches), figsize=(max(6.0, 4.2 * len(caches)), 3.8), squeeze=False, sharey=True
@@ -295,7 +309,7 @@ def throughput_figure(df: pd.DataFrame, title: str = "") -> Any:
         for keys, series in part.groupby(
             ["policy", "overlap", "prefetch", *marker_keys], sort=False, dropna=False
         ):
-            policy, overlap, prefetch = str(keys[0]), _overlap_name(keys[1]), _on_off(keys[2])
+            policy, overlap, prefetch = str(keys[0]), _overlap_name(keys[1]), _prefetch_name(keys[2])
             combo = tuple(str(k) for k in keys[3:])
             style = OVERLAP_PREFETCH_STYLES[(overlap, prefetch)]
             styles_used[(overlap, prefetch)] = style
@@ -327,7 +341,7 @@ def throughput_figure(df: pd.DataFrame, title: str = "") -> Any:
                 [],
                 color="black",
                 linestyle=style,
-                label=f"overlap {o}, prefetch {'on' if f else 'off'}",
+                label=f"overlap {o}, prefetch {f}",
             )
             for (o, f), style in sorted(
                 styles_used.items(), key=lambda item: list(OVERLAP_PREFETCH_STYLES).index(item[0])

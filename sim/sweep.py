@@ -423,9 +423,13 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument(
         "--prefetch",
-        choices=sorted(MODES),
-        default="off",
-        help="copy the predicted misses when the subtree is chosen: on, off, or both (a cell each)",
+        type=comma_list(str),
+        default=["none"],
+        help="expert prefetch modes, comma-separated, a cell each (as live.record --prefetch): none; "
+        "draft = when the subtree is chosen, the experts the predictor expects its nodes to need; "
+        "next-layer = after each layer's router, the experts layer l+1's router guesses from layer l's "
+        "input (needs a dense trace recorded with those guesses); both = draft and next-layer. "
+        "off/on are read as none/draft",
     )
     p.add_argument(
         "--cost",
@@ -660,6 +664,26 @@ def _resolve_cost(parser: ArgumentParser, args: Any, num_layers: int) -> tuple[A
     return cost, size_name
 
 
+def _resolve_prefetch(parser: ArgumentParser, items: list[str], trace_run: Any, trace_path: Any) -> list[str]:
+    """``--prefetch`` items as mode names (``sim.config.prefetch_mode``); exits 2 naming the flag
+    for an unknown mode, or for next-layer/both on a trace without the next-layer guesses."""
+    from sim.config import prefetch_mode
+    from specfit.prefetch import PREFETCH_MODES, uses_next_layer
+
+    try:
+        modes = list(dict.fromkeys(prefetch_mode(item, "--prefetch") for item in items))
+    except ValueError:
+        parser.fail("--prefetch", f"expected modes from {list(PREFETCH_MODES)}, got {items}")
+    needs = [m for m in modes if uses_next_layer(m)]
+    if needs and not trace_run.has_next_layer_guesses:
+        parser.fail(
+            "--prefetch",
+            f"{needs[0]} replays the next-layer guesses of a dense trace (column next_layer_expert_ids), "
+            f"and {trace_path} was recorded without them; record one with live.record --mode dense",
+        )
+    return modes
+
+
 def _build_cells(
     parser: ArgumentParser, args: Any, policies: list[str], cost_explicit: bool = True
 ) -> tuple[list[CellSpec], list[str], Path]:
@@ -676,7 +700,8 @@ def _build_cells(
 
     try:
         trace_path, trace_desc = resolve_trace(args.trace, synthetic=synthetic, root=Path("runs/sim/traces"))
-        manifest = open_run(trace_path).manifest
+        trace_run = open_run(trace_path)
+        manifest = trace_run.manifest
     except (ValueError, TraceError) as exc:
         parser.fail("--trace", str(exc))
     if manifest.run.mode != "dense":
@@ -684,6 +709,7 @@ def _build_cells(
             "--trace", f"{trace_path} is a {manifest.run.mode!r}-mode run; the simulator replays dense traces"
         )
     model = manifest.model
+    prefetches = _resolve_prefetch(parser, args.prefetch, trace_run, trace_path)
     cost, size_name = _resolve_cost(parser, args, model.num_layers)
     args.bandwidth, bandwidth_line = _resolve_bandwidths(args, cost, cost_explicit)
     acceptance, acceptance_file = _resolve_acceptance(parser, args.acceptance, args.cost, trace_path)
@@ -702,7 +728,7 @@ def _build_cells(
         cache_policies=args.cache_policy,
         predictors=args.predictor,
         overlaps=OVERLAP_CHOICES[args.overlap],
-        prefetches=MODES[args.prefetch],
+        prefetches=prefetches,
         engine=args.engine,
         link_concurrency=args.link_concurrency,
         decision_s=us_to_s(args.decision_us),

@@ -8,12 +8,14 @@ both prefetch the same experts at the same points and count them the same way.
   by how many nodes share them (then ascending id), at most the cache capacity per layer, are
   made resident in the expert cache (``ExpertCache.warm``: the replacement policy decides what
   leaves); those not cached before cross the link (:func:`draft_prefetch`).
-- Next-layer prefetch (live only; it needs hidden states): layer l+1's router applied to layer l's
-  MoE input predicts layer l+1's experts one layer ahead (the pre-gating idea of Pre-gated MoE,
-  Hwang et al., ISCA 2024, there with a trained pre-gate; used training-free with the next layer's
-  own gate by AdapMoE, Zhong et al., ICCAD 2024, and "Speculating Experts Accelerates Inference for
-  Mixture-of-Experts", arXiv 2603.19289). :func:`rank_experts` ranks that layer's predicted ids
-  the same way as the draft prefetch.
+- Next-layer prefetch: layer l+1's router applied to layer l's MoE input predicts layer l+1's
+  experts one layer ahead (the pre-gating idea of Pre-gated MoE, Hwang et al., ISCA 2024, there
+  with a trained pre-gate; used training-free with the next layer's own gate by AdapMoE, Zhong et
+  al., ICCAD 2024, and "Speculating Experts Accelerates Inference for Mixture-of-Experts", arXiv
+  2603.19289). The live engine computes the guesses from hidden states; a dense trace records
+  them per node and layer (``next_layer_expert_ids``), so the simulator replays the same guesses.
+  :func:`next_layer_choice` ranks a forward's guesses for one layer the same way as the draft
+  prefetch (:func:`rank_experts`), on both sides.
 - :class:`PrefetchLedger`: a prefetched expert is *used* when an access hits it before it leaves
   the cache, *wasted* when it is evicted first (counted when evicted).
 """
@@ -23,6 +25,37 @@ from __future__ import annotations
 import numpy as np
 
 from specfit import bitsets
+
+PREFETCH_MODES = ("none", "draft", "next-layer", "both")
+"""``--prefetch`` of ``live.record``, ``sim.sweep`` and ``analysis.validate``: ``both`` = draft
+and next-layer."""
+
+
+def uses_draft(mode: str) -> bool:
+    """Whether prefetch mode ``mode`` (one of :data:`PREFETCH_MODES`) prefetches from the draft."""
+    return mode in ("draft", "both")
+
+
+def uses_next_layer(mode: str) -> bool:
+    """Whether prefetch mode ``mode`` prefetches one layer ahead."""
+    return mode in ("next-layer", "both")
+
+
+def next_layer_choice(guesses: np.ndarray, num_experts: int, capacity: int) -> np.ndarray:
+    """The experts next-layer prefetch makes resident at one layer for one forward pass.
+
+    Args:
+        guesses: int[T, K] the next-layer guesses of the forward's T tokens for that layer
+            (negative ids ignored).
+        num_experts: ``E``; capacity: cache slots per layer.
+
+    Returns:
+        Sorted int64 ids: the at most ``capacity`` experts most tokens guess, ties by ascending id
+        (:func:`rank_experts`).
+    """
+    flat = np.asarray(guesses, dtype=np.int64).reshape(-1)
+    counts = np.bincount(flat[flat >= 0], minlength=num_experts)
+    return rank_experts(counts, capacity)
 
 
 def rank_experts(counts: np.ndarray, capacity: int) -> np.ndarray:

@@ -102,14 +102,14 @@ def test_paired_styles_colour_is_policy_line_style_is_overlap_prefetch():
         drawn = [(to_hex(line.get_color()), line.get_linestyle()) for line in ax.lines]
         assert len(drawn) == 3 * 4  # 3 policies x (overlap, prefetch) pairs
         assert {c for c, _ in drawn} == {to_hex(POLICY_COLORS[p]) for p in ("ar", "topn", "specfit")}
-        pairs = [("off", False), ("on", False), ("off", True), ("on", True)]
+        pairs = [("off", "none"), ("on", "none"), ("off", "draft"), ("on", "draft")]
         styles = sorted(str(OVERLAP_PREFETCH_STYLES[pair]) for pair in pairs)
         assert len(set(styles)) == 4
         for colour in {c for c, _ in drawn}:  # every policy drawn once in each style
             assert sorted(str(s) for c, s in drawn if c == colour) == styles
         labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
         assert labels[:3] == ["ar", "topn", "specfit"]
-        assert "overlap on, prefetch off" in labels and "overlap off, prefetch on" in labels
+        assert "overlap on, prefetch none" in labels and "overlap off, prefetch draft" in labels
         assert fig._suptitle.get_text().startswith("SIMULATED tokens/s")
         assert ax.get_ylabel() == "SIMULATED tokens/s"
     finally:

@@ -1,18 +1,20 @@
-"""One hand-built cycle with overlap and a draft prefetch: the live engine's recorded spans and the
-simulator's event log agree to the nanosecond, and no expert computes before its copy lands.
+"""One hand-built cycle with overlap and a draft prefetch (and, in a second case, next-layer
+prefetch too): the live engine's recorded spans and the simulator's event log agree to the
+nanosecond, and no expert computes before its copy lands.
 
 The live engine runs on a fake clock (tests/fake_clock.py) with its real CPU copy stream, an
 emulated link whose only cost is a per-transfer latency (each expert copy takes ``TRANSFER_NS``
 on the FIFO link clock; waiting for a copy lets the clock run to its landing). Each layer's first
 kernel call (its resident experts) takes ``COMPUTE_NS`` and each later call (a group of late
 experts landed together) ``LATE_NS``; everything else takes no time. The simulator gets the same
-cycle as a ``CyclePlan`` (the live engine's own hits, demand misses and prefetch) with
-``overlap="on"`` and ``late_call_ns=LATE_NS``.
+cycle as a ``CyclePlan`` (the live engine's own hits, demand misses and prefetch, the next-layer
+copies at the layer that issued them) with ``overlap="on"`` and ``late_call_ns=LATE_NS``.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from fake_clock import FakeClock
 from live_fixtures import make_cache
@@ -42,7 +44,8 @@ def _fake_clock_link() -> H2DLink:
     return link
 
 
-def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpoint, monkeypatch):
+@pytest.mark.parametrize("prefetch", ["draft", "both"])
+def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpoint, monkeypatch, prefetch):
     path = tiny_checkpoint("qwen3_moe")
     probe = load_target(path)
     spec = describe_moe(probe)
@@ -58,7 +61,7 @@ def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpo
     clock = FakeClock(tick_s=0.0, start_s=0.0).install(monkeypatch)
     cache = make_cache("lru", num_layers, spec.num_experts, CAPACITY)
     engine = OffloadedMoE.install(
-        model, cache, _fake_clock_link(), capacity_per_layer=CAPACITY, overlap=True, prefetch="draft"
+        model, cache, _fake_clock_link(), capacity_per_layer=CAPACITY, overlap=True, prefetch=prefetch
     )
     for layer in range(num_layers):  # half of each layer's experts resident: hits and misses
         engine.warm(layer, union[layer][: len(union[layer]) // 2])
@@ -85,6 +88,23 @@ def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpo
             yield pair_index
 
     engine._pairs_as_copies_land = watched
+    issue_log: list[tuple[int, int]] = []  # (layer, expert) of every prefetch copy, in issue order
+    original_issue = engine.ledger.issue
+
+    def logged_issue(layer, experts):
+        issue_log.extend((layer, int(e)) for e in experts)
+        original_issue(layer, experts)
+
+    next_layer = [[] for _ in range(num_layers)]  # per layer l: layer l+1's next-layer copies
+    original_next = engine._prefetch_next_layer
+
+    def watched_next(layer, ids):
+        count = len(issue_log)
+        original_next(layer, ids)
+        next_layer[layer] = [e for lay, e in issue_log[count:] if lay == layer + 1]
+
+    engine.ledger.issue = logged_issue
+    engine._prefetch_next_layer = watched_next
 
     assert engine.prefetch_predicted(bitsets.pack(predicted, spec.num_experts)) == 1
     engine.begin_forward()
@@ -106,10 +126,16 @@ def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpo
             log.landed_at_s[last],
         )
     )
-    demand = [
-        [int(e) for e in log.experts[first & (log.layers == layer)] if (layer, int(e)) != (1, prefetched)]
-        for layer in range(num_layers)
-    ]
+    prefetched_copies = list(issue_log)  # draft then next-layer copies; the rest are demand
+    demand = [[] for _ in range(num_layers)]
+    for lay, e in zip(log.layers[first].tolist(), log.experts[first].tolist()):
+        if (lay, e) in prefetched_copies:
+            prefetched_copies.remove((lay, e))
+        else:
+            demand[lay].append(e)
+    assert sum(map(len, next_layer)) == (len(issue_log) - 1)  # every next-layer copy is at its layer
+    if prefetch == "both":
+        assert any(next_layer)  # the case has teeth: layer 0 prefetched some of layer 1's experts
     plan = CyclePlan(
         draft_ns=0,
         decision_ns=0,
@@ -121,9 +147,10 @@ def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpo
         prefetch=((1, prefetched),),
         overlap="on",
         late_call_ns=LATE_NS,
+        next_layer=tuple(tuple(n) for n in next_layer),
     )
-    assert stats.misses == sum(len(d) for d in demand)  # the prefetched expert is a hit, no miss
-    assert stats.num_prefetch_issued == 1 and stats.num_prefetch_used == 1
+    assert stats.misses == sum(len(d) for d in demand)  # the prefetched experts are hits, no misses
+    assert stats.num_prefetch_issued == len(issue_log) and stats.num_prefetch_used >= 1
     marks = engine._last_state.marks
     live_starts = tuple(_ns(marks[layer][0][0] - origin) for layer in range(num_layers))
     live_ends = tuple(_ns(marks[layer][0][1] - origin) for layer in range(num_layers))

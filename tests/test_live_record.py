@@ -6,6 +6,7 @@ import dataclasses
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from live_fixtures import TINY_VOCAB_SIZE, make_tiny_checkpoint, make_tiny_draft
@@ -756,3 +757,63 @@ def test_sigterm_stops_like_ctrl_c(tiny, tmp_path):
     assert "Loading weights" not in stderr  # --no-progress silences transformers' loading bars too
     run = open_run(out)  # validates
     assert not run.complete and summary["num_requests_recorded"] == len(run.requests) == 1
+
+
+def test_dense_trace_carries_next_layer_guesses(dense_run):
+    """Dense mode records every node's and prefill token's next-layer guesses (layer l+1's router
+    on layer l's MoE input), distinct valid ids per layer, so the simulator can replay them."""
+    run = open_run(dense_run)
+    model = run.manifest.model
+    assert run.has_next_layer_guesses
+    arrays = run.node_arrays()
+    guesses = arrays.next_layer_expert_ids
+    assert guesses.shape == (len(arrays.parent), model.num_layers - 1, model.top_k)
+    assert guesses.min() >= 0 and guesses.max() < model.num_experts
+    rid = int(run.request_ids[0])
+    assert run.prefill_next_layer_experts(rid).shape == (*run.prefill_experts(rid).shape[:1], model.num_layers - 1, model.top_k)
+    # the router's own choice at layer l+1 often is among the guess made at layer l
+    agree = (guesses[:, :, :, None] == arrays.expert_ids[:, 1:, None, :]).any(axis=2).mean()
+    assert agree > 1.5 * model.top_k / model.num_experts
+
+
+@pytest.mark.parametrize("policy", ["ar", "topn"])
+def test_next_layer_prefetch_counts_equal_the_simulator_cycle_by_cycle(tiny, dense_run, tmp_path, capsys, policy):
+    """Prefetch issued/used/wasted do not depend on timing: the live engine's --prefetch
+    next-layer and sim.replay on the dense trace's recorded guesses count the same, per cycle."""
+    from sim.config import SimConfig
+    from sim.replay import replay_policy
+    from specfit.cost import CycleCostModel
+
+    out = tmp_path / policy
+    argv = ["--mode", "policy", "--policy", policy, "--bandwidth", "1", "--prefetch", "next-layer"]
+    assert main(_args(tiny, out, *argv)) == 0
+    live = open_run(out).cycles.sort_values(["request_id", "cycle_index"])
+    dense = open_run(dense_run)
+    model = dense.manifest.model
+    cost = CycleCostModel(
+        draft_s_per_level=1e-3, verify_base_s=1e-3, verify_s_per_node=1e-4, verify_s_per_context_token=0.0,
+        h2d_bytes_per_s=1e9, h2d_s_per_transfer=2e-5, expert_bytes=model.bytes_per_expert,
+        num_layers=model.num_layers, source="test",
+    )  # fmt: skip
+    config = SimConfig(cost=cost, policy=policy, cache_capacity_per_layer=6, prefetch="next-layer")
+    sim = sorted(replay_policy(dense, config).cycles, key=lambda c: (c.request_id, c.cycle_index))
+    assert len(sim) == len(live)
+    assert [c.verified_nodes for c in sim] == live["verified_nodes"].map(list).tolist()
+    for name in ("num_prefetch_issued", "num_prefetch_used", "num_prefetch_wasted", "cache_hits", "cache_misses"):
+        assert [getattr(c, name) for c in sim] == live[name].astype(int).tolist(), name
+    assert live["num_prefetch_issued"].sum() > 0 and live["num_prefetch_used"].sum() > 0
+
+
+def test_sweep_replays_next_layer_prefetch_on_a_dense_trace_with_guesses(dense_run, tmp_path, capsys):
+    """sim.sweep --prefetch none,next-layer,both runs on a trace that carries the guesses: a cell
+    per mode, next-layer copies counted as prefetch bytes."""
+    from sim.sweep import main as sweep_main
+
+    out = tmp_path / "sweep"
+    argv = ["--trace", str(dense_run), "--cache", "6", "--bandwidth", "1", "--policy", "ar,topn"]
+    argv += ["--prefetch", "none,next-layer,both", "--out", str(out), "--no-progress", "--no-figures", "--jobs", "1"]
+    assert sweep_main(argv) == 0
+    results = pd.read_csv(out / "results.csv")
+    assert sorted(results["prefetch"].unique()) == ["both", "next-layer", "none"]
+    by_mode = results.groupby("prefetch")["prefetch_bytes"].sum()
+    assert by_mode["none"] == 0 and by_mode["next-layer"] > 0

@@ -24,6 +24,12 @@ def _random_plan(
             # a prefetched expert that the layer then needs: counted as a hit that must arrive
             if pre and pre[-1][0] == layer and rng.random() < 0.7:
                 hits[-1] = (*hits[-1], pre[-1][1])
+    next_layer = [() for _ in range(num_layers)]
+    if prefetch:  # next-layer prefetch: layer l+1's copies enqueued at layer l, some then needed
+        for layer in range(num_layers - 1):
+            next_layer[layer] = tuple(int(e) for e in rng.permutation(np.arange(40, 48))[: rng.integers(0, 3)])
+            if next_layer[layer] and rng.random() < 0.7:
+                hits[layer + 1] = (*hits[layer + 1], next_layer[layer][0])
     return CyclePlan(
         draft_ns=int(rng.integers(0, 5_000_000)),
         decision_ns=int(rng.integers(0, 50_000)),
@@ -34,6 +40,7 @@ def _random_plan(
         overlap=overlap,
         host_ns_per_transfer=int(rng.integers(0, 40_000)) if late else 0,
         late_call_ns=int(rng.integers(0, 600_000)) if late else 0,
+        next_layer=tuple(next_layer),
     )
 
 
@@ -238,3 +245,36 @@ def test_late_experts_landing_together_take_one_call_and_placing_stalls() -> Non
     assert cost.link_s_per_transfer == pytest.approx(300e-9, rel=1e-12)
     assert cost.cycle_s(0, 1, 0, (3,)) == pytest.approx(1110e-9, rel=1e-12)
     assert cost.cycle_s(0, 1, 0, (0,)) == pytest.approx(1000e-9, rel=1e-12)  # no miss: no late call
+
+
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_next_layer_copies_go_behind_the_layers_demand_at_the_live_engines_point(mode) -> None:
+    """Layer 0 misses expert 1 and prefetches expert 5 of layer 1, which layer 1 then needs: the
+    prefetch is enqueued right behind layer 0's demand once its router has run (overlap on) or
+    when layer 0 starts computing after its copy landed (overlap off, as live.offload waits before
+    issuing it); layer 1 waits for it."""
+    t = LINK.transfer_ns
+    plan = CyclePlan(
+        draft_ns=0,
+        decision_ns=0,
+        layer_compute_ns=(100_000, 100_000),
+        hits=((), (5,)),
+        demand=((1,), ()),
+        overlap=mode,
+        next_layer=((5,), ()),
+    )
+    for engine in (FastEngine(LINK, 2), SimPyEngine(LINK, 2)):
+        engine.record_copies = True
+        timing = engine.run_cycle(plan)
+        enqueued = 0 if mode == "on" else t
+        assert timing.copies == ((0, 1, 0, 0, t), (1, 5, enqueued, t, 2 * t))
+        assert timing.layer_h2d_ns == (t, t) and timing.num_transfers == 2
+        assert timing.layer_start_ns[1] >= 2 * t or timing.layer_end_ns[1] >= 2 * t  # waited for it
+        assert timing.end_ns == (2 * t + 100_000 if mode == "off" else 2 * t)
+
+
+def test_next_layer_plan_needs_one_entry_per_layer() -> None:
+    with pytest.raises(ValueError, match="next_layer"):
+        FastEngine(LINK, 2).run_cycle(
+            CyclePlan(0, 0, (1, 1), ((), ()), ((), ()), next_layer=((), (3,)))
+        )

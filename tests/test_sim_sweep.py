@@ -169,6 +169,7 @@ def test_help_lists_flags_with_units_and_defaults(capsys) -> None:
         (["--bandwidth", "16e9"], "--bandwidth"),
         (["--cache", "0.001"], "--cache"),
         (["--stopping", "never"], "--stopping"),
+        (["--prefetch", "sometimes"], "--prefetch"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(trace: str, argv: list[str], flag: str, capsys, tmp_path) -> None:
@@ -177,6 +178,21 @@ def test_bad_flags_exit_2_naming_the_flag(trace: str, argv: list[str], flag: str
         main(full)
     assert exc.value.code == 2
     assert flag in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("prefetch", ["next-layer", "none,both"])
+def test_next_layer_prefetch_on_a_trace_without_guesses_exits_2_in_one_line(
+    trace: str, prefetch: str, capsys, tmp_path
+) -> None:
+    """A dense trace recorded before the next-layer guesses existed (or a synthetic one) cannot
+    replay next-layer prefetch: exit 2, one stderr line naming --prefetch and the trace, no output."""
+    out = tmp_path / "x"
+    with pytest.raises(SystemExit) as exc:
+        main(["--trace", trace, "--out", str(out), "--no-progress", "--prefetch", prefetch])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1
+    assert "--prefetch" in err[0] and "next_layer_expert_ids" in err[0] and trace in err[0]
+    assert not out.exists()
 
 
 def test_expert_bytes_and_cost_file(trace: str, tmp_path, capsys) -> None:

@@ -39,3 +39,15 @@ def test_ledger_counts_used_and_wasted():
     ledger.evicted(1, [4, 6])
     ledger.accessed(0, hits=[2], evicted=[])  # a second hit is not a second use
     assert ledger.counts() == (3, 1, 2) and not ledger.pending.any()
+
+
+def test_next_layer_choice_ranks_guesses_by_tokens_then_id_capped_at_capacity():
+    from specfit.prefetch import next_layer_choice, uses_draft, uses_next_layer
+
+    guesses = np.array([[3, 1], [3, 5], [1, 3], [7, -1]])  # 3 x3, 1 x2, 5 x1, 7 x1 (-1: padding)
+    assert next_layer_choice(guesses, 8, 2).tolist() == [1, 3]
+    assert next_layer_choice(guesses, 8, 3).tolist() == [1, 3, 5]  # ties: smaller id first
+    assert next_layer_choice(guesses, 8, 0).tolist() == []
+    assert next_layer_choice(np.zeros((0, 2), dtype=np.int64), 8, 4).tolist() == []
+    assert [uses_draft(m) for m in ("none", "draft", "next-layer", "both")] == [False, True, False, True]
+    assert [uses_next_layer(m) for m in ("none", "draft", "next-layer", "both")] == [False, False, True, True]

@@ -232,3 +232,65 @@ def test_stats_accepted_lengths_match_per_tree_walk(tmp_path):
     rates = depth_acceptance(lengths, 6)
     assert rates[0] == pytest.approx((lengths >= 1).mean())
     assert all(0.0 <= r <= 1.0 for r in rates if r == r)
+
+
+def _next_layer_guesses(rng, rows: int, num_layers: int = 3, top_k: int = 2, num_experts: int = 8):
+    """int[rows, L-1, K] distinct ids per layer, as a router's top-k gives them."""
+    return np.stack(
+        [[rng.permutation(num_experts)[:top_k] for _ in range(num_layers - 1)] for _ in range(rows)]
+    )
+
+
+def test_next_layer_guesses_round_trip_and_old_traces_read_without_them(tmp_path):
+    rng = np.random.default_rng(7)
+    generated = np.arange(10, 16)
+    rows = tree_rows(rng, 1, generated)
+    ids, weights = random_routing(rng, 6)
+    pre_ids, pre_w = random_routing(rng, 4)
+    guesses, pre_guesses = _next_layer_guesses(rng, 6), _next_layer_guesses(rng, 4)
+    with TraceWriter(tmp_path / "new", small_manifest("dense")) as writer:
+        writer.add_prefill(3, pre_ids, pre_w, pre_guesses)
+        writer.add_tree(3, 1, 5, expert_ids=ids, router_weights=weights, next_layer_expert_ids=guesses, **rows)
+        writer.add_request(3, np.arange(4), generated, "unit")
+    run = open_run(tmp_path / "new")
+    assert run.has_next_layer_guesses
+    (dense,) = list(run.iter_trees())
+    np.testing.assert_array_equal(dense.next_layer_expert_ids, guesses)
+    np.testing.assert_array_equal(run.prefill_next_layer_experts(3), pre_guesses)
+    with TraceWriter(tmp_path / "old", small_manifest("dense")) as writer:  # written without them
+        writer.add_prefill(3, pre_ids, pre_w)
+        writer.add_tree(3, 1, 5, expert_ids=ids, router_weights=weights, **rows)
+        writer.add_request(3, np.arange(4), generated, "unit")
+    old = open_run(tmp_path / "old")
+    assert not old.has_next_layer_guesses
+    assert next(old.iter_trees()).next_layer_expert_ids is None
+    assert old.prefill_next_layer_experts(3) is None
+    bad = guesses.copy()
+    bad[0, 1] = [4, 4]  # a router's top-k never repeats an expert
+    with TraceWriter(tmp_path / "bad", small_manifest("dense")) as writer:
+        with pytest.raises(ValueError, match="next_layer_expert_ids row 0"):
+            writer.add_tree(3, 1, 5, expert_ids=ids, router_weights=weights, next_layer_expert_ids=bad, **rows)
+
+
+def test_a_part_with_next_layer_guesses_for_some_rows_only_is_named(tmp_path):
+    from test_traces_helpers import edit_part, first_part
+
+    from traces.errors import TraceError
+
+    rng = np.random.default_rng(8)
+    rows = tree_rows(rng, 1, np.arange(10, 16))
+    ids, weights = random_routing(rng, 6)
+    with TraceWriter(tmp_path / "run", small_manifest("dense")) as writer:
+        writer.add_tree(3, 1, 5, expert_ids=ids, router_weights=weights, next_layer_expert_ids=_next_layer_guesses(rng, 6), **rows)
+    part = first_part(tmp_path / "run", "nodes")
+
+    def null_row_2(table: pa.Table) -> pa.Table:
+        column = table.column("next_layer_expert_ids").combine_chunks()
+        values = column.to_pylist()
+        values[2] = None
+        index = table.schema.get_field_index("next_layer_expert_ids")
+        return table.set_column(index, table.schema.field(index), pa.array(values, type=column.type))
+
+    edit_part(part, null_row_2)
+    with pytest.raises(TraceError, match="next_layer_expert_ids' is null in some rows only"):
+        open_run(tmp_path / "run")

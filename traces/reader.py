@@ -37,6 +37,7 @@ from traces.schema import (
     KIND_FLOAT_LIST,
     KIND_INT,
     KIND_INT_LIST,
+    KIND_NEXT_LAYER_IDS,
     KIND_ROUTER_WEIGHTS,
     KIND_STRING,
     MANIFEST_FILE,
@@ -92,7 +93,7 @@ def _kind_matches(kind: str, t: pa.DataType) -> bool:
         return pa.types.is_boolean(t)
     if kind == KIND_STRING:
         return pa.types.is_string(t) or pa.types.is_large_string(t)
-    if kind in (KIND_INT_LIST, KIND_EXPERT_IDS):
+    if kind in (KIND_INT_LIST, KIND_EXPERT_IDS, KIND_NEXT_LAYER_IDS):
         return _is_list(t) and pa.types.is_integer(t.value_type)
     if kind in (KIND_FLOAT_LIST, KIND_ROUTER_WEIGHTS):
         return _is_list(t) and (pa.types.is_floating(t.value_type) or pa.types.is_integer(t.value_type))
@@ -107,6 +108,7 @@ _KIND_WORDS = {
     KIND_INT_LIST: "a list of integers",
     KIND_FLOAT_LIST: "a list of floats",
     KIND_EXPERT_IDS: "a list of integer expert ids",
+    KIND_NEXT_LAYER_IDS: "a list of integer expert ids",
     KIND_ROUTER_WEIGHTS: "a list of float router weights",
 }
 
@@ -191,12 +193,21 @@ def _convert_column(
             lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
             row = int(np.searchsorted(np.cumsum(lengths), int(np.flatnonzero(inner_nulls)[0]), side="right"))
             raise TraceError(path, table, row, f"column '{name}' holds a null inside its list")
-    if spec.kind in (KIND_EXPERT_IDS, KIND_ROUTER_WEIGHTS):
+    if spec.kind == KIND_NEXT_LAYER_IDS:
+        if column.null_count:  # not recorded: every row null (a part holds it for all rows or none)
+            if column.null_count != len(column):
+                row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+                raise TraceError(
+                    path, table, row, f"column '{name}' is null in some rows only; expected all or none"
+                )
+            return pa.chunked_array([pa.nulls(len(column), type=target.type)])
+        slots = target.type.list_size
+    if spec.kind in (KIND_EXPERT_IDS, KIND_ROUTER_WEIGHTS, KIND_NEXT_LAYER_IDS):
         lengths, values = _list_parts_of(column)
         check = V.check_list_lengths(lengths, slots, name)
         if check is None:
             matrix = values.reshape(len(lengths), slots)
-            if spec.kind == KIND_EXPERT_IDS:
+            if spec.kind != KIND_ROUTER_WEIGHTS:
                 check = V.check_expert_ids(matrix, num_experts, top_k)
             else:
                 check = V.check_router_weights(matrix)
@@ -229,6 +240,8 @@ class DenseTree:
         tree: ``specfit.tree.DraftTree`` of ``N`` nodes.
         target_tokens: int64[N]; accepted: bool[N] (token == target token of the parent).
         expert_ids: int16[N, L, K]; router_weights: float32[N, L, K].
+        next_layer_expert_ids: int16[N, L-1, K], the next-layer prefetch guesses (row ``l``: layer
+            ``l+1``'s router on the node's layer-``l`` MoE input), or None when not recorded.
     """
 
     request_id: int
@@ -239,6 +252,7 @@ class DenseTree:
     accepted: np.ndarray
     expert_ids: np.ndarray
     router_weights: np.ndarray
+    next_layer_expert_ids: np.ndarray | None = None
 
     @property
     def path_accepted(self) -> np.ndarray:
@@ -269,7 +283,8 @@ class NodeArrays:
         offsets: int64[T+1]; request_ids, positions, context_lens: int64[T] per tree.
         parent, depth, token_id, target_token: int64[R]; accepted: bool[R];
         draft_logprob, path_logprob: float64[R]; expert_ids: int16[R, L, K];
-        router_weights: float32[R, L, K].
+        router_weights: float32[R, L, K]; next_layer_expert_ids: int16[R, L-1, K] (the next-layer
+        prefetch guesses, see docs/trace-format.md) or None when the trace does not carry them.
     """
 
     offsets: np.ndarray
@@ -285,6 +300,7 @@ class NodeArrays:
     path_logprob: np.ndarray
     expert_ids: np.ndarray
     router_weights: np.ndarray
+    next_layer_expert_ids: np.ndarray | None = None
 
     @property
     def num_trees(self) -> int:
@@ -327,6 +343,8 @@ class NodeArrays:
                 "router_weights",
             )
         }
+        guesses = self.next_layer_expert_ids
+        per_row["next_layer_expert_ids"] = None if guesses is None else guesses[rows]
         return NodeArrays(offsets=offsets, **per_tree, **per_row)
 
     def tree(self, i: int, draft_tree_cls: Any = None) -> DenseTree:
@@ -350,6 +368,9 @@ class NodeArrays:
             accepted=self.accepted[lo:hi],
             expert_ids=self.expert_ids[lo:hi],
             router_weights=self.router_weights[lo:hi],
+            next_layer_expert_ids=(
+                None if self.next_layer_expert_ids is None else self.next_layer_expert_ids[lo:hi]
+            ),
         )
 
 
@@ -360,6 +381,16 @@ def _ranges(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     offsets = np.repeat(starts - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes)
     return offsets + np.arange(total)
+
+
+def _next_layer_ids(data: pa.Table, model: Any) -> np.ndarray | None:
+    """int16[R, L-1, K] of a table's ``next_layer_expert_ids`` column, or None when any row lacks
+    it (or there is no next layer)."""
+    column = data.column("next_layer_expert_ids")
+    if column.null_count or model.num_layers < 2:
+        return None
+    shape = (data.num_rows, model.num_layers - 1, model.top_k)
+    return pc.list_flatten(column).to_numpy(zero_copy_only=False).astype(np.int16).reshape(shape)
 
 
 @dataclass
@@ -491,6 +522,7 @@ class TraceRun:
 
         offsets = np.zeros(len(starts) + 1, dtype=np.int64)
         np.cumsum(sizes[order], out=offsets[1:])
+        guesses = _next_layer_ids(data, model)
         return NodeArrays(
             offsets=offsets,
             request_ids=request_id[starts][order],
@@ -505,6 +537,7 @@ class TraceRun:
             path_logprob=pick(col("path_logprob", np.float64)),
             expert_ids=pick(flat("expert_ids", np.int16)),
             router_weights=pick(flat("router_weights", np.float32)),
+            next_layer_expert_ids=None if guesses is None else pick(guesses),
         )
 
     def node_arrays(self, request_id: int | None = None) -> NodeArrays:
@@ -543,6 +576,34 @@ class TraceRun:
         ids = pc.list_flatten(data.column("expert_ids")).to_numpy(zero_copy_only=False)
         ids = ids.reshape(data.num_rows, model.num_layers, model.top_k)
         return ids[rows].astype(np.int16)
+
+    def prefill_next_layer_experts(self, request_id: int) -> np.ndarray | None:
+        """int16[T, L-1, K] next-layer prefetch guesses of ``request_id``'s prefill tokens, in
+        prompt-token order (see :class:`DenseTree`), or None when the trace does not carry them.
+
+        Raises:
+            KeyError: no prefill rows for ``request_id``.
+        """
+        data = self.arrow("prefill")
+        mask = data.column("request_id").to_numpy() == int(request_id)
+        if not mask.any():
+            raise KeyError(f"{self.run_dir}: no prefill rows for request {request_id}")
+        guesses = _next_layer_ids(data, self.manifest.model)
+        if guesses is None:
+            return None
+        rows = np.flatnonzero(mask)
+        return guesses[rows[np.argsort(data.column("token_index").to_numpy()[rows], kind="stable")]]
+
+    @cached_property
+    def has_next_layer_guesses(self) -> bool:
+        """Whether every dense-tree node and prefill token carries its next-layer prefetch guesses
+        (``next_layer_expert_ids``; always true for a single MoE layer, which has no next layer).
+        Traces recorded before the column existed do not."""
+        if self.manifest.model.num_layers < 2:
+            return True
+        return all(
+            not self.arrow(table).column("next_layer_expert_ids").null_count for table in ("nodes", "prefill")
+        )
 
     # ------------------------------------------------------------------------- validation
     def validate(self) -> None:

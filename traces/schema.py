@@ -468,14 +468,15 @@ KIND_INT_LIST = "list<int>"
 KIND_FLOAT_LIST = "list<float>"
 KIND_EXPERT_IDS = "expert_ids"
 KIND_ROUTER_WEIGHTS = "router_weights"
+KIND_NEXT_LAYER_IDS = "next_layer_expert_ids"
 
 
 @dataclass(frozen=True)
 class ColumnSpec:
     """One column of a table: name, Arrow type written, kind accepted on read, unit, meaning.
 
-    ``arrow_type`` is ``None`` for the two per-model columns (expert ids, router weights),
-    whose type depends on the manifest (see :func:`expert_id_type`).
+    ``arrow_type`` is ``None`` for the per-model columns (expert ids, router weights, next-layer
+    guesses), whose type depends on the manifest (see :func:`expert_id_type`).
     """
 
     name: str
@@ -494,6 +495,13 @@ def _c(
 
 
 _EXPERTS = "one fixed-length list of L*K per row, layer-major (slot l*K+k = layer l, k-th choice)"
+_NEXT_LAYER = (
+    "the next-layer prefetch guess: for each layer l < L-1, the top-k of layer l+1's router applied "
+    "to this token's layer-l MoE input (Pre-gated MoE, Hwang et al., ISCA 2024, with the next "
+    "layer's own gate); one fixed-length list of (L-1)*K per row, layer-major (slot l*K+k = the "
+    "k-th guess for layer l+1), by descending router score; what live.offload's --prefetch "
+    "next-layer copies ahead, replayed by sim.replay (optional column; null when not recorded)"
+)
 
 TABLES: dict[str, tuple[ColumnSpec, ...]] = {
     "requests": (
@@ -528,6 +536,15 @@ TABLES: dict[str, tuple[ColumnSpec, ...]] = {
             None,
             "probability",
             "router weight of each chosen expert, same layout as expert_ids",
+        ),
+        _c(
+            "next_layer_expert_ids",
+            KIND_NEXT_LAYER_IDS,
+            None,
+            "expert id",
+            _NEXT_LAYER,
+            nullable=True,
+            required=False,
         ),
     ),
     "nodes": (
@@ -576,6 +593,15 @@ TABLES: dict[str, tuple[ColumnSpec, ...]] = {
             None,
             "probability",
             "router weight of each chosen expert, same layout as expert_ids",
+        ),
+        _c(
+            "next_layer_expert_ids",
+            KIND_NEXT_LAYER_IDS,
+            None,
+            "expert id",
+            _NEXT_LAYER,
+            nullable=True,
+            required=False,
         ),
     ),
     "cycles": (
@@ -735,6 +761,11 @@ def expert_id_type(num_experts: int) -> pa.DataType:
     return pa.uint8() if num_experts <= 256 else pa.int16()
 
 
+def next_layer_slots(model: ModelSpec) -> int:
+    """Values per row of a ``next_layer_expert_ids`` list: ``(L-1)*K`` (0 for one MoE layer)."""
+    return (model.num_layers - 1) * model.top_k
+
+
 def arrow_schema(table: str, model: ModelSpec) -> pa.Schema:
     """The Arrow schema the writer uses for ``table`` under ``model`` (all columns, required first).
 
@@ -746,6 +777,8 @@ def arrow_schema(table: str, model: ModelSpec) -> pa.Schema:
     for spec in TABLES[table]:
         if spec.kind == KIND_EXPERT_IDS:
             arrow_type = pa.list_(expert_id_type(model.num_experts), slots)
+        elif spec.kind == KIND_NEXT_LAYER_IDS:
+            arrow_type = pa.list_(expert_id_type(model.num_experts), next_layer_slots(model))
         elif spec.kind == KIND_ROUTER_WEIGHTS:
             arrow_type = pa.list_(pa.float16(), slots)
         else:

@@ -266,6 +266,19 @@ class TraceWriter:
             "router_weights": pa.FixedSizeListArray.from_arrays(w_arr, slots),
         }
 
+    def _next_layer_column(self, name: str, guesses: Any, rows: int) -> pa.Array:
+        """The ``next_layer_expert_ids`` column: ``guesses`` int[rows, L-1, K] checked and packed,
+        or all nulls when ``None`` (not recorded; also for a single MoE layer)."""
+        field_type = self._schemas["nodes"].field("next_layer_expert_ids").type
+        if guesses is None or self._num_layers < 2:
+            return pa.nulls(rows, type=field_type)
+        ids = _as_int_array(f"{name}: next_layer_expert_ids", guesses, (rows, self._num_layers - 1, self._top_k))
+        check = V.check_expert_ids(ids, self._num_experts, self._top_k)
+        if check is not None:
+            raise ValueError(f"{name}: next_layer_expert_ids row {check.row}: {check.message}")
+        flat = pa.array(ids.reshape(-1).astype(field_type.value_type.to_pandas_dtype()), type=field_type.value_type)
+        return pa.FixedSizeListArray.from_arrays(flat, field_type.list_size)
+
     def add_request(
         self,
         request_id: int,
@@ -302,9 +315,12 @@ class TraceWriter:
         if self.flush_every_request:
             self.flush()
 
-    def add_prefill(self, request_id: int, expert_ids: Any, router_weights: Any) -> None:
+    def add_prefill(
+        self, request_id: int, expert_ids: Any, router_weights: Any, next_layer_expert_ids: Any = None
+    ) -> None:
         """Prefill routing of one request: ``expert_ids``/``router_weights`` shape ``[T, L, K]``,
-        one row per prompt token in order.
+        one row per prompt token in order; ``next_layer_expert_ids`` ``[T, L-1, K]``: the
+        next-layer prefetch guesses (docs/trace-format.md), or None (not recorded).
 
         Raises:
             ValueError: wrong shapes, an expert id outside ``0..E-1`` or a bad weight.
@@ -315,6 +331,9 @@ class TraceWriter:
         columns: dict[str, Any] = self._expert_columns("add_prefill", expert_ids, router_weights, num_tokens)
         columns["request_id"] = np.full(num_tokens, int(request_id), dtype=np.int64)
         columns["token_index"] = np.arange(num_tokens, dtype=np.int32)
+        columns["next_layer_expert_ids"] = self._next_layer_column(
+            "add_prefill", next_layer_expert_ids, num_tokens
+        )
         self._append("prefill", columns)
 
     def add_tree(
@@ -327,6 +346,7 @@ class TraceWriter:
         accepted: Any,
         expert_ids: Any,
         router_weights: Any,
+        next_layer_expert_ids: Any = None,
     ) -> None:
         """One dense tree: every node of ``tree`` (a ``specfit.tree.DraftTree``) with its routing.
 
@@ -337,6 +357,8 @@ class TraceWriter:
             target_tokens: ``int[N]``, the target's greedy token after each node.
             accepted: ``bool[N]``, ``token_ids[v] == target_tokens[parent[v]]``, true at the root.
             expert_ids: ``int[N, L, K]`` in ``0..E-1``; router_weights: ``float[N, L, K]``.
+            next_layer_expert_ids: ``int[N, L-1, K]``, the next-layer prefetch guesses
+                (docs/trace-format.md), or None (not recorded).
 
         Raises:
             ValueError: wrong shapes or values, naming the argument and node.
@@ -356,16 +378,19 @@ class TraceWriter:
             accepted=accepted,
             expert_ids=expert_ids,
             router_weights=router_weights,
+            next_layer_expert_ids=next_layer_expert_ids,
         )
 
     def add_node_rows(self, **columns: Any) -> None:
         """Bulk form of :meth:`add_tree`: flat ``[R]`` arrays of many whole trees (``[R, L, K]`` for
-        ``expert_ids``/``router_weights``), keyword per ``nodes`` column (docs/trace-format.md).
+        ``expert_ids``/``router_weights``; the optional ``next_layer_expert_ids`` ``[R, L-1, K]``),
+        keyword per ``nodes`` column (docs/trace-format.md).
 
         Raises:
             ValueError: a missing/extra column, wrong shape, or a tree that breaks the format.
         """
         names = [spec.name for spec in self._schemas["nodes"]]
+        columns.setdefault("next_layer_expert_ids", None)  # optional: nulls when not recorded
         missing = sorted(set(names) - set(columns))
         extra = sorted(set(columns) - set(names))
         if missing or extra:
@@ -373,7 +398,7 @@ class TraceWriter:
         rows = len(np.asarray(columns["node_id"]))
         arrays: dict[str, Any] = {}
         for name in names:
-            if name in ("expert_ids", "router_weights"):
+            if name in ("expert_ids", "router_weights", "next_layer_expert_ids"):
                 continue
             if name in ("draft_logprob", "path_logprob"):
                 arrays[name] = _as_float_array(f"add_tree: {name}", columns[name], (rows,))
@@ -393,6 +418,9 @@ class TraceWriter:
         arrays["accepted"] = arrays["accepted"].astype(bool)
         arrays.update(
             self._expert_columns("add_tree", columns["expert_ids"], columns["router_weights"], rows)
+        )
+        arrays["next_layer_expert_ids"] = self._next_layer_column(
+            "add_tree", columns["next_layer_expert_ids"], rows
         )
         self._append("nodes", arrays)
         self._tree_keys.update(keys)

@@ -128,6 +128,9 @@ class CycleEvent:
         committed: tokens committed by this cycle.
         stats: expert traffic of the verification forward.
         cycle_s: wall seconds of the whole cycle (draft + decision + verify + bookkeeping).
+        next_layer_ids: int64[M, L-1, K] the verified nodes' next-layer guesses (input order =
+            ``verification.nodes``; ``live.offload.OffloadedMoE.last_next_layer_routing``), or
+            None when not recorded.
     """
 
     cycle_index: int
@@ -138,6 +141,7 @@ class CycleEvent:
     committed: tuple[int, ...]
     stats: ForwardStats
     cycle_s: float
+    next_layer_ids: np.ndarray | None = None
 
     @property
     def num_accepted(self) -> int:
@@ -158,6 +162,8 @@ class GenerationResult:
             is charged the same: its cycles and the loop between them.
         stopped_on_eos: True when an end-of-sequence token ended the output.
         cycles: every :class:`CycleEvent`, in order.
+        prefill_next_layer_ids: int64[T, L-1, K] next-layer guesses of the prefill tokens, or None
+            when not recorded.
     """
 
     prompt_ids: tuple[int, ...]
@@ -169,6 +175,7 @@ class GenerationResult:
     decode_s: float
     stopped_on_eos: bool
     cycles: tuple[CycleEvent, ...] = field(default_factory=tuple)
+    prefill_next_layer_ids: np.ndarray | None = None
 
     @property
     def tau(self) -> float:
@@ -206,6 +213,15 @@ class SpecDecoder:
         if self.stats is not None:
             return self.stats.end_forward()
         return ForwardStats.zeros(self.verifier.capture.num_layers)
+
+    def _next_layer_ids(self, num_tokens: int) -> np.ndarray | None:
+        """The last forward's next-layer guesses int64[T, L-1, K] (``num_tokens`` = T), or None
+        when the stats source does not record them (or the forward fed no token)."""
+        take = getattr(self.stats, "last_next_layer_routing", None)
+        ids = None if take is None or num_tokens == 0 else take()
+        if ids is not None and ids.shape[0] != num_tokens:
+            raise RuntimeError(f"next-layer guesses of {ids.shape[0]} tokens for a forward of {num_tokens}")
+        return ids
 
     def _prefetch_draft(self, choice: Choice) -> None:
         """Draft prefetch (``--prefetch draft|both``): as soon as the subtree is chosen, enqueue
@@ -249,6 +265,7 @@ class SpecDecoder:
         self._forward_stats_begin()
         pre_ids, pre_w, prefill_s = self.verifier.prefill(prompt_ids)
         prefill_stats = self._forward_stats_end()
+        prefill_next_layer = self._next_layer_ids(len(pre_ids))
         committed = [int(t) for t in prompt_ids]
         generated: list[int] = []
         recent: deque[np.ndarray] = deque(pre_ids[-self.recent_window :], maxlen=self.recent_window)
@@ -270,6 +287,7 @@ class SpecDecoder:
             self._forward_stats_begin()
             ver = self.verifier.verify(choice.draft.tree, choice.nodes)
             stats = self._forward_stats_end()
+            next_layer = self._next_layer_ids(len(ver.nodes))
             toks = ver.committed_tokens()
             if dense:
                 toks = toks[:1]
@@ -291,6 +309,7 @@ class SpecDecoder:
                 committed=tuple(toks),
                 stats=stats,
                 cycle_s=time.perf_counter() - t0,
+                next_layer_ids=next_layer,
             )
             committed.extend(toks)
             generated.extend(toks)
@@ -319,4 +338,5 @@ class SpecDecoder:
             time.perf_counter() - start - callback_s,
             eos,
             tuple(cycles),
+            prefill_next_layer,
         )

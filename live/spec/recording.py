@@ -126,6 +126,7 @@ def write_tree(writer, request_id: int, event: CycleEvent) -> None:
         locally_accepted(event),
         ver.expert_ids,
         ver.router_weights,
+        event.next_layer_ids,
     )
 
 

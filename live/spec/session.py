@@ -317,6 +317,8 @@ class RecordSession:
                 frequency=frequency,
                 overlap=config.overlap == "on",
                 prefetch=config.prefetch,
+                # dense traces carry the next-layer guesses, so sim.replay can replay that prefetch
+                record_next_layer=config.mode == "dense",
             )
         except ValueError as exc:
             raise SessionError("--cache-experts" if "cache" in str(exc) else "--device", str(exc)) from exc
@@ -677,7 +679,10 @@ class RecordSession:
                 bar.update(config.max_new_tokens - len(result.generated_ids))
                 if len(result.prefill_expert_ids):  # a one-token prompt has no prefill forward
                     self.writer.add_prefill(
-                        request_id, result.prefill_expert_ids, result.prefill_router_weights
+                        request_id,
+                        result.prefill_expert_ids,
+                        result.prefill_router_weights,
+                        result.prefill_next_layer_ids,
                     )
                 prompt = self.prompts[request_id]
                 self._save_planner_state(request_id)  # before the request is on disk: see the method
