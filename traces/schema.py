@@ -503,6 +503,10 @@ _NEXT_LAYER = (
     "next-layer copies ahead, replayed by sim.replay (optional column; null when not recorded)"
 )
 
+_NEXT_LAYER_COLUMN = _c(
+    "next_layer_expert_ids", KIND_NEXT_LAYER_IDS, None, "expert id", _NEXT_LAYER, nullable=True, required=False
+)
+
 TABLES: dict[str, tuple[ColumnSpec, ...]] = {
     "requests": (
         _c("request_id", KIND_INT, pa.int64(), "-", "request id, unique in the run"),
@@ -537,15 +541,7 @@ TABLES: dict[str, tuple[ColumnSpec, ...]] = {
             "probability",
             "router weight of each chosen expert, same layout as expert_ids",
         ),
-        _c(
-            "next_layer_expert_ids",
-            KIND_NEXT_LAYER_IDS,
-            None,
-            "expert id",
-            _NEXT_LAYER,
-            nullable=True,
-            required=False,
-        ),
+        _NEXT_LAYER_COLUMN,
     ),
     "nodes": (
         _c("request_id", KIND_INT, pa.int64(), "-", "request id (in `requests`)"),
@@ -594,15 +590,7 @@ TABLES: dict[str, tuple[ColumnSpec, ...]] = {
             "probability",
             "router weight of each chosen expert, same layout as expert_ids",
         ),
-        _c(
-            "next_layer_expert_ids",
-            KIND_NEXT_LAYER_IDS,
-            None,
-            "expert id",
-            _NEXT_LAYER,
-            nullable=True,
-            required=False,
-        ),
+        _NEXT_LAYER_COLUMN,
     ),
     "cycles": (
         _c("request_id", KIND_INT, pa.int64(), "-", "request id (in `requests`)"),
