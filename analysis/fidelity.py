@@ -82,6 +82,7 @@ SHORT_COLUMNS = {
     "aim_hit_rate": "hit_ok",
     "aim_same_subtree": "sub_ok",
     "off_terms": "off_terms",
+    "prefetch_counts_identical": "pf_same",
     "within_noise": "within_noise",
     "ok": "ok",
     "cycle_error_signed_median_pct": "err_signed_med%",

@@ -20,6 +20,14 @@ For a grid of (bandwidth, cache size, tree policy in autoregressive / top-N / Sp
    (:func:`analysis.fidelity.compare_cell`): the simulator with the live throughput pooled over
    the repeats, the cost model with the per-cycle mean over repeats of the matched cycles.
 
+Prefetch cells (``--prefetch none,draft,next-layer,both``): each mode runs live with
+``live.record --prefetch`` and replays with ``sim.replay``'s same prefetch (draft: the policy's
+predictor, which names no experts with ``union-size``; next-layer: the guesses the dense trace
+recorded); their prefetch issued/used/wasted counts do not depend on timing, so every repeat's
+per-cycle counts must equal the simulator's (``prefetch_counts_identical``, also part of ``ok`` and
+``within_noise``; totals in ``live_prefetch_*`` / ``sim_prefetch_*``). The cost model is fitted on
+the runs without overlap and without prefetch.
+
 The noise floor: decisions are deterministic (same inputs, same cost JSON), so the repeats of a
 cell verify the same subtrees cycle by cycle (``repeat_same_subtree_fraction`` checks it) and
 differ only in their timings. Per cell, ``live_repeat_spread_pct`` is the spread of the repeats'
@@ -98,6 +106,7 @@ from specfit.cli import (
 )
 from specfit.cost import CycleCostModel
 from specfit.policies import TREE_POLICY_HELP
+from specfit.prefetch import PREFETCH_MODES
 from specfit.units import gb_per_s_to_bytes_per_s, us_to_s
 
 GRID_POLICIES = ("ar", "topn", "specfit")
@@ -113,6 +122,7 @@ PRINTED_COLUMNS = (
     "cache_experts_per_layer",
     "policy",
     "overlap",
+    "prefetch",
     "live_tokens_per_s",
     "sim_tokens_per_s",
     "throughput_error_pct",
@@ -126,6 +136,7 @@ PRINTED_COLUMNS = (
     "hit_rate_diff_points",
     "same_subtree_fraction",
     "off_terms",
+    "prefetch_counts_identical",
     "within_noise",
     "ok",
 )
@@ -158,14 +169,16 @@ class Cell:
     policy: str
     depth: int | None = None
     overlap: str = "off"
+    prefetch: str = "none"
 
     @property
     def name(self) -> str:
         """Folder-safe name, e.g. ``bw16-c8-specfit`` (``bw16-c8-topn-d1`` with a depth,
-        ``bw16-c8-specfit-ovl`` with overlap on)."""
+        ``bw16-c8-specfit-ovl`` with overlap on, ``bw16-c8-ar-pf-next-layer`` with a prefetch)."""
         name = f"bw{self.bandwidth_gb_per_s:g}-c{self.cache_experts_per_layer}-{self.policy}"
         name = name if self.depth is None else f"{name}-d{self.depth}"
-        return name if self.overlap == "off" else f"{name}-ovl"
+        name = name if self.overlap == "off" else f"{name}-ovl"
+        return name if self.prefetch == "none" else f"{name}-pf-{self.prefetch}"
 
     def key(self) -> dict[str, Any]:
         """The fidelity row's key columns."""
@@ -174,6 +187,7 @@ class Cell:
             "cache_experts_per_layer": self.cache_experts_per_layer,
             "policy": self.policy,
             "overlap": self.overlap,
+            "prefetch": self.prefetch,
         }
 
 
@@ -262,6 +276,16 @@ def build_parser() -> ArgumentParser:
         default=["off"],
         help="compute/H2D overlap of the policy-mode cells, off and/or on (live.record --overlap, "
         "sim.sweep --overlap: the same per-layer model); e.g. off,on for a cell of each",
+    )
+    p.add_argument(
+        "--prefetch",
+        type=comma_list(str),
+        default=["none"],
+        help="expert prefetch of the policy-mode cells, comma-separated, a cell each: "
+        + ", ".join(PREFETCH_MODES)
+        + " (live.record --prefetch, sim.sweep --prefetch: the same choices at the same points); "
+        "e.g. none,draft,next-layer. Per cell, prefetch issued/used/wasted live vs simulated, which "
+        "do not depend on timing and must be identical",
     )
     p.add_argument("--seed", type=int, default=0, help="seed (live runs and fit split)")
     p.add_argument(
@@ -392,6 +416,8 @@ class Validator:
         argv += self._link_flags(cell.bandwidth_gb_per_s)
         if cell.overlap != "off":
             argv += ["--overlap", cell.overlap]
+        if cell.prefetch != "none":
+            argv += ["--prefetch", cell.prefetch]
         if cost_path is not None:
             argv += ["--cost", str(cost_path)]
         if started is False:  # an interrupted earlier call: finish it
@@ -493,6 +519,7 @@ class Validator:
             cache_policy=SIM_CACHE_POLICY,
             predictor=SIM_PREDICTOR,
             overlap=cell.overlap,
+            prefetch=cell.prefetch,
             decision_s=decision_s,
             seed=self.args.seed,
             record_cycles=True,
@@ -530,6 +557,9 @@ class Validator:
             errors = fidelity.cycle_error_table(cost, fidelity.match_repeats(cycles))
         except ValueError as exc:
             raise ValidationError(f"cell {cell.name}: cannot compare the live runs: {exc}") from None
+        row.update(prefetch_counts(cycles, sim_cycles))
+        if not row["prefetch_counts_identical"]:  # not timing: no noise floor excuses it
+            row["ok"] = row["within_noise"] = False
         frac = row["repeat_same_subtree_fraction"]
         if np.isfinite(frac) and frac < 1.0:
             print(
@@ -561,7 +591,9 @@ class Validator:
                 )
         policies = list(self.args.policies)
         overlaps = list(getattr(self.args, "overlap", ["off"]))
-        total = len(self.args.bandwidth) * len(caches) * len(policies) * len(overlaps)
+        prefetches = list(getattr(self.args, "prefetch", ["none"]))
+        modes = [(o, f) for o in overlaps for f in prefetches]
+        total = len(self.args.bandwidth) * len(caches) * len(policies) * len(modes)
         bar = tqdm(total=total, desc="cells", unit="cell", disable=not progress, file=sys.stderr)
         rows = []
         for bw in self.args.bandwidth:
@@ -569,17 +601,19 @@ class Validator:
             if self.args.cost is not None:
                 cost, cost_path = self.cost_for(bw, [], model)
             free = [
-                Cell(bw, c, p, overlap=o)
+                Cell(bw, c, p, overlap=o, prefetch=f)
                 for p in policies
                 if p in COST_FREE_POLICIES
                 for c in caches
-                for o in overlaps
+                for o, f in modes
             ]
             live_paths = self.run_repeats(free, cost_path)
             if cost is None:
                 # only planned policies asked: record the cost-free ones at one cache size to calibrate from
-                # (fitted on overlap-off runs: the cost model's terms are serial phases)
-                fit_paths = {c: p for c, p in live_paths.items() if c.overlap == "off"} or self.run_repeats(
+                # (fitted on overlap-off runs without prefetch: the cost model's terms are serial phases)
+                fit_paths = {
+                    c: p for c, p in live_paths.items() if c.overlap == "off" and c.prefetch == "none"
+                } or self.run_repeats(
                     [Cell(bw, caches[0], p) for p in COST_FREE_POLICIES], None
                 )
                 fit_runs = [path for paths in fit_paths.values() for path in paths]
@@ -591,14 +625,20 @@ class Validator:
                     raise ValidationError(f"bandwidth {bw:g} GB/s: cost fit failed: {exc}") from None
             costs = {"off": (cost, cost_path)}
             if any(o != "off" for o in overlaps):  # priced as the engine overlaps (per layer)
-                overlap_runs = [p for c, paths in live_paths.items() if c.overlap != "off" for p in paths]
+                overlap_runs = [
+                    p for c, paths in live_paths.items() if c.overlap != "off" and c.prefetch == "none" for p in paths
+                ] or [p for c, paths in live_paths.items() if c.overlap != "off" for p in paths]
                 try:
                     costs["on"] = self.overlap_cost_for(bw, cost, overlap_runs)
                 except CalibrationDataError as exc:
                     raise ValidationError(f"bandwidth {bw:g} GB/s: overlap cost fit failed: {exc}") from None
             for o in overlaps:
                 planned = [
-                    Cell(bw, c, p, overlap=o) for p in policies if p not in COST_FREE_POLICIES for c in caches
+                    Cell(bw, c, p, overlap=o, prefetch=f)
+                    for p in policies
+                    if p not in COST_FREE_POLICIES
+                    for c in caches
+                    for f in prefetches
                 ]
                 live_paths.update(self.run_repeats(planned, costs[o][1]))
             for cell, paths in live_paths.items():
@@ -613,6 +653,47 @@ class Validator:
         )
         summary["repeats"] = self.args.repeats
         return table, summary
+
+
+PREFETCH_COUNTS = ("num_prefetch_issued", "num_prefetch_used", "num_prefetch_wasted")
+
+
+def prefetch_counts(live_cycles: Sequence[pd.DataFrame], sim_cycles: pd.DataFrame) -> dict[str, Any]:
+    """Prefetch issued/used/wasted of one cell, live (each repeat) vs simulated.
+
+    These counts do not depend on timing (the same cache decisions, the same predictor output, the
+    same next-layer guesses), so they must be identical cycle by cycle (issue 13).
+
+    Args:
+        live_cycles: the cell's live ``cycles`` tables, one per repeat.
+        sim_cycles: the replay's cycle records (``CycleRecord`` fields; None counts, as a replay
+            without prefetch writes them, are 0).
+
+    Returns:
+        ``live_prefetch_{issued,used,wasted}`` (totals of repeat 1), ``sim_prefetch_*`` (totals)
+        and ``prefetch_counts_identical``: every repeat's per-cycle counts, in (request, cycle)
+        order, equal the simulator's.
+    """
+
+    def per_cycle(cycles: pd.DataFrame) -> np.ndarray:  # int64[C, 3]
+        if not len(cycles):
+            return np.zeros((0, len(PREFETCH_COUNTS)), dtype=np.int64)
+        ordered = cycles.sort_values(["request_id", "cycle_index"])
+        return np.stack(
+            [pd.to_numeric(ordered[c], errors="coerce").fillna(0).to_numpy(np.int64) for c in PREFETCH_COUNTS],
+            axis=1,
+        )
+
+    sim = per_cycle(sim_cycles)
+    live = [per_cycle(c) for c in live_cycles]
+    row: dict[str, Any] = {}
+    for i, name in enumerate(("issued", "used", "wasted")):
+        row[f"live_prefetch_{name}"] = int(live[0][:, i].sum()) if live else 0
+        row[f"sim_prefetch_{name}"] = int(sim[:, i].sum())
+    row["prefetch_counts_identical"] = bool(live) and all(
+        r.shape == sim.shape and np.array_equal(r, sim) for r in live
+    )
+    return row
 
 
 def write_outputs(
@@ -780,6 +861,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad_overlap = [o for o in args.overlap if o not in ("off", "on")]
     if bad_overlap:
         parser.fail("--overlap", f"expected off and/or on, got {bad_overlap}")
+    bad_prefetch = [f for f in args.prefetch if f not in PREFETCH_MODES]
+    if bad_prefetch:
+        parser.fail("--prefetch", f"expected modes from {list(PREFETCH_MODES)}, got {bad_prefetch}")
+    args.prefetch = list(dict.fromkeys(args.prefetch))
     bad = [p for p in args.policies if p not in GRID_POLICIES]
     if bad:
         parser.fail("--policies", f"expected names from {list(GRID_POLICIES)}, got {bad}")
