@@ -180,9 +180,13 @@ def path_accept_probs(tree: DraftTree, calibration: AcceptanceCalibration | None
     (level by level, so deeper nodes build on the scaled values). The draft model's own path
     probabilities already satisfy it (a softmax over distinct tokens) and are left as they are.
     ``SpecFitPolicy``'s ``stopping="bound"`` rule relies on this (each level adds at most the
-    mass of the level above).
+    mass of the level above). With a map the level-by-level pass runs compiled
+    (:func:`specfit.decide_kernels.level_accept_probs`: the same operations in the same order,
+    so the same values bit for bit; the live planner calls this after every draft level).
     """
     parents, depths = tree.parents, tree.depths
+    if parents.shape[0] == 1:
+        return np.ones(1)  # the root alone (the first question of every live cycle)
     if calibration is None:
         p = np.clip(np.exp(tree.path_logprobs), 0.0, 1.0)
         p[0] = 1.0
@@ -190,17 +194,21 @@ def path_accept_probs(tree: DraftTree, calibration: AcceptanceCalibration | None
             for v in range(1, p.shape[0]):
                 p[v] = min(p[v], p[parents[v]])
         return p
-    p = np.ones(tree.num_nodes, dtype=np.float64)
-    if calibration.scope == "edge":
-        top = top_child_mask(parents, tree.draft_logprobs)
-        edge = np.clip(calibration.apply_edges(np.exp(tree.draft_logprobs), top), 0.0, 1.0)
+    from specfit import decide_kernels as kernels  # numba, loaded on first use
+
+    edge = calibration.scope == "edge"
+    if edge:  # the two maps on every node, each node then takes its own (element-wise, so equal)
+        q = np.minimum(np.exp(tree.draft_logprobs), 1.0)  # = np.clip(., 0, 1): exp >= 0
+        values = np.interp(q, calibration.knots_x, calibration.knots_y)
+        runner = _NO_VALUES
+        if calibration.runner_up_knots_x is not None:  # for the children that are not the top one
+            runner = np.interp(q, calibration.runner_up_knots_x, calibration.runner_up_knots_y)
     else:
-        mapped = np.clip(calibration.apply(np.exp(tree.path_logprobs)), 0.0, 1.0)
-    for d in range(1, int(tree.max_depth) + 1):
-        level = np.flatnonzero(depths == d)
-        above = p[parents[level]]
-        p[level] = above * edge[level] if calibration.scope == "edge" else np.minimum(mapped[level], above)
-        sums = np.bincount(parents[level], weights=p[level], minlength=tree.num_nodes)[parents[level]]
-        over = sums > above
-        p[level[over]] *= above[over] / sums[over]
-    return p
+        values = calibration.apply(np.exp(tree.path_logprobs))
+        runner = _NO_VALUES
+    return kernels.level_accept_probs(
+        parents, depths, int(tree.max_depth), values, edge, runner, tree.draft_logprobs
+    )
+
+
+_NO_VALUES = np.zeros(0, dtype=np.float64)

@@ -163,6 +163,26 @@ def _search_plan(
     )
 
 _UNION_MISSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_UNION_TABLES: dict[int, tuple[np.ndarray, int, np.ndarray]] = {}
+
+
+def union_table(ne: NodeExperts, rows: int) -> np.ndarray:
+    """``ne.expected_union_table(m)`` for some ``m >= rows`` (float64[m, L], read-only).
+
+    Row ``k - 1`` is :meth:`NodeExperts.expected_union` ``(k)`` whatever ``m`` is, so the table is
+    kept per ``union_size`` ARRAY (a predictor hands the same one to every cycle's
+    ``NodeExperts``) and grown on demand: callers index rows, never rely on ``m``.
+    """
+    size = ne.union_size
+    memo = _UNION_TABLES.get(id(size))
+    if memo is not None and memo[0] is size and memo[1] == ne.num_experts and memo[2].shape[0] >= rows:
+        return memo[2]
+    if len(_UNION_TABLES) >= 16:  # a few predictors per process at most; never grows unbounded
+        _UNION_TABLES.clear()
+    table = ne.expected_union_table(max(int(rows), size.shape[1] - 1))
+    table.setflags(write=False)
+    _UNION_TABLES[id(size)] = (size, ne.num_experts, table)  # holds ``size``: its id stays its own
+    return table
 
 
 def _union_misses(ne: NodeExperts, cached_bits: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -176,9 +196,8 @@ def _union_misses(ne: NodeExperts, cached_bits: np.ndarray, n: int) -> tuple[np.
     memo = _UNION_MISSES.get(ne)
     if memo is not None and memo[0] is cached_bits and memo[1].shape[0] >= n:
         return memo[1][:n], memo[2][:n]
-    rows = max(n, ne.union_size.shape[1] - 1)  # the sizes drafting can reach, so levels share it
     frac = ne.layer_miss_fraction(cached_bits)  # once per table, not once per size
-    misses = ne.expected_union_table(rows) * frac  # C-contiguous [rows, L]
+    misses = union_table(ne, n) * frac  # C-contiguous [rows >= n, L]
     totals = misses.sum(axis=1)  # each contiguous row summed like a 1-D ``misses.sum()``
     _UNION_MISSES[ne] = (cached_bits, misses, totals)
     return misses[:n], totals[:n]
@@ -187,38 +206,34 @@ def _union_misses(ne: NodeExperts, cached_bits: np.ndarray, n: int) -> tuple[np.
 def _plan_union_size(ctx: PolicyContext, started: float) -> Plan:
     """Exact for the union-size predictor: the best subtree of each size is a top-by-P prefix.
 
-    All ``N`` prefix sizes are scored at once with the cost model's own operations, in the same
-    order (per-layer expected misses summed per size, ``draft + verify + h2d`` or ``draft +
-    max(verify, h2d)``, running gain), so the ratios are bit-identical to scoring each size with
-    ``cost.cycle_s``; the first size of highest ratio wins, as in a scan.
+    All ``N`` prefix sizes are scored in one compiled pass
+    (:func:`specfit.decide_kernels.union_size_best_prefix`) with the cost model's own operations,
+    in the same order (per-layer expected misses summed per size, ``draft + verify + h2d`` or
+    ``draft + max(verify, h2d)``, running gain), so the ratios are bit-identical to scoring each
+    size with ``cost.cycle_s``; the first size of highest ratio wins, as in a scan.
     """
+    from specfit import decide_kernels as kernels  # numba, loaded on first use
+
     p = ctx.accept_probs
     n = p.shape[0]
-    order = np.lexsort((np.arange(n), -p))  # by P descending, then id
-    order = np.concatenate(([0], order[order != 0]))
     cost = ctx.cost
-    misses, total_misses = _union_misses(ctx.node_experts, ctx.cached_bits, n)
-    sizes = np.arange(1, n + 1, dtype=np.float64)
-    verify = (
-        cost.verify_base_s
-        + cost.verify_s_per_node * sizes
-        + cost.verify_s_per_context_token * float(ctx.context_len)
+    _, total_misses = _union_misses(ctx.node_experts, ctx.cached_bits, n)
+    ids, cycle_s, ok = kernels.union_size_best_prefix(
+        p,
+        total_misses,
+        cost.draft_s(ctx.num_levels),
+        cost.verify_base_s,
+        cost.verify_s_per_node,
+        cost.verify_s_per_context_token * float(ctx.context_len),
+        cost.s_per_miss,
+        cost.overlap_h2d,
     )
-    h2d = total_misses * cost.s_per_miss
-    cycle = cost.combine_s(cost.draft_s(ctx.num_levels), verify, h2d)
-    if not np.all(cycle > 0):
+    if not ok:
         raise ValueError("cost model: a cycle time of 0 s makes the throughput unbounded")
-    gain = np.cumsum(np.concatenate(([1.0], p[order[1:]])))
-    ratios = gain / cycle
-    best = int(np.argmax(np.where(np.isnan(ratios), -np.inf, ratios)))
-    if not ratios[best] > -1.0:
-        best = 0
     # a top-by-P prefix is ancestor-closed (P never rises along a path, parents have smaller
     # ids), so the plan is built directly; its scores are evaluate_nodes' (same operations)
-    ids = np.sort(order[: best + 1])
     ids.setflags(write=False)
     expected = 1.0 + float(p[ids[1:]].sum())
-    cycle_s = float(cycle[best])
     return Plan(
         nodes=ids,
         expected_committed=expected,
@@ -227,7 +242,7 @@ def _plan_union_size(ctx: PolicyContext, started: float) -> Plan:
         decision_s=time.perf_counter() - started,
         nodes_explored=int(n),
         policy=POLICY_NAME,
-        predicted_misses=float(misses[best].sum()),
+        predicted_misses=float(total_misses[ids.shape[0] - 1]),
     )
 
 
@@ -274,26 +289,42 @@ def plan_exact(
     return plan
 
 
-def warm_up() -> float:
-    """Load (or, on a fresh install, compile) the compiled search now; returns the seconds it took.
+def warm_up(search: bool = True) -> float:
+    """Load (or, on a fresh install, compile) the compiled decide path now; returns the seconds it took.
 
-    The first :func:`plan_exact` of a process imports numba and loads the kernels from numba's
-    on-disk cache (~1 s; a first compile ~15-20 s CPU): a live engine calls this before its first
-    timed cycle so that cost is not charged to a cycle's decision time.
+    The first call of a compiled kernel in a process imports numba and loads the kernels from
+    numba's on-disk cache (~1 s; a first compile ~15-20 s CPU for the search, a few seconds for
+    the rest): a live engine calls this before its first timed cycle so that cost is not charged
+    to a cycle's decision time. Runs, on tiny inputs of the types a live cycle passes, the
+    calibrated acceptance levels (edge map with and without a runner-up map, path map), the
+    union-size plan and expected stopping rule (:mod:`specfit.decide_kernels`) and, with
+    ``search``, the exact search with and without a deadline (:mod:`specfit.planner_kernels`).
     """
     from specfit import bitsets
+    from specfit.acceptance import AcceptanceCalibration, path_accept_probs
     from specfit.cost import CycleCostModel
+    from specfit.policies import SpecFitPolicy
     from specfit.tree import DraftTree
 
     started = time.perf_counter()
     tree = DraftTree.from_parents(np.arange(3), np.array([-1, 0, 0]), np.log([1.0, 0.5, 0.4]))
-    bits = bitsets.pack(np.array([[[0]], [[1]], [[1]]]), 64)
+    knots = np.array([0.0, 1.0])
+    for calibration in (
+        AcceptanceCalibration(knots, knots, scope="edge"),
+        AcceptanceCalibration(knots, knots, scope="edge", runner_up_knots_x=knots, runner_up_knots_y=knots),
+        AcceptanceCalibration(knots, knots, scope="path"),
+    ):
+        path_accept_probs(tree, calibration)
     cost = CycleCostModel(0.0, 1.0, 0.1, 0.0, 1e9, 1.0, 0, 1)
-    for deadline_s in (None, 0.0):  # both paths: the search and the deadline's bound
-        ctx = PolicyContext(
-            tree, np.array([1.0, 0.5, 0.4]), NodeExperts(64, bits=bits), bitsets.empty((1,), 64), cost
-        )
-        plan_exact(ctx, deadline_s=deadline_s)
+    probs = np.array([1.0, 0.5, 0.4])
+    union = NodeExperts(64, union_size=np.array([[0.0, 1.0, 2.0]]), miss_fraction=np.array([0.5]))
+    ctx = PolicyContext(tree, probs, union, bitsets.empty((1,), 64), cost, num_levels=1)
+    SpecFitPolicy(guard=False).keep_drafting_expected(ctx, max_depth=2)  # the plan, then the rule
+    if search:
+        bits = bitsets.pack(np.array([[[0]], [[1]], [[1]]]), 64)
+        for deadline_s in (None, 0.0):  # both paths: the search and the deadline's bound
+            ctx = PolicyContext(tree, probs, NodeExperts(64, bits=bits), bitsets.empty((1,), 64), cost)
+            plan_exact(ctx, deadline_s=deadline_s)
     return time.perf_counter() - started
 
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from specfit.context import Plan, PolicyContext, layer_misses, make_plan
 from specfit.cost import CycleCostModel
-from specfit.planner import plan_exact
+from specfit.planner import plan_exact, union_table
 
 TREE_POLICIES: tuple[str, ...] = ("ar", "chain", "topn", "specfit", "cascade")
 #: One line per tree policy for ``--help``.
@@ -152,6 +152,71 @@ def _min_added_h2d_s(ctx: PolicyContext, max_new: int) -> np.ndarray:
     grow = np.arange(size)[:, None] + np.arange(1, max_new + 1)[None, :]  # row n - 1, column m - 1: n + m - 1
     least = (total[grow] - total[:size, None]).min(axis=0)
     return np.maximum(least, 0.0) * ctx.cost.s_per_miss
+
+
+def _chain_gain(
+    ctx: PolicyContext, best: Plan, root_alpha: float, remaining: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The expected rule's chain (:meth:`SpecFitPolicy.keep_drafting_expected`), numpy form.
+
+    Returns ``(base int64[], gain float64[remaining], k float64[remaining])``: ``base`` is the
+    optimum ``best`` plus the path to the leaf (the most probable node of the deepest level, the
+    first of equal P; the root on the root alone), ``gain[j]`` the expected committed tokens of
+    ``base`` plus a chain of ``k[j] = j + 1`` more levels of edge acceptance ``alpha`` (the leaf's,
+    ``root_alpha`` on the root alone).
+    """
+    tree, probs = ctx.tree, ctx.accept_probs
+    if tree.max_depth == 0:
+        leaf, alpha = 0, root_alpha
+    else:
+        deepest = tree.nodes_at_depth(tree.max_depth)
+        leaf = int(deepest[np.argmax(probs[deepest])])
+        parent_p = float(probs[tree.parents[leaf]])
+        alpha = min(float(probs[leaf]) / parent_p, 1.0) if parent_p > 0 else 0.0
+    chosen = np.zeros(tree.num_nodes, dtype=bool)
+    chosen[best.nodes] = True
+    v = leaf
+    while v > 0 and not chosen[v]:
+        chosen[v] = True
+        v = int(tree.parents[v])
+    base = np.flatnonzero(chosen)
+    base_gain = 1.0 + float(probs[base[base != 0]].sum())
+    k = np.arange(1, remaining + 1, dtype=np.float64)
+    return base, base_gain + float(probs[leaf]) * np.cumsum(alpha**k), k
+
+
+def _expected_rule_union_size(ctx: PolicyContext, best: Plan, root_alpha: float, remaining: int) -> bool:
+    """:meth:`SpecFitPolicy.keep_drafting_expected` with union-size prices, in one compiled call
+    (:func:`specfit.decide_kernels.expected_rule_union_size`).
+    """
+    from specfit import decide_kernels as kernels  # numba, loaded on first use
+
+    ne, tree, cost = ctx.node_experts, ctx.tree, ctx.cost
+    table = union_table(ne, tree.num_nodes + remaining)  # rows up to the longest chain priced
+    chosen = np.zeros(tree.num_nodes, dtype=bool)
+    chosen[best.nodes] = True
+    return bool(
+        kernels.expected_rule_union_size(
+            ctx.accept_probs,
+            tree.parents,
+            tree.depths,
+            int(tree.max_depth),
+            chosen,
+            float(root_alpha),
+            int(remaining),
+            table,
+            np.asarray(ne.layer_miss_fraction(ctx.cached_bits), dtype=np.float64),
+            int(ctx.num_levels),
+            float(best.predicted_tokens_per_s),
+            cost.draft_base_s,
+            cost.draft_s_per_level,
+            cost.verify_base_s,
+            cost.verify_s_per_node,
+            cost.verify_s_per_context_token * float(ctx.context_len),
+            cost.s_per_miss,
+            cost.overlap_h2d,
+        )
+    )
 
 
 STOPPING_RULES = ("expected", "bound")
@@ -293,7 +358,7 @@ class SpecFitPolicy(TreePolicy):
 
     def plan(self, ctx: PolicyContext) -> Plan:
         """:func:`plan_exact` of ``ctx``, with this policy's deadline (see ``deadline_fraction``)."""
-        if self.deadline_fraction is None:
+        if self.deadline_fraction is None or ctx.node_experts.is_union_size:  # no search to cut short
             return plan_exact(ctx)
         least_s = ctx.cost.cycle_s_total(ctx.num_levels, 1, ctx.context_len, 0.0)
         return plan_exact(ctx, deadline_s=self.deadline_fraction * least_s)
@@ -370,35 +435,18 @@ class SpecFitPolicy(TreePolicy):
         if topk is not None and int(topk) < 1:
             raise ValueError(f"keep_drafting: topk must be >= 1 or None, got {topk}")
         tree = ctx.tree
-        if tree.max_depth >= int(max_depth):
+        depth = int(tree.max_depth)
+        if depth >= int(max_depth):
             return False
         best = self.plan(ctx)
-        probs = ctx.accept_probs
-        if tree.max_depth == 0:
-            leaf, alpha = 0, self.root_alpha
-        else:
-            deepest = tree.nodes_at_depth(tree.max_depth)
-            leaf = int(deepest[np.argmax(probs[deepest])])
-            parent_p = float(probs[tree.parents[leaf]])
-            alpha = min(float(probs[leaf]) / parent_p, 1.0) if parent_p > 0 else 0.0
-        chosen = np.zeros(tree.num_nodes, dtype=bool)
-        chosen[best.nodes] = True
-        v = leaf
-        while v > 0 and not chosen[v]:
-            chosen[v] = True
-            v = int(tree.parents[v])
-        base = np.flatnonzero(chosen)
-        base_gain = 1.0 + float(probs[base[base != 0]].sum())
-        remaining = int(max_depth) - int(tree.max_depth)
-        k = np.arange(1, remaining + 1, dtype=np.float64)
-        gain = base_gain + float(probs[leaf]) * np.cumsum(alpha**k)
+        if ctx.node_experts.is_union_size:  # one compiled pass (no per-node sets: prices by subtree size)
+            keep = _expected_rule_union_size(ctx, best, self.root_alpha, int(max_depth) - depth)
+            if depth == 0 and not keep:
+                self.root_alpha += self.reprobe_rate * (1.0 - self.root_alpha)
+            return keep
+        base, gain, k = _chain_gain(ctx, best, self.root_alpha, int(max_depth) - depth)
         nodes = base.shape[0] + k
-        ne = ctx.node_experts
-        if ne.is_union_size:
-            miss = ne.layer_miss_fraction(ctx.cached_bits)
-            misses = ne.expected_union_table(int(nodes[-1]))[nodes.astype(np.int64) - 1] @ miss
-        else:
-            misses = np.full(k.shape, float(layer_misses(ctx, base).sum()))
+        misses = np.full(k.shape, float(layer_misses(ctx, base).sum()))
         cycle = ctx.cost.cycle_s_total(ctx.num_levels + k, nodes, ctx.context_len, misses)
         keep = bool(np.any(gain > best.predicted_tokens_per_s * cycle))
         if tree.max_depth == 0 and not keep:

@@ -155,9 +155,9 @@ class DraftTree:
         """Number of nodes ``N`` (also callable: ``tree.num_nodes()``)."""
         return _Count(self.token_ids.shape[0])
 
-    @property
+    @cached_property
     def max_depth(self) -> int:
-        """Largest depth in the tree (0 for a root-only tree; also callable)."""
+        """Largest depth in the tree (0 for a root-only tree; also callable; computed once)."""
         return _Count(int(self.depths.max()))
 
     @property

@@ -81,10 +81,11 @@ class PlannedChooser:
             kwargs["stopping"] = stopping
         if policy == "specfit":  # a live cycle cannot wait for a long search (issue 14)
             kwargs["deadline_fraction"] = LIVE_DEADLINE_FRACTION
-            if predictor != "union-size":  # per-node sets: the compiled search will run
-                from specfit.planner import warm_up
+        if policy == "specfit" or calibration is not None:  # compiled kernels will run
+            from specfit.planner import warm_up
 
-                warm_up()  # load it before the first timed cycle
+            # load them before the first timed cycle (the search only for per-node sets)
+            warm_up(search=policy == "specfit" and predictor != "union-size")
         self.name = policy
         self.policy = make_tree_policy(policy, **kwargs)
         self.predictor_name = predictor
@@ -147,7 +148,7 @@ class PlannedChooser:
         for tok, bits in zip(routed, recent_bits):
             self.table[int(tok)] = bits
 
-    def _predict(self, tree, state: ChooseState, recent_bits: np.ndarray):
+    def _predict(self, tree, state: ChooseState, recent_bits: np.ndarray | None):
         from specfit.predictors import PredictContext
 
         num_layers = self.cost.num_layers
@@ -156,7 +157,7 @@ class PlannedChooser:
             num_experts=self.num_experts,
             num_layers=num_layers,
             context_len=state.context_len,
-            recent_experts=recent_bits if len(recent_bits) else None,
+            recent_experts=recent_bits if recent_bits is not None and len(recent_bits) else None,
             miss_fraction=state.miss_fraction,
         )
         if self.union_size is not None:
@@ -169,20 +170,23 @@ class PlannedChooser:
         rows = [self.table.get(int(t), base.bits[i]) for i, t in enumerate(tree.token_ids)]
         return NodeExperts(self.num_experts, bits=np.stack(rows).astype(np.uint64), source="token-table")
 
-    def _context(self, tree: TokenTree, levels: int, state: ChooseState, recent_bits: np.ndarray):
-        from specfit import bitsets
+    def _context(self, tree: TokenTree, levels: int, state: ChooseState, recent_bits: np.ndarray | None, cycle):
+        """The planning problem of ``tree`` after ``levels`` levels; ``cycle`` holds what every
+        question of one cycle shares (the cache bitsets, the union-size prediction)."""
         from specfit.acceptance import path_accept_probs
         from specfit.context import PolicyContext
 
         dtree = tree.to_draft_tree()
-        cached = state.cached_bits
-        if cached is None:
-            cached = bitsets.empty((self.cost.num_layers,), self.num_experts)
+        node_experts = cycle["node_experts"]
+        if node_experts is None:
+            node_experts = self._predict(dtree, state, recent_bits)
+            if self.union_size is not None:  # it depends on the state only: one per cycle
+                cycle["node_experts"] = node_experts
         return PolicyContext.trusted(  # built here from checked parts (see to_draft_tree)
             tree=dtree,
             accept_probs=path_accept_probs(dtree, self.calibration),
-            node_experts=self._predict(dtree, state, recent_bits),
-            cached_bits=np.asarray(cached, dtype=np.uint64),
+            node_experts=node_experts,
+            cached_bits=cycle["cached_bits"],
             cost=self.cost,
             context_len=state.context_len,
             num_levels=levels,
@@ -192,20 +196,28 @@ class PlannedChooser:
         """Draft (asking the planner after each level when it can stop drafting) and select the subtree."""
         from specfit import bitsets
 
-        recent_bits = (
-            bitsets.pack(state.recent_experts, self.num_experts)
-            if len(state.recent_experts)
-            else np.zeros((0, self.cost.num_layers, bitsets.num_words(self.num_experts)), np.uint64)
-        )
+        recent_bits = None
+        if self.union_size is None:  # the union-size prediction needs no per-token sets
+            recent_bits = (
+                bitsets.pack(state.recent_experts, self.num_experts)
+                if len(state.recent_experts)
+                else np.zeros((0, self.cost.num_layers, bitsets.num_words(self.num_experts)), np.uint64)
+            )
         if self.predictor_name == "token-table":
             self._learn(state, recent_bits)
+        cached = state.cached_bits
+        if cached is None:
+            cached = bitsets.empty((self.cost.num_layers,), self.num_experts)
+        # the same objects for every question of this cycle, so the planner's per-object memos
+        # (union-size miss tables) are computed once per cycle
+        cycle: dict[str, Any] = {"cached_bits": np.asarray(cached, dtype=np.uint64), "node_experts": None}
         asked_s = 0.0
         last_asked: list[Any] = [None, -1, None]  # (tree, levels, context) of the last question
 
         def keep_drafting(tree: TokenTree, levels: int) -> bool:
             nonlocal asked_s
             start = time.perf_counter()
-            ctx = self._context(tree, levels, state, recent_bits)
+            ctx = self._context(tree, levels, state, recent_bits, cycle)
             last_asked[:] = [tree, levels, ctx]
             keep = self.policy.keep_drafting(ctx, self.shape.depth, self.shape.topk)
             asked_s += time.perf_counter() - start
@@ -216,7 +228,7 @@ class PlannedChooser:
             # the planner remembers its plan per context, so the selection is not searched twice
             if last_asked[0] is tree and last_asked[1] == levels:
                 return last_asked[2]
-            return self._context(tree, levels, state, recent_bits)
+            return self._context(tree, levels, state, recent_bits, cycle)
 
         ask = keep_drafting if hasattr(self.policy, "keep_drafting") else None
         if ask is not None and not ask(TokenTree.root_only(int(state.committed[-1])), 0):

@@ -128,13 +128,25 @@ class TokenTree:
         Built with ``DraftTree.trusted``: this tree's constructor has checked the parent order and
         depths, and its arrays are the drafter's own (log-softmax log-probs, their path sums); the
         planner asks for it after every draft level, where re-validation costs more than the plan.
+        Arrays already of the right dtype are shared, not copied (both trees are immutable; the
+        shared arrays become read-only).
         """
         from specfit.tree import DraftTree
 
         return DraftTree.trusted(
-            token_ids=np.array(self.token_ids, dtype=np.int64),
-            parents=np.array(self.parents, dtype=np.int64),
-            depths=np.array(self.depths, dtype=np.int64),
-            draft_logprobs=np.array(self.draft_logprobs, dtype=np.float64),
-            path_logprobs=np.array(self.path_logprobs, dtype=np.float64),
+            token_ids=_owned(self.token_ids, _INT64),
+            parents=_owned(self.parents, _INT64),
+            depths=_owned(self.depths, _INT64),
+            draft_logprobs=_owned(self.draft_logprobs, _FLOAT64),
+            path_logprobs=_owned(self.path_logprobs, _FLOAT64),
         )
+
+
+def _owned(values: Any, dtype: np.dtype) -> np.ndarray:
+    """``values`` itself when it is a 1-D ndarray of ``dtype`` that owns its memory, else a copy."""
+    if type(values) is np.ndarray and values.base is None and values.dtype is dtype and values.ndim == 1:
+        return values  # owns its memory, one axis: contiguous
+    return np.array(values, dtype=dtype)
+
+
+_INT64, _FLOAT64 = np.dtype(np.int64), np.dtype(np.float64)

@@ -1,0 +1,220 @@
+"""Live SpecFit decision time per cycle on the embedded default (issue 14 aim: <= 0.3 ms).
+
+The live summary's ``decision_s_per_cycle`` is wall time: on a machine shared with other jobs it
+also counts the time the planner's thread waits for a core. This benchmark measures the decide
+path itself, twice:
+
+1. ``live``: ``live.record --mode policy --policy specfit`` on the embedded default (its default
+   predictor, calibration and cost estimate) for ``--num-prompts`` prompts; while it decodes,
+   every cycle's planner inputs are kept in memory (the chooser's state, the tree handed to the
+   stopping rule after each draft level, and what the engine reported back to the policy).
+   ``live_decision_s_per_cycle`` is what the summary reports (wall).
+2. ``replay``: the same cycles replayed ``--repeats`` times through a fresh copy of the chooser
+   whose drafter hands back the recorded trees (no model runs), each cycle's ``choose`` timed on
+   the thread's CPU clock (``time.thread_time``) and on the wall clock; the best repeat is
+   reported (``replay_decision_cpu_s_per_cycle``, ``replay_decision_s_per_cycle``: the planner's
+   own ``decision_s``). The replay must choose the same subtree in every cycle
+   (``same_decisions``), so it times the decisions the live run made.
+
+Usage::
+
+    python benchmarks/live_decision.py                  # 4 prompts, 5 repeats
+    python benchmarks/live_decision.py --num-prompts 8 --predictor recent
+
+Prints a table and a final JSON line.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from specfit.cli import ArgumentParser, positive_int, print_summary  # noqa: E402
+
+AIM_S_PER_CYCLE = 0.3e-3
+
+
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--num-prompts", type=positive_int, default=4, help="prompts decoded live (count)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=48, help="tokens per prompt (count)")
+    p.add_argument(
+        "--repeats", type=positive_int, default=5, help="replays of the recorded cycles (best kept)"
+    )
+    p.add_argument(
+        "--predictor",
+        default="auto",
+        help="live.record --predictor (default auto: union-size on the default)",
+    )
+    p.add_argument("--stopping", default=None, help="live.record --stopping (default: the policy's)")
+    return p
+
+
+class _RecordingDrafter:
+    """Wraps the live drafter: keeps the tree offered to the stopping rule after each level."""
+
+    def __init__(self, inner: Any, sink: list) -> None:
+        self.inner, self.sink, self.kind = inner, sink, inner.kind
+
+    def grow(self, committed, shape, keep_drafting=None):
+        offered = self.sink[-1]["trees"]
+
+        def ask(tree, levels):
+            offered.append((tree, levels))
+            return keep_drafting(tree, levels)
+
+        result = self.inner.grow(committed, shape, ask if keep_drafting is not None else None)
+        self.sink[-1]["final"] = result
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class _RecordingPolicy:
+    """Wraps the chooser's policy: keeps what the engine reports after each cycle."""
+
+    def __init__(self, inner: Any, sink: list) -> None:
+        self.inner, self.sink = inner, sink
+
+    def observe_cycle(self, *args: Any) -> None:
+        self.sink[-1]["observed"].append(args)
+        self.inner.observe_cycle(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class _RecordingChooser:
+    """What the engine sees instead of the ``PlannedChooser``: records each cycle's inputs."""
+
+    def __init__(self, inner: Any, sink: list) -> None:
+        self.inner, self.sink = inner, sink
+        self.policy = _RecordingPolicy(inner.policy, sink)
+        inner.drafter = _RecordingDrafter(inner.drafter, sink)
+
+    def choose(self, state):
+        self.sink.append({"state": state, "trees": [], "observed": []})
+        choice = self.inner.choose(state)
+        self.sink[-1]["nodes"] = np.asarray(choice.nodes).tolist()
+        return choice
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class _ReplayDrafter:
+    """Hands back the recorded trees: asks the rule on each until it says stop, as ``grow`` does."""
+
+    kind = "replay"
+
+    def __init__(self) -> None:
+        self.cycle: dict[str, Any] = {}
+
+    def grow(self, committed, shape, keep_drafting=None):
+        from live.spec.draft import DraftResult
+
+        for tree, levels in self.cycle["trees"]:
+            if keep_drafting is not None and not keep_drafting(tree, levels):
+                return DraftResult(tree, levels, 0.0)
+        final = self.cycle["final"]
+        return DraftResult(final.tree, final.num_levels, 0.0)
+
+
+def replay(pristine: Any, cycles: list[dict[str, Any]]) -> tuple[float, float, int]:
+    """One replay: (decide CPU seconds, the planner's decision seconds, cycles with the live subtree)."""
+    chooser = copy.deepcopy(pristine)
+    drafter = chooser.drafter = _ReplayDrafter()
+    cpu_s = decision_s = 0.0
+    same = 0
+    for cycle in cycles:
+        drafter.cycle = cycle
+        started = time.thread_time()
+        choice = chooser.choose(cycle["state"])
+        cpu_s += time.thread_time() - started
+        decision_s += 0.0 if choice.plan is None else float(choice.plan.decision_s)
+        same += np.asarray(choice.nodes).tolist() == cycle["nodes"]
+        for args in cycle["observed"]:
+            chooser.policy.observe_cycle(*args)
+    return cpu_s, decision_s, same
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; print a table and the JSON summary line. Returns 0."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    from live.record import build_parser, explicit_flags, resolve_config
+    from live.spec.session import RecordSession, SessionError
+
+    with tempfile.TemporaryDirectory() as tmp:
+        record_argv = [
+            "--mode", "policy", "--policy", "specfit", "--predictor", args.predictor,
+            "--num-prompts", str(args.num_prompts), "--max-new-tokens", str(args.max_new_tokens),
+            "--out", str(Path(tmp) / "run"), "--no-progress",
+            *(["--stopping", args.stopping] if args.stopping else []),
+        ]  # fmt: skip
+        record_parser = build_parser()
+        config = resolve_config(
+            record_parser.parse_args(record_argv), record_parser, explicit_flags(record_argv)
+        )
+        try:
+            session = RecordSession.open(config)
+        except SessionError as exc:
+            parser.fail(exc.flag, exc.message)
+        inner = session.chooser
+        live_drafter, inner.drafter = inner.drafter, None
+        pristine = copy.deepcopy(inner)  # the chooser as it starts (policy state, tables, cost)
+        inner.drafter = live_drafter
+        cycles: list[dict[str, Any]] = []
+        session.chooser = _RecordingChooser(inner, cycles)
+        session.run(progress=False)
+        live_decision_s = session.run_totals.decision_s
+    n = len(cycles)
+    best_cpu = best_decision = float("inf")
+    same = 0
+    for _ in range(args.repeats):
+        cpu_s, decision_s, same = replay(pristine, cycles)
+        best_cpu, best_decision = min(best_cpu, cpu_s), min(best_decision, decision_s)
+    summary = {
+        "benchmark": "live_decision",
+        "policy": "specfit",
+        "predictor": inner.predictor_name,
+        "stopping": getattr(inner.policy, "stopping", None),
+        "num_prompts": args.num_prompts,
+        "num_cycles": n,
+        "questions_per_cycle": sum(len(c["trees"]) + 1 for c in cycles) / max(n, 1),
+        "live_decision_s_per_cycle": live_decision_s / max(n, 1),
+        "replay_decision_cpu_s_per_cycle": best_cpu / max(n, 1),
+        "replay_decision_s_per_cycle": best_decision / max(n, 1),
+        "repeats": args.repeats,
+        "same_decisions": same == n,
+        "aim_decision_s_per_cycle_max": AIM_S_PER_CYCLE,
+    }
+    print(f"SpecFit live decide path, embedded default, predictor {summary['predictor']}: {n} cycles")
+    print(f"{'measure':<44}{'ms/cycle':>10}")
+    for label, key in (
+        ("live (wall, as the live summary)", "live_decision_s_per_cycle"),
+        ("replay, CPU time (best of repeats)", "replay_decision_cpu_s_per_cycle"),
+        ("replay, planner decision_s (best of repeats)", "replay_decision_s_per_cycle"),
+    ):
+        print(f"{label:<44}{1e3 * summary[key]:>10.3f}")
+    print(f"aim <= {1e3 * AIM_S_PER_CYCLE:.1f} ms/cycle; same subtree as live in {same}/{n} replayed cycles")
+    print_summary(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    from specfit.cli import run_main
+
+    run_main(main)

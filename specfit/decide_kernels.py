@@ -1,0 +1,192 @@
+"""Compiled per-question loops of SpecFit's decide path (numba, ``cache=True``).
+
+A live cycle asks the planner once per drafted level (``SpecFitPolicy.keep_drafting``) and once
+to select; with the union-size predictor no search runs, so a question is a handful of small
+array steps whose numpy form costs more in call overhead than in arithmetic (issue 14: ~0.7 ms
+per question on the build machine). These kernels do those steps in one compiled call each,
+with the same element-wise operations in the same order as the numpy code they replace
+(no fast-math, so no fused multiply-adds), so every value is bit-identical to it:
+
+* :func:`level_accept_probs`: the level-by-level pass of :func:`specfit.acceptance.path_accept_probs`
+  (parent's P times the edge acceptance, or the mapped path value clamped to the parent's;
+  siblings renormalised where they sum to more than the parent, summed in id order as
+  ``np.bincount`` does);
+* :func:`union_size_best_prefix`: the union-size optimum of :mod:`specfit.planner` (best top-by-P
+  prefix: running gain over ``draft + verify + h2d`` or ``draft + max(verify, h2d)``);
+* :func:`expected_rule_union_size`: :meth:`specfit.policies.SpecFitPolicy.keep_drafting_expected`'s
+  chain test with union-size prices.
+
+Imported lazily by their callers (numba loads them from its on-disk cache; a fresh install
+compiles them once, a few seconds), so ``specfit`` imports without numba being loaded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, error_model="numpy")
+def level_accept_probs(parents, depths, max_depth, values, edge, runner_up, draft_logprobs):
+    """P(v) of :func:`specfit.acceptance.path_accept_probs` with a calibration map: float64[N].
+
+    Args:
+        parents, depths: int64[N] of the tree (``max_depth`` its largest depth).
+        values: float64[N] the top map's values: edge acceptance (``edge`` True) or mapped path
+            probability (``edge`` False), before the clip to [0, 1].
+        runner_up: float64[N] the runner-up map's values, taken by every child that is not its
+            parent's most probable one (highest ``draft_logprobs``, ties: lowest id, as
+            :func:`specfit.acceptance.top_child_mask`), or an empty array (no runner-up map).
+        draft_logprobs: float64[N] (finite; read only with a runner-up map).
+    """
+    n = parents.shape[0]
+    p = np.ones(n)
+    val = np.empty(n)
+    use_runner = runner_up.shape[0] == n
+    top = np.full(n, -1, np.int64)  # each parent's most probable child
+    if use_runner:
+        for v in range(n):
+            par = parents[v]
+            if par >= 0 and (top[par] < 0 or draft_logprobs[v] > draft_logprobs[top[par]]):
+                top[par] = v
+    for v in range(n):
+        x = values[v]
+        if use_runner and (parents[v] < 0 or top[parents[v]] != v):
+            x = runner_up[v]
+        if x < 0.0:
+            x = 0.0
+        elif x > 1.0:
+            x = 1.0
+        val[v] = x
+    sums = np.zeros(n)
+    for d in range(1, max_depth + 1):
+        for v in range(n):
+            if depths[v] == d:
+                sums[parents[v]] = 0.0
+        for v in range(n):
+            if depths[v] == d:
+                above = p[parents[v]]
+                if edge:
+                    p[v] = above * val[v]
+                else:
+                    p[v] = val[v] if val[v] < above else above
+                sums[parents[v]] += p[v]
+        for v in range(n):
+            if depths[v] == d:
+                above = p[parents[v]]
+                s = sums[parents[v]]
+                if s > above:
+                    p[v] *= above / s
+    return p
+
+
+@njit(cache=True, error_model="numpy")
+def union_size_best_prefix(p, total_misses, draft_s, verify_base_s, verify_s_per_node, verify_context_s,
+                           s_per_miss, overlap):  # fmt: skip
+    """The union-size optimum over top-by-P prefixes: ``(nodes int64[k], cycle_s, ok)``.
+
+    With the nodes ordered root first, then by P descending (ties: lower id), the prefix of the
+    ``k`` nodes returned (sorted by id) has the highest ratio of running gain ``1 + sum P`` to cycle time
+    ``draft_s + verify_k + h2d_k`` (or ``draft_s + max(verify_k, h2d_k)`` with ``overlap``),
+    ``verify_k = verify_base_s + verify_s_per_node * k + verify_context_s``, ``h2d_k =
+    total_misses[k - 1] * s_per_miss`` (the shortest of equal ratios; NaN ratios never win; the
+    root alone when all are NaN); ``cycle_s`` is its cycle time. ``ok`` is False when some cycle
+    time is not > 0.
+    """
+    n = p.shape[0]
+    neg = np.empty(n)
+    for v in range(n):
+        neg[v] = -p[v]
+    order = np.argsort(neg, kind="mergesort")  # stable: P descending, ties by id
+    if order[0] != 0:  # the root leads (it already does when P(root) = 1 = max P)
+        j = 0
+        while order[j] != 0:
+            j += 1
+        for i in range(j, 0, -1):
+            order[i] = order[i - 1]
+        order[0] = 0
+    cycles = np.empty(n)
+    ok = True
+    best = -1
+    best_ratio = 0.0
+    gain = 1.0
+    for i in range(n):
+        if i > 0:
+            gain += p[order[i]]
+        verify = verify_base_s + verify_s_per_node * float(i + 1) + verify_context_s
+        h2d = total_misses[i] * s_per_miss
+        if overlap:
+            cycles[i] = draft_s + (verify if verify >= h2d or np.isnan(verify) else h2d)
+        else:
+            cycles[i] = draft_s + verify + h2d
+        if not cycles[i] > 0.0:
+            ok = False
+        ratio = gain / cycles[i]
+        if not np.isnan(ratio) and (best < 0 or ratio > best_ratio):
+            best, best_ratio = i, ratio
+    if best < 0 or not best_ratio > -1.0:
+        best = 0
+    return np.sort(order[: best + 1]), cycles[best], ok
+
+
+@njit(cache=True, error_model="numpy")
+def expected_rule_union_size(p, parents, depths, max_depth, chosen, root_alpha, remaining, union_table, miss,
+                             num_levels, best_tokens_per_s, draft_base_s, draft_s_per_level, verify_base_s,
+                             verify_s_per_node, verify_context_s, s_per_miss, overlap):  # fmt: skip
+    """The expected-value stopping rule with union-size prices: True = draft another level.
+
+    As :meth:`specfit.policies.SpecFitPolicy.keep_drafting_expected`: ``chosen`` bool[N] holds the
+    current optimum (modified: the path to the leaf is added); the leaf is the most probable
+    node of the deepest level (first of equal P), ``alpha`` its edge acceptance (``root_alpha``
+    on the root alone); for ``k = 1..remaining`` more levels the chain adds
+    ``P(leaf) * sum_{j<=k} alpha**j`` expected tokens and ``k`` nodes, priced with
+    ``union_table[m - 1] . miss`` expected misses for ``m`` nodes (``union_table`` float64[>= m, L]).
+    """
+    n = p.shape[0]
+    if max_depth == 0:
+        leaf = 0
+        alpha = root_alpha
+    else:
+        leaf = -1
+        for v in range(n):
+            if depths[v] == max_depth and (leaf < 0 or p[v] > p[leaf]):
+                leaf = v
+        parent_p = p[parents[leaf]]
+        alpha = 0.0
+        if parent_p > 0:
+            alpha = p[leaf] / parent_p
+            if alpha > 1.0:
+                alpha = 1.0
+    v = leaf
+    while v > 0 and not chosen[v]:
+        chosen[v] = True
+        v = parents[v]
+    count = 0
+    base_gain = 0.0
+    for u in range(n):
+        if chosen[u]:
+            count += 1
+            if u != 0:
+                base_gain += p[u]
+    base_gain = 1.0 + base_gain
+    run = 0.0
+    layers = miss.shape[0]
+    for k in range(1, remaining + 1):
+        run += alpha ** float(k)
+        gain = base_gain + p[leaf] * run
+        nodes = float(count + k)
+        misses = 0.0
+        row = count + k - 1
+        for layer in range(layers):
+            misses += union_table[row, layer] * miss[layer]
+        levels = float(num_levels + k)
+        draft = draft_base_s + draft_s_per_level * levels if levels > 0 else 0.0
+        verify = verify_base_s + verify_s_per_node * nodes + verify_context_s
+        h2d = s_per_miss * misses
+        if overlap:
+            cycle = draft + (verify if verify >= h2d or np.isnan(verify) else h2d)
+        else:
+            cycle = draft + verify + h2d
+        if gain > best_tokens_per_s * cycle:
+            return True
+    return False
