@@ -15,7 +15,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """``tiny_checkpoint(arch) -> Path``: a tiny random MoE checkpoint, written once per session.
+    """``tiny_checkpoint(arch) -> Path``: a tiny random MoE checkpoint (``live_fixtures``, seed 0)
+    with the tiny word-level tokenizer, written once per session. Tests must not change it.
 
     Needs torch and transformers (imported lazily, so packages without them are unaffected).
     """
@@ -24,9 +25,10 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str],
 
     def make(arch: str = "qwen3_moe") -> Path:
         if arch not in made:
-            from live_fixtures import make_tiny_checkpoint
+            from live_fixtures import make_tiny_checkpoint, save_tiny_tokenizer
 
             made[arch] = make_tiny_checkpoint(root, arch)
+            save_tiny_tokenizer(made[arch])
         return made[arch]
 
     return make
@@ -42,7 +44,10 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch):
 
 @pytest.fixture(scope="session")
 def tiny_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny dense draft checkpoint sharing the tiny vocabulary."""
-    from live_fixtures import make_tiny_draft
+    """A tiny dense draft checkpoint sharing the tiny vocabulary (``live_fixtures``, seed 1), with the
+    tiny tokenizer. Tests must not change it."""
+    from live_fixtures import make_tiny_draft, save_tiny_tokenizer
 
-    return make_tiny_draft(tmp_path_factory.mktemp("tiny-draft"))
+    draft = make_tiny_draft(tmp_path_factory.mktemp("tiny-draft"))
+    save_tiny_tokenizer(draft)
+    return draft

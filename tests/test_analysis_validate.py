@@ -13,12 +13,9 @@ from analysis import validate  # noqa: E402
 
 @pytest.fixture(scope="module")
 def tiny_models(tiny_checkpoint, tiny_draft, tmp_path_factory):
-    from test_live_record import PROMPT_LINES, _save_tokenizer
+    from test_live_record import PROMPT_LINES
 
-    target = tiny_checkpoint("qwen3_moe")
-    for folder in (target, tiny_draft):
-        if not (folder / "tokenizer.json").is_file():
-            _save_tokenizer(folder)
+    target = tiny_checkpoint("qwen3_moe")  # with the tiny tokenizer
     prompts = tmp_path_factory.mktemp("validate-prompts") / "prompts.txt"
     prompts.write_text("\n".join(PROMPT_LINES[:2]) + "\n")
     return target, tiny_draft, prompts

@@ -240,7 +240,7 @@ def _snapshot(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def ws(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def ws(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint) -> dict[str, str]:
     """The shared workspace: every path a case may name (``{name}`` in the table)."""
     from test_traces_helpers import edit_part, first_part, set_value
 
@@ -288,17 +288,18 @@ def ws(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     paths["calib_nocols"] = root / "calib-nocols"
     paths["calib_nocols"].mkdir()
     (paths["calib_nocols"] / "cost_fit_cycles.csv").write_text("a,b\n1,2\n")
-    paths.update(_checkpoints(root / "ck"))
+    paths.update(_checkpoints(root / "ck", tiny_checkpoint("qwen3_moe")))
     return {k: str(v) for k, v in paths.items()}
 
 
-def _checkpoints(root: Path) -> dict[str, Path]:
-    """Tiny checkpoints: a good target, its truncated copy, a pickle-only one, one asking for
-    remote code, one with an unreadable config, one transformers loads but cannot run, and a
-    draft with twice the target's vocabulary."""
+def _checkpoints(root: Path, good: Path) -> dict[str, Path]:
+    """Tiny checkpoints: a good target (a copy of the session's ``good``, without its tokenizer, so
+    the workspace snapshot covers it), its truncated copy, a pickle-only one, one asking for remote
+    code, one with an unreadable config, one transformers loads but cannot run, and a draft with
+    twice the target's vocabulary."""
     from live_fixtures import TINY_VOCAB_SIZE, make_tiny_checkpoint, make_tiny_draft
 
-    target = make_tiny_checkpoint(root)
+    target = Path(shutil.copytree(good, root / "target", ignore=shutil.ignore_patterns("tokenizer*")))
     out = {"ck_target": target}
     out["ck_truncated"] = Path(shutil.copytree(target, root / "truncated"))
     weights = (target / "model.safetensors").read_bytes()

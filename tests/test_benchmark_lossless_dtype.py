@@ -13,11 +13,7 @@ def _load():
 
 
 def test_float32_speculative_equals_causal(tiny_checkpoint, tiny_draft, capsys):
-    from live_fixtures import save_tiny_tokenizer
-
-    target = tiny_checkpoint("qwen3_moe")
-    for folder in (target, tiny_draft):
-        save_tiny_tokenizer(folder)
+    target = tiny_checkpoint("qwen3_moe")  # with the tiny tokenizer
     bench = _load()
     argv = ["--model", str(target), "--draft", str(tiny_draft), "--dtypes", "float32", "--num-prompts", "2"]
     assert (

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from live_fixtures import TINY_ARCHS, make_tiny_checkpoint, make_tiny_draft, make_tiny_eagle3_head
+from live_fixtures import TINY_ARCHS, make_tiny_eagle3_head
 from safetensors.torch import load_file, save_file
 from test_live_spec_verify import (  # noqa: F401 - _one_torch_thread is an autouse fixture
     PROMPT,
@@ -28,12 +28,13 @@ N_NEW = 12
 
 
 @pytest.fixture(scope="module")
-def heads(tmp_path_factory):
-    """Per architecture: (target dir, trained head dir); the head is fitted to PROMPT's greedy output."""
+def heads(tiny_checkpoint, tmp_path_factory):
+    """Per architecture: (the session's tiny target dir, trained head dir); the head is fitted to
+    PROMPT's greedy output."""
     root = tmp_path_factory.mktemp("eagle3")
     out = {}
     for arch in TINY_ARCHS:
-        target_dir = make_tiny_checkpoint(root, arch)
+        target_dir = tiny_checkpoint(arch)
         seq = PROMPT + reference_greedy(_load(target_dir), PROMPT, N_NEW + 4)
         out[arch] = (target_dir, make_tiny_eagle3_head(root, target_dir, train_on=[seq], train_steps=80))
     return out
@@ -78,8 +79,8 @@ def test_lossless_every_chooser_with_an_eagle3_head(heads, arch):
     assert taus[0] > 1.5, taus  # the fitted head gets drafts accepted: rollback and re-feed are exercised
 
 
-def test_reduced_draft_vocabulary_maps_through_d2t(tmp_path):
-    target_dir = make_tiny_checkpoint(tmp_path, "qwen3_moe")
+def test_reduced_draft_vocabulary_maps_through_d2t(tiny_checkpoint, tmp_path):
+    target_dir = tiny_checkpoint("qwen3_moe")
     head_dir = make_tiny_eagle3_head(tmp_path, target_dir, draft_vocab_size=40, own_embedding=False)
     assert "embed_tokens.weight" not in load_file(str(head_dir / "model.safetensors"))
     target = _load(target_dir)
@@ -143,18 +144,17 @@ def test_mismatched_heads_are_refused_naming_both_values(heads, tmp_path):
         load_head(pickled, target)
 
 
-def test_causal_lm_draft_is_not_taken_for_a_head(tmp_path):
-    assert not is_eagle3_checkpoint(make_tiny_draft(tmp_path))
+def test_causal_lm_draft_is_not_taken_for_a_head(tiny_draft):
+    assert not is_eagle3_checkpoint(tiny_draft)
 
 
 @pytest.fixture(scope="module")
-def cli(tmp_path_factory):
-    """A tiny target with a tokenizer, its fitted head, and a prompt file, for ``live.record``."""
-    from test_live_record import PROMPT_LINES, _save_tokenizer
+def cli(tiny_checkpoint, tmp_path_factory):
+    """The session's tiny target (with a tokenizer), its fitted head, and a prompt file, for ``live.record``."""
+    from test_live_record import PROMPT_LINES
 
     root = tmp_path_factory.mktemp("eagle3-cli")
-    target_dir = make_tiny_checkpoint(root, "qwen3_moe")
-    _save_tokenizer(target_dir)
+    target_dir = tiny_checkpoint("qwen3_moe")
     target = _load(target_dir)
     seqs = [[int(w[1:]) for w in line.split()] for line in PROMPT_LINES]
     train = [s + reference_greedy(target, s, 10) for s in seqs]
@@ -251,8 +251,8 @@ def test_head_router_routes_every_node_and_leaves_decoding_lossless(heads):
         make_predictor("head-router").predict(PredictContext(routed[0][0], num_experts, ids.shape[1]))
 
 
-def test_head_training_is_reproducible_from_the_seed(tmp_path):
-    target_dir = make_tiny_checkpoint(tmp_path, "mixtral")
+def test_head_training_is_reproducible_from_the_seed(tiny_checkpoint, tmp_path):
+    target_dir = tiny_checkpoint("mixtral")
     seq = [PROMPT + reference_greedy(_load(target_dir), PROMPT, 10)]
     first = make_tiny_eagle3_head(tmp_path / "a", target_dir, train_on=seq, train_steps=15)
     again = make_tiny_eagle3_head(tmp_path / "b", target_dir, train_on=seq, train_steps=15)
@@ -284,3 +284,4 @@ def test_embedded_head_is_lossless_on_the_embedded_default_and_documented():
     assert metrics["weights_sha256"] == sha
     card = (DEFAULT_DIR / "MODEL_CARD.md").read_text()
     assert "## EAGLE-3 head" in card and sha in card and metrics["command"] in card
+

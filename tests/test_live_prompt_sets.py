@@ -134,15 +134,10 @@ def test_prompt_budget_and_left_truncation():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tmp_path_factory, request):
     pytest.importorskip("torch")
-    from live_fixtures import make_tiny_checkpoint, make_tiny_draft
-    from test_live_record import _save_tokenizer
-
+    target, draft = request.getfixturevalue("tiny_checkpoint")("qwen3_moe"), request.getfixturevalue("tiny_draft")
     root = tmp_path_factory.mktemp("prompt_sets")
-    target, draft = make_tiny_checkpoint(root, "qwen3_moe"), make_tiny_draft(root)
-    _save_tokenizer(target)
-    _save_tokenizer(draft)
     long_prompt = " ".join(f"w{4 + i % 90}" for i in range(300))  # 300 tokens > 256 positions
     rows = [*ROWS, {"question_id": 90, "category": "long", "turns": [long_prompt]}]
     return {"target": str(target), "draft": str(draft), "prompts": str(_mtbench_file(root, rows))}

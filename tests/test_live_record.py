@@ -9,8 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from live_fixtures import TINY_VOCAB_SIZE, make_tiny_checkpoint, make_tiny_draft
-from live_fixtures import save_tiny_tokenizer as _save_tokenizer
+from live_fixtures import TINY_VOCAB_SIZE
 
 from live.record import main
 
@@ -30,11 +29,10 @@ def _one_torch_thread():
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tiny_checkpoint, tiny_draft, tmp_path_factory):
+    """The session's tiny target and draft (with tokenizers), a prompt file and a folder for runs."""
     root = tmp_path_factory.mktemp("record")
-    target, draft = make_tiny_checkpoint(root, "qwen3_moe"), make_tiny_draft(root)
-    _save_tokenizer(target)
-    _save_tokenizer(draft)
+    target, draft = tiny_checkpoint("qwen3_moe"), tiny_draft
     prompts = root / "prompts.txt"
     prompts.write_text("\n".join(PROMPT_LINES) + "\n")
     return {"target": str(target), "draft": str(draft), "prompts": str(prompts), "root": root}

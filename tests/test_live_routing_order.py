@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from live_fixtures import TINY_ARCHS, make_tiny_checkpoint, make_tiny_draft, save_tiny_tokenizer
+from live_fixtures import TINY_ARCHS
 from transformers import AutoModelForCausalLM
 
 pytest.importorskip("traces.writer")
@@ -22,12 +22,9 @@ PROMPT = torch.tensor([list(range(3, 43))])  # 40 tokens: enough for DeepSeek's 
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("routing-order")
-    made = {arch: make_tiny_checkpoint(root, arch) for arch in TINY_ARCHS} | {"draft": make_tiny_draft(root)}
-    for folder in made.values():
-        save_tiny_tokenizer(folder)
-    return made
+def checkpoints(tiny_checkpoint, tiny_draft):
+    """The session's tiny checkpoints (with tokenizers) of every architecture and the draft."""
+    return {arch: tiny_checkpoint(arch) for arch in TINY_ARCHS} | {"draft": tiny_draft}
 
 
 def _load(path):

@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from live_fixtures import make_tiny_checkpoint, make_tiny_draft, save_tiny_tokenizer, tiny_config
+from live_fixtures import make_tiny_checkpoint, save_tiny_tokenizer, tiny_config
 from test_live_spec_verify import RandomSubtreeChooser, reference_greedy
 from transformers import AutoModelForCausalLM
 
@@ -33,11 +33,12 @@ SLIDING = {
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
+def checkpoints(tmp_path_factory, tiny_draft):
+    """Sliding-window variants of the tiny checkpoints (their own configs) and the session's draft."""
     root = tmp_path_factory.mktemp("sliding")
     made = {arch: make_tiny_checkpoint(root, arch, **kw) for arch, kw in SLIDING.items()}
     made["mixtral-wide"] = make_tiny_checkpoint(root / "wide", "mixtral", sliding_window=4096)
-    made["draft"] = make_tiny_draft(root)
+    made["draft"] = tiny_draft
     return made
 
 
@@ -135,8 +136,7 @@ def test_record_runs_a_sliding_window_checkpoint(checkpoints, tmp_path, capsys):
     from live.record import main
     from traces.reader import open_run
 
-    for name in ("mixtral", "draft"):
-        save_tiny_tokenizer(checkpoints[name])
+    save_tiny_tokenizer(checkpoints["mixtral"])  # the session's draft has one
     prompts = tmp_path / "prompts.txt"
     prompts.write_text(" ".join(f"w{t}" for t in PROMPT) + "\n")
     out = tmp_path / "run"

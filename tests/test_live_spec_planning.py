@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from live_fixtures import make_tiny_checkpoint
 from transformers import AutoModelForCausalLM
 
 from live.offload import make_link, offload_model
@@ -32,8 +31,8 @@ def _one_torch_thread():
 
 
 @pytest.fixture(scope="module")
-def path(tmp_path_factory):
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("plan"), "qwen3_moe")
+def path(tiny_checkpoint):
+    return tiny_checkpoint("qwen3_moe")
 
 
 def _model(path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from live_fixtures import TINY_ARCHS, TINY_VOCAB_SIZE, make_tiny_checkpoint, make_tiny_draft
+from live_fixtures import TINY_ARCHS, TINY_VOCAB_SIZE
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from live.spec.attention import keep_cache_positions, tree_attention_mask
@@ -33,9 +33,9 @@ def _load(path):
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    return {arch: make_tiny_checkpoint(root, arch) for arch in TINY_ARCHS} | {"draft": make_tiny_draft(root)}
+def checkpoints(tiny_checkpoint, tiny_draft):
+    """The session's tiny checkpoints of every architecture and the draft."""
+    return {arch: tiny_checkpoint(arch) for arch in TINY_ARCHS} | {"draft": tiny_draft}
 
 
 def reference_greedy(model, prompt, n, eos=()):

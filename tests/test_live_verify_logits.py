@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-from live_fixtures import make_tiny_checkpoint, make_tiny_draft, save_tiny_tokenizer
 from transformers import AutoModelForCausalLM
 
 from live.spec.runner import CachedLM
@@ -15,12 +14,9 @@ PROMPT = [5, 9, 33, 12, 40, 7]
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    root = tmp_path_factory.mktemp("verify-logits")
-    made = {"target": make_tiny_checkpoint(root, "qwen3_moe"), "draft": make_tiny_draft(root)}
-    for folder in made.values():
-        save_tiny_tokenizer(folder)
-    return made
+def checkpoints(tiny_checkpoint, tiny_draft):
+    """The session's tiny target and draft (with tokenizers)."""
+    return {"target": tiny_checkpoint("qwen3_moe"), "draft": tiny_draft}
 
 
 def _bf16(path):
