@@ -244,10 +244,10 @@ class Eagle3Head(nn.Module):
         """Draft-vocabulary logits [T, Vd] from outputs [T, H] (``lm_head(norm(out))``)."""
         return self.lm_head(self.norm(out))
 
-    def to_target_ids(self, draft_ids: np.ndarray) -> np.ndarray:
-        """Target token ids of draft ids (``draft_id + d2t[draft_id]``), same shape."""
-        d2t = self.d2t.cpu().numpy()
-        return draft_ids + d2t[draft_ids]
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Target token ids of draft ids (``draft_id + d2t[draft_id]``): int64 tensor, same shape,
+        on the head's device (no host copy of ``d2t``; ``draft_ids`` on that device)."""
+        return draft_ids + self.d2t[draft_ids]
 
 
 def head_state_dict(head: Eagle3Head) -> dict[str, torch.Tensor]:

@@ -39,7 +39,9 @@ class TargetFeatures:
             pre-hook), id ``L`` the last layer's output (forward hook).
 
     Attributes:
-        committed: [N, 3 Ht] features of the committed tokens but the last (None before a prefill).
+        committed: [N, 3 Ht] features of the committed tokens but the last (None before a prefill):
+            a view of a buffer that grows by doubling, so appending a cycle's rows is amortised
+            O(rows), not a copy of everything committed so far.
     """
 
     def __init__(self, model: nn.Module, layer_ids: Sequence[int]) -> None:
@@ -55,7 +57,8 @@ class TargetFeatures:
                 self._handles.append(layers[i].register_forward_pre_hook(self._pre(i), with_kwargs=True))
             else:
                 self._handles.append(layers[num - 1].register_forward_hook(self._post(i), with_kwargs=True))
-        self.committed: torch.Tensor | None = None
+        self._buffer: torch.Tensor | None = None  # [capacity, 3 Ht]; rows [0, _rows) are committed
+        self._rows = 0
 
     def _pre(self, i: int):
         def hook(module, args, kwargs):
@@ -72,9 +75,14 @@ class TargetFeatures:
         return hook
 
     @property
+    def committed(self) -> torch.Tensor | None:
+        """[N, 3 Ht] features of the committed tokens but the last (None before a prefill)."""
+        return None if self._buffer is None else self._buffer[: self._rows]
+
+    @property
     def num_committed(self) -> int:
         """Rows of :attr:`committed`."""
-        return 0 if self.committed is None else int(self.committed.shape[0])
+        return self._rows
 
     def begin_forward(self) -> None:
         """Forget the previous forward's rows (called before every target forward)."""
@@ -86,12 +94,24 @@ class TargetFeatures:
 
     def reset(self, take_forward: bool) -> None:
         """After a prefill: the committed features are the forward's rows (or none)."""
-        self.committed = self.forward_features() if take_forward else None
+        self._buffer, self._rows = None, 0
+        if take_forward:
+            self._append(self.forward_features())
 
     def commit(self, rows: Sequence[int]) -> None:
         """Append the last forward's ``rows`` (root and accepted nodes, input order)."""
-        new = self.forward_features()[torch.as_tensor(list(rows), dtype=torch.long, device=self._device())]
-        self.committed = new if self.committed is None else torch.cat([self.committed, new], dim=0)
+        self._append(self.forward_features()[torch.as_tensor(list(rows), dtype=torch.long, device=self._device())])
+
+    def _append(self, new: torch.Tensor) -> None:
+        """Copy ``new`` [n, 3 Ht] after the committed rows, doubling the buffer when it is full."""
+        need = self._rows + int(new.shape[0])
+        if self._buffer is None or need > self._buffer.shape[0]:
+            grown = new.new_empty((max(need, 2 * self._rows, 64), new.shape[1]))
+            if self._rows:
+                grown[: self._rows] = self._buffer[: self._rows]
+            self._buffer = grown
+        self._buffer[self._rows : need] = new
+        self._rows = need
 
     def _device(self) -> torch.device:
         return next(iter(self._last.values())).device
@@ -189,7 +209,7 @@ class Eagle3Drafter(TreeDrafter):
             self._node_out[v] = out[i]
         return self.head.logits(out).float()
 
-    def _to_target_ids(self, ids: np.ndarray) -> np.ndarray:
+    def _to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return self.head.to_target_ids(ids)
 
     @torch.inference_mode()

@@ -43,10 +43,9 @@ import torch
 from live.expert_store import DeviceExpertPool, ExpertView, HostExpertStore
 from live.h2d import H2DFetch, H2DLink, H2DLinkInfo
 from live.loader import MoESpec, describe_moe, find_moe_blocks
+from live.spec.names import CACHE_POLICIES
 from live.spec.routing import order_by_weight
-from specfit.prefetch import PREFETCH_MODES  # re-exported: live.record's --prefetch choices
-
-CACHE_POLICY_NAMES = ("lru", "lfu", "static")
+from specfit.prefetch import PREFETCH_MODES, uses_next_layer
 
 
 # ---------------------------------------------------------------------------------------------
@@ -918,7 +917,7 @@ class OffloadedMoE:
         """After layer l's router: guess layer l+1's experts (:meth:`_next_layer_guess`), keep
         the guess for :meth:`last_next_layer_routing` (``record_next_layer``) and, with
         ``--prefetch next-layer|both``, prefetch it (:meth:`_prefetch_next_layer`)."""
-        prefetching = self.prefetch in ("next-layer", "both")
+        prefetching = uses_next_layer(self.prefetch)
         if layer + 1 >= self.num_layers or not (prefetching or self.record_next_layer):
             return
         ids = self._next_layer_guess(layer, hidden_states)  # [T, K]
@@ -1060,9 +1059,9 @@ def offload_model(
     if cache_experts is None:
         cache_experts = default_cache_experts(spec.num_experts)
     validate_cache_experts(cache_experts, spec.num_experts)
-    if cache_policy not in CACHE_POLICY_NAMES:
+    if cache_policy not in CACHE_POLICIES:
         raise ValueError(
-            f"--cache-policy: expected one of {', '.join(CACHE_POLICY_NAMES)}, got {cache_policy!r}"
+            f"--cache-policy: expected one of {', '.join(CACHE_POLICIES)}, got {cache_policy!r}"
         )
     if cache_policy == "static" and frequency is None:
         raise ValueError("--cache-policy static: needs expert frequencies (float[L, E])")

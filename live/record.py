@@ -60,6 +60,7 @@ from specfit.cli import (
 )
 from specfit.policies import STOPPING_RULES, TREE_POLICY_HELP
 from specfit.predictors import PREDICTOR_HELP
+from specfit.prefetch import PREFETCH_MODES
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ class RecordConfig:
     stopping: str | None = None  # SpecFit's stopping rule; None unless --mode policy --policy specfit
     category: str | None = None  # --category, comma-separated names as given; None = every prompt
     overlap: str = "off"  # "on": expert copies on the link's copy stream, overlapped with compute
-    prefetch: str = "none"  # none | draft | next-layer | both
+    prefetch: str = "none"  # one of specfit.prefetch.PREFETCH_MODES
     verify_logits: str = "model"  # "float32": the target's greedy tokens from float32 logits
 
 
@@ -209,7 +210,7 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument(
         "--prefetch",
-        choices=("none", "draft", "next-layer", "both"),
+        choices=PREFETCH_MODES,
         default="none",
         help="copy experts ahead of need on the copy stream: draft = the experts the policy's "
         "predictor expects the chosen subtree to need (once it is chosen); next-layer = layer l+1's "

@@ -126,8 +126,8 @@ def head_agreement(head, target, windows: Sequence[Sequence[int]]) -> float:
             n = len(seq) - 1
             chain = _ttt_mask(n, 0)  # causal over the window
             out, _ = head(feats[:n], ids[1:], torch.arange(n), None, chain, fused=True)
-            pred = head.to_target_ids(head.logits(out).argmax(-1).numpy())
-            hits += int((torch.as_tensor(pred[: n - 1]) == greedy[1:n]).sum())
+            pred = head.to_target_ids(head.logits(out).argmax(-1))
+            hits += int((pred[: n - 1] == greedy[1:n]).sum())
             total += n - 1
     return hits / max(total, 1)
 

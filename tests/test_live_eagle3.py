@@ -285,3 +285,27 @@ def test_embedded_head_is_lossless_on_the_embedded_default_and_documented():
     card = (DEFAULT_DIR / "MODEL_CARD.md").read_text()
     assert "## EAGLE-3 head" in card and sha in card and metrics["command"] in card
 
+
+def test_target_features_grow_by_doubling_and_keep_every_committed_row(tiny_checkpoint):
+    """TargetFeatures.commit appends into a buffer that doubles when full: the committed rows equal
+    the concatenation of every forward's chosen rows, across several regrowths."""
+    from live.eagle3_draft import TargetFeatures
+
+    model = _load(tiny_checkpoint("qwen3_moe"))
+    features = TargetFeatures(model, (0, 1, 2))
+    rng = np.random.default_rng(0)
+    want = []
+    with torch.inference_mode():
+        features.begin_forward()
+        model(input_ids=torch.as_tensor([rng.integers(4, 90, size=70).tolist()]))
+        features.reset(take_forward=True)
+        want.append(features.forward_features())
+        for _ in range(30):  # 70 + 30 * 3 rows: the buffer regrows (70 -> 140 -> 280)
+            features.begin_forward()
+            model(input_ids=torch.as_tensor([rng.integers(4, 90, size=5).tolist()]))
+            features.commit([0, 2, 4])
+            want.append(features.forward_features()[[0, 2, 4]])
+    features.close()
+    assert features.num_committed == 160
+    assert torch.equal(features.committed, torch.cat(want))
+    assert features.committed.shape == (160, 3 * model.config.hidden_size)

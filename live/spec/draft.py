@@ -120,7 +120,8 @@ class TreeDrafter:
     ) -> torch.Tensor:
         raise NotImplementedError
 
-    def _to_target_ids(self, ids: np.ndarray) -> np.ndarray:
+    def _to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Target token ids of the drafter's ids (int64 tensor on the drafter's device, same shape)."""
         return ids
 
     def _tree(self, tokens, parents, logps, path, depths, max_nodes) -> TokenTree:
@@ -166,7 +167,7 @@ class TreeDrafter:
                 torch.log_softmax(logits, dim=-1), min(shape.topk, logits.shape[-1]), dim=-1
             )
             top_lp = top_lp.cpu().numpy().astype(np.float64)
-            top_id = self._to_target_ids(top_id.cpu().numpy())
+            top_id = self._to_target_ids(top_id).cpu().numpy()
             level = []
             for i, parent in enumerate(frontier):
                 for j in range(top_lp.shape[1]):

@@ -25,6 +25,7 @@ from live.offload import ForwardStats
 from live.spec.draft import Drafter, DraftResult, TreeShape
 from live.spec.tree import TokenTree
 from live.spec.verify import TreeVerifier, Verification
+from specfit.prefetch import uses_draft
 
 
 class StatsSource(Protocol):
@@ -226,7 +227,7 @@ class SpecDecoder:
     def _prefetch_draft(self, choice: Choice) -> None:
         """Draft prefetch (``--prefetch draft|both``): as soon as the subtree is chosen, enqueue
         the experts the policy's predictor expects the chosen nodes to need and the cache lacks."""
-        if choice.predicted_bits is None or getattr(self.stats, "prefetch", "none") not in ("draft", "both"):
+        if choice.predicted_bits is None or not uses_draft(getattr(self.stats, "prefetch", "none")):
             return
         self.stats.prefetch_predicted(choice.predicted_bits[choice.nodes])
 

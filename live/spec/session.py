@@ -57,19 +57,13 @@ def _model_dirs(config) -> tuple[Path, Path | None]:
 
 
 def _max_positions(*dirs: Path | None) -> int | None:
-    """Smallest ``max_position_embeddings`` in the ``config.json`` of ``dirs`` (target, draft);
-    ``None`` when none states one."""
-    found = []
-    for folder in dirs:
-        if folder is None:
-            continue
-        try:
-            value = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            found.append(value)
-    return min(found) if found else None
+    """Smallest ``max_position_embeddings`` in the ``config.json`` of ``dirs`` (target, draft; read
+    by ``live.loader.checkpoint_config``); ``None`` when none states one."""
+    from live.loader import checkpoint_config
+
+    found = [checkpoint_config(folder).get("max_position_embeddings") for folder in dirs if folder is not None]
+    found = [v for v in found if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    return min(found, default=None)
 
 
 def _load_tokenizer(*dirs: Path | None):
