@@ -111,8 +111,15 @@ def test_cache_larger_than_experts_and_empty_prompt_file_exit_2(tiny, tmp_path, 
 def test_dense_run_writes_a_valid_trace(tiny, tmp_path, capsys):
     out = tmp_path / "dense"
     assert main(_args(tiny, out, "--bandwidth", "2")) == 0
-    summary = _last_json(capsys)
+    printed = capsys.readouterr().out
+    summary = json.loads(printed.strip().splitlines()[-1])
     assert summary["num_requests"] == 3 and summary["num_tokens"] == 24 and summary["tau"] == 1.0
+    # the table says what dense figures are: the full tree's tau, 1 committed per cycle by design,
+    # tokens/s of recording (not a policy's), and how to get a policy's figures
+    table = dict(line.split("  ", 1) for line in printed.splitlines() if "  " in line and not line.startswith("{"))
+    assert table["tau of the full tree"].strip().startswith(f"{summary['full_tree_tau']:.3f}")
+    assert "1 by design" in table["committed per cycle"] and "not a policy's throughput" in printed
+    assert f"python -m sim.sweep --trace {out}" in printed and "tau (committed per cycle)" not in printed
     assert summary["h2d_bytes"] > 0 and 0 <= summary["hit_rate"] <= 1
     assert json.loads((out / "summary.json").read_text())["summary"]["num_tokens"] == 24
     run = open_run(out)
