@@ -763,10 +763,12 @@ def missed_lines(table: pd.DataFrame) -> list[str]:
     lines = []
     for _, row in table.iterrows():
         missed = fidelity.missed_aims(row)
+        if not row.get("prefetch_counts_identical", True):
+            missed.append("prefetch issued/used/wasted differ from the simulator's")
         if missed:
             name = Cell(
                 row["bandwidth_gb_per_s"], int(row["cache_experts_per_layer"]), row["policy"],
-                overlap=row.get("overlap", "off"),
+                overlap=row.get("overlap", "off"), prefetch=row.get("prefetch", "none"),
             ).name  # fmt: skip
             lines.append(f"  {name}: " + "; ".join(missed))
     return ["missed aims (figure > the noise it is held to):", *lines] if lines else ["every cell meets its aims"]

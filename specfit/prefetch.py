@@ -9,10 +9,10 @@ both prefetch the same experts at the same points and count them the same way.
   made resident in the expert cache (``ExpertCache.warm``: the replacement policy decides what
   leaves); those not cached before cross the link (:func:`draft_prefetch`).
 - Next-layer prefetch: layer l+1's router applied to layer l's MoE input predicts layer l+1's
-  experts one layer ahead (the pre-gating idea of Pre-gated MoE, Hwang et al., ISCA 2024, there
-  with a trained pre-gate; used training-free with the next layer's own gate by AdapMoE, Zhong et
-  al., ICCAD 2024, and "Speculating Experts Accelerates Inference for Mixture-of-Experts", arXiv
-  2603.19289). The live engine computes the guesses from hidden states; a dense trace records
+  experts one layer ahead (the pre-gating idea of Pre-gated MoE, Hwang et al., ISCA 2024, arXiv
+  2308.12066, there with a trained pre-gate; used training-free with the next layer's own gate by
+  AdapMoE, Zhong et al., ICCAD 2024, arXiv 2408.10284, and "Speculating Experts Accelerates
+  Inference for Mixture-of-Experts", arXiv 2603.19289). The live engine computes the guesses from hidden states; a dense trace records
   them per node and layer (``next_layer_expert_ids``), so the simulator replays the same guesses.
   :func:`next_layer_choice` ranks a forward's guesses for one layer the same way as the draft
   prefetch (:func:`rank_experts`), on both sides.
