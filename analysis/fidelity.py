@@ -390,8 +390,9 @@ def error_split(
     - ``h2d``: the per-miss H2D at the live miss count, ``m_l * (s - c)``, minus the live ``h2d_s``;
     - ``cache``: the cost of the miss-count difference, ``(m_s - m_l) * s`` (0 when both caches
       hold the same experts);
-    - ``overlap``: the sim cycle's time not in its phases (0 without overlap; the copies hidden
-      behind compute with it) minus, with overlap on, the live cycle's.
+    - ``overlap``: the rest, ``sim cycle_s - live cycle_s`` minus the five terms above: 0 without
+      overlap (the replay's cycle is then draft + decision + ``verify_s`` + ``m_s * s``); with
+      overlap on, the copies each side hides behind compute and the live bookkeeping.
 
     Returns:
         ``split_<term>_pct`` for each of :data:`SPLIT_TERMS`: ``100 * sum over the kept cycles of
@@ -420,7 +421,6 @@ def error_split(
     }
     lv, sm = part["l"], part["s"]
     rest_l = lv["cycle_s"] - lv["draft_s"] - lv["decision_s"] - lv["verify_s"] - lv["h2d_s"]
-    rest_s = sm["cycle_s"] - sm["draft_s"] - sm["decision_s"] - sm["verify_s"] - sm["h2d_s"]
     c, s = float(compute_s_per_miss), cost.s_per_miss
     m_l, m_s = lv["cache_misses"], sm["cache_misses"]
     overlapped = bool(cost.overlap_h2d)
@@ -428,10 +428,12 @@ def error_split(
         "draft": sm["draft_s"] - lv["draft_s"],
         "decision": sm["decision_s"] - lv["decision_s"],
         "verify": sm["verify_s"] + c * m_l - lv["verify_s"] - (0.0 if overlapped else rest_l),
-        "h2d": sm["h2d_s"] - c * m_s - (m_s - m_l) * (s - c) - lv["h2d_s"],
+        "h2d": m_l * (s - c) - lv["h2d_s"],
         "cache": (m_s - m_l) * s,
-        "overlap": rest_s - (rest_l if overlapped else 0.0),
     }
+    # the rest of the difference: 0 without overlap (the replay's cycle is draft + decision +
+    # verify + misses * s_per_miss, wherever the simulator books the per-miss placing)
+    terms["overlap"] = sm["cycle_s"] - lv["cycle_s"] - sum(terms.values())
     total = float(live_s.sum())
     for term, values in terms.items():
         out[f"split_{term}_pct"] = float(100.0 * values.sum() / total)

@@ -77,6 +77,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
+import gc
 import json
 import os
 import sys
@@ -93,6 +94,7 @@ from tqdm import tqdm
 from analysis import fidelity
 from calibration.checks import CalibrationDataError
 from calibration.costfit import WEIGHTINGS, FitOptions, fit_cost_model
+from live.spec.names import DTYPES
 from specfit.cli import (
     ArgumentParser,
     choices_help,
@@ -210,6 +212,13 @@ def build_parser() -> ArgumentParser:
         metavar="NAME[,NAME]",
         help="only the prompts of these categories (as live.record --category); default: every prompt",
     )
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="float32",
+        help="model weight dtype of the live runs (live.record --dtype); bfloat16 for the real-width "
+        "checkpoint of `python -m live.build_width`",
+    )
     p.add_argument("--num-prompts", type=positive_int, default=3, help="prompts (count)")
     p.add_argument(
         "--max-new-tokens", type=positive_int, default=24, help="tokens generated per prompt (count)"
@@ -317,6 +326,11 @@ def _live_record(argv: list[str], log: Path) -> None:
             raise ValidationError(
                 f"live.record {' '.join(argv)} failed: {type(exc).__name__}: {exc}; log: {log}"
             ) from exc
+        finally:
+            # a finished run's model, expert store and pool sit in reference cycles (module hooks):
+            # free them now, or every in-process run keeps its checkpoint alive (a 2.5 GB real-width
+            # target per run runs a grid out of memory)
+            gc.collect()
     if code != 0:
         raise ValidationError(f"live.record {' '.join(argv)} exited {code}; see {log}")
 
@@ -373,6 +387,7 @@ class Validator:
         argv = ["--model", a.model, "--prompts", a.prompts, "--num-prompts", str(a.num_prompts)]
         argv += ["--max-new-tokens", str(a.max_new_tokens), "--depth", str(depth), "--topk", str(a.topk)]
         argv += ["--max-nodes", str(a.max_nodes), "--device", a.device, "--seed", str(a.seed)]
+        argv += ["--dtype", a.dtype]
         if a.draft is not None:
             argv += ["--draft", a.draft]
         if a.category is not None:
