@@ -343,12 +343,19 @@ def sim_cycle_agreement(live_cycles: pd.DataFrame, sim_cycles: pd.DataFrame) -> 
 
     keys = ["request_id", "cycle_index"]
     out = dict.fromkeys(
-        ("sim_cycle_mean_abs_pct_error", "sim_cycle_mean_signed_pct_error", "cycle_ks_statistic", "cycle_ks_pvalue"),
+        (
+            "sim_cycle_mean_abs_pct_error",
+            "sim_cycle_mean_signed_pct_error",
+            "cycle_ks_statistic",
+            "cycle_ks_pvalue",
+        ),
         float("nan"),
     )
     if not len(live_cycles) or not len(sim_cycles):
         return out
-    both = live_cycles[[*keys, "cycle_s"]].merge(sim_cycles[[*keys, "cycle_s"]], on=keys, suffixes=("_live", "_sim"))
+    both = live_cycles[[*keys, "cycle_s"]].merge(
+        sim_cycles[[*keys, "cycle_s"]], on=keys, suffixes=("_live", "_sim")
+    )
     if len(both):
         err = metrics.percentage_error(both["cycle_s_sim"].to_numpy(), both["cycle_s_live"].to_numpy())
         out["sim_cycle_mean_abs_pct_error"] = float(np.mean(np.abs(err)))
@@ -416,9 +423,7 @@ def error_split(
     live_s = _seconds(both, "cycle_s_l")
     if not len(both) or live_s.sum() <= 0:
         return out
-    part = {
-        side: {c: _seconds(both, f"{c}_{side}") for c in cols[1:]} for side in ("l", "s")
-    }
+    part = {side: {c: _seconds(both, f"{c}_{side}") for c in cols[1:]} for side in ("l", "s")}
     lv, sm = part["l"], part["s"]
     rest_l = lv["cycle_s"] - lv["draft_s"] - lv["decision_s"] - lv["verify_s"] - lv["h2d_s"]
     c, s = float(compute_s_per_miss), cost.s_per_miss

@@ -489,7 +489,9 @@ class Validator:
         )
         return fit.model, path
 
-    def overlap_cost_for(self, bandwidth: float, cost: CycleCostModel, runs: list[Path]) -> tuple[CycleCostModel, Path]:
+    def overlap_cost_for(
+        self, bandwidth: float, cost: CycleCostModel, runs: list[Path]
+    ) -> tuple[CycleCostModel, Path]:
         """The overlap-on cost model of one bandwidth: ``cost`` priced with overlap mode "on",
         its compute-stream terms (placing per miss, late-expert call) fitted on ``runs`` (the
         cost-free policies' overlap-on runs; ``calibration.costfit.fit_overlap_terms``) when the
@@ -628,9 +630,7 @@ class Validator:
                 # (fitted on overlap-off runs without prefetch: the cost model's terms are serial phases)
                 fit_paths = {
                     c: p for c, p in live_paths.items() if c.overlap == "off" and c.prefetch == "none"
-                } or self.run_repeats(
-                    [Cell(bw, caches[0], p) for p in COST_FREE_POLICIES], None
-                )
+                } or self.run_repeats([Cell(bw, caches[0], p) for p in COST_FREE_POLICIES], None)
                 fit_runs = [path for paths in fit_paths.values() for path in paths]
                 if self.args.depth > 1:  # one-level drafts too, so draft_base_s is identifiable
                     fit_runs.append(self.run_live(Cell(bw, caches[0], "topn", depth=1), None))
@@ -641,7 +641,10 @@ class Validator:
             costs = {"off": (cost, cost_path)}
             if any(o != "off" for o in overlaps):  # priced as the engine overlaps (per layer)
                 overlap_runs = [
-                    p for c, paths in live_paths.items() if c.overlap != "off" and c.prefetch == "none" for p in paths
+                    p
+                    for c, paths in live_paths.items()
+                    if c.overlap != "off" and c.prefetch == "none"
+                    for p in paths
                 ] or [p for c, paths in live_paths.items() if c.overlap != "off" for p in paths]
                 try:
                     costs["on"] = self.overlap_cost_for(bw, cost, overlap_runs)
@@ -695,7 +698,10 @@ def prefetch_counts(live_cycles: Sequence[pd.DataFrame], sim_cycles: pd.DataFram
             return np.zeros((0, len(PREFETCH_COUNTS)), dtype=np.int64)
         ordered = cycles.sort_values(["request_id", "cycle_index"])
         return np.stack(
-            [pd.to_numeric(ordered[c], errors="coerce").fillna(0).to_numpy(np.int64) for c in PREFETCH_COUNTS],
+            [
+                pd.to_numeric(ordered[c], errors="coerce").fillna(0).to_numpy(np.int64)
+                for c in PREFETCH_COUNTS
+            ],
             axis=1,
         )
 
@@ -786,7 +792,11 @@ def missed_lines(table: pd.DataFrame) -> list[str]:
                 overlap=row.get("overlap", "off"), prefetch=row.get("prefetch", "none"),
             ).name  # fmt: skip
             lines.append(f"  {name}: " + "; ".join(missed))
-    return ["missed aims (figure > the noise it is held to):", *lines] if lines else ["every cell meets its aims"]
+    return (
+        ["missed aims (figure > the noise it is held to):", *lines]
+        if lines
+        else ["every cell meets its aims"]
+    )
 
 
 def noise_line(summary: dict[str, Any], repeats: int) -> str:
@@ -940,7 +950,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "where the error lives, per policy and bandwidth (d_<term>% = simulated minus live time of "
                 "that term, % of the live time, cycles with the same subtree; error_split.csv):"
             )
-            print(split.to_string(index=False, float_format=lambda v: f"{v:+.2f}" if abs(v) < 100 else f"{v:.0f}"))
+            print(
+                split.to_string(
+                    index=False, float_format=lambda v: f"{v:+.2f}" if abs(v) < 100 else f"{v:.0f}"
+                )
+            )
             print(split_legend)
     print(
         f"ran in {summary['wall_s']:.0f} s wall; load average (1 min) {load_start:.1f} at start, "

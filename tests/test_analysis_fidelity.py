@@ -286,7 +286,9 @@ def test_sim_cycle_agreement_hand_computed() -> None:
     from analysis.fidelity import sim_cycle_agreement
 
     live = pd.DataFrame({"request_id": [0, 0, 1], "cycle_index": [0, 1, 0], "cycle_s": [1.0, 2.0, 4.0]})
-    sim = pd.DataFrame({"request_id": [0, 0, 1, 1], "cycle_index": [0, 1, 0, 1], "cycle_s": [1.1, 1.8, 4.0, 9.0]})
+    sim = pd.DataFrame(
+        {"request_id": [0, 0, 1, 1], "cycle_index": [0, 1, 0, 1], "cycle_s": [1.1, 1.8, 4.0, 9.0]}
+    )
     got = sim_cycle_agreement(live, sim)
     assert got["sim_cycle_mean_abs_pct_error"] == pytest.approx(20 / 3)
     assert got["sim_cycle_mean_signed_pct_error"] == pytest.approx(0.0, abs=1e-12)
@@ -300,8 +302,15 @@ def _split_tables():
     """Two cycles, live and simulated, with hand-set phase times (ms) and misses."""
     base = {"request_id": [0, 0], "cycle_index": [0, 1], "verified_nodes": [[0, 1], [0]]}
     live = pd.DataFrame(
-        dict(base, draft_s=[2e-3, 0.0], decision_s=[1e-3, np.nan], verify_s=[10e-3, 8e-3],
-             h2d_s=[4e-3, 2e-3], cycle_s=[18e-3, 11e-3], cache_misses=[4, 2])
+        dict(
+            base,
+            draft_s=[2e-3, 0.0],
+            decision_s=[1e-3, np.nan],
+            verify_s=[10e-3, 8e-3],
+            h2d_s=[4e-3, 2e-3],
+            cycle_s=[18e-3, 11e-3],
+            cache_misses=[4, 2],
+        )
     )  # rest (bookkeeping): 1 ms in each cycle
     sim = pd.DataFrame(
         dict(base, draft_s=[3e-3, 0.0], decision_s=[0.5e-3, 0.5e-3], verify_s=[9e-3, 9e-3],
@@ -353,7 +362,9 @@ def test_by_policy_pools_cycles_and_weights_the_split() -> None:
 
 
 def test_overall_states_the_grid_aims() -> None:
-    rows = [{"ok": True, "throughput_error_pct": 1.0, "hit_rate_diff_points": 0.0, "same_subtree_fraction": 1.0}]
+    rows = [
+        {"ok": True, "throughput_error_pct": 1.0, "hit_rate_diff_points": 0.0, "same_subtree_fraction": 1.0}
+    ]
     met = fidelity.overall(rows, [np.array([1.0, -2.5, 7.0])])
     assert met["aim_cycle_median"] and met["aim_cycle_p90"] and met["all_aims_met"]
     wide = fidelity.overall(rows, [np.array([1.0, -2.5, 2.0, 30.0])])

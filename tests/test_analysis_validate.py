@@ -57,7 +57,9 @@ def test_validate_tiny_grid(tiny_models, tmp_path, capsys) -> None:
     assert table["within_noise"].dtype == bool
     aims = table[["aim_throughput", "aim_cycle_median", "aim_hit_rate", "aim_same_subtree"]]
     assert (table["ok"] == aims.all(axis=1)).all()  # ok = every per-cell aim
-    assert (table["aim_throughput"] == (table["throughput_error_pct"].abs() <= table["live_repeat_spread_pct"])).all()
+    assert (
+        table["aim_throughput"] == (table["throughput_error_pct"].abs() <= table["live_repeat_spread_pct"])
+    ).all()
     split = pd.read_csv(out / "error_split.csv")  # where the error lives, per policy and bandwidth
     assert sorted(split["policy"]) == ["ar", "specfit", "topn"] and (split["cycles"] > 0).all()
     terms = [f"split_{t}_pct" for t in ("draft", "decision", "verify", "h2d", "cache", "overlap")]
@@ -225,7 +227,13 @@ def test_validate_summary_says_ran_and_whether_targets_were_met(tmp_path, capsys
         "run",
         lambda self, progress=True: (
             table,
-            {"num_cells": 2, "num_cells_ok": int(table["ok"].sum()), "all_aims_met": bool(table["ok"].all()), **grid, **noise},
+            {
+                "num_cells": 2,
+                "num_cells_ok": int(table["ok"].sum()),
+                "all_aims_met": bool(table["ok"].all()),
+                **grid,
+                **noise,
+            },
         ),
     )
     monkeypatch.setattr(validate, "write_outputs", lambda *a, **k: [])
@@ -297,7 +305,9 @@ def test_prefetch_counts_compare_every_repeat_cycle_by_cycle() -> None:
 
     sim = cycles([2, 1], [1, None], [0, 1])  # None: a replay without prefetch writes no count
     same = validate.prefetch_counts([cycles([2, 1], [1, 0], [0, 1])] * 2, sim)
-    assert same["prefetch_counts_identical"] and same["live_prefetch_issued"] == same["sim_prefetch_issued"] == 3
+    assert (
+        same["prefetch_counts_identical"] and same["live_prefetch_issued"] == same["sim_prefetch_issued"] == 3
+    )
     moved = validate.prefetch_counts([cycles([2, 1], [1, 0], [0, 1]), cycles([1, 2], [1, 0], [0, 1])], sim)
     assert not moved["prefetch_counts_identical"]  # same totals, one repeat counted in another cycle
 
