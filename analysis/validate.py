@@ -440,13 +440,17 @@ class Validator:
         _live_record(argv, self.out / "logs" / f"{cell.name}-r{repeat}.log")
         return path
 
-    def run_repeats(self, cells: list[Cell], cost_path: Path | None) -> dict[Cell, list[Path]]:
-        """Record ``--repeats`` runs of each cell: repeat 1 of every cell, then repeat 2, ...;
-        returns each cell's run folders in repeat order."""
+    def run_repeats(
+        self, cells: list[Cell], cost_path: Path | None | dict[str, Path | None]
+    ) -> dict[Cell, list[Path]]:
+        """Record ``--repeats`` runs of each cell: repeat 1 of every cell, then repeat 2, ... (so
+        a drift of the machine's load hits every cell alike); ``cost_path``: one cost JSON, or
+        one per overlap value; returns each cell's run folders in repeat order."""
         paths: dict[Cell, list[Path]] = {cell: [] for cell in cells}
         for repeat in range(1, self.args.repeats + 1):
             for cell in cells:
-                paths[cell].append(self.run_live(cell, cost_path, repeat))
+                cost = cost_path.get(cell.overlap) if isinstance(cost_path, dict) else cost_path
+                paths[cell].append(self.run_live(cell, cost, repeat))
         return paths
 
     def cost_for(self, bandwidth: float, runs: list[Path], model: Any) -> tuple[CycleCostModel, Path]:
@@ -650,15 +654,15 @@ class Validator:
                     costs["on"] = self.overlap_cost_for(bw, cost, overlap_runs)
                 except CalibrationDataError as exc:
                     raise ValidationError(f"bandwidth {bw:g} GB/s: overlap cost fit failed: {exc}") from None
-            for o in overlaps:
-                planned = [
-                    Cell(bw, c, p, overlap=o, prefetch=f)
-                    for p in policies
-                    if p not in COST_FREE_POLICIES
-                    for c in caches
-                    for f in prefetches
-                ]
-                live_paths.update(self.run_repeats(planned, costs[o][1]))
+            planned = [
+                Cell(bw, c, p, overlap=o, prefetch=f)
+                for p in policies
+                if p not in COST_FREE_POLICIES
+                for c in caches
+                for o in overlaps
+                for f in prefetches
+            ]
+            live_paths.update(self.run_repeats(planned, {o: path for o, (_, path) in costs.items()}))
             for cell, paths in live_paths.items():
                 rows.append(self.compare(dense, cell, paths, costs[cell.overlap][0]))
                 bar.update(1)

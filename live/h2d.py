@@ -159,7 +159,10 @@ class H2DFetch:
     def copy_seconds(self) -> np.ndarray:
         """float64[M]: measured seconds of each tensor copy (issue order), summing to :meth:`seconds`."""
         if self._copy_s is None:
-            self._resolve()
+            if self._stamps is not None:  # CPU: gaps between successive landings
+                self._copy_s = np.diff(self._stamps, prepend=self._start)
+            else:
+                self._resolve()
         return self._copy_s
 
     def wait_transfer(self, transfer: int) -> None:
@@ -402,14 +405,12 @@ class H2DLink:
     def _new_fetch(self, transfers: Sequence[Sequence[CopyPair]]) -> H2DFetch:
         if not transfers:
             return H2DFetch(0, 0, seconds=0.0)
-        counts = np.fromiter((len(t) for t in transfers), dtype=np.int64, count=len(transfers))
-        copy_bytes = np.fromiter(
-            (src.numel() * src.element_size() for t in transfers for _, src in t),
-            dtype=np.int64,
-            count=int(counts.sum()),
-        )
+        sizes = [src.numel() * src.element_size() for t in transfers for _, src in t]
         fetch = H2DFetch(
-            int(copy_bytes.sum()), len(transfers), copy_bytes=copy_bytes, copies_per_transfer=counts
+            sum(sizes),
+            len(transfers),
+            copy_bytes=np.array(sizes, dtype=np.int64),
+            copies_per_transfer=np.array([len(t) for t in transfers], dtype=np.int64),
         )
         fetch._copy_s = fetch._seconds = None
         return fetch
@@ -424,8 +425,7 @@ class H2DLink:
         return wire + np.repeat(self.latency_s / fetch.copies_per_transfer, fetch.copies_per_transfer)
 
     def _finish(self, fetch: H2DFetch, start_s: float, stamps: np.ndarray) -> None:
-        fetch._start, fetch._stamps = start_s, stamps
-        fetch._copy_s = np.diff(stamps, prepend=start_s)
+        fetch._start, fetch._stamps = start_s, stamps  # copy_seconds() derives the split from them
         fetch._seconds = float(stamps[-1] - start_s) if stamps.size else 0.0
 
     def _copy_cpu(self, transfers: Sequence[Sequence[CopyPair]], fetch: H2DFetch) -> None:
@@ -448,21 +448,29 @@ class H2DLink:
 
     def _copy_ahead(self, transfers: Sequence[Sequence[CopyPair]], fetch: H2DFetch) -> None:
         """The CPU copy stream: memcpy every copy now, land it on the FIFO link clock,
-        ``landed_j = max(landed_{j-1} + wire_j, memcpy end_j)`` from ``max(now, link free)``."""
-        wire_s = self._wire_s(fetch)
-        stamps = np.empty(wire_s.size, dtype=np.float64)
+        ``landed_j = max(landed_{j-1} + wire_j, memcpy end_j)`` from ``max(now, link free)``.
+        Plain Python floats on the hot path (a few copies per layer: numpy calls cost more than
+        they save)."""
+        bw = self.bandwidth_bytes_per_s if self.emulated else None
+        latency_s = self.latency_s if self.emulated else 0.0
+        clock = time.perf_counter
         start_s = landed_s = max(fetch.enqueued_at, self._link_free_s)
-        i = 0
+        stamps, landings = [], []
+        nbytes = iter(fetch.copy_bytes.tolist())
         for transfer in transfers:
+            latency_each_s = latency_s / len(transfer)
             for dst, src in transfer:
                 dst.copy_(src)
-                landed_s = max(landed_s + wire_s[i], time.perf_counter())
-                stamps[i] = landed_s
-                i += 1
+                landed_s += (next(nbytes) / bw if bw else 0.0) + latency_each_s
+                now_s = clock()
+                if now_s > landed_s:  # the memcpy outlasted the emulated wire
+                    landed_s = now_s
+                stamps.append(landed_s)
+            landings.append(landed_s)
         self._link_free_s = landed_s
-        fetch._landing_s = stamps[np.cumsum(fetch.copies_per_transfer) - 1]
+        fetch._landing_s = landings
         fetch._spin_below_s = self.spin_below_s
-        self._finish(fetch, start_s, stamps)
+        self._finish(fetch, start_s, np.array(stamps))
 
     def _enqueue_cuda(self, transfers: Sequence[Sequence[CopyPair]], fetch: H2DFetch) -> None:
         """Queue the copies on the copy stream, bracketed by timing events (one before the batch,

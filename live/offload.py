@@ -362,25 +362,28 @@ class OffloadedExperts(torch.nn.Module):
         """Fetch-before-compute per expert (overlap): one upstream kernel call on the token-expert
         pairs of the experts already resident (or landed) while the others are in flight, then
         one call per group of late experts whose copies have landed together
-        (:meth:`OffloadedMoE._pairs_as_copies_land`). Each pair is its own top-1 row
-        (``hidden.repeat_interleave(K)``) and the pair outputs are summed over K in upstream's
-        order (``view(T, K, D).sum(1)``, as in ``grouped_mm``/``batched_mm``): the result matches
-        the one-call layer up to float rounding. With nothing in flight any more when the layer
-        computes, it is the one-call layer itself."""
+        (:meth:`OffloadedMoE._pairs_as_copies_land`). Each call gets the layer's own ``[T, K]``
+        routing with the other pairs set to upstream's expert-parallel sentinel (id ``n``,
+        weight 0: skipped by the kernels, as in a split layer), and the calls' outputs are
+        summed: the one-call layer up to float rounding (the sum over K is regrouped). With
+        nothing in flight any more when the layer computes, it is the one-call layer itself."""
         view = work.view
         groups = self.engine._pairs_as_copies_land(self.moe_index, work)
         first = next(groups)
         if first is None:  # every copy landed already: one call
             return self._run(view, hidden_states, view.slot_index, view.weights)
-        num_tokens, top_k = view.slot_index.shape
-        rows = hidden_states.repeat_interleave(top_k, dim=0)  # [T*K, D]
-        slots = view.slot_index.reshape(-1, 1)  # [T*K, 1]
-        weights = view.weights.reshape(-1, 1)  # [T*K, 1]
-        pairs = torch.zeros_like(rows)  # [T*K, D]
-        for pair_index in itertools.chain((first,), groups):  # int64[P]; each group once it landed
-            part = self._run(view, rows[pair_index], slots[pair_index], weights[pair_index])
-            pairs.index_copy_(0, pair_index, part.to(pairs.dtype))
-        return pairs.view(num_tokens, top_k, -1).sum(dim=1)
+        sentinel = torch.full_like(view.slot_index, view.num_slots)  # [T, K]
+        zero = torch.zeros_like(view.weights)  # [T, K]
+        out = None
+        for mask in itertools.chain((first,), groups):  # bool[T, K]; each group once it landed
+            part = self._run(
+                view._replace(mask=mask),
+                hidden_states,
+                torch.where(mask, view.slot_index, sentinel),
+                torch.where(mask, view.weights, zero),
+            )  # [T, D]
+            out = part if out is None else out + part
+        return out
 
     def extra_repr(self) -> str:
         return f"moe_index={self.moe_index}, offloaded"
@@ -957,10 +960,10 @@ class OffloadedMoE:
             self._state.fetch_experts[layer + 1].append(np.asarray(experts, dtype=np.int64))
 
     def _pairs_as_copies_land(self, layer: int, work: _LayerWork):
-        """Yield, in compute order, ``pair_index int64[P]`` groups of the layer's T*K token-expert
-        pairs, each computed by one kernel call: first ``None`` if every copy of ``work.waits``
-        has landed already (compute the layer in one call), else the pairs of the experts that
-        are resident or landed (none: an empty group is skipped); then, until every expert is
+        """Yield, in compute order, ``bool[T, K]`` masks of the layer's token-expert pairs, each
+        group computed by one kernel call: first ``None`` if every copy of ``work.waits`` has
+        landed already (compute the layer in one call), else the pairs of the experts that are
+        resident or landed (none: an empty group is skipped); then, until every expert is
         computed, wait for the next copy in issue order (:meth:`_wait`: CPU blocks until its
         landing, the wait counted as stall; CUDA ``Stream.wait_event``, the host does not block,
         the stall measured from events at the end of the forward) and yield the pairs of it and
@@ -969,15 +972,14 @@ class OffloadedMoE:
         if not late:
             yield None
             return
-        flat = work.ids.reshape(-1)  # [T*K]
         device = work.view.slot_index.device
 
-        def pairs_of(experts) -> torch.Tensor:
-            return torch.from_numpy(np.flatnonzero(np.isin(flat, experts))).to(device)
+        def pairs_of(experts, invert: bool = False) -> torch.Tensor:
+            return torch.from_numpy(np.isin(work.ids, experts, invert=invert)).to(device)  # [T, K]
 
-        ready = ~np.isin(flat, [e for _, _, e in late])
+        ready = pairs_of([e for _, _, e in late], invert=True)
         if ready.any():
-            yield torch.from_numpy(np.flatnonzero(ready)).to(device)
+            yield ready
         k = 0
         while k < len(late):
             self._wait(layer, [late[k]])

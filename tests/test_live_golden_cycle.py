@@ -81,11 +81,10 @@ def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpo
     original_pairs = engine._pairs_as_copies_land
 
     def watched(layer, work):
-        flat = work.ids.reshape(-1)
-        for pair_index in original_pairs(layer, work):  # None: the whole layer in one call
-            experts = np.unique(flat if pair_index is None else flat[pair_index.numpy()])
+        for mask in original_pairs(layer, work):  # bool[T, K]; None: the whole layer in one call
+            experts = np.unique(work.ids if mask is None else work.ids[mask.numpy()])
             computed_at.extend((layer, int(e), _ns(clock.now_s)) for e in experts)
-            yield pair_index
+            yield mask
 
     engine._pairs_as_copies_land = watched
     issue_log: list[tuple[int, int]] = []  # (layer, expert) of every prefetch copy, in issue order

@@ -53,12 +53,11 @@ def test_no_expert_computes_before_its_copy_lands(tiny_checkpoint):
     original = engine._pairs_as_copies_land
 
     def watched(layer, work):
-        ids = work.ids.reshape(-1)
-        for pair_index in original(layer, work):  # None: the whole layer in one call
-            experts = np.unique(ids if pair_index is None else ids[pair_index.numpy()])
+        for mask in original(layer, work):  # bool[T, K]; None: the whole layer in one call
+            experts = np.unique(work.ids if mask is None else work.ids[mask.numpy()])
             landed = [fetch.transfer_landed(i) for fetch, i, e in work.waits if e in experts]
             groups.append((layer, experts, landed))
-            yield pair_index
+            yield mask
 
     engine._pairs_as_copies_land = watched
     with torch.no_grad():
