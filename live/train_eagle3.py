@@ -295,8 +295,9 @@ SHA-256 of `model.safetensors`: `{m["weights_sha256"]}`.
         b = json.loads(bench.read_text())
         text += f"""
 Measured live (`{b["command"]}`; {b["note"]}): tau (committed tokens per cycle, bonus
-included), acceptance alpha_d = P(>= d accepted | >= d-1) per depth d (policy `full`: the whole
-tree verified) and decode tokens/s, per prompt category:
+included), acceptance alpha_d = accepted(d) / reached(d) per depth d (a cycle reached d when its
+accepted path got to d-1 and verification judged a draft token below it, docs/metrics.md; policy
+`full`: the whole tree verified) and decode tokens/s, per prompt category:
 
 | drafter | policy | category | tau | tokens/s | alpha_1..alpha_{b["depth"]} |
 |---|---|---|---|---|---|
