@@ -41,9 +41,12 @@ Model (issue 6, "The discrete-event model"):
   layer ``l+1`` (``CyclePlan.next_layer[l]``; Pre-gated MoE, Hwang et al., ISCA 2024: layer l+1's
   router on layer l's input) are enqueued where the live engine enqueues them: right behind layer
   ``l``'s demand copies once they are placed (overlap "on"/"ideal"), or, with overlap "off", when
-  layer ``l`` starts computing (the live engine issues them after the layer's wait). A
-  prefetched expert is resident in the cache from its enqueue but usable only once its copy
-  arrives; copies still in flight at the end of a cycle stay in flight into the next one (the
+  layer ``l`` starts computing (the live engine issues them after the layer's wait). Each
+  prefetch copy, like a demand miss, first costs the compute stream ``host_ns_per_transfer`` to
+  place (the live engine places and enqueues prefetches on the compute thread: the draft
+  prefetch's layer by layer before the forward starts, a layer's next-layer copies before its
+  first kernel call; on the emulated CPU link that includes the memcpy). A prefetched expert is
+  resident in the cache from its enqueue but usable only once its copy arrives; copies still in flight at the end of a cycle stay in flight into the next one (the
   engine keeps their arrival times).
 
 Two engines compute this timeline: :class:`SimPyEngine` (SimPy processes and resources; the
@@ -309,18 +312,21 @@ class FastEngine(_EngineBase):
 
         next_layer = plan.next_layer
 
-        for layer, expert in plan.prefetch:
-            if copies is not None:
-                log(layer, (expert,), verify_start, max(verify_start, link_free))
-            link_free = max(verify_start, link_free) + t_ns
-            self._pending[layer][int(expert)] = link_free
-            layer_h2d[layer] += t_ns
-            num_transfers += 1
+        host_ns, late_ns = int(plan.host_ns_per_transfer), int(plan.late_call_ns)
+        forward_start = verify_start  # after the draft prefetch's placing
+        for layer, batch in _layer_batches(plan.prefetch):  # placed, then enqueued, layer by layer
+            forward_start += len(batch) * host_ns
+            for expert in batch:
+                if copies is not None:
+                    log(layer, (expert,), forward_start, max(forward_start, link_free))
+                link_free = max(forward_start, link_free) + t_ns
+                self._pending[layer][int(expert)] = link_free
+                layer_h2d[layer] += t_ns
+                num_transfers += 1
 
         demand_arrival = [0] * self.num_layers
         demand_first = [0] * self.num_layers  # start of the layer's first demand copy
         mode = plan.overlap_mode
-        host_ns, late_ns = int(plan.host_ns_per_transfer), int(plan.late_call_ns)
         demand = plan.demand
         counts = plan.demand_counts
         if counts is None:
@@ -328,15 +334,15 @@ class FastEngine(_EngineBase):
         if mode == "ideal":
             for layer, n in enumerate(counts):
                 if n:
-                    first = demand_first[layer] = max(verify_start, link_free)
+                    first = demand_first[layer] = max(forward_start, link_free)
                     if copies is not None:
-                        log(layer, demand[layer], verify_start, first)
+                        log(layer, demand[layer], forward_start, first)
                     link_free = first + n * t_ns
                     demand_arrival[layer] = link_free
                     layer_h2d[layer] += n * t_ns
                     num_transfers += n
 
-        compute_free = verify_start
+        compute_free = forward_start
         starts, ends, waits = [], [], []
         hits = plan.hits
         for layer, (pending, n, compute_ns) in enumerate(zip(self._pending, counts, plan.layer_compute_ns)):
@@ -358,17 +364,19 @@ class FastEngine(_EngineBase):
             if demand_arrival[layer] > late:
                 late = demand_arrival[layer]
             if mode != "off":  # resident experts compute at once, late ones as they land
-                if next_layer:  # behind the layer's demand copies, once they are placed
-                    prefetch_next(layer, placed)
+                begin = placed  # the first kernel call, after placing the next-layer prefetch
+                if next_layer and next_layer[layer]:  # placed and enqueued behind the demand copies
+                    begin += len(next_layer[layer]) * host_ns
+                    prefetch_next(layer, begin)
                 starts.append(compute_free)
-                cur = placed + int(compute_ns)
+                cur = begin + int(compute_ns)
                 stall = placed - compute_free
-                if late_ns and late > placed:  # one kernel call per group of late experts landed together
+                if late_ns and late > begin:  # one kernel call per group of late experts landed together
                     first = demand_first[layer]
                     arrivals = [first + (k + 1) * t_ns for k in range(n)]
                     if pending:
                         arrivals += [pending[int(e)] for e in hits[layer] if int(e) in pending]
-                    arrivals = sorted(a for a in arrivals if a > placed)
+                    arrivals = sorted(a for a in arrivals if a > begin)
                     i = 0
                     while i < len(arrivals):
                         if arrivals[i] > cur:
@@ -384,11 +392,13 @@ class FastEngine(_EngineBase):
                 compute_free = cur
             else:
                 ready = late if late > placed else placed
-                if next_layer:  # the live engine issues them once the layer's wait is over
-                    prefetch_next(layer, ready)
+                begin = ready
+                if next_layer and next_layer[layer]:  # the live engine issues them after the wait
+                    begin += len(next_layer[layer]) * host_ns
+                    prefetch_next(layer, begin)
                 starts.append(ready)
                 waits.append(0)
-                compute_free = ready + int(compute_ns)
+                compute_free = begin + int(compute_ns)
             ends.append(compute_free)
 
         self._link_free_ns = link_free
@@ -475,17 +485,19 @@ class SimPyEngine(_EngineBase):
         t_ns = self.link.transfer_ns
         layer_h2d = [0] * self.num_layers
         count = 0
-        for layer, expert in plan.prefetch:
-            event = self._enqueue(layer, expert)
-            self._events[layer][int(expert)] = event
-            layer_h2d[layer] += t_ns
-            count += 1
+        host_ns, late_ns = int(plan.host_ns_per_transfer), int(plan.late_call_ns)
+        for layer, batch in _layer_batches(plan.prefetch):  # placed, then enqueued, layer by layer
+            if host_ns:
+                yield env.timeout(len(batch) * host_ns)
+            for expert in batch:
+                self._events[layer][int(expert)] = self._enqueue(layer, expert)
+                layer_h2d[layer] += t_ns
+                count += 1
         demand_events: list[list[simpy.Event]] = [[] for _ in range(self.num_layers)]
         mode = plan.overlap_mode
         if mode == "ideal":
             for layer, experts in enumerate(plan.demand):
                 demand_events[layer] = [self._enqueue(layer, e) for e in experts]
-        host_ns, late_ns = int(plan.host_ns_per_transfer), int(plan.late_call_ns)
         starts, ends, layer_waits = [], [], []
         for layer in range(self.num_layers):
             layer_start = int(env.now)
@@ -501,9 +513,11 @@ class SimPyEngine(_EngineBase):
             if pending:
                 waits += [pending[int(e)] for e in plan.hits[layer] if int(e) in pending]
             if mode != "off":  # the compute stream: resident experts first, then the late ones
-                count += self._prefetch_next(plan, layer, layer_h2d)
                 starts.append(layer_start)
                 stall = int(env.now) - layer_start
+                if plan.next_layer and plan.next_layer[layer] and host_ns:  # placing the next-layer prefetch
+                    yield env.timeout(len(plan.next_layer[layer]) * host_ns)
+                count += self._prefetch_next(plan, layer, layer_h2d)
                 if late_ns:  # copies landing at this very instant count as landed
                     yield env.timeout(0)
                 late = [w for w in waits if not w.triggered]
@@ -526,8 +540,10 @@ class SimPyEngine(_EngineBase):
                 waits = [w for w in waits if not w.processed]
                 if waits:
                     yield simpy.AllOf(env, waits)
-                count += self._prefetch_next(plan, layer, layer_h2d)
                 starts.append(int(env.now))
+                if plan.next_layer and plan.next_layer[layer] and host_ns:  # placing the next-layer prefetch
+                    yield env.timeout(len(plan.next_layer[layer]) * host_ns)
+                count += self._prefetch_next(plan, layer, layer_h2d)
                 if plan.layer_compute_ns[layer]:
                     yield env.timeout(int(plan.layer_compute_ns[layer]))
                 layer_waits.append(0)
@@ -560,6 +576,19 @@ class SimPyEngine(_EngineBase):
             layer_wait_ns=tuple(out["waits"]),
             copies=tuple(sorted(self._copies, key=lambda c: (c[2], c[3]))),
         )
+
+
+def _layer_batches(prefetch: Sequence[tuple[int, int]]) -> list[tuple[int, list[int]]]:
+    """The draft prefetch's ``(layer, expert)`` copies as ``(layer, experts)`` batches of
+    consecutive copies of one layer: the live engine places and enqueues them layer by layer
+    (``live.offload.OffloadedMoE.prefetch_predicted``)."""
+    batches: list[tuple[int, list[int]]] = []
+    for layer, expert in prefetch:
+        if batches and batches[-1][0] == layer:
+            batches[-1][1].append(expert)
+        else:
+            batches.append((layer, [expert]))
+    return batches
 
 
 def make_engine(name: str, link: LinkSpec, num_layers: int) -> FastEngine | SimPyEngine:

@@ -278,3 +278,30 @@ def test_next_layer_plan_needs_one_entry_per_layer() -> None:
         FastEngine(LINK, 2).run_cycle(
             CyclePlan(0, 0, (1, 1), ((), ()), ((), ()), next_layer=((), (3,)))
         )
+
+
+@pytest.mark.parametrize(
+    ("mode", "enqueued", "ends"),
+    [("on", 40_000, (320_000, 620_000)), ("off", 340_000, (440_000, 740_000))],
+)
+def test_prefetch_copies_are_placed_on_the_compute_stream_like_misses(mode, enqueued, ends) -> None:
+    """With 20 us placing per copy (the live engine places and enqueues prefetches on the compute
+    thread): layer 0 places its miss (0-20 us), then its next-layer copy of layer 1 (20-40 us with
+    overlap on; after the wait for its miss, 320-340 us, with overlap off) before computing; a
+    draft prefetch delays the forward's start by its placing."""
+    link = LinkSpec(latency_ns=0, wire_ns=300_000)
+    plan = CyclePlan(
+        0, 0, (100_000, 100_000), hits=((), (5,)), demand=((1,), ()), overlap=mode,
+        host_ns_per_transfer=20_000, next_layer=((5,), ()),
+    )  # fmt: skip
+    for engine in (FastEngine(link, 2), SimPyEngine(link, 2)):
+        engine.record_copies = True
+        timing = engine.run_cycle(plan)
+        assert timing.copies[1][:3] == (1, 5, enqueued) and timing.layer_end_ns == ends
+    draft = CyclePlan(0, 0, (100_000,), hits=((7,),), demand=((),), prefetch=((0, 7), (0, 8)),
+                      overlap=mode, host_ns_per_transfer=20_000)  # fmt: skip
+    for engine in (FastEngine(link, 1), SimPyEngine(link, 1)):
+        engine.record_copies = True
+        timing = engine.run_cycle(draft)
+        assert timing.copies[0][:4] == (0, 7, 40_000, 40_000)  # both placed (0-40 us), then enqueued
+        assert timing.end_ns == 340_000 + (0 if mode == "on" else 100_000)  # waits for expert 7
