@@ -170,9 +170,13 @@ def _check_args(parser: ArgumentParser, args) -> dict[str, list]:
 
     unknown = [x for x in args.policies if x not in LIVE_POLICIES]
     if unknown:
-        parser.fail("--policies", f"unknown policy {unknown[0]!r}; expected some of {', '.join(LIVE_POLICIES)}")
+        parser.fail(
+            "--policies", f"unknown policy {unknown[0]!r}; expected some of {', '.join(LIVE_POLICIES)}"
+        )
     if args.head is not None and not is_eagle3_checkpoint(args.head):
-        parser.fail("--head", f"{args.head}: expected an EAGLE-3 head folder (config.json with draft_vocab_size)")
+        parser.fail(
+            "--head", f"{args.head}: expected an EAGLE-3 head folder (config.json with draft_vocab_size)"
+        )
     if args.save is not None and not args.save.parent.is_dir():
         parser.fail("--save", f"folder {str(args.save.parent)!r} does not exist")
     try:

@@ -153,7 +153,9 @@ def _check_args(parser: ArgumentParser, args) -> int:
     from live.prompts import load_prompts
 
     if args.head is not None and not is_eagle3_checkpoint(args.head):
-        parser.fail("--head", f"{args.head}: expected an EAGLE-3 head folder (config.json with draft_vocab_size)")
+        parser.fail(
+            "--head", f"{args.head}: expected an EAGLE-3 head folder (config.json with draft_vocab_size)"
+        )
     try:
         load_prompts(args.prompts)
     except (OSError, ValueError) as exc:

@@ -111,7 +111,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.fail("--out", f"{out} is not empty")
     path = build(out, args.layers, args.seed)
     config = width_config(args.layers)
-    print(json.dumps({"ok": True, "out": str(path), "expert_bytes": expert_bytes(config), "num_layers": args.layers}))
+    print(
+        json.dumps(
+            {"ok": True, "out": str(path), "expert_bytes": expert_bytes(config), "num_layers": args.layers}
+        )
+    )
     return 0
 
 

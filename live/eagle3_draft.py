@@ -100,7 +100,9 @@ class TargetFeatures:
 
     def commit(self, rows: Sequence[int]) -> None:
         """Append the last forward's ``rows`` (root and accepted nodes, input order)."""
-        self._append(self.forward_features()[torch.as_tensor(list(rows), dtype=torch.long, device=self._device())])
+        self._append(
+            self.forward_features()[torch.as_tensor(list(rows), dtype=torch.long, device=self._device())]
+        )
 
     def _append(self, new: torch.Tensor) -> None:
         """Copy ``new`` [n, 3 Ht] after the committed rows, doubling the buffer when it is full."""

@@ -452,7 +452,8 @@ def resolve_config(args: Any, parser: ArgumentParser, explicit: set[str] | None 
         parser.fail("--cost", f"{args.cost!r} {missing_file(args.cost)} (expected a CycleCostModel JSON)")
     if args.acceptance is not None and not Path(args.acceptance).is_file():
         parser.fail(
-            "--acceptance", f"{args.acceptance!r} {missing_file(args.acceptance)} (expected an AcceptanceCalibration JSON)"
+            "--acceptance",
+            f"{args.acceptance!r} {missing_file(args.acceptance)} (expected an AcceptanceCalibration JSON)",
         )
     check_input_files(args, parser)
     if args.device != "cpu" and not _device_available(args.device):
@@ -486,7 +487,10 @@ def resolve_config(args: Any, parser: ArgumentParser, explicit: set[str] | None 
             "(its GB/s); give both, or neither for a plain copy",
         )
     if args.prompts not in ("default", "mtbench") and not Path(args.prompts).is_file():
-        parser.fail("--prompts", f"{args.prompts!r} {missing_file(args.prompts)} (expected 'default', 'mtbench' or a file)")
+        parser.fail(
+            "--prompts",
+            f"{args.prompts!r} {missing_file(args.prompts)} (expected 'default', 'mtbench' or a file)",
+        )
     check_categories(args.prompts, args.category, parser)
     draft = args.draft if args.draft is not None else ("default" if args.model == "default" else None)
     needs_draft = args.mode == "dense" or args.policy != "ar"

@@ -292,7 +292,9 @@ def _progress(total: int, desc: str, show: bool = True) -> Any:
     return tqdm(total=total, desc=desc, unit="step", file=sys.stderr, dynamic_ncols=True, disable=not show)
 
 
-def train_target(cfg: TrainConfig, stream: Any, eos_id: int, progress: bool = True) -> tuple[Any, list[float]]:
+def train_target(
+    cfg: TrainConfig, stream: Any, eos_id: int, progress: bool = True
+) -> tuple[Any, list[float]]:
     """Train the MoE target; returns (model in float32, loss per step). ``progress``: a bar on stderr."""
     import torch
     import torch.nn.functional as F

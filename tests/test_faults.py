@@ -79,7 +79,9 @@ def _popen_sweep(trace: str, out: Path, jobs: int) -> subprocess.Popen:
     terminal's Ctrl-C)."""
     bandwidths = ",".join(str(b) for b in range(1, 21))
     return subprocess.Popen(
-        paused_command("sim.sweep", out.with_name(out.name + ".paused"), _sweep_argv(trace, out, bandwidths, jobs)),
+        paused_command(
+            "sim.sweep", out.with_name(out.name + ".paused"), _sweep_argv(trace, out, bandwidths, jobs)
+        ),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

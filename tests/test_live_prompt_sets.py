@@ -136,7 +136,10 @@ def test_prompt_budget_and_left_truncation():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, request):
     pytest.importorskip("torch")
-    target, draft = request.getfixturevalue("tiny_checkpoint")("qwen3_moe"), request.getfixturevalue("tiny_draft")
+    target, draft = (
+        request.getfixturevalue("tiny_checkpoint")("qwen3_moe"),
+        request.getfixturevalue("tiny_draft"),
+    )
     root = tmp_path_factory.mktemp("prompt_sets")
     long_prompt = " ".join(f"w{4 + i % 90}" for i in range(300))  # 300 tokens > 256 positions
     rows = [*ROWS, {"question_id": 90, "category": "long", "turns": [long_prompt]}]

@@ -131,7 +131,10 @@ def test_mtbench_found_in_an_installed_distribution(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(P, "MTBENCH_SOURCES", (("not-installed-xyz", "q.jsonl"), ("fakebench", rel)))
     assert P.find_mtbench_questions(P.MTBENCH_SOURCES) == tmp_path / rel
     got = P.mtbench_prompts()
-    assert got == [Prompt("Write a haiku.", "mtbench:81", "writing"), Prompt("Add 2 and 3.", "mtbench:82", "math")]
+    assert got == [
+        Prompt("Write a haiku.", "mtbench:81", "writing"),
+        Prompt("Add 2 and 3.", "mtbench:82", "math"),
+    ]
 
 
 def test_mtbench_missing_package_says_what_to_install(monkeypatch: pytest.MonkeyPatch):

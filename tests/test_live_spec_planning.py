@@ -159,7 +159,9 @@ def test_stopping_rule_time_is_decision_time_not_subtracted_twice(path, fake_clo
         assert c.choice.draft.num_levels == 2
         assert c.choice.plan.decision_s == pytest.approx(3 * pause_s, abs=reads_s)
         assert c.choice.draft.draft_s == pytest.approx(2 * pause_s, abs=reads_s)
-        unaccounted_s = c.cycle_s - c.choice.plan.decision_s - c.choice.draft.draft_s - c.verification.verify_s
+        unaccounted_s = (
+            c.cycle_s - c.choice.plan.decision_s - c.choice.draft.draft_s - c.verification.verify_s
+        )
         assert 0.0 <= unaccounted_s < reads_s
 
 

@@ -92,7 +92,9 @@ def test_reached_depth_follows_the_accepted_path_not_the_deepest_verified_node()
     def reached(nodes, eos=frozenset()):
         path, on_eos = greedy_accept(tree, nodes, target, eos)
         empty = np.zeros((len(nodes), 0, 1), dtype=np.int64)
-        ver = Verification(tree, np.asarray(nodes), target, path, on_eos, empty, empty.astype(np.float32), 0.0)
+        ver = Verification(
+            tree, np.asarray(nodes), target, path, on_eos, empty, empty.astype(np.float32), 0.0
+        )
         return len(path), ver.reached_depth
 
     assert reached([0, 1, 2, 3, 4, 5]) == (1, 2)  # c verified below a and rejected: depth 2 reached

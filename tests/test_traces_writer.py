@@ -313,7 +313,9 @@ def test_cycle_reached_depth_round_trips_is_checked_and_read_with_a_fallback(tmp
         )
         writer.add_cycle(small_cycle(0, 2, position=5, context_len=9, num_accepted=0, num_committed=1))
         for bad in (1, 4):
-            with pytest.raises(ValueError, match=f"reached_depth {bad}: expected num_accepted \\(2\\) or one more"):
+            with pytest.raises(
+                ValueError, match=f"reached_depth {bad}: expected num_accepted \\(2\\) or one more"
+            ):
                 writer.add_cycle(small_cycle(0, 3, reached_depth=bad))
         writer.add_request(0, [1, 2, 3, 4], [5, 6, 7, 8, 9, 10], "r")
     cycles = open_run(run_dir).cycles

@@ -316,7 +316,8 @@ class SpecDecoder:
             generated.extend(toks)
             cycles.append(event)
             observe = getattr(getattr(chooser, "policy", None), "observe_cycle", None)
-            if observe is not None:  # the policy's online guard sees each realised cycle, priced (as sim.replay)
+            # the policy's online guard sees each realised cycle, priced (as sim.replay)
+            if observe is not None:
                 observe(
                     chooser.cost,
                     len(toks),

@@ -61,7 +61,9 @@ def _max_positions(*dirs: Path | None) -> int | None:
     by ``live.loader.checkpoint_config``); ``None`` when none states one."""
     from live.loader import checkpoint_config
 
-    found = [checkpoint_config(folder).get("max_position_embeddings") for folder in dirs if folder is not None]
+    found = [
+        checkpoint_config(folder).get("max_position_embeddings") for folder in dirs if folder is not None
+    ]
     found = [v for v in found if isinstance(v, int) and not isinstance(v, bool) and v > 0]
     return min(found, default=None)
 
