@@ -198,6 +198,15 @@ def committed_path(tree: Any, path_ok: np.ndarray, nodes: np.ndarray) -> np.ndar
     return np.asarray(path[::-1], dtype=np.int64)
 
 
+def reached_depth(tree: Any, path: np.ndarray, nodes: np.ndarray) -> int:
+    """Depth verification reached along the committed ``path`` (root first, from
+    :func:`committed_path`): its accepted length, plus one when the path's last node has a child
+    among the verified ``nodes`` (judged and rejected); the ``cycles.reached_depth`` column, as
+    ``live.spec.verify.Verification.reached_depth`` records it live."""
+    children = np.flatnonzero(np.asarray(tree.parents) == int(path[-1]))
+    return len(path) - 1 + int(bool(np.isin(children, nodes).any()))
+
+
 def _layer_mask(expert_ids: np.ndarray, nodes: np.ndarray, num_experts: int) -> np.ndarray:
     """bool[L, E]: per layer, the distinct experts the ``nodes`` route to (negative ids = padding).
 
@@ -749,6 +758,7 @@ class _Replayer:
                     num_accepted,
                     num_committed,
                     tokens[:num_committed],
+                    reached_depth(tree, path, nodes),
                 )
             )
         return num_committed
@@ -799,6 +809,7 @@ class _Replayer:
         num_accepted: int,
         num_committed: int,
         tokens: list,
+        reached: int,
     ) -> CycleRecord:
         layer_misses = access.num_misses.tolist()
         counts = self.ledger.counts()
@@ -837,6 +848,7 @@ class _Replayer:
             num_prefetch_used=used if prefetching else None,
             num_prefetch_wasted=wasted if prefetching else None,
             prefetch_wasted_bytes=wasted * self.expert_bytes if prefetching else None,
+            reached_depth=int(reached),
         )
 
 

@@ -804,7 +804,15 @@ def test_next_layer_prefetch_counts_equal_the_simulator_cycle_by_cycle(tiny, den
     sim = sorted(replay_policy(dense, config).cycles, key=lambda c: (c.request_id, c.cycle_index))
     assert len(sim) == len(live)
     assert [c.verified_nodes for c in sim] == live["verified_nodes"].map(list).tolist()
-    for name in ("num_prefetch_issued", "num_prefetch_used", "num_prefetch_wasted", "cache_hits", "cache_misses"):
+    for name in (
+        "num_prefetch_issued",
+        "num_prefetch_used",
+        "num_prefetch_wasted",
+        "cache_hits",
+        "cache_misses",
+        "num_accepted",
+        "reached_depth",  # per-depth acceptance of a replayed policy conditions as live
+    ):
         assert [getattr(c, name) for c in sim] == live[name].astype(int).tolist(), name
     assert live["num_prefetch_issued"].sum() > 0 and live["num_prefetch_used"].sum() > 0
 

@@ -64,7 +64,7 @@ def cycle_reached_depths(cycles: Any) -> tuple[np.ndarray, int]:
 
     Returns:
         ``(reached, num_bounded)``: the ``reached_depth`` column where recorded; where it is null
-        or absent (traces written before it existed, simulator cycles) the upper bound
+        or absent (traces written before it existed) the upper bound
         ``min(num_accepted + 1, num_draft_levels)``, which assumes the verified subtree extends
         below the accepted path whenever the drafted tree does (exact when the whole tree is
         verified and every node above the last level was expanded); ``num_bounded`` counts those
