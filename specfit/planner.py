@@ -30,10 +30,12 @@ Exact method (:func:`plan_exact`): depth-first branch and bound on the ratio.
 * Probing on the frontier (open nodes whose parent is in S): if the bound with x forced in is
   <= 0, x and its subtree are dropped; if the bound without x is <= 0, x is forced in (all
   forced nodes join S in one step, no exclude branch). Branch on the frontier node whose inclusion bound is largest (include first).
-* Expert groups. Experts some non-root node misses beyond the root's are grouped by the set of
-  nodes that miss them; a group of ``w`` experts counts as one expert of weight ``w`` in every
-  share and bound (same values, far fewer columns: ~160 groups for ~600 missing experts at
-  N=64 on the Qwen3 shape). A state costs O(N + nonzeros of the node x group incidence).
+* Expert groups. Experts some kept non-root node misses beyond the root's are grouped by the set
+  of kept nodes that miss them; a group of ``w`` experts counts as one expert of weight ``w`` in
+  every share and bound (same values, far fewer columns). The seed and the prefilter need only
+  counts (each rank's new misses, each node's exclusive misses), taken on the bit words, so the
+  grouping runs after the prefilter, on the kept nodes only. A state costs O(N + nonzeros of the
+  node x group incidence).
 * Compiled. The seed, prefilter, grouping and the depth-first search run in numba
   (:mod:`specfit.planner_kernels`, compiled once per machine and cached on disk). The search
   is an explicit stack that can stop after any number of states and resume, so

@@ -4,18 +4,22 @@ Everything here is the branch and bound that :mod:`specfit.planner`'s docstring 
 plain arrays so numba compiles it (no Python objects, no torch). Three steps (:func:`node_groups`
 runs inside :func:`setup`):
 
+* :func:`setup`: the node experts minus the cache, the seed (best prefix by P; each rank's new
+  misses counted on the bit words), the prefilter (tree max-closure of ``P - lam*(b +
+  c*exclusive)``, ``exclusive`` the experts only one node misses, also counted on the words:
+  once/twice masks), the renumbering of the kept nodes, then :func:`node_groups` on the kept
+  nodes only (the prefilter typically keeps ~10 of 64 nodes, so the grouping, the costly part of
+  a search that ends at its first state, works on a fraction of the bits).
 * :func:`node_groups`: each non-root node's missing experts beyond the root's (bit positions of
   ``miss[v] & ~miss[0]``, uint64 words), grouped by the exact SET OF NODES that miss them. Two
   experts missed by the same nodes are covered together by every subtree, so a group of ``w``
   experts behaves as one expert of weight ``w`` in every count, share and bound (the values are
-  the same as with single experts, in far fewer columns). Also the seed's prefix misses and each
-  node's exclusive misses (groups with one user).
-* :func:`setup`: the node experts minus the cache, the seed (best prefix by P), the prefilter
-  (tree max-closure of ``P - lam*(b + c*exclusive)``) and the renumbering of the kept nodes.
+  the same as with single experts, in far fewer columns).
 * :func:`search`: the depth-first branch and bound as an explicit stack of frames that runs at
   most ``limit`` states per call and can be resumed (the caller checks its deadline between
   calls); :func:`pending_bound` bounds what the stack has not explored yet, which certifies the
-  gap of a search stopped by its deadline.
+  gap of a search stopped by its deadline. Both allocate the bound's work arrays once per call
+  (:func:`bound_scratch`), not once per bound.
 
 Cycle time inside the search is the cost model's own formula (``specfit.cost.CycleCostModel.combine_s``):
 ``draft + verify + h2d`` or, with ``overlap``, ``draft + max(verify, h2d)``, with
@@ -173,15 +177,13 @@ def node_groups(miss, rank):
 
 
 @njit(cache=True, error_model="numpy")
-def _compress(parents, probs, nptr, ngrp, exclusive, lam, per_node_s, per_miss_s, tol, prefilter):
-    """Prefilter at ``lam`` (when ``prefilter``) and renumber the kept nodes 0..n-1 (internal).
+def _prefilter(parents, probs, exclusive, lam, per_node_s, per_miss_s, tol, prefilter):
+    """bool[N]: the nodes kept by the prefilter at ``lam`` (all when not ``prefilter``) (internal).
 
     Removing the part of subtree(v) in S changes ``F_lam`` by at least ``-val[v]``, ``val`` the
     tree max-closure of ``P(x) - lam*(per_node + per_miss*exclusive_x)``; ``val[v] <= tol``: some
-    optimum avoids subtree(v). Only valid without overlap (the caller decides).
-
-    Returns:
-        ``(ids int64[n], parents int64[n], probs float64[n], nptr int64[n+1], ngrp int64[nnz])``.
+    optimum avoids subtree(v). Only valid without overlap (the caller decides). The kept set is
+    ancestor-closed and holds the root.
     """
     n = parents.shape[0]
     keep = np.ones(n, np.bool_)
@@ -194,32 +196,7 @@ def _compress(parents, probs, nptr, ngrp, exclusive, lam, per_node_s, per_miss_s
                 w[parents[v]] += w[v]
         for v in range(1, n):
             keep[v] = keep[parents[v]] and w[v] > tol
-    new_id = np.empty(n, np.int64)
-    _fill(new_id, -1)
-    count = 0
-    nnz = 0
-    for v in range(n):
-        if keep[v]:
-            new_id[v] = count
-            count += 1
-            nnz += nptr[v + 1] - nptr[v]
-    ids = np.empty(count, np.int64)
-    kparents = np.empty(count, np.int64)
-    kprobs = np.empty(count, np.float64)
-    knptr = np.zeros(count + 1, np.int64)
-    kngrp = np.empty(nnz, np.int64)
-    pos = 0
-    for v in range(n):
-        if keep[v]:
-            i = new_id[v]
-            ids[i] = v
-            kparents[i] = new_id[parents[v]] if v > 0 else -1
-            kprobs[i] = probs[v]
-            for j in range(nptr[v], nptr[v + 1]):
-                kngrp[pos] = ngrp[j]
-                pos += 1
-            knptr[i + 1] = pos
-    return ids, kparents, kprobs, knptr, kngrp
+    return keep
 
 
 @njit(cache=True, error_model="numpy")
@@ -252,10 +229,32 @@ def setup(node_bits, cached, probs, parents, order, costs, tol):
         while x != _ZERO:
             root_misses += 1.0
             x &= x - _ONE
-    rank = np.empty(n, np.int64)
+    # the experts each seed rank brings first and each node's exclusive experts (both beyond the
+    # root's misses), counted on the words: the seed and the prefilter need no expert groups
+    prefix_add = np.zeros(n, np.float64)
+    exclusive = np.zeros(n, np.float64)
+    seen = np.empty(words, np.uint64)
+    once = np.zeros(words, np.uint64)
+    twice = np.zeros(words, np.uint64)
+    for j in range(words):
+        seen[j] = miss[0, j]
     for i in range(n):
-        rank[order[i]] = i
-    nptr, ngrp, weight, exclusive, prefix_add = node_groups(miss, rank)
+        v = order[i]
+        if v == 0:
+            continue
+        count = 0
+        for j in range(words):
+            x = miss[v, j] & ~miss[0, j]
+            count += _popcount(x & ~seen[j])
+            seen[j] |= x
+            twice[j] |= once[j] & x
+            once[j] |= x
+        prefix_add[i] = count
+    for v in range(1, n):
+        count = 0
+        for j in range(words):
+            count += _popcount(miss[v, j] & ~miss[0, j] & once[j] & ~twice[j])
+        exclusive[v] = count
     gain = 0.0
     misses = root_misses
     best_k = 0
@@ -276,10 +275,39 @@ def setup(node_bits, cached, probs, parents, order, costs, tol):
         if in_seed[v]:
             seed[i] = v
             i += 1
-    ids, kparents, kprobs, knptr, kngrp = _compress(
-        parents, probs, nptr, ngrp, exclusive, lam, costs[2], costs[3], tol, costs[4] == 0
-    )
+    keep = _prefilter(parents, probs, exclusive, lam, costs[2], costs[3], tol, costs[4] == 0)
+    # renumber the kept nodes 0..k-1 (the root first) and group only their experts
+    new_id = np.empty(n, np.int64)
+    count = 0
+    for v in range(n):
+        new_id[v] = count
+        if keep[v]:
+            count += 1
+    ids = np.empty(count, np.int64)
+    kparents = np.empty(count, np.int64)
+    kprobs = np.empty(count, np.float64)
+    kmiss = np.empty((count, words), np.uint64)
+    krank = np.empty(count, np.int64)
+    for v in range(n):
+        if keep[v]:
+            i = new_id[v]
+            ids[i] = v
+            kparents[i] = new_id[parents[v]] if v > 0 else -1
+            kprobs[i] = probs[v]
+            krank[i] = i
+            for j in range(words):
+                kmiss[i, j] = miss[v, j]
+    knptr, kngrp, weight, _, _ = node_groups(kmiss, krank)
     return ids, kparents, kprobs, knptr, kngrp, weight, seed, lam, root_misses
+
+
+@njit(cache=True, error_model="numpy")
+def _popcount(x):
+    """Set bits of the uint64 ``x`` (SWAR)."""
+    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return np.int64((x * np.uint64(0x0101010101010101)) >> np.uint64(56))
 
 
 @njit(cache=True, error_model="numpy")
@@ -414,14 +442,33 @@ def _refined_shares(nptr, ngrp, weight, alive, covered, selected, cnt, selcnt, f
 
 
 @njit(cache=True, error_model="numpy")
+def bound_scratch(n, num_groups):
+    """The work arrays of :func:`bound` for ``n`` nodes and ``num_groups`` groups: ``(cnt
+    float64[G], plain, val, acc float64[n], sel, best_sel bool[n], ub float64[1], f float64[n],
+    selcnt float64[G])``; :func:`bound` resets what it reads."""
+    return (
+        np.zeros(num_groups, np.float64),
+        np.zeros(n, np.float64),
+        np.zeros(n, np.float64),
+        np.zeros(n, np.float64),
+        np.zeros(n, np.bool_),
+        np.zeros(n, np.bool_),
+        np.empty(1, np.float64),
+        np.zeros(n, np.float64),
+        np.zeros(num_groups, np.float64),
+    )
+
+
+@njit(cache=True, error_model="numpy")
 def bound(parents, probs, nptr, ngrp, weight, alive, in_set, covered, nch, m, gain, lam, costs, tol,
-          refinements, theta_steps, ub_with, ub_without, front):
+          refinements, theta_steps, ub_with, ub_without, front, scratch):
     """Upper bound on ``F_lam`` over the completions of a state, with frontier probes.
 
     ``front`` (out) marks the frontier (open nodes whose parent is in S); ``ub_with[v]`` /
     ``ub_without[v]`` (out) bound the completions that hold / avoid frontier node ``v``. Returns
     ``-inf`` when nothing is open on the frontier. See ``specfit.planner``'s docstring and
-    notes there for the shares, the refinement and the overlap theta.
+    notes there for the shares, the refinement and the overlap theta. ``scratch``: the work
+    arrays of :func:`bound_scratch` (allocated once per search call, not once per bound).
     """
     n = parents.shape[0]
     num_groups = weight.shape[0]
@@ -434,23 +481,23 @@ def bound(parents, probs, nptr, ngrp, weight, alive, in_set, covered, nch, m, ga
             has_front = True
     if not has_front:
         return -np.inf
-    cnt = np.zeros(num_groups, np.float64)
-    plain = np.zeros(n, np.float64)
+    cnt, plain, val, acc, sel, best_sel, ub, f, selcnt = scratch
+    for q in range(num_groups):
+        cnt[q] = 0.0
+    for v in range(n):
+        plain[v] = 0.0
+        val[v] = 0.0
+        acc[v] = 0.0
+        sel[v] = False
+        best_sel[v] = False
     _plain_shares(nptr, ngrp, weight, alive, covered, costs[3] > 0, cnt, plain)
-    val = np.zeros(n, np.float64)
-    acc = np.zeros(n, np.float64)
-    sel = np.zeros(n, np.bool_)
-    best_sel = np.zeros(n, np.bool_)
-    ub = np.empty(1, np.float64)
     ub[0] = np.inf
     overlap = costs[4] > 0
     # One evaluation site (compiles once) driven by a small state machine:
     # mode 0: theta = 1 with the plain shares; 1: theta = 0 (overlap, when verify does not
     # dominate at theta = 1); 2: bisection on theta (the bound is convex in theta; the sign of
     # V - H of the selected completion is its subgradient); 3: refined shares at the best theta.
-    f = np.empty(n, np.float64)
     _copy(f, plain)
-    selcnt = np.zeros(num_groups, np.float64)
     mode = 0
     theta = 1.0
     best_theta = 1.0
@@ -547,6 +594,7 @@ def search(parents, probs, nptr, ngrp, weight, costs, tol, refinements, theta_st
     ub_without = np.empty(n, np.float64)
     front = np.empty(n, np.bool_)
     mark = np.empty(n, np.bool_)
+    scratch = bound_scratch(n, weight.shape[0])
     sp = istate[0]
     explored = istate[1]
     stop_at = explored + limit
@@ -574,7 +622,7 @@ def search(parents, probs, nptr, ngrp, weight, costs, tol, refinements, theta_st
         while True:
             ub = bound(parents, probs, nptr, ngrp, weight, alive[sp], in_set, covered[sp], clen[sp],
                        misses[sp], gain[sp], best_ratio, costs, tol, refinements, theta_steps, ub_with,
-                       ub_without, front)
+                       ub_without, front, scratch)
             if ub <= tol:
                 sp -= 1
                 break
@@ -645,6 +693,7 @@ def pending_bound(parents, probs, nptr, ngrp, weight, costs, tol, refinements, t
     front = np.empty(n, np.bool_)
     mark = np.empty(n, np.bool_)
     in_set = np.zeros(n, np.bool_)
+    scratch = bound_scratch(n, weight.shape[0])
     out = best_ratio
     top = istate[0]
     for k in range(top + 1):
@@ -658,7 +707,8 @@ def pending_bound(parents, probs, nptr, ngrp, weight, costs, tol, refinements, t
         for i in range(clen[k]):
             in_set[chosen[i]] = True
         ub = bound(parents, probs, nptr, ngrp, weight, region, in_set, covered[k], clen[k], misses[k],
-                   gain[k], best_ratio, costs, tol, refinements, theta_steps, ub_with, ub_without, front)
+                   gain[k], best_ratio, costs, tol, refinements, theta_steps, ub_with, ub_without, front,
+                   scratch)
         if k == top and phase[k] == 0:  # the chosen set itself was not scored yet
             ub = max(ub, gain[k] - best_ratio * _cycle_s(costs, clen[k], misses[k]))
         if ub > tol:
