@@ -777,8 +777,11 @@ def test_dense_trace_carries_next_layer_guesses(dense_run):
     rid = int(run.request_ids[0])
     assert run.prefill_next_layer_experts(rid).shape == (*run.prefill_experts(rid).shape[:1], model.num_layers - 1, model.top_k)
     # the router's own choice at layer l+1 often is among the guess made at layer l
+    from traces.stats import next_layer_guess_recall, summarize
+
     agree = (guesses[:, :, :, None] == arrays.expert_ids[:, 1:, None, :]).any(axis=2).mean()
     assert agree > 1.5 * model.top_k / model.num_experts
+    assert next_layer_guess_recall(arrays) == pytest.approx(agree) == summarize(run)["next_layer_guess_recall"]
 
 
 @pytest.mark.parametrize("policy", ["ar", "topn"])

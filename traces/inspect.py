@@ -45,6 +45,7 @@ _ROWS = (
     ("full_tree_tau", "full-tree tau (tokens/cycle, incl. bonus)"),
     ("depth_acceptance", "acceptance by depth 1.. (conditional)"),
     ("expert_union", "distinct experts/layer of best-n nodes"),
+    ("next_layer_guess_recall", "next-layer guess recall (nan: not in trace)"),
     ("num_cycles", "executed cycles"),
     ("cycle_tau", "cycle tau (mean committed)"),
     ("cache_hit_rate", "expert cache hit rate"),

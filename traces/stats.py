@@ -145,6 +145,19 @@ def expert_union_growth(
     return {int(n): float(totals[i] / counts[i]) for i, n in enumerate(sizes_arr) if counts[i]}
 
 
+def next_layer_guess_recall(arrays: Any) -> float:
+    """Fraction of the dense-tree nodes' layer-(l+1) experts that their next-layer guess made at
+    layer l names (``NodeArrays.next_layer_expert_ids``; the accuracy of next-layer prefetch's
+    predictor, Pre-gated MoE style), over every node and layer 1..L-1; NaN without the guesses
+    or nodes."""
+    guesses = arrays.next_layer_expert_ids  # int16[R, L-1, K]
+    if guesses is None or not len(guesses):
+        return float("nan")
+    true_next = arrays.expert_ids[:, 1:, :]  # [R, L-1, K]
+    hit = (true_next[:, :, :, None] == guesses[:, :, None, :]).any(axis=3)
+    return float(hit.mean())
+
+
 def summarize(run: TraceRun, union_sizes: Sequence[int] = DEFAULT_UNION_SIZES) -> dict[str, Any]:
     """Headline figures of a run as a JSON-able dict.
 
@@ -153,7 +166,9 @@ def summarize(run: TraceRun, union_sizes: Sequence[int] = DEFAULT_UNION_SIZES) -
     (mean 1 + accepted length), ``depth_acceptance`` (list, depth 1..max), ``expert_union``
     (``{n: distinct experts per layer}``), ``num_cycles``, ``cycle_tau`` (mean committed per
     executed cycle), ``cache_hit_rate``, ``h2d_bytes`` (sum over cycles), ``num_transfers``,
-    ``transfer_bytes``, ``bytes_on_disk`` (all files of the run), ``complete``.
+    ``transfer_bytes``, ``bytes_on_disk`` (all files of the run), ``complete``,
+    ``next_layer_guess_recall`` (:func:`next_layer_guess_recall`; NaN when the trace does not
+    carry the next-layer guesses, which ``sim.sweep --prefetch next-layer`` then refuses).
     """
     model = run.manifest.model
     arrays = run.node_arrays()
@@ -178,6 +193,7 @@ def summarize(run: TraceRun, union_sizes: Sequence[int] = DEFAULT_UNION_SIZES) -
         "full_tree_tau": float(1 + acc_len.mean()) if arrays.num_trees else float("nan"),
         "depth_acceptance": depth_acceptance(acc_len, max_depth, reached_depths(arrays)),
         "expert_union": expert_union_growth(arrays, model.num_experts, union_sizes),
+        "next_layer_guess_recall": next_layer_guess_recall(arrays),
         "num_cycles": cycles.num_rows,
         "cycle_tau": float(pc.mean(cycles.column("num_committed")).as_py())
         if cycles.num_rows
