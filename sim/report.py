@@ -106,7 +106,10 @@ def results_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
 
     Returns:
         DataFrame, one row per cell; adds ``speedup_vs_ar``, ``speedup_vs_topn`` (NaN where the
-        cell has no such baseline) and ``specfit_below_baseline`` (bool; False off SpecFit rows).
+        cell has no such baseline), ``specfit_below_baseline`` (bool; False off SpecFit rows),
+        ``specfit_vs_best_baseline`` (SpecFit's tokens/s / the best baseline's), ``best_baseline_policy``
+        (that baseline's name) and ``specfit_below_baseline_beyond_noise`` (below by more than
+        :data:`NOISE_REL`); SpecFit rows only, NaN / False elsewhere.
     """
     df = pd.DataFrame(list(rows))
     if df.empty:
@@ -127,7 +130,14 @@ def results_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
         df = df.merge(ref, on=keys, how="left")
     for base in ("ar", "topn"):
         df[f"speedup_vs_{base}"] = df["tokens_per_s"] / df[f"_{base}_tps"]
-    best = df[[f"_{b}_tps" for b in BASELINE_POLICIES]].max(axis=1, skipna=True)
+    baseline_tps = df[[f"_{b}_tps" for b in BASELINE_POLICIES]]
+    best = baseline_tps.max(axis=1, skipna=True)
+    is_spec = df["policy"] == "specfit"
+    has_baseline = baseline_tps.notna().any(axis=1)
+    best_name = baseline_tps.fillna(-np.inf).to_numpy().argmax(axis=1)
+    df["best_baseline_policy"] = pd.Series(np.asarray(BASELINE_POLICIES)[best_name], index=df.index).where(
+        is_spec & has_baseline
+    )
     below = (df["policy"] == "specfit") & (df["tokens_per_s"] < best * (1 - CHECK_TOLERANCE))
     df["specfit_below_baseline"] = below.fillna(False).astype(bool)
     df["specfit_vs_best_baseline"] = (df["tokens_per_s"] / best).where(df["policy"] == "specfit")
@@ -206,11 +216,41 @@ def format_table(df: pd.DataFrame, header: Sequence[str] = ()) -> str:
     lines.append("  ".join(t.rjust(w) for t, w in zip(titles, widths)).rstrip())
     lines.append("  ".join("-" * w for w in widths[:-1]))
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    check = specfit_check_line(df)
+    if check:
+        lines.append(check)
     flagged = bool(df.get("specfit_below_baseline", pd.Series(dtype=bool)).any())
     lines += table_legend([title for _, title, _ in columns] + (["!", "~"] if flagged else []))
     if flagged:
         lines.append(CHECK_NOTE)
     return "\n".join(lines)
+
+
+def specfit_check_line(df: pd.DataFrame) -> str | None:
+    """One line under the table: how many SpecFit cells fall below the best baseline of their cell
+    (beyond :data:`NOISE_REL`: ``!``; within it: ``~``) and the worst cell, e.g.
+    ``SpecFit check: 0 of 64 SpecFit cells below the best baseline beyond noise (2%, !); 12 within
+    noise (~); lowest 0.993 of ar at 128 GB/s, cache 64, overlap off``. None without SpecFit rows
+    compared with a baseline."""
+    if "specfit_vs_best_baseline" not in df:
+        return None
+    spec = df[(df["policy"] == "specfit") & df["specfit_vs_best_baseline"].notna()]
+    if spec.empty:
+        return None
+    beyond = int(spec["specfit_below_baseline_beyond_noise"].sum())
+    within = int(spec["specfit_below_baseline"].sum()) - beyond
+    worst = spec.loc[spec["specfit_vs_best_baseline"].idxmin()]
+    where = (
+        f"{worst['bandwidth_gb_per_s']:g} GB/s, cache {int(worst['cache_experts_per_layer'])}, "
+        f"overlap {_overlap_name(worst['overlap'])}"
+    )
+    verdict = "FAILS" if beyond else "passes"
+    return (
+        f"SpecFit check {verdict}: {beyond} of {len(spec)} SpecFit cells below the best baseline run in "
+        f"their cell beyond the seed-to-seed noise ({NOISE_REL:.0%}, marked !); {within} below within it "
+        f"(marked ~); lowest {worst['specfit_vs_best_baseline']:.3f} of {worst['best_baseline_policy']} "
+        f"at {where}"
+    )
 
 
 def table_legend(titles: Sequence[str]) -> list[str]:

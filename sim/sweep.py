@@ -824,7 +824,8 @@ def _earlier_command_lines(out: Path) -> list[list[str]]:
 
 
 def _min_or_none(values: pd.Series) -> float | None:
-    return float(values.min()) if len(values) else None
+    low = values.min() if len(values) else None
+    return None if low is None or pd.isna(low) else float(low)
 
 
 @cli_main
@@ -963,6 +964,7 @@ def _run(
             "cells_kept_from_earlier_sweeps": len(kept),
             "specfit_below_baseline": int(results["specfit_below_baseline"].sum()),
             "specfit_below_baseline_beyond_noise": int(results["specfit_below_baseline_beyond_noise"].sum()),
+            "specfit_min_vs_best_baseline": _min_or_none(specfit_rows["specfit_vs_best_baseline"]),
             "specfit_min_speedup_vs_ar": _min_or_none(specfit_rows["speedup_vs_ar"]),
             "specfit_min_speedup_vs_topn": _min_or_none(specfit_rows["speedup_vs_topn"]),
             "max_tokens_per_s": float(results["tokens_per_s"].max()),

@@ -144,6 +144,9 @@ def test_results_frame_speedups_and_specfit_check() -> None:
     lines = table.splitlines()
     assert lines[0] == "trace: t"
     assert lines[5].endswith("!") and not lines[8].endswith("!")
+    assert lines[9].startswith("SpecFit check FAILS: 1 of 2 SpecFit cells below the best baseline")
+    assert "lowest 0.900 of topn at 16 GB/s" in lines[9]
+    assert df.loc[2, "best_baseline_policy"] == "topn" and pd.isna(df.loc[1, "best_baseline_policy"])
     assert "SpecFit below max(autoregressive, chain, top-N, cascade)" in lines[-1]
 
 

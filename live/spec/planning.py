@@ -117,6 +117,7 @@ class PlannedChooser:
             state["guard"] = {
                 "arms": {arm: [list(c) for c in cycles] for arm, cycles in guard.arms.items()},
                 "questions": int(guard.questions),
+                "cycles": int(guard.cycles),
             }
         if self.predictor_name == "token-table":
             state["token_table"] = {str(t): np.asarray(b).tolist() for t, b in self.table.items()}
@@ -133,9 +134,12 @@ class PlannedChooser:
                 self.policy.root_alpha = float(state["root_alpha"])
             guard = getattr(self.policy, "guard", None)
             if "guard" in state and guard is not None:
+                guard.cycles = int(state["guard"].get("cycles", 0))  # absent in states saved before the horizon
                 for arm, cycles in state["guard"]["arms"].items():
                     guard.arms[arm].clear()
-                    guard.arms[arm].extend((float(t), float(s)) for t, s in cycles)
+                    guard.arms[arm].extend(
+                        (float(c[0]), float(c[1]), int(c[2]) if len(c) > 2 else guard.cycles - 1) for c in cycles
+                    )
                 guard.questions = int(state["guard"]["questions"])
             if "token_table" in state and self.predictor_name == "token-table":
                 self.table = {int(t): np.asarray(b, dtype=np.uint64) for t, b in state["token_table"].items()}
