@@ -274,6 +274,25 @@ def test_throughput_guard_backs_off_and_probes() -> None:
     assert sum(answers) == 31  # drafting preferred (300 vs 200 tokens/s), autoregressive probed once
 
 
+def test_throughput_guard_forgets_cold_cycles_once_fresh_ones_replace_them() -> None:
+    """Issue 12's shipped-trace cell: the first drafting cycles pay a cold expert cache; they must
+    not stay the drafting arm's evidence, yet an arm is never left without evidence."""
+    from specfit.policies import ThroughputGuard
+
+    guard = ThroughputGuard(window=64, min_samples=2, probe_period=4, horizon=16)
+    for _ in range(2):
+        guard.observe(2, 1.0, num_levels=3)  # cold cache: drafting at 2 tokens/s
+    for _ in range(40):
+        guard.observe(1, 0.1, num_levels=0)  # autoregressive: 10 tokens/s
+    assert not guard.allows_drafting() and len(guard.arms["spec"]) == 2  # stale, but its only evidence
+    guard.observe(4, 0.2, num_levels=3)  # a warm drafting cycle (a probe): 20 tokens/s
+    assert len(guard.arms["spec"]) == 3  # one fresh sample is not enough to judge on
+    guard.observe(4, 0.2, num_levels=3)
+    assert len(guard.arms["spec"]) == 2 and guard.rate("spec") == 20.0  # two fresh: the cold ones left
+    assert guard.allows_drafting()
+    assert len(guard.arms["ar"]) == 14  # the autoregressive arm too: its 14 cycles among the last 16
+
+
 def test_specfit_guard_declines_on_the_root_and_can_be_off() -> None:
     from specfit.policies import SpecFitPolicy
 
