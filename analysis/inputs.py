@@ -219,12 +219,16 @@ def _add_sweep(data: ReportData, path: Path) -> None:
 
 
 def _flags(df: pd.DataFrame) -> list[str]:
-    """Per row, `` overlap`` / `` prefetch`` when the sweep cell had them on (time-split bar labels)."""
+    """Per row, `` overlap`` / `` prefetch`` when the sweep cell had them on, `` prefetch <mode>``
+    for a prefetch mode (draft, next-layer, both) (time-split bar labels)."""
     out = [""] * len(df)
     for col in ("overlap", "prefetch"):
         if col in df.columns:
-            on = df[col].astype(str).str.lower().isin(("true", "1", "on"))
-            out = [o + (f" {col}" if flag else "") for o, flag in zip(out, on)]
+            for i, value in enumerate(df[col].astype(str).str.lower()):
+                if value in ("true", "1", "on"):
+                    out[i] += f" {col}"
+                elif col == "prefetch" and value in ("draft", "next-layer", "both"):
+                    out[i] += f" prefetch {value}"
     return out
 
 

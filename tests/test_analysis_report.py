@@ -573,3 +573,12 @@ def test_sweep_regret_decomposition_is_reported(tmp_path) -> None:
     out = tmp_path / "report"
     report_cli.write_report(data, out, "t")
     assert "## Decision regret of SpecFit (simulated)" in (out / "report.md").read_text()
+
+
+def test_time_split_labels_name_the_prefetch_mode():
+    import pandas as pd
+
+    from analysis.inputs import _flags
+
+    df = pd.DataFrame({"overlap": ["on", "off", True], "prefetch": ["none", "next-layer", True]})
+    assert _flags(df) == [" overlap", " prefetch next-layer", " overlap prefetch"]  # bools: older sweeps
