@@ -197,18 +197,22 @@ def path_accept_probs(tree: DraftTree, calibration: AcceptanceCalibration | None
     from specfit import decide_kernels as kernels  # numba, loaded on first use
 
     edge = calibration.scope == "edge"
-    if edge:  # the two maps on every node, each node then takes its own (element-wise, so equal)
-        q = np.minimum(np.exp(tree.draft_logprobs), 1.0)  # = np.clip(., 0, 1): exp >= 0
-        values = np.interp(q, calibration.knots_x, calibration.knots_y)
-        runner = _NO_VALUES
-        if calibration.runner_up_knots_x is not None:  # for the children that are not the top one
-            runner = np.interp(q, calibration.runner_up_knots_x, calibration.runner_up_knots_y)
-    else:
-        values = calibration.apply(np.exp(tree.path_logprobs))
-        runner = _NO_VALUES
+    runner_x, runner_y = calibration.runner_up_knots_x, calibration.runner_up_knots_y
+    if runner_x is None or not edge:
+        runner_x = runner_y = _NO_VALUES
     return kernels.level_accept_probs(
-        parents, depths, int(tree.max_depth), values, edge, runner, tree.draft_logprobs
+        parents,
+        depths,
+        int(tree.max_depth),
+        np.exp(tree.draft_logprobs if edge else tree.path_logprobs),
+        edge,
+        calibration.knots_x,
+        calibration.knots_y,
+        runner_x,
+        runner_y,
+        tree.draft_logprobs,
     )
 
 
 _NO_VALUES = np.zeros(0, dtype=np.float64)
+_NO_VALUES.setflags(write=False)  # read-only like the knots: one compiled signature

@@ -27,22 +27,37 @@ from numba import njit
 
 
 @njit(cache=True, error_model="numpy")
-def level_accept_probs(parents, depths, max_depth, values, edge, runner_up, draft_logprobs):
+def level_accept_probs(parents, depths, max_depth, probs, edge, knots_x, knots_y, runner_x, runner_y,
+                       draft_logprobs):  # fmt: skip
     """P(v) of :func:`specfit.acceptance.path_accept_probs` with a calibration map: float64[N].
 
     Args:
         parents, depths: int64[N] of the tree (``max_depth`` its largest depth).
-        values: float64[N] the top map's values: edge acceptance (``edge`` True) or mapped path
-            probability (``edge`` False), before the clip to [0, 1].
-        runner_up: float64[N] the runner-up map's values, taken by every child that is not its
-            parent's most probable one (highest ``draft_logprobs``, ties: lowest id, as
-            :func:`specfit.acceptance.top_child_mask`), or an empty array (no runner-up map).
+        probs: float64[N] draft probabilities, each node's own (``edge`` True: the edge map) or
+            its path's (``edge`` False: the path map), clipped to [0, 1] here.
+        knots_x, knots_y: the map (``np.interp`` knots, as ``AcceptanceCalibration.apply``).
+        runner_x, runner_y: the runner-up map, taken by every child that is not its parent's most
+            probable one (highest ``draft_logprobs``, ties: lowest id, as
+            :func:`specfit.acceptance.top_child_mask`), or empty arrays (no runner-up map).
         draft_logprobs: float64[N] (finite; read only with a runner-up map).
+
+    numba's ``np.interp`` is the numpy algorithm (same slopes, same operations): the values are
+    numpy's bit for bit (``tests/test_specfit_decide_kernels.py``).
     """
     n = parents.shape[0]
+    q = np.empty(n)
+    for v in range(n):  # np.clip(probs, 0, 1), NaN kept
+        x = probs[v]
+        if x < 0.0:
+            x = 0.0
+        elif x > 1.0:
+            x = 1.0
+        q[v] = x
+    values = np.interp(q, knots_x, knots_y)
+    use_runner = runner_x.shape[0] > 0
+    runner_up = np.interp(q, runner_x, runner_y) if use_runner else q
     p = np.ones(n)
     val = np.empty(n)
-    use_runner = runner_up.shape[0] == n
     top = np.full(n, -1, np.int64)  # each parent's most probable child
     if use_runner:
         for v in range(n):
