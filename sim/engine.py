@@ -274,6 +274,7 @@ class FastEngine(_EngineBase):
         self.now_ns = int(start_ns)
         self._link_free_ns = int(start_ns)
         self.record_copies = False
+        self.vectorised = True  # use _idle_link_cycle where it applies (False: always the loop)
 
     def run_cycle(self, plan: CyclePlan) -> CycleTiming:
         """Place ``plan`` on the clock starting now; advance the clock to the cycle's end."""
@@ -331,6 +332,16 @@ class FastEngine(_EngineBase):
         counts = plan.demand_counts
         if counts is None:
             counts = [len(experts) for experts in demand]
+        if (
+            self.vectorised
+            and copies is None
+            and not plan.prefetch
+            and not any(next_layer)
+            and link_free <= verify_start
+            and (mode == "off" or (mode == "on" and not late_ns))
+            and not any(self._pending)
+        ):
+            return self._idle_link_cycle(plan, counts, start, draft_end, verify_start, host_ns)
         if mode == "ideal":
             for layer, n in enumerate(counts):
                 if n:
@@ -415,6 +426,61 @@ class FastEngine(_EngineBase):
             num_transfers=num_transfers,
             layer_wait_ns=tuple(waits),
             copies=tuple(copies or ()),
+        )
+
+
+    def _idle_link_cycle(
+        self, plan: CyclePlan, counts: Sequence[int], start: int, draft_end: int, verify_start: int, host_ns: int
+    ) -> CycleTiming:
+        """:meth:`run_cycle` when the link is idle at verification and nothing is in flight.
+
+        Then every layer finds the link free once its misses are placed (by induction: its
+        copies land before it ends), so no link state is needed per layer. With ``n`` misses,
+        compute ``c``, placing ``h`` and copy ``t`` per miss, a layer lasts ``n (h + t) + c`` and
+        starts after ``n (h + t)`` (overlap "off"), or lasts ``n h + max(c, n t)``, starting at
+        once and waiting ``n h + max(n t - c, 0)`` (overlap "on" without a late-call cost): one
+        short loop of integer sums (exact). Only for "off" and such "on" cycles, without
+        prefetch or recorded copies; ``tests/test_sim_engine.py`` checks it against the loop.
+        """
+        t_ns = self.link.transfer_ns
+        compute_free = verify_start
+        link_free = self._link_free_ns
+        starts, ends, waits = [], [], []
+        if plan.overlap_mode == "off":
+            per_miss = host_ns + t_ns
+            for n, compute_ns in zip(counts, plan.layer_compute_ns):
+                ready = compute_free + n * per_miss  # the layer's last copy has landed
+                starts.append(ready)
+                compute_free = ready + int(compute_ns)
+                ends.append(compute_free)
+                if n:
+                    link_free = ready
+            waits = [0] * len(starts)
+        else:
+            for n, compute_ns in zip(counts, plan.layer_compute_ns):
+                starts.append(compute_free)
+                place, copy, compute_ns = n * host_ns, n * t_ns, int(compute_ns)
+                if n:
+                    link_free = compute_free + place + copy
+                if copy > compute_ns:
+                    waits.append(place + copy - compute_ns)
+                    compute_free += place + copy
+                else:
+                    waits.append(place)
+                    compute_free += place + compute_ns
+                ends.append(compute_free)
+        self._link_free_ns = link_free
+        self.now_ns = compute_free
+        return CycleTiming(
+            start_ns=start,
+            draft_end_ns=draft_end,
+            verify_start_ns=verify_start,
+            end_ns=compute_free,
+            layer_start_ns=tuple(starts),
+            layer_end_ns=tuple(ends),
+            layer_h2d_ns=tuple(n * t_ns for n in counts),
+            num_transfers=sum(counts),
+            layer_wait_ns=tuple(waits),
         )
 
 

@@ -189,6 +189,8 @@ def committed_path(tree: Any, path_ok: np.ndarray, nodes: np.ndarray) -> np.ndar
     greedy verification never meets since siblings carry distinct tokens), root first.
     """
     nodes = np.asarray(nodes, dtype=np.int64)
+    if nodes.shape[0] == 1:  # the root alone (always accepted: it is the last committed token)
+        return nodes
     ok = nodes[path_ok[nodes]]
     depths = tree.depths[ok]
     deepest = int(ok[int(np.argmax(depths))])
@@ -215,14 +217,14 @@ def _layer_mask(expert_ids: np.ndarray, nodes: np.ndarray, num_experts: int) -> 
 
     Returns:
         One boolean mask over all ``L * E`` keys (row ``l`` = the set layer ``l`` accesses), the
-        input of ``ExpertCache.access_layers``.
+        input of ``ExpertCache.access_layers`` (compiled: ``specfit.cache_kernels.expert_mask``).
     """
-    ex = np.asarray(expert_ids[nodes], dtype=np.int64)  # [|S|, L, K]
-    num_layers = ex.shape[1]
-    keys = (np.arange(num_layers, dtype=np.int64)[None, :, None] * num_experts + ex)[ex >= 0]
-    mask = np.zeros(num_layers * num_experts, dtype=bool)
-    mask[keys] = True
-    return mask.reshape(num_layers, num_experts)
+    from specfit import cache_kernels  # numba: compiled once, cached
+
+    ids = np.asarray(expert_ids)
+    if ids.dtype not in (np.int16, np.int64):
+        ids = ids.astype(np.int64)
+    return cache_kernels.expert_mask(ids, np.asarray(nodes, dtype=np.int64), int(num_experts))
 
 
 def _budget_mask(

@@ -157,3 +157,24 @@ def access_layers(
                 word |= np.uint64(stamp[layer, w * 64 + b] >= 0) << np.uint64(b)
             bits[layer, w] = word
     return clock, total_hit, total_miss, total_evicted
+
+
+@njit(cache=True, error_model="numpy")
+def expert_mask(expert_ids, nodes, num_experts):
+    """bool[L, E]: per layer, the experts any of ``nodes`` routes to (the input of
+    :func:`access_layers` for a forward pass over those nodes).
+
+    Args:
+        expert_ids: int[N, L, K] routing of every node (negative ids are padding, skipped).
+        nodes: int64[] the node ids of the forward pass.
+        num_experts: ``E`` (ids must be below it).
+    """
+    num_layers, top_k = expert_ids.shape[1], expert_ids.shape[2]
+    mask = np.zeros((num_layers, num_experts), np.bool_)
+    for v in nodes:
+        for layer in range(num_layers):
+            for k in range(top_k):
+                e = expert_ids[v, layer, k]
+                if e >= 0:
+                    mask[layer, e] = True
+    return mask

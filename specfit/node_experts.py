@@ -133,6 +133,8 @@ class NodeExperts:
             raise ValueError("NodeExperts.expected_union_table: only defined in union-size mode")
         size = self.union_size
         top = size.shape[1] - 1
+        if int(max_nodes) <= top:  # all measured: a copy of the columns 1..max_nodes
+            return np.array(size[:, 1 : int(max_nodes) + 1].T, order="C")
         counts = np.arange(1, int(max_nodes) + 1)
         out = np.empty((counts.shape[0], size.shape[0]), dtype=np.float64)
         inside = counts[counts <= top]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -305,3 +307,26 @@ def test_prefetch_copies_are_placed_on_the_compute_stream_like_misses(mode, enqu
         timing = engine.run_cycle(draft)
         assert timing.copies[0][:4] == (0, 7, 40_000, 40_000)  # both placed (0-40 us), then enqueued
         assert timing.end_ns == 340_000 + (0 if mode == "on" else 100_000)  # waits for expert 7
+
+
+@pytest.mark.parametrize("overlap", ["off", "on", "ideal"])
+def test_idle_link_fast_path_equals_the_loop(overlap: str) -> None:
+    """FastEngine's closed form for cycles that start on an idle link (no prefetch, nothing in
+    flight) gives the loop's timings to the nanosecond, including across cycles that need the
+    loop (prefetches still in flight) and with a host placing cost per miss."""
+    rng = np.random.default_rng(11)
+    fast, loop = FastEngine(LINK, 6), FastEngine(LINK, 6)
+    loop.vectorised = False
+    used = 0
+    for k in range(60):
+        plan = _random_plan(rng, 6, overlap=overlap, prefetch=k % 7 == 3)
+        plan = dataclasses.replace(
+            plan,
+            host_ns_per_transfer=int(rng.integers(0, 40_000)) * (k % 2),
+            demand_counts=[len(d) for d in plan.demand] if k % 3 else None,
+        )
+        used += not plan.prefetch and not any(fast._pending) and fast._link_free_ns <= fast.now_ns
+        a, b = fast.run_cycle(plan), loop.run_cycle(plan)
+        assert a == b
+        assert (fast.now_ns, fast._link_free_ns) == (loop.now_ns, loop._link_free_ns)
+    assert used > 30

@@ -30,6 +30,15 @@ def test_layer_mask_is_the_per_layer_union() -> None:
     mask = _layer_mask(ids, np.array([0, 1]), 8)
     assert mask.dtype == bool and mask.shape == (2, 8)
     assert np.flatnonzero(mask[0]).tolist() == [1, 2, 4] and np.flatnonzero(mask[1]).tolist() == [3]
+    rng = np.random.default_rng(5)
+    for dtype in (np.int16, np.int32, np.int64):  # the recorded int16 routing, widened prompt ids
+        ids = rng.integers(-1, 70, size=(9, 4, 3)).astype(dtype)
+        nodes = np.sort(rng.choice(9, size=4, replace=False))
+        want = np.zeros((4, 70), dtype=bool)
+        for v in nodes:
+            for layer in range(4):
+                want[layer, [e for e in ids[v, layer] if e >= 0]] = True
+        assert np.array_equal(_layer_mask(ids, nodes, 70), want)
 
 
 def test_depth_subtree_of_a_tree_not_stored_level_by_level() -> None:
