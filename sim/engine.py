@@ -59,6 +59,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate, repeat
+from operator import add, sub
 
 import simpy
 
@@ -438,37 +440,32 @@ class FastEngine(_EngineBase):
         copies land before it ends), so no link state is needed per layer. With ``n`` misses,
         compute ``c``, placing ``h`` and copy ``t`` per miss, a layer lasts ``n (h + t) + c`` and
         starts after ``n (h + t)`` (overlap "off"), or lasts ``n h + max(c, n t)``, starting at
-        once and waiting ``n h + max(n t - c, 0)`` (overlap "on" without a late-call cost): one
-        short loop of integer sums (exact). Only for "off" and such "on" cycles, without
+        once and waiting ``n h + max(n t - c, 0)`` (overlap "on" without a late-call cost):
+        running sums of integers (exact). Only for "off" and such "on" cycles, without
         prefetch or recorded copies; ``tests/test_sim_engine.py`` checks it against the loop.
         """
         t_ns = self.link.transfer_ns
-        compute_free = verify_start
+        compute = list(map(int, plan.layer_compute_ns))
+        copy = [n * t_ns for n in counts]
+        place = [n * host_ns for n in counts] if host_ns else [0] * len(counts)
+        if plan.overlap_mode == "off":  # the layer computes once its last copy has landed
+            duration = map(add, map(add, place, copy), compute)
+            ends = list(accumulate(duration, initial=verify_start))[1:]
+            starts = list(map(sub, ends, compute))
+            waits = [0] * len(ends)
+            landed = starts
+        else:  # resident experts compute at once; the layer ends when its last copy has landed
+            duration = list(map(add, place, map(max, compute, copy)))
+            ends = list(accumulate(duration, initial=verify_start))
+            starts, ends = ends[:-1], ends[1:]
+            waits = list(map(add, place, map(max, map(sub, copy, compute), repeat(0))))
+            landed = list(map(add, map(add, starts, place), copy))
         link_free = self._link_free_ns
-        starts, ends, waits = [], [], []
-        if plan.overlap_mode == "off":
-            per_miss = host_ns + t_ns
-            for n, compute_ns in zip(counts, plan.layer_compute_ns):
-                ready = compute_free + n * per_miss  # the layer's last copy has landed
-                starts.append(ready)
-                compute_free = ready + int(compute_ns)
-                ends.append(compute_free)
-                if n:
-                    link_free = ready
-            waits = [0] * len(starts)
-        else:
-            for n, compute_ns in zip(counts, plan.layer_compute_ns):
-                starts.append(compute_free)
-                place, copy, compute_ns = n * host_ns, n * t_ns, int(compute_ns)
-                if n:
-                    link_free = compute_free + place + copy
-                if copy > compute_ns:
-                    waits.append(place + copy - compute_ns)
-                    compute_free += place + copy
-                else:
-                    waits.append(place)
-                    compute_free += place + compute_ns
-                ends.append(compute_free)
+        for layer in range(len(counts) - 1, -1, -1):  # the link is busy until the last copy lands
+            if counts[layer]:
+                link_free = landed[layer]
+                break
+        compute_free = ends[-1] if ends else verify_start
         self._link_free_ns = link_free
         self.now_ns = compute_free
         return CycleTiming(
@@ -478,7 +475,7 @@ class FastEngine(_EngineBase):
             end_ns=compute_free,
             layer_start_ns=tuple(starts),
             layer_end_ns=tuple(ends),
-            layer_h2d_ns=tuple(n * t_ns for n in counts),
+            layer_h2d_ns=tuple(copy),
             num_transfers=sum(counts),
             layer_wait_ns=tuple(waits),
         )

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
 
-from sim.cells import CellSpec, run_cell
+from sim.cells import CellSpec, prepare_traces, run_cell
 
 EXECUTORS = ("local", "ray")
 OnResult = Callable[[CellSpec, dict[str, Any]], None]
@@ -80,8 +80,10 @@ def run_local(
 ) -> None:
     """Run ``cells`` in this process (``jobs == 1``) or on a pool of ``jobs`` worker processes.
 
-    Workers are forked (Linux) so they start without re-importing; each opens the trace once
-    and reuses it for all its cells. They die with this process (:func:`init_worker`).
+    Workers are forked (Linux) so they start without re-importing, and after this process has
+    decoded and validated the traces (:func:`sim.cells.prepare_traces`): every worker shares
+    those arrays (copy-on-write) for all its cells instead of decoding the trace again. They die
+    with this process (:func:`init_worker`).
 
     Raises:
         ValueError: ``jobs < 1``. Errors of a cell propagate (remaining cells are cancelled).
@@ -94,6 +96,8 @@ def run_local(
         return
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    if context.get_start_method() == "fork":  # decoded once here; the forked workers inherit it
+        prepare_traces(cells)
     with ProcessPoolExecutor(
         max_workers=min(jobs, len(cells)),
         mp_context=context,

@@ -908,6 +908,23 @@ def _restrict(node_experts: Any, keep: np.ndarray) -> Any:
     return dataclasses.replace(node_experts, bits=node_experts.bits[keep])
 
 
+def prepare_trace(trace_run: Any) -> None:
+    """Decode ``trace_run``'s dense trees, prompts and requests (the tables the replay reads) and
+    validate every tree, in this process: later replays, and workers forked afterwards, reuse
+    them (see ``_Replayer._tree_data``).
+
+    Raises:
+        traces.reader.TraceError: a recorded tree fails ``DraftTree``'s checks (names the file).
+    """
+    arrays = trace_run.node_arrays()
+    trees = _TREES.setdefault(trace_run, [None] * arrays.num_trees)
+    for i in range(arrays.num_trees):
+        if trees[i] is None:
+            trees[i] = _TreeData(arrays.tree(i))
+    for table in ("requests", "prefill"):
+        trace_run.arrow(table)
+
+
 def replay_policy(
     trace_run: Any, config: SimConfig, *, progress: Callable[[int], None] | None = None
 ) -> ReplayResult:
