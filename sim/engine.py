@@ -442,7 +442,8 @@ class FastEngine(_EngineBase):
         starts after ``n (h + t)`` (overlap "off"), or lasts ``n h + max(c, n t)``, starting at
         once and waiting ``n h + max(n t - c, 0)`` (overlap "on" without a late-call cost):
         running sums of integers (exact). Only for "off" and such "on" cycles, without
-        prefetch or recorded copies; ``tests/test_sim_engine.py`` checks it against the loop.
+        prefetch (draft or next-layer) or recorded copies; ``tests/test_sim_engine.py`` checks it
+        against the loop.
         """
         t_ns = self.link.transfer_ns
         compute = list(map(int, plan.layer_compute_ns))
