@@ -105,16 +105,15 @@ class PolicyContext:
         input here gives wrong plans, not errors: use the constructor for anything external.
         """
         ctx = object.__new__(cls)
-        for name, value in (
-            ("tree", tree),
-            ("accept_probs", accept_probs),
-            ("node_experts", node_experts),
-            ("cached_bits", cached_bits),
-            ("cost", cost),
-            ("context_len", context_len),
-            ("num_levels", num_levels),
-        ):
-            object.__setattr__(ctx, name, value)
+        ctx.__dict__.update(  # the fields, as the frozen dataclass's __init__ stores them
+            tree=tree,
+            accept_probs=accept_probs,
+            node_experts=node_experts,
+            cached_bits=cached_bits,
+            cost=cost,
+            context_len=context_len,
+            num_levels=num_levels,
+        )
         return ctx
 
     @property

@@ -145,9 +145,14 @@ class DraftTree:
         """
         tree = object.__new__(cls)
         for name in ("token_ids", "parents", "depths", "draft_logprobs", "path_logprobs"):
-            arr = fields[name]
-            arr.setflags(write=False)
-            object.__setattr__(tree, name, arr)
+            fields[name].setflags(write=False)
+        tree.__dict__.update(  # the fields, as the frozen dataclass's __init__ stores them
+            token_ids=fields["token_ids"],
+            parents=fields["parents"],
+            depths=fields["depths"],
+            draft_logprobs=fields["draft_logprobs"],
+            path_logprobs=fields["path_logprobs"],
+        )
         return tree
 
     @property
