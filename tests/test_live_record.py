@@ -833,3 +833,30 @@ def test_sweep_replays_next_layer_prefetch_on_a_dense_trace_with_guesses(dense_r
     assert sorted(results["prefetch"].unique()) == ["both", "next-layer", "none"]
     by_mode = results.groupby("prefetch")["prefetch_bytes"].sum()
     assert by_mode["none"] == 0 and by_mode["next-layer"] > 0
+
+
+def test_decoding_runs_with_the_loaded_objects_frozen_out_of_gc(tiny, tmp_path, capsys, monkeypatch):
+    """Python's full collections would walk the loaded models inside timed cycles (0.1-1 s pauses):
+    the session collects and freezes them before decoding (gc.freeze) and unfreezes after, also
+    when a request fails, so the next run in the process can free them."""
+    import gc
+
+    from live.spec.engine import SpecDecoder
+
+    generate, frozen = SpecDecoder.generate, []
+
+    def spy(self, *args, **kwargs):
+        frozen.append(gc.get_freeze_count())
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(SpecDecoder, "generate", spy)
+    assert main(_args(tiny, tmp_path / "run", "--num-prompts", "2", "--no-progress")) == 0
+    assert len(frozen) == 2 and min(frozen) > 0 and gc.get_freeze_count() == 0
+
+    def fail(self, *args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(SpecDecoder, "generate", fail)
+    with pytest.raises(RuntimeError, match="boom"):
+        main(_args(tiny, tmp_path / "fail", "--no-progress"))
+    assert gc.get_freeze_count() == 0

@@ -9,6 +9,7 @@ experts per layer, an empty prompt file, an unsupported architecture, missing to
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -657,6 +658,14 @@ class RecordSession:
             disable=not progress,
             file=sys.stderr,
         )
+        # Python's cyclic GC, left alone, now and then runs a full collection inside a cycle that
+        # traverses every object the loaded models (and, in a process that recorded runs before,
+        # their garbage) hold: pauses of 0.1-1 s on this CPU, landing in whatever draft or verify
+        # was timing, which the simulator rightly does not model. Collect once and freeze the
+        # survivors (the models, the engine) so collections while decoding walk only the
+        # cycles' own young objects; unfreeze after, so the models can be freed.
+        gc.collect()
+        gc.freeze()
         try:
             per_request = {k: v for k, v in self._load_request_totals().items() if k in done}
             for request_id in todo:
@@ -692,6 +701,7 @@ class RecordSession:
             self.writer.close(complete=False)
             raise
         finally:
+            gc.unfreeze()
             bar.close()
         # the whole run: this call's requests and those of earlier calls that kept their totals
         self.run_totals = RunTotals()
