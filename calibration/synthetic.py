@@ -163,6 +163,7 @@ def write_synthetic_cycles_run(
     noise_rel: float,
     seed: int,
     policy: str = "specfit",
+    config: dict[str, Any] | None = None,
     **table_kwargs: Any,
 ) -> Path:
     """Write the tables of :func:`synthetic_tables` as a policy-mode run through ``traces.writer``.
@@ -172,6 +173,7 @@ def write_synthetic_cycles_run(
         shape: the model shape written into the manifest (``num_layers`` must equal the model's).
         model: ground-truth cost model; num_cycles, noise_rel, seed: as :func:`synthetic_tables`.
         policy: tree policy named in the manifest and the cycles.
+        config: extra manifest config entries (e.g. ``{"overlap": "on"}``, as ``live.record`` writes).
         table_kwargs: further :func:`synthetic_tables` arguments.
 
     Returns:
@@ -207,7 +209,7 @@ def write_synthetic_cycles_run(
         ),
         seed=seed,
         command_line=["calibration.synthetic"],
-        config={"generator": "calibration.synthetic", "noise_rel": noise_rel},
+        config={"generator": "calibration.synthetic", "noise_rel": noise_rel, **(config or {})},
     )
     fields = set(CycleRecord.__dataclass_fields__)
     with TraceWriter(out_dir, manifest) as writer:

@@ -280,3 +280,26 @@ def test_fit_explains_an_unidentifiable_draft_base(tmp_path, capsys) -> None:
     assert summary["draft_base_s"] == 0.0
     note = summary["draft_base_note"]
     assert "is not identifiable" in note and "drafted 1 level(s)" in note and "--depth 2" in note
+
+
+def test_fit_cli_fits_overlap_terms_on_the_overlap_on_runs(runs, tmp_path, capsys) -> None:
+    """Overlap-off and overlap-on runs of one link (manifest config ``overlap``): the serial terms
+    come from the off runs alone, the overlap terms from the on runs, and the model written is
+    priced with overlap mode "on"."""
+    policy, _ = runs
+    on = write_synthetic_cycles_run(
+        tmp_path / "on", SHAPE, TRUTH, num_cycles=120, noise_rel=0.01, seed=7, config={"overlap": "on"}
+    )
+    serial_out, out = tmp_path / "serial" / "cost.json", tmp_path / "both" / "cost.json"
+    assert fit_cli.main([str(policy), "--out", str(serial_out), "--h2d-latency-us", "40"]) in (0, 1)
+    capsys.readouterr()
+    assert fit_cli.main([str(policy), str(on), "--out", str(out), "--h2d-latency-us", "40"]) in (0, 1)
+    summary = _last_json(capsys)
+    assert summary["overlap_mode"] == "on" and summary["late_call_us"] >= 0
+    serial, model = CycleCostModel.load(serial_out), CycleCostModel.load(out)
+    assert (model.overlap_h2d, model.overlap_mode) == (True, "on")
+    assert model.verify_base_s == serial.verify_base_s and model.h2d_bytes_per_s == serial.h2d_bytes_per_s
+    report = json.loads((out.parent / fit_cli.REPORT_NAME).read_text())
+    assert report["overlap_fit"]["runs"] == [str(on)] and report["serial_cost"]["overlap_mode"] == "ideal"
+    assert fit_cli.main([str(policy), str(on), "--out", str(out), "--overlap", "off"]) in (0, 1)
+    assert "overlap_mode" not in _last_json(capsys)  # --overlap off: every run fitted together, as before
