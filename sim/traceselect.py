@@ -107,7 +107,8 @@ def resolve_trace(spec: str, *, synthetic: SyntheticSpec, root: Path) -> tuple[P
         path = synthetic_trace(chosen, root)
         calibrated = "calibrated to public figures, traces/synthcal.py" if chosen.calibrated else "uncalibrated"
         return path, (
-            f"synthetic {shape} trace {path} ({calibrated}; {chosen.num_requests} requests x "
+            f"synthetic {shape} trace {path} ({calibrated}; {chosen.num_requests} "
+            f"request{'' if chosen.num_requests == 1 else 's'} x "
             f"{chosen.positions_per_request} positions, seed {chosen.seed})"
         )
     path = Path(spec)
