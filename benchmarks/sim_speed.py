@@ -6,7 +6,8 @@
    48-layer Qwen3-30B-A3B-shaped synthetic dense trace, cycles per CPU second of this process
    (the best of ``--repeats`` replays; aim: >= 5,000 cycles/s/core); wall-clock rates beside;
 2. the wall time of a 27-cell sweep (3 bandwidths x 3 cache sizes x 3 policies) over a
-   2,000-position trace on 2 worker processes (aim: < 15 s);
+   2,000-position trace on 2 worker processes (aim: < 15 s), with the CPU seconds it took (the
+   trace is decoded once, in this process, before the workers fork: ``sim.cells.prepare_traces``);
 3. parallel efficiency, ``T(1 worker) / (2 * T(2 workers))`` (aim: >= 80%).
 
 The trace is generated once under ``runs/bench/`` and reused. CPU seconds (this process and its

@@ -313,6 +313,8 @@ class ThroughputGuard:
         self.cycles += 1
         stale = self.cycles - 1 - self.horizon  # a sample of this cycle index or older is stale
         for cycles in self.arms.values():
+            if not cycles or cycles[0][2] > stale:  # nothing stale (the oldest is fresh)
+                continue
             fresh = sum(1 for c in cycles if c[2] > stale)
             while fresh >= self.min_samples and cycles[0][2] <= stale:
                 cycles.popleft()
