@@ -58,7 +58,9 @@ def _live_level_tree(levels: int) -> DraftTree:
     path = [0.0] * len(PARENTS)
     for v in range(1, len(PARENTS)):
         path[v] = path[PARENTS[v]] + logp[v]
-    return _tree(_rerank([PARENTS[v] for v in upto], [path[v] for v in upto], [depths[v] for v in upto], MAX_NODES))
+    return _tree(
+        _rerank([PARENTS[v] for v in upto], [path[v] for v in upto], [depths[v] for v in upto], MAX_NODES)
+    )
 
 
 class _Dense:
