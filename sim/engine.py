@@ -414,14 +414,31 @@ class FastEngine(_EngineBase):
                 compute_free = begin + int(compute_ns)
             ends.append(compute_free)
 
+        times = (start, draft_end, verify_start, compute_free)
+        return self._finish(times, link_free, starts, ends, layer_h2d, num_transfers, waits, copies)
+
+    def _finish(
+        self,
+        times: tuple[int, int, int, int],
+        link_free: int,
+        starts: Sequence[int],
+        ends: Sequence[int],
+        layer_h2d: Sequence[int],
+        num_transfers: int,
+        waits: Sequence[int],
+        copies: Sequence[tuple[int, int, int, int, int]] | None = None,
+    ) -> CycleTiming:
+        """Advance the clock to the cycle's end and return its timing; ``times`` = (start,
+        draft end, verification start, end) in ns."""
+        start, draft_end, verify_start, end = times
         self._link_free_ns = link_free
-        self.now_ns = compute_free
-        self._purge(compute_free)
+        self.now_ns = end
+        self._purge(end)
         return CycleTiming(
             start_ns=start,
             draft_end_ns=draft_end,
             verify_start_ns=verify_start,
-            end_ns=compute_free,
+            end_ns=end,
             layer_start_ns=tuple(starts),
             layer_end_ns=tuple(ends),
             layer_h2d_ns=tuple(layer_h2d),
@@ -466,20 +483,8 @@ class FastEngine(_EngineBase):
             if counts[layer]:
                 link_free = landed[layer]
                 break
-        compute_free = ends[-1] if ends else verify_start
-        self._link_free_ns = link_free
-        self.now_ns = compute_free
-        return CycleTiming(
-            start_ns=start,
-            draft_end_ns=draft_end,
-            verify_start_ns=verify_start,
-            end_ns=compute_free,
-            layer_start_ns=tuple(starts),
-            layer_end_ns=tuple(ends),
-            layer_h2d_ns=tuple(copy),
-            num_transfers=sum(counts),
-            layer_wait_ns=tuple(waits),
-        )
+        end = ends[-1] if ends else verify_start
+        return self._finish((start, draft_end, verify_start, end), link_free, starts, ends, copy, sum(counts), waits)
 
 
 class SimPyEngine(_EngineBase):
