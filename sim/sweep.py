@@ -451,7 +451,8 @@ def build_parser() -> ArgumentParser:
         "--model-shape",
         default=None,
         help=f"price transfers at this model's expert size, one of {', '.join(MODEL_SHAPES)}; None: "
-        f"{DEFAULT_MODEL_SHAPE} for a preset cost, the file's own for a cost JSON",
+        f"a synthetic trace's own shape (when it is one of these), else {DEFAULT_MODEL_SHAPE}, for a preset "
+        "cost; the file's own for a cost JSON",
     )
     size.add_argument("--expert-bytes", type=positive_int, default=None, help="bytes per expert (bytes)")
     p.add_argument(
@@ -710,6 +711,10 @@ def _build_cells(
         )
     model = manifest.model
     prefetches = _resolve_prefetch(parser, args.prefetch, trace_run, trace_path)
+    cost_file = args.cost.endswith(".json") or Path(args.cost).is_file()
+    if model.architecture == "synthetic" and model.name in MODEL_SHAPES and not cost_file:
+        if args.model_shape is None and args.expert_bytes is None:  # a real shape's trace: its own size
+            args.model_shape = model.name
     cost, size_name = _resolve_cost(parser, args, model.num_layers)
     args.bandwidth, bandwidth_line = _resolve_bandwidths(args, cost, cost_explicit)
     acceptance, acceptance_file = _resolve_acceptance(parser, args.acceptance, args.cost, trace_path)

@@ -536,3 +536,19 @@ def test_moespec_is_lossy_budgeted_and_needs_the_flag(trace: str, tmp_path, caps
     per_cycle = rows.loc["moespec", "num_transfers"] / rows.loc["moespec", "num_cycles"]
     assert per_cycle <= 2 * SHAPE.num_layers
     assert rows.loc["moespec", "h2d_bytes"] < rows.loc["topn", "h2d_bytes"]
+
+
+def test_synthetic_real_shape_trace_is_priced_at_its_own_expert_size(tmp_path, monkeypatch, capsys) -> None:
+    """A calibrated synthetic trace of a named shape is priced at that shape's expert size (Mixtral's
+    352 MB experts, not Qwen3's 9.4 MB), unless --model-shape / --expert-bytes say otherwise."""
+    from specfit.shapes import get_model_shape
+
+    monkeypatch.chdir(tmp_path)  # the synthetic trace is generated under ./runs/sim/traces
+    base = ["--trace", "synthetic:mixtral-8x7b", "--synthetic-requests", "1", "--synthetic-positions", "6"]
+    base += ["--bandwidth", "16", "--cache", "0.5", "--policy", "ar", "--jobs", "1", "--no-progress"]
+    assert main([*base, "--out", "own"]) == 0
+    out = capsys.readouterr().out
+    assert _last_json(out)["expert_bytes"] == get_model_shape("mixtral-8x7b").bytes_per_expert
+    assert "mixtral-8x7b expert size" in out
+    assert main([*base, "--out", "qwen", "--model-shape", "qwen3-30b-a3b"]) == 0
+    assert _last_json(capsys.readouterr().out)["expert_bytes"] == 9_437_184
