@@ -103,6 +103,23 @@ _FLOAT_FIELDS = (
 )
 
 
+def _int_misses_total(misses_per_layer: Any, num_layers: int) -> int | None:
+    """Total of a signed-integer ``int[num_layers]`` numpy array of miss counts, in plain Python.
+
+    The per-cycle fast path of :meth:`CycleCostModel.h2d_s` (a few numpy calls on a 48-element
+    array cost more than the sum): returns None for anything else (another type, dtype or
+    length, or a negative count), which the numpy path then prices or rejects as before.
+    """
+    if type(misses_per_layer) is not np.ndarray or misses_per_layer.dtype.kind != "i":
+        return None
+    if misses_per_layer.ndim != 1 or misses_per_layer.shape[0] != num_layers:
+        return None
+    counts = misses_per_layer.tolist()
+    if counts and min(counts) < 0:
+        return None
+    return sum(counts)
+
+
 @dataclass(frozen=True)
 class CycleCostModel:
     """Parameters of the cycle cost, SI units (see the module docstring for the formula).
@@ -222,9 +239,15 @@ class CycleCostModel:
     def h2d_s(self, misses_per_layer: Any) -> float:
         """Total H2D time for ``misses_per_layer`` (int[L], or a scalar total) expert misses (s).
 
+        A signed-integer ``int[L]`` array (the simulator's per-cycle counts) takes a scalar path:
+        its total is an exact integer either way, so the result is the same float as numpy's.
+
         Raises:
             ValueError: a negative miss count, or an array whose length is not ``num_layers``.
         """
+        total = _int_misses_total(misses_per_layer, self.num_layers)
+        if total is not None:
+            return self.transfer_s(total)
         misses = np.asarray(misses_per_layer)
         if misses.ndim == 1 and misses.shape[0] != self.num_layers:
             raise ValueError(f"misses_per_layer: expected {self.num_layers} layers, got {misses.shape[0]}")
@@ -255,8 +278,9 @@ class CycleCostModel:
     def cycle_s(self, num_levels: int, num_nodes: int, context_len: int, misses_per_layer: Any) -> float:
         """Predicted cycle time (s); see the module docstring for the three forms (with a scalar
         miss total, mode "on" assumes the misses spread evenly over the layers)."""
-        misses = np.asarray(misses_per_layer)
-        if self.overlap_h2d and self.overlap_mode == "on" and misses.ndim == 1:
+        per_layer_on = self.overlap_h2d and self.overlap_mode == "on"
+        misses = np.asarray(misses_per_layer) if per_layer_on else None  # the other forms need the total only
+        if misses is not None and misses.ndim == 1:
             self.h2d_s(misses)  # checks the counts
             layer_compute = self.verify_s(num_nodes, context_len) / self.num_layers
             m = misses.astype(np.float64)

@@ -7,6 +7,8 @@
   is shared between the contexts of successive draft levels.
 * ``plan_exact`` remembers the plan of a context object; ``PolicyContext.trusted`` skips checks
   only; ``make_plan``'s closure check still rejects bad sets.
+* ``CycleCostModel.h2d_s`` / ``cycle_s`` price a signed-integer ``int[L]`` miss array in plain
+  Python: bit-identical to the numpy path (a list, a float array) and it still rejects bad counts.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from hypothesis import strategies as st
 from specfit import bitsets
 from specfit.cache import make_expert_cache
 from specfit.context import PolicyContext, make_plan
-from specfit.cost import CycleCostModel
+from specfit.cost import CycleCostModel, _int_misses_total
 from specfit.node_experts import NodeExperts
 from specfit.planner import plan_exact, plan_exact_many
 from specfit.tree import DraftTree
@@ -218,3 +220,45 @@ def test_trusted_context_and_closure_checks() -> None:
     assert make_plan(checked, np.array([3, 1, 0, 1]), "x", 0.0, 1).nodes.tolist() == [0, 1, 3]
     with pytest.raises(ValueError, match="P\\(root\\)"):
         PolicyContext(**{**fields, "accept_probs": np.array([0.5, 0.4, 0.3, 0.2])})
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 2**31 - 1),
+    st.integers(1, 64),
+    st.sampled_from(["off", "ideal", "on"]),
+    st.sampled_from([np.int16, np.int32, np.int64]),
+)
+def test_cycle_s_int_fast_path_is_bit_identical_to_numpy(seed, num_layers, overlap, dtype) -> None:
+    rng = np.random.default_rng(seed)
+    cost = CycleCostModel(
+        draft_s_per_level=float(rng.uniform(0, 1e-3)),
+        verify_base_s=float(rng.uniform(0, 1e-2)),
+        verify_s_per_node=float(rng.uniform(0, 1e-4)),
+        verify_s_per_context_token=float(rng.uniform(0, 1e-6)),
+        h2d_bytes_per_s=float(rng.uniform(1e9, 6e10)),
+        h2d_s_per_transfer=float(rng.uniform(0, 1e-4)),
+        expert_bytes=int(rng.integers(1, 2**24)),
+        num_layers=num_layers,
+        draft_base_s=float(rng.uniform(0, 1e-3)),
+        overlap_h2d=overlap != "off",
+        overlap_mode="on" if overlap == "on" else "ideal",
+    )
+    misses = rng.integers(0, int(rng.choice([2, 9, 129, 10_000])), size=num_layers).astype(dtype)
+    total = float(np.asarray(misses, dtype=np.int64).sum())
+    assert _int_misses_total(misses, num_layers) == total  # the scalar path is the one taken
+    assert cost.h2d_s(misses) == cost.transfer_s(total) == cost.h2d_s(misses.tolist())
+    assert cost.h2d_s(misses) == cost.h2d_s(misses.astype(np.float64))
+    levels, nodes, context = int(rng.integers(0, 8)), int(rng.integers(1, 65)), int(rng.integers(0, 4096))
+    fast = cost.cycle_s(levels, nodes, context, misses)
+    assert type(fast) is float
+    assert fast == cost.cycle_s(levels, nodes, context, misses.tolist())
+    assert fast == cost.cycle_s(levels, nodes, context, misses.astype(np.float64))
+    bad = misses.copy()
+    bad[int(rng.integers(0, num_layers))] = -1
+    with pytest.raises(ValueError, match="counts >= 0"):
+        cost.h2d_s(bad)
+    with pytest.raises(ValueError, match="counts >= 0"):
+        cost.cycle_s(levels, nodes, context, bad)
+    with pytest.raises(ValueError, match="layers"):
+        cost.h2d_s(np.zeros(num_layers + 1, dtype=dtype))
