@@ -165,6 +165,30 @@ class Plan:
         """|S|."""
         return int(self.nodes.shape[0])
 
+    @classmethod
+    def trusted(cls, **fields: object) -> Plan:
+        """A plan built WITHOUT the frozen dataclass's per-field ``__init__``, for the decide path.
+
+        The live planner builds a plan per stopping question (several per cycle) and re-stamps
+        its ``decision_s``; the generated ``__init__`` (one ``object.__setattr__`` per field) and
+        ``dataclasses.replace`` cost more than the compiled plan itself. The caller passes the
+        attributes above by name with their declared types (the last three default as in the
+        class); names are not checked (a misspelt one gives a plan without that field).
+        """
+        plan = object.__new__(cls)
+        plan.__dict__.update(_PLAN_DEFAULTS, **fields)
+        return plan
+
+    def replaced(self, **changes: object) -> Plan:
+        """``dataclasses.replace(self, **changes)`` built like :meth:`trusted` (same fields, faster);
+        ``changes`` are field names, not checked."""
+        plan = object.__new__(Plan)
+        plan.__dict__.update(self.__dict__, **changes)
+        return plan
+
+
+_PLAN_DEFAULTS = {"predicted_misses": 0.0, "exact": True, "gap": 0.0}
+
 
 def layer_misses(ctx: PolicyContext, nodes: np.ndarray) -> np.ndarray:
     """Predicted misses per layer for subtree ``nodes``: float64[L] (integral with per-node sets)."""

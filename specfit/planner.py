@@ -205,6 +205,19 @@ def _union_misses(ne: NodeExperts, cached_bits: np.ndarray, n: int) -> tuple[np.
     return misses[:n], totals[:n]
 
 
+_KERNELS: list = []  # the decide kernels' module once loaded (a from-import per question costs ~1.5 us)
+
+
+def decide_kernels():
+    """:mod:`specfit.decide_kernels`, imported on the first call (numba loads then, not when
+    ``specfit`` is imported) and kept: the decide path asks for it several times per cycle."""
+    if not _KERNELS:
+        from specfit import decide_kernels as kernels  # numba, loaded on first use
+
+        _KERNELS.append(kernels)
+    return _KERNELS[0]
+
+
 def _plan_union_size(ctx: PolicyContext, started: float) -> Plan:
     """Exact for the union-size predictor: the best subtree of each size is a top-by-P prefix.
 
@@ -214,8 +227,7 @@ def _plan_union_size(ctx: PolicyContext, started: float) -> Plan:
     ``draft + max(verify, h2d)``, running gain), so the ratios are bit-identical to scoring each
     size with ``cost.cycle_s``; the first size of highest ratio wins, as in a scan.
     """
-    from specfit import decide_kernels as kernels  # numba, loaded on first use
-
+    kernels = decide_kernels()
     p = ctx.accept_probs
     n = p.shape[0]
     cost = ctx.cost
@@ -236,7 +248,7 @@ def _plan_union_size(ctx: PolicyContext, started: float) -> Plan:
     # ids), so the plan is built directly; its scores are evaluate_nodes' (same operations)
     ids.setflags(write=False)
     expected = 1.0 + float(p[ids[1:]].sum())
-    return Plan(
+    return Plan.trusted(  # one plan per stopping question: the dataclass __init__ shows in the profile
         nodes=ids,
         expected_committed=expected,
         predicted_cycle_s=cycle_s,

@@ -27,7 +27,7 @@ import numpy as np
 
 from specfit.context import Plan, PolicyContext, layer_misses, make_plan
 from specfit.cost import CycleCostModel
-from specfit.planner import plan_exact, union_table
+from specfit.planner import decide_kernels, plan_exact, union_table
 
 TREE_POLICIES: tuple[str, ...] = ("ar", "chain", "topn", "specfit", "cascade")
 #: One line per tree policy for ``--help``.
@@ -190,8 +190,7 @@ def _expected_rule_union_size(ctx: PolicyContext, best: Plan, root_alpha: float,
     """:meth:`SpecFitPolicy.keep_drafting_expected` with union-size prices, in one compiled call
     (:func:`specfit.decide_kernels.expected_rule_union_size`).
     """
-    from specfit import decide_kernels as kernels  # numba, loaded on first use
-
+    kernels = decide_kernels()
     ne, tree, cost = ctx.node_experts, ctx.tree, ctx.cost
     table = union_table(ne, tree.num_nodes + remaining)  # rows up to the longest chain priced
     chosen = np.zeros(tree.num_nodes, dtype=bool)

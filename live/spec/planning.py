@@ -29,6 +29,8 @@ from live.spec.draft import Drafter, DraftResult, TreeShape
 from live.spec.engine import Choice, ChooseState
 from live.spec.names import LIVE_PREDICTORS, PLANNED_POLICIES
 from live.spec.tree import TokenTree
+from specfit.acceptance import path_accept_probs  # per question: not imported inside the hot path
+from specfit.context import PolicyContext
 
 
 class PlannedChooser:
@@ -177,9 +179,6 @@ class PlannedChooser:
     def _context(self, tree: TokenTree, levels: int, state: ChooseState, recent_bits: np.ndarray | None, cycle):
         """The planning problem of ``tree`` after ``levels`` levels; ``cycle`` holds what every
         question of one cycle shares (the cache bitsets, the union-size prediction)."""
-        from specfit.acceptance import path_accept_probs
-        from specfit.context import PolicyContext
-
         dtree = tree.to_draft_tree()
         node_experts = cycle["node_experts"]
         if node_experts is None:
@@ -239,7 +238,7 @@ class PlannedChooser:
             # the rule, asked on the root alone, says no level can pay: verify the root, draft nothing
             start = time.perf_counter()
             plan = self.policy.select(last_asked[2])  # the root's context, just asked
-            plan = dataclasses.replace(plan, decision_s=time.perf_counter() - start + asked_s)
+            plan = plan.replaced(decision_s=time.perf_counter() - start + asked_s)
             bits = last_asked[2].node_experts.bits
             return Choice(DraftResult(last_asked[0], 0, 0.0), np.zeros(1, np.int64), plan, bits)
         asked_before_s = asked_s  # the level-0 question ran before grow: not inside its draft_s
@@ -249,6 +248,6 @@ class PlannedChooser:
         ctx = final_context(draft.tree, draft.num_levels)
         plan = self.policy.select(ctx)
         decision_s = time.perf_counter() - start + asked_s
-        plan = dataclasses.replace(plan, decision_s=decision_s)
+        plan = plan.replaced(decision_s=decision_s)
         draft = dataclasses.replace(draft, draft_s=max(draft.draft_s - asked_in_grow_s, 0.0))
         return Choice(draft, np.asarray(plan.nodes, dtype=np.int64), plan, ctx.node_experts.bits)
