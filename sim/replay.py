@@ -738,13 +738,14 @@ class _Replayer:
         path = committed_path(tree, path_ok, nodes)
         num_accepted = len(path) - 1
         num_committed = min(num_accepted + 1, remaining)
-        tokens = [int(t) for t in tree.token_ids[path[1:]]] + [int(dense.target_tokens[path[-1]])]
-        history.extend(true_ids[path].astype(np.int64))
+        if self.predictor.uses_recent:  # the only reader of the routing history (_choose)
+            history.extend(true_ids[path].astype(np.int64))
         self._account(timing, plan, nodes, levels, access, prefetch, num_accepted, num_committed)
         observe = getattr(self.policy, "observe_cycle", None)
         if observe is not None:  # as live.spec.engine: the policy sees each realised cycle, priced
             observe(self.cost, num_committed, levels, len(nodes), dense.context_len, access.num_misses)
         if cfg.record_cycles:
+            tokens = [int(t) for t in tree.token_ids[path[1:]]] + [int(dense.target_tokens[path[-1]])]
             self.records.append(
                 self._record(
                     rid,
