@@ -701,6 +701,10 @@ class _Replayer:
         offsets = self.arrays.offsets
         path_ok = self.path_ok[offsets[i] : offsets[i + 1]]
         plan, nodes, levels, node_experts = self._choose(data, true_bits, history, path_ok)
+        observe = getattr(self.policy, "observe_cycle", None)
+        root_misses = None  # the root alone's misses on the cache the planner saw (paired guard)
+        if observe is not None and levels > 0:
+            root_misses = self.mods["policies"].root_layer_misses(self.cache.cached_bits(), true_ids[0])
         prefetch = self._prefetch(nodes, node_experts) if self.draft_prefetch else []
         next_layer: list[list[int]] = []
         if self.next_layer_prefetch:
@@ -741,9 +745,8 @@ class _Replayer:
         if self.predictor.uses_recent:  # the only reader of the routing history (_choose)
             history.extend(true_ids[path].astype(np.int64))
         self._account(timing, plan, nodes, levels, access, prefetch, num_accepted, num_committed)
-        observe = getattr(self.policy, "observe_cycle", None)
         if observe is not None:  # as live.spec.engine: the policy sees each realised cycle, priced
-            observe(self.cost, num_committed, levels, len(nodes), dense.context_len, access.num_misses)
+            observe(self.cost, num_committed, levels, len(nodes), dense.context_len, access.num_misses, root_misses)
         if cfg.record_cycles:
             tokens = [int(t) for t in tree.token_ids[path[1:]]] + [int(dense.target_tokens[path[-1]])]
             self.records.append(

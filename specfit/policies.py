@@ -223,6 +223,22 @@ STOPPING_RULES = ("expected", "bound")
 LIVE_DEADLINE_FRACTION = 0.1  # live: each exact search gets 10 % of the cycle's least predicted time
 
 
+def root_layer_misses(cached_bits: np.ndarray, root_expert_ids: np.ndarray) -> np.ndarray:
+    """Per layer, how many of the root's experts the cache lacks: int64[L].
+
+    ``cached_bits`` uint64[L, W] (``ExpertCache.cached_bits``: bit ``e % 64`` of word ``e // 64``),
+    ``root_expert_ids`` int[L, K] (the root's routed experts; negative ids are ignored). What the
+    root alone would have missed in a cycle, for :class:`ThroughputGuard`'s paired comparison;
+    the simulator and the live engine both call it on the cache as the planner saw it.
+    """
+    ids = np.asarray(root_expert_ids, dtype=np.int64)
+    valid = ids >= 0
+    safe = np.where(valid, ids, 0)
+    words = np.asarray(cached_bits, dtype=np.uint64)[np.arange(ids.shape[0])[:, None], safe >> 6]
+    cached = (words >> (safe & 63).astype(np.uint64)) & np.uint64(1)
+    return (valid & (cached == 0)).sum(axis=1).astype(np.int64)
+
+
 class ThroughputGuard:
     """Online guard: draft only while drafting cycles realise more tokens/s than non-drafting ones.
 
@@ -251,13 +267,22 @@ class ThroughputGuard:
     were rare, and SpecFit decoded autoregressively in a cell where drafting paid (shipped trace,
     2 GB/s, cache 32 of 64, overlap off: 0.973 of chain; 1.005 with a 128-cycle horizon).
 
+    Paired evidence: a drafting cycle also carries what the root alone would have cost in the
+    same cycle (``root_s``: the cost model's price of 0 levels, 1 node, the same context and the
+    root's misses against the cache the planner saw, see :func:`root_layer_misses`). The
+    reference rate drafting must match pools the non-drafting arm with these root-alone
+    counterfactuals (one token each), so a rarely played arm is never the only, noisy evidence.
+    On the shipped trace at 1 GB/s, cache 8 of 64, overlap on (where the fitted acceptance makes
+    SpecFit draft rarely) the non-drafting arm alone let noisy drafting through near a tie: 0.978
+    of autoregressive; pooled: 0.997. Not kept: the counterfactuals ALONE as the reference (0.999
+    there, but 2 cells of the 64 beyond the 2% noise: 0.971 of chain at 2 GB/s, cache 32,
+    overlap off; 16 GB/s, cache 8, overlap off).
+
     Tried on that trace's 64-cell grid and not kept: judging an arm only after 4 samples (3 cells
     beyond the 2% noise instead of 1), and asking drafting to beat autoregressive by half a
     standard error of its rate (drafting cycles commit 1 to 5 tokens, so the error is wide; 0.85 of
     chain at 128 GB/s, cache 32): both trap SpecFit in autoregressive decoding from its first
-    drafting cycles on. Left as is: per-cycle rates of drafting are noisy, so near a tie the guard
-    lets some drafting through where it does not pay (1 GB/s, cache 8, overlap on: 0.978 of
-    autoregressive, the one cell of that grid beyond noise).
+    drafting cycles on.
 
     The per-cycle planner is exact for its predicted objective; the guard corrects what the
     objective cannot see (misestimated acceptance, evictions of experts later tokens need, draft
@@ -298,17 +323,22 @@ class ThroughputGuard:
 
         self.window, self.min_samples, self.probe_period = int(window), int(min_samples), int(probe_period)
         self.horizon = int(horizon)
-        # per arm: (tokens committed, priced seconds, index of the cycle among all observed)
+        # per arm: (tokens committed, priced seconds, index of the cycle among all observed,
+        # the root alone's priced seconds in the same cycle or None)
         self.arms: dict[str, Any] = {"spec": deque(maxlen=self.window), "ar": deque(maxlen=self.window)}
         self.questions = 0
         self.cycles = 0  # cycles observed so far (both arms)
 
-    def observe(self, num_committed: int, cycle_s: float, num_levels: int) -> None:
+    def observe(self, num_committed: int, cycle_s: float, num_levels: int, root_s: float | None = None) -> None:
         """Record one realised cycle: tokens committed (bonus included), its seconds (the live engine
         and the simulator pass the cost model's price, see :meth:`SpecFitPolicy.observe_cycle`),
-        levels drafted. Samples ``horizon`` or more cycles old leave both arms."""
+        levels drafted, and for a drafting cycle the root alone's price in the same cycle (seconds,
+        or None: not known). Samples ``horizon`` or more cycles old leave both arms."""
         if cycle_s > 0:
-            self.arms["spec" if num_levels > 0 else "ar"].append((float(num_committed), float(cycle_s), self.cycles))
+            paired = float(root_s) if num_levels > 0 and root_s is not None and root_s > 0 else None
+            self.arms["spec" if num_levels > 0 else "ar"].append(
+                (float(num_committed), float(cycle_s), self.cycles, paired)
+            )
         self.cycles += 1
         stale = self.cycles - 1 - self.horizon  # a sample of this cycle index or older is stale
         for cycles in self.arms.values():
@@ -324,14 +354,35 @@ class ThroughputGuard:
         seconds = sum(map(itemgetter(1), cycles))  # left to right, as a generator sum (C-level)
         return sum(map(itemgetter(0), cycles)) / seconds if seconds > 0 else float("nan")
 
+    def root_rate(self) -> float:
+        """Counterfactual tokens/s of the root alone over the drafting arm's cycles (one token per
+        cycle at its ``root_s``); NaN when empty or when a cycle lacks its root price."""
+        cycles = self.arms["spec"]
+        if not cycles or any(c[3] is None for c in cycles):
+            return float("nan")
+        return len(cycles) / sum(c[3] for c in cycles)
+
+    def reference_rate(self) -> float:
+        """The rate drafting must match: the non-drafting arm's cycles pooled with the drafting
+        arm's root-alone counterfactuals (tokens over seconds of both); NaN when the drafting arm
+        lacks root prices (then the caller falls back to the non-drafting arm alone)."""
+        root = self.root_rate()
+        if root != root:
+            return root
+        spec, ar = self.arms["spec"], self.arms["ar"]
+        tokens = len(spec) + sum(map(itemgetter(0), ar))
+        return tokens / (sum(c[3] for c in spec) + sum(map(itemgetter(1), ar)))
+
     def allows_drafting(self) -> bool:
         """Asked once per cycle on the root alone: False = do not draft this cycle."""
         self.questions += 1
         if len(self.arms["spec"]) < self.min_samples:
             return True
-        if len(self.arms["ar"]) < self.min_samples:
-            return False
-        spec, ar = self.rate("spec"), self.rate("ar")
+        spec, ar = self.rate("spec"), self.reference_rate()
+        if ar != ar:  # no paired prices: the non-drafting arm alone is the reference
+            if len(self.arms["ar"]) < self.min_samples:
+                return False
+            ar = self.rate("ar")
         prefer_spec = spec >= ar * (1.0 - self.margin)  # near a tie the exact planner keeps the say
         gap = abs(spec / ar - 1.0)
         period = int(self.probe_period * min(8.0, max(1.0, gap / 0.025)))  # rarer probes of a clear loser
@@ -418,6 +469,7 @@ class SpecFitPolicy(TreePolicy):
         num_nodes: int,
         context_len: int,
         misses_per_layer: Any,
+        root_misses_per_layer: Any = None,
     ) -> None:
         """Report one realised cycle priced by the cost model: what the live engine and the
         simulator both call, so the guard decides alike in both (the same committed tokens and
@@ -430,10 +482,17 @@ class SpecFitPolicy(TreePolicy):
         cannot: the realised acceptance and the misses caused by earlier cycles' evictions; the
         cost model's own error is calibration's to fix (``calibration.fit``). Planner time is not
         priced (it is the same order for both arms' questions).
+
+        ``root_misses_per_layer`` (int[L], :func:`root_layer_misses` on the cache the cycle started
+        from) prices what the root alone would have cost in a drafting cycle,
+        ``cost.cycle_s(0, 1, context_len, root_misses_per_layer)``, for the guard's paired comparison.
         """
         if self.guard is not None:
             priced_s = cost.cycle_s(int(num_levels), int(num_nodes), int(context_len), misses_per_layer)
-            self.observe(num_committed, float(priced_s), num_levels)
+            root_s = None
+            if int(num_levels) > 0 and root_misses_per_layer is not None:
+                root_s = float(cost.cycle_s(0, 1, int(context_len), root_misses_per_layer))
+            self.guard.observe(num_committed, float(priced_s), num_levels, root_s)
 
     def select(self, ctx: PolicyContext) -> Plan:
         """The exact optimum (see :mod:`specfit.planner`); a drafted tree also updates the root estimate."""

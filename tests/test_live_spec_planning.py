@@ -275,3 +275,7 @@ def test_live_engine_reports_each_cycle_to_the_policy_guard(path):
         expected["spec" if levels > 0 else "ar"].append((float(len(c.committed)), float(priced)))
     for arm in ("spec", "ar"):
         assert [c[:2] for c in guard.arms[arm]] == expected[arm][-guard.window :]
+    # each drafting cycle also carries the root alone's price on the cache the planner saw: the
+    # root's experts are among the verified ones, so it misses no more than the cycle
+    assert guard.arms["spec"]
+    assert all(c[3] is not None and 0 < c[3] <= c[1] for c in guard.arms["spec"])

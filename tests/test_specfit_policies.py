@@ -293,6 +293,34 @@ def test_throughput_guard_forgets_cold_cycles_once_fresh_ones_replace_them() -> 
     assert len(guard.arms["ar"]) == 14  # the autoregressive arm too: its 14 cycles among the last 16
 
 
+def test_throughput_guard_pools_root_alone_prices_with_autoregressive_cycles() -> None:
+    """Paired evidence (issue 12): a drafting cycle also carries the root alone's price in the same
+    cycle; drafting is judged against those counterfactuals pooled with the non-drafting cycles,
+    so it needs no autoregressive cycle to be judged."""
+    import pytest
+
+    from specfit.policies import ThroughputGuard, root_layer_misses
+
+    bits = np.zeros((2, 2), dtype=np.uint64)  # 70 experts: 2 words per layer
+    bits[0, 0], bits[0, 1], bits[1, 0] = 1 << 1, 1 << 1, 1 << 3  # cached: {1, 65} and {3}
+    root = np.array([[1, 2], [65, 3]])  # layer 0: 1 cached, 2 not; layer 1: 65 not, 3 cached
+    assert root_layer_misses(bits, root).tolist() == [1, 1]
+    assert root_layer_misses(bits, np.array([[-1, 1], [0, 3]])).tolist() == [0, 1]
+
+    guard = ThroughputGuard(window=8, min_samples=2, probe_period=4)
+    for _ in range(2):
+        guard.observe(3, 0.03, num_levels=2, root_s=0.01)  # drafting 100 tokens/s, root alone 100
+    assert guard.root_rate() == pytest.approx(100.0) and guard.allows_drafting()  # a tie, no AR cycle
+    for _ in range(2):
+        guard.observe(1, 0.01, num_levels=0)  # autoregressive: 100 tokens/s
+    assert guard.reference_rate() == pytest.approx(100.0) and guard.allows_drafting()
+    for _ in range(8):
+        guard.observe(3, 0.03, num_levels=2, root_s=0.005)  # the root alone would realise 200
+    assert guard.reference_rate() == pytest.approx(10 / 0.06)  # 8 counterfactual + 2 AR tokens
+    answers = [guard.allows_drafting() for _ in range(32)]
+    assert sum(answers) == 1  # declined (100 vs 167 tokens/s), drafting probed once per 4 x 8 questions
+
+
 def test_specfit_guard_declines_on_the_root_and_can_be_off() -> None:
     from specfit.policies import SpecFitPolicy
 

@@ -25,6 +25,7 @@ from live.offload import ForwardStats
 from live.spec.draft import Drafter, DraftResult, TreeShape
 from live.spec.tree import TokenTree
 from live.spec.verify import TreeVerifier, Verification
+from specfit.policies import root_layer_misses
 from specfit.prefetch import uses_draft
 
 
@@ -316,8 +317,12 @@ class SpecDecoder:
             generated.extend(toks)
             cycles.append(event)
             observe = getattr(getattr(chooser, "policy", None), "observe_cycle", None)
-            # the policy's online guard sees each realised cycle, priced (as sim.replay)
+            # the policy's online guard sees each realised cycle, priced (as sim.replay), and
+            # for a drafting cycle the root alone's misses on the cache the planner saw
             if observe is not None:
+                root_misses = None
+                if cached is not None and choice.draft.num_levels > 0 and ver.expert_ids.shape[1]:
+                    root_misses = root_layer_misses(cached, ver.expert_ids[slot[0]])
                 observe(
                     chooser.cost,
                     len(toks),
@@ -325,6 +330,7 @@ class SpecDecoder:
                     len(choice.nodes),
                     event.context_len,
                     stats.layer_misses,
+                    root_misses,
                 )
             if on_cycle is not None:  # recording is not decoding: kept off the decode clock
                 callback_start = time.perf_counter()
