@@ -140,7 +140,13 @@ class PlannedChooser:
                 for arm, cycles in state["guard"]["arms"].items():
                     guard.arms[arm].clear()
                     guard.arms[arm].extend(
-                        (float(c[0]), float(c[1]), int(c[2]) if len(c) > 2 else guard.cycles - 1) for c in cycles
+                        (
+                            float(c[0]),
+                            float(c[1]),
+                            int(c[2]) if len(c) > 2 else guard.cycles - 1,
+                            float(c[3]) if len(c) > 3 and c[3] is not None else None,  # root alone's price
+                        )
+                        for c in cycles
                     )
                 guard.questions = int(state["guard"]["questions"])
             if "token_table" in state and self.predictor_name == "token-table":
