@@ -245,6 +245,8 @@ class _EngineBase:
         self._pending: list[dict[int, int]] = [{} for _ in range(self.num_layers)]
 
     def _purge(self, now_ns: int) -> None:
+        if not any(self._pending):  # most cycles: nothing in flight
+            return
         for layer_pending in self._pending:
             if layer_pending:
                 for e in [e for e, t in layer_pending.items() if t <= now_ns]:
