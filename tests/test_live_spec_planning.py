@@ -279,3 +279,17 @@ def test_live_engine_reports_each_cycle_to_the_policy_guard(path):
     # root's experts are among the verified ones, so it misses no more than the cycle
     assert guard.arms["spec"]
     assert all(c[3] is not None and 0 < c[3] <= c[1] for c in guard.arms["spec"])
+
+
+def test_live_guard_state_round_trips_the_root_alone_prices(path):
+    """``--resume``: the chooser's saved guard keeps each drafting cycle's root-alone price."""
+    import json
+
+    decoder, chooser = _engine(path, 1e15)
+    decoder.generate(PROMPT, 8, chooser)
+    state = json.loads(json.dumps(chooser.state_dict()))
+    _, fresh = _engine(path, 1e15)
+    fresh.load_state_dict(state)
+    for arm in ("spec", "ar"):
+        assert list(fresh.policy.guard.arms[arm]) == list(chooser.policy.guard.arms[arm])
+    assert fresh.policy.guard.root_rate() == chooser.policy.guard.root_rate()
