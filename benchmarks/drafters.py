@@ -162,10 +162,10 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-def _check_args(parser: ArgumentParser, args) -> dict[str, list]:
-    """Check the flags before any decoding (exit 2 naming the flag); return ``{category: prompts}``."""
+def _check_flags(parser: ArgumentParser, args) -> None:
+    """Check the flags that need no prompt file (exit 2 naming the flag), before the skip for an
+    absent default prompt file, so a bad flag is said also where ``../shared`` is absent."""
     from live.eagle3 import is_eagle3_checkpoint
-    from live.prompts import UnknownCategoryError, load_prompts
     from live.spec.names import LIVE_POLICIES
 
     unknown = [x for x in args.policies if x not in LIVE_POLICIES]
@@ -179,6 +179,13 @@ def _check_args(parser: ArgumentParser, args) -> dict[str, list]:
         )
     if args.save is not None and not args.save.parent.is_dir():
         parser.fail("--save", f"folder {str(args.save.parent)!r} does not exist")
+
+
+def _check_args(parser: ArgumentParser, args) -> dict[str, list]:
+    """Check the prompt file and ``--out`` before any decoding (exit 2 naming the flag); return
+    ``{category: prompts}``."""
+    from live.prompts import UnknownCategoryError, load_prompts
+
     try:
         prompts = {cat: load_prompts(str(args.prompts), [cat]) for cat in args.categories}
     except UnknownCategoryError as exc:  # the message lists the file's categories
@@ -202,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    _check_flags(parser, args)
     if args.prompts is None:
         args.prompts = DEFAULT_PROMPTS
         if not args.prompts.is_file():
