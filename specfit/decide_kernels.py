@@ -26,6 +26,16 @@ import numpy as np
 from numba import njit
 
 
+@njit(cache=True, inline="always")
+def _clip01(x):
+    """``x`` clipped to [0, 1] as ``np.clip(x, 0, 1)`` does (float; NaN passes through)."""
+    if x < 0.0:
+        return 0.0
+    if x > 1.0:
+        return 1.0
+    return x
+
+
 @njit(cache=True, error_model="numpy")
 def level_accept_probs(parents, depths, max_depth, probs, edge, knots_x, knots_y, runner_x, runner_y,
                        draft_logprobs):  # fmt: skip
@@ -47,12 +57,7 @@ def level_accept_probs(parents, depths, max_depth, probs, edge, knots_x, knots_y
     n = parents.shape[0]
     q = np.empty(n)
     for v in range(n):  # np.clip(probs, 0, 1), NaN kept
-        x = probs[v]
-        if x < 0.0:
-            x = 0.0
-        elif x > 1.0:
-            x = 1.0
-        q[v] = x
+        q[v] = _clip01(probs[v])
     values = np.interp(q, knots_x, knots_y)
     use_runner = runner_x.shape[0] > 0
     runner_up = np.interp(q, runner_x, runner_y) if use_runner else q
@@ -68,11 +73,7 @@ def level_accept_probs(parents, depths, max_depth, probs, edge, knots_x, knots_y
         x = values[v]
         if use_runner and (parents[v] < 0 or top[parents[v]] != v):
             x = runner_up[v]
-        if x < 0.0:
-            x = 0.0
-        elif x > 1.0:
-            x = 1.0
-        val[v] = x
+        val[v] = _clip01(x)
     sums = np.zeros(n)
     for d in range(1, max_depth + 1):
         for v in range(n):
