@@ -580,9 +580,15 @@ class _Replayer:
             self.totals["num_stopped_early"] += 1
 
     def _choose(
-        self, data: _TreeData, true_bits: np.ndarray | None, history: deque, path_ok: np.ndarray | None = None
+        self,
+        data: _TreeData,
+        true_bits: np.ndarray | None,
+        history: deque,
+        path_ok: np.ndarray | None,
+        cached: np.ndarray,
     ) -> tuple[Any, np.ndarray, int, Any]:
         """Run the policy: (plan, chosen node ids in the recorded tree, draft levels, node experts).
+        ``cached``: uint64[L, W] bitsets of the cache as the planner sees it (``ExpertCache.cached_bits``).
 
         ``path_ok``: the tree's recorded path-accepted flags, used as the acceptance (1 or 0) by
         the oracle-acceptance variants.
@@ -607,7 +613,6 @@ class _Replayer:
             )
         )
         oracle_accept = self.oracle_accept and path_ok is not None
-        cached = self.cache.cached_bits()
         policy_ctx = mods["policies"].PolicyContext
         contexts: dict[int, tuple[Any, np.ndarray]] = {}
 
@@ -700,11 +705,12 @@ class _Replayer:
         true_bits = bitsets.pack(true_ids, self.num_experts) if oracle else None
         offsets = self.arrays.offsets
         path_ok = self.path_ok[offsets[i] : offsets[i + 1]]
-        plan, nodes, levels, node_experts = self._choose(data, true_bits, history, path_ok)
+        cached = self.cache.cached_bits()  # the cache as the planner sees it
+        plan, nodes, levels, node_experts = self._choose(data, true_bits, history, path_ok, cached)
         observe = getattr(self.policy, "observe_cycle", None)
         root_misses = None  # the root alone's misses on the cache the planner saw (paired guard)
         if observe is not None and levels > 0:
-            root_misses = self.mods["policies"].root_layer_misses(self.cache.cached_bits(), true_ids[0])
+            root_misses = self.mods["policies"].root_layer_misses(cached, true_ids[0])
         prefetch = self._prefetch(nodes, node_experts) if self.draft_prefetch else []
         next_layer: list[list[int]] = []
         if self.next_layer_prefetch:
