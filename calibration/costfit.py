@@ -537,6 +537,33 @@ def cycle_predictions(
     return out
 
 
+def fit_pre_router_frac(cycles: pd.DataFrame, notes: list[str] | None = None) -> float:
+    """``CycleCostModel.pre_router_frac``: the share of a layer's compute spent before its router
+    has chosen its experts (attention, norms, the router), from the cycles' ``layer_pre_router_s``
+    (recorded live by ``live.offload``: decoder-layer start to the experts module's call) over
+    their ``layer_compute_s``.
+
+    The median over cycles of ``sum_l pre_router_l / sum_l compute_l`` (a median, as the other
+    per-cycle fits here, so that a shared machine's slow spells do not move it), clipped to
+    [0, 1]. Cycles without the column (traces recorded before it) or without compute are left
+    out; with none left it is 0 (copies enqueued at the layer's start, the older model) and a
+    note says so.
+    """
+    ratios = []
+    if "layer_pre_router_s" in cycles.columns:
+        for pre, compute in zip(cycles["layer_pre_router_s"], cycles["layer_compute_s"]):
+            if pre is None or (np.ndim(pre) == 0 and pd.isna(pre)):
+                continue
+            total = float(np.sum(compute))
+            if total > 0:
+                ratios.append(float(np.sum(pre)) / total)
+    if not ratios:
+        if notes is not None:
+            notes.append("pre_router_frac set to 0: no cycle recorded layer_pre_router_s (record with a newer live.record)")
+        return 0.0
+    return float(np.clip(np.median(ratios), 0.0, 1.0))
+
+
 def fit_cost_model(
     cycles: pd.DataFrame,
     transfers: pd.DataFrame | None,
@@ -605,6 +632,7 @@ def fit_cost_model(
         num_layers=int(num_layers),
         overlap_h2d=bool(opts.overlap_h2d),
         source=source,
+        pre_router_frac=fit_pre_router_frac(fit_cycles, notes),
     )
     split = {"compute_s_per_miss": miss_compute_s, "host_s_per_transfer": host_s}
     fit_err = evaluate(model, fit_cycles, fit_transfers, opts.verify_target, **split)
@@ -694,6 +722,7 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
         h2d_s_per_transfer=link_latency_s + host_total_s,
         host_s_per_transfer=host_total_s,
         late_call_s=0.0,
+        pre_router_frac=base.pre_router_frac or fit_pre_router_frac(cycles, notes),
         source=f"{base.source}; overlap terms from {len(cycles)} overlap-on cycles",
     )
     misses = _stack(cycles["layer_misses"])  # [C, L]
@@ -737,6 +766,7 @@ def fit_tables(fit: CostFit) -> tuple[pd.DataFrame, pd.DataFrame]:
         ("  link latency", fit.h2d_link_s_per_transfer, "s/transfer"),
         ("  host placing", fit.h2d_host_s_per_transfer, "s/transfer"),
         ("  compute per miss", fit.compute_s_per_miss, "s/miss"),
+        ("pre_router_frac", m.pre_router_frac, "fraction"),
     ]
     params = pd.DataFrame(rows, columns=["parameter", "value", "unit"])
     errors = pd.DataFrame(
@@ -769,6 +799,7 @@ def worst_term(errors: dict[str, TermError]) -> str | None:
 __all__ = [
     "CostFit",
     "FitOptions",
+    "fit_pre_router_frac",
     "copies_per_transfer",
     "host_s_per_transfer",
     "TermError",

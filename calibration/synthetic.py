@@ -110,6 +110,7 @@ def synthetic_tables(
                 "layer_h2d_bytes": layer_bytes,
                 "layer_h2d_s": layer_s,
                 "layer_compute_s": np.full(num_layers, verify_s / num_layers),
+                "layer_pre_router_s": np.full(num_layers, model.pre_router_frac * verify_s / num_layers),
                 "cache_hits": int(rng.integers(0, 8 * num_layers)),
                 "cache_misses": int(misses.sum()),
                 "predicted_expected_committed": None if policy == "ar" else float(num_accepted + 1),

@@ -116,7 +116,10 @@ class ForwardStats:
     to the layer's compute), ``layer_stall_s`` (seconds the compute stream waited for the layer's
     copies, placing included: the whole ``layer_h2d_s`` without overlap; with overlap only the waits
     for copies that had not landed when their expert's turn came), ``layer_compute_s``
-    (decoder-layer seconds minus its stall seconds).
+    (decoder-layer seconds minus its stall seconds), ``layer_pre_router_s`` (the part of
+    ``layer_compute_s`` before the layer's experts were asked for: attention, norms and the
+    router, from the decoder layer's start to the experts module's call; ``None`` on sums with a
+    record lacking it).
     ``num_tokens``: tokens in the forward (T, batch flattened); ``num_forwards``: forwards summed;
     ``wall_s``: wall seconds between ``begin_forward`` and ``end_forward``. ``transfers``: the
     per-copy records (:class:`TransferLog`, bytes summing to ``h2d_bytes``; seconds of the copies
@@ -142,20 +145,23 @@ class ForwardStats:
     num_prefetch_used: int = 0
     num_prefetch_wasted: int = 0
     prefetch_wasted_bytes: int = 0
+    layer_pre_router_s: np.ndarray | None = None
 
     @classmethod
     def zeros(cls, num_layers: int) -> ForwardStats:
         """Empty statistics for ``num_layers`` MoE layers."""
         ints = [np.zeros(num_layers, dtype=np.int64) for _ in range(4)]
         floats = [np.zeros(num_layers, dtype=np.float64) for _ in range(3)]
-        return cls(0, 0, 0.0, *ints, *floats)
+        return cls(0, 0, 0.0, *ints, *floats, layer_pre_router_s=np.zeros(num_layers, dtype=np.float64))
 
     def __add__(self, other: ForwardStats) -> ForwardStats:
         summed = {
             f.name: getattr(self, f.name) + getattr(other, f.name)
             for f in fields(self)
-            if f.name != "transfers"
+            if f.name not in ("transfers", "layer_pre_router_s")
         }
+        if self.layer_pre_router_s is not None and other.layer_pre_router_s is not None:
+            summed["layer_pre_router_s"] = self.layer_pre_router_s + other.layer_pre_router_s
         if self.transfers is not None and other.transfers is not None:
             summed["transfers"] = TransferLog.concat((self.transfers, other.transfers))
         return ForwardStats(**summed)
@@ -204,6 +210,8 @@ class ForwardStats:
     def to_dict(self) -> dict:
         """JSON-ready dict (arrays as lists) with the totals added."""
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "transfers"}
+        if self.layer_pre_router_s is None:
+            del d["layer_pre_router_s"]
         d = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in d.items()}
         d.update(
             hits=self.hits,
@@ -260,6 +268,7 @@ class _ForwardState:
         self.prefetch_counts = (0, 0, 0)  # the prefetch ledger's counts at the start
         self.cuda_waits: list[list[tuple]] = [[] for _ in range(num_layers)]  # (mark, fetch, transfer)
         self.marks: list[list] = [[] for _ in range(num_layers)]  # [start, end] pairs per call
+        self.router_marks: list[list] = [[] for _ in range(num_layers)]  # experts asked for, per call
         self.ids: list[list[np.ndarray]] = [[] for _ in range(num_layers)]
         self.weights: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
         self.next_ids: list[list[np.ndarray]] = [[] for _ in range(num_layers - 1)]  # int64[T, K]
@@ -660,8 +669,10 @@ class OffloadedMoE:
                 stall_s[layer] += sum(fetch.landed_after_s(i, ready) for ready, fetch, i in waits)
         else:
             stall_s = h2d_s
-        layer_s = np.array(
-            [sum(self._timer.elapsed_s(start, end) for start, end in marks) for marks in state.marks],
+        elapsed = self._timer.elapsed_s
+        layer_s = np.array([sum(elapsed(start, end) for start, end in marks) for marks in state.marks], dtype=np.float64)
+        pre_router_s = np.array(  # each decoder-layer call's start to its experts' call (its router has run)
+            [sum(elapsed(m[0], r) for m, r in zip(marks, routed)) for marks, routed in zip(state.marks, state.router_marks)],
             dtype=np.float64,
         )
         stats = ForwardStats(
@@ -677,6 +688,7 @@ class OffloadedMoE:
             layer_stall_s=stall_s,
             transfers=self._transfer_log(state),
             **self._prefetch_counts(state),
+            layer_pre_router_s=np.minimum(pre_router_s, np.maximum(layer_s - stall_s, 0.0)),
         )
         self._state = None
         self._last_state = state
@@ -807,6 +819,7 @@ class OffloadedMoE:
         if state is None:  # experts called outside a model forward (tests, direct use)
             self._begin(auto=True)
             state = self._state
+        state.router_marks[layer].append(self._timer.mark())  # attention and router are done
         ids_np = (top_k_index.detach() if top_k_index.requires_grad else top_k_index).cpu().numpy()
         if self.record_routing:
             state.ids[layer].append(ids_np.copy())

@@ -9,20 +9,21 @@ being reordered by float round-off, and the same input gives byte-identical outp
 Model (issue 6, "The discrete-event model"):
 
 * The compute stream runs the draft levels (``draft_ns``), then the planner (``decision_ns``, a
-  modelled constant), then the verification forward pass layer by layer. Layer ``l`` starts when
-  layer ``l-1`` is done AND every expert it needs is on the device; it then computes for
-  ``layer_compute_ns[l]``.
+  modelled constant), then the verification forward pass layer by layer. Layer ``l`` computes
+  for ``layer_compute_ns[l]`` in all: first its part before the router (``layer_pre_router_ns[l]``:
+  attention, norms, the router; ``CycleCostModel.pre_router_frac`` of it), which needs no expert,
+  then its experts, each only once it is on the device.
 * The H2D link is a FIFO copy stream (a CUDA copy stream: copies run in the order they were
   enqueued). Each expert copy takes ``latency_ns`` (per-transfer dispatch cost) then ``wire_ns``
   (``expert_bytes / bandwidth``). With ``concurrency = c > 1`` up to ``c`` copies are in flight:
   their dispatch latencies overlap while the wire (the bandwidth) is shared, one copy at a time.
-* Demand misses of layer ``l`` are enqueued when layer ``l`` is reached (its router has run),
-  as the live engine does (``live.offload``), after the compute stream has spent
+* Demand misses of layer ``l`` are enqueued once layer ``l``'s router has run (its pre-router
+  compute done), as the live engine does (``live.offload``), after the compute stream has spent
   ``host_ns_per_transfer`` per miss placing them (slot bookkeeping, and on the emulated CPU link
   the memcpy: host work a copy engine does not do; the live engine counts it as stall).
   ``overlap="off"``: the compute stream blocks on them (and on the layer's prefetched experts
-  still in flight) before the layer computes, so with an idle link the cycle is exactly ``draft
-  + decision + verify + sum_l misses_l * (host + latency + wire)``:
+  still in flight) before the layer's experts compute, so with an idle link the cycle is exactly
+  ``draft + decision + verify + sum_l misses_l * (host + latency + wire)``:
   ``specfit.cost.CycleCostModel.cycle_s`` with overlap off.
   ``overlap="on"`` (the live engine's ``--overlap on``): the layer computes its resident experts
   (those whose copies have landed included) at once, in one kernel call, while its copies are in
@@ -30,12 +31,12 @@ Model (issue 6, "The discrete-event model"):
   computes every late expert landed by then in one more kernel call of ``late_call_ns`` (the
   live engine's late-expert groups: a call's fixed cost dominates a few experts' work on the
   CPU). So on an idle link with copies landing one by one (``transfer >= late_call``) a layer
-  with misses lasts ``host + max(compute, h2d) + late_call`` (``CycleCostModel.cycle_s``, mode
-  "on"). ``overlap="ideal"`` is a BOUND no engine reaches (a layer's experts are known only once
-  its router has run): as "on", but the demand misses of every layer are enqueued when
-  verification starts, in layer order, so copies of later layers also proceed while earlier
-  layers compute (placing and late calls as in "on"; the analytic bound ``draft + max(verify,
-  h2d)`` leaves them out). ``True``/``False`` are read as ``"ideal"``/``"off"``.
+  with misses lasts ``host + max(compute, pre_router + h2d) + late_call``
+  (``CycleCostModel.cycle_s``, mode "on"). ``overlap="ideal"`` is a BOUND no engine reaches (a
+  layer's experts are known only once its router has run): as "on", but the demand misses of
+  every layer are enqueued when verification starts, in layer order, so copies of later layers
+  also proceed while earlier layers compute, their own attention included (placing and late
+  calls as in "on"; the analytic bound ``draft + max(verify, h2d)`` leaves them out). ``True``/``False`` are read as ``"ideal"``/``"off"``.
 * Prefetch: the draft prefetch's copies (``CyclePlan.prefetch``) are enqueued when the subtree is
   chosen (after ``decision_ns``), before any demand copy. The next-layer prefetch's copies of
   layer ``l+1`` (``CyclePlan.next_layer[l]``; Pre-gated MoE, Hwang et al., ISCA 2024: layer l+1's
@@ -127,6 +128,10 @@ class CyclePlan:
         next_layer: empty, or per layer ``l`` the experts of layer ``l+1`` copied by the
             next-layer prefetch when layer ``l`` is reached (see the module docstring), in this
             order (the last layer's entry is empty).
+        layer_pre_router_ns: empty (0 for every layer), or per layer the part of
+            ``layer_compute_ns[l]`` computed before the layer's router has run (attention,
+            norms, router; 0 <= it <= ``layer_compute_ns[l]``): the layer's demand copies are
+            enqueued after it (``CycleCostModel.pre_router_frac``).
     """
 
     draft_ns: int
@@ -140,6 +145,7 @@ class CyclePlan:
     late_call_ns: int = 0
     demand_counts: Sequence[int] | None = None
     next_layer: Sequence[Sequence[int]] = ()
+    layer_pre_router_ns: Sequence[int] = ()
 
     @property
     def overlap_mode(self) -> str:
@@ -161,13 +167,16 @@ class CycleTiming:
     Attributes:
         start_ns, draft_end_ns, verify_start_ns, end_ns: cycle start, draft end, verification
             start (= subtree chosen, prefetch enqueued) and end of the last layer.
-        layer_start_ns, layer_end_ns: ``L`` compute start/end per layer.
+        layer_start_ns, layer_end_ns: ``L`` compute start/end per layer (the start: when the
+            layer's first compute began, its pre-router part; with overlap "off" and no
+            pre-router compute, after its copies landed).
         layer_h2d_ns: ``L``, summed duration of this cycle's copies for layer ``l`` (demand and
             prefetch; with ``concurrency == 1`` this is the link time they occupied).
         num_transfers: copies enqueued in this cycle (demand + prefetch).
-        layer_wait_ns: ``L``, with overlap: the layer's stall inside its span, placing its misses
-            and waiting for late copies (0 with ``overlap="off"``, where the stall is the gap
-            between a layer's start and the previous layer's end).
+        layer_wait_ns: ``L``, the layer's stall inside its span: with overlap, placing its misses
+            and waiting for late copies; with ``overlap="off"``, placing and waiting for its copies
+            after its pre-router compute (0 without pre-router compute, where the stall is the
+            gap between a layer's start and the previous layer's end).
         copies: with ``record_copies`` on the engine, each copy enqueued this cycle as
             ``(layer, expert, enqueued_ns, started_ns, landed_ns)`` in enqueue order (empty otherwise).
     """
@@ -230,6 +239,12 @@ def _check_plan(plan: CyclePlan) -> None:
         raise ValueError(
             f"CyclePlan.next_layer: expected no entry or one per layer ({n}), the last empty; "
             f"got {len(plan.next_layer)}"
+        )
+    pre = plan.layer_pre_router_ns
+    if len(pre) not in (0, n) or any(not 0 <= p <= c for p, c in zip(pre, plan.layer_compute_ns)):
+        raise ValueError(
+            f"CyclePlan.layer_pre_router_ns: expected no entry or one per layer ({n}), each in "
+            f"[0, layer_compute_ns]; got {list(pre)}"
         )
     if plan.overlap_mode not in OVERLAP_MODES:
         raise ValueError(f"CyclePlan.overlap: expected one of {list(OVERLAP_MODES)}, got {plan.overlap!r}")
@@ -360,14 +375,17 @@ class FastEngine(_EngineBase):
         compute_free = forward_start
         starts, ends, waits = [], [], []
         hits = plan.hits
+        pre_router = plan.layer_pre_router_ns
         for layer, (pending, n, compute_ns) in enumerate(zip(self._pending, counts, plan.layer_compute_ns)):
+            pre = int(pre_router[layer]) if pre_router else 0  # attention + router: no expert needed
+            routed = compute_free + pre
             late = 0  # last arrival among the layer's copies in flight
             if pending:
                 for e in hits[layer]:
                     arrival = pending.get(int(e))
                     if arrival is not None and arrival > late:
                         late = arrival
-            placed = compute_free + n * host_ns  # the misses placed: their copies enqueued
+            placed = routed + n * host_ns  # the misses placed: their copies enqueued
             if n and mode != "ideal":  # enqueued once the layer's router has run
                 first = demand_first[layer] = placed if placed > link_free else link_free
                 if copies is not None:
@@ -384,8 +402,8 @@ class FastEngine(_EngineBase):
                     begin += len(next_layer[layer]) * host_ns
                     prefetch_next(layer, begin)
                 starts.append(compute_free)
-                cur = begin + int(compute_ns)
-                stall = placed - compute_free
+                cur = begin + int(compute_ns) - pre
+                stall = placed - routed
                 if late_ns and late > begin:  # one kernel call per group of late experts landed together
                     first = demand_first[layer]
                     arrivals = [first + (k + 1) * t_ns for k in range(n)]
@@ -411,9 +429,9 @@ class FastEngine(_EngineBase):
                 if next_layer and next_layer[layer]:  # the live engine issues them after the wait
                     begin += len(next_layer[layer]) * host_ns
                     prefetch_next(layer, begin)
-                starts.append(ready)
-                waits.append(0)
-                compute_free = begin + int(compute_ns)
+                starts.append(compute_free if pre else ready)
+                waits.append(ready - routed if pre else 0)
+                compute_free = begin + int(compute_ns) - pre
             ends.append(compute_free)
 
         times = (start, draft_end, verify_start, compute_free)
@@ -457,10 +475,11 @@ class FastEngine(_EngineBase):
 
         Then every layer finds the link free once its misses are placed (by induction: its
         copies land before it ends), so no link state is needed per layer. With ``n`` misses,
-        compute ``c``, placing ``h`` and copy ``t`` per miss, a layer lasts ``n (h + t) + c`` and
-        starts after ``n (h + t)`` (overlap "off"), or lasts ``n h + max(c, n t)``, starting at
-        once and waiting ``n h + max(n t - c, 0)`` (overlap "on" without a late-call cost):
-        running sums of integers (exact). Only for "off" and such "on" cycles, without
+        compute ``c`` of which ``p`` before the router, placing ``h`` and copy ``t`` per miss, a
+        layer lasts ``n (h + t) + c`` and waits ``n (h + t)`` after ``p`` (overlap "off"; with
+        ``p = 0`` it starts after the wait), or lasts ``n h + max(c, p + n t)``, waiting
+        ``n h + max(p + n t - c, 0)`` (overlap "on" without a late-call cost): running sums of
+        integers (exact). Only for "off" and such "on" cycles, without
         prefetch (draft or next-layer) or recorded copies; ``tests/test_sim_engine.py`` checks it
         against the loop.
         """
@@ -468,18 +487,26 @@ class FastEngine(_EngineBase):
         compute = list(map(int, plan.layer_compute_ns))
         copy = [n * t_ns for n in counts]
         place = [n * host_ns for n in counts] if host_ns else [0] * len(counts)
-        if plan.overlap_mode == "off":  # the layer computes once its last copy has landed
+        pre = list(map(int, plan.layer_pre_router_ns))
+        if plan.overlap_mode == "off":  # the layer's experts compute once its last copy has landed
             duration = map(add, map(add, place, copy), compute)
-            ends = list(accumulate(duration, initial=verify_start))[1:]
-            starts = list(map(sub, ends, compute))
-            waits = [0] * len(ends)
-            landed = starts
+            ends = list(accumulate(duration, initial=verify_start))
+            if pre:  # its attention and router first: the wait is inside the layer's span
+                starts, ends = ends[:-1], ends[1:]
+                waits = list(map(add, place, copy))
+                landed = list(map(add, map(add, map(add, starts, pre), place), copy))
+            else:
+                ends = ends[1:]
+                starts = list(map(sub, ends, compute))
+                waits = [0] * len(ends)
+                landed = starts
         else:  # resident experts compute at once; the layer ends when its last copy has landed
-            duration = list(map(add, place, map(max, compute, copy)))
+            after = list(map(add, pre, copy)) if pre else copy  # the copies start after the router
+            duration = list(map(add, place, map(max, compute, after)))
             ends = list(accumulate(duration, initial=verify_start))
             starts, ends = ends[:-1], ends[1:]
-            waits = list(map(add, place, map(max, map(sub, copy, compute), repeat(0))))
-            landed = list(map(add, map(add, starts, place), copy))
+            waits = list(map(add, place, map(max, map(sub, after, compute), repeat(0))))
+            landed = list(map(add, map(add, starts, place), after))
         link_free = self._link_free_ns
         for layer in range(len(counts) - 1, -1, -1):  # the link is busy until the last copy lands
             if counts[layer]:
@@ -572,6 +599,10 @@ class SimPyEngine(_EngineBase):
         starts, ends, layer_waits = [], [], []
         for layer in range(self.num_layers):
             layer_start = int(env.now)
+            pre = int(plan.layer_pre_router_ns[layer]) if plan.layer_pre_router_ns else 0
+            if pre:  # attention and the router: the layer's experts are known after it
+                yield env.timeout(pre)
+            routed = int(env.now)
             n = len(plan.demand[layer])
             if n and host_ns:  # placing the misses
                 yield env.timeout(n * host_ns)
@@ -585,15 +616,15 @@ class SimPyEngine(_EngineBase):
                 waits += [pending[int(e)] for e in plan.hits[layer] if int(e) in pending]
             if mode != "off":  # the compute stream: resident experts first, then the late ones
                 starts.append(layer_start)
-                stall = int(env.now) - layer_start
+                stall = int(env.now) - routed
                 if plan.next_layer and plan.next_layer[layer] and host_ns:  # placing the next-layer prefetch
                     yield env.timeout(len(plan.next_layer[layer]) * host_ns)
                 count += self._prefetch_next(plan, layer, layer_h2d)
                 if late_ns:  # copies landing at this very instant count as landed
                     yield env.timeout(0)
                 late = [w for w in waits if not w.triggered]
-                if plan.layer_compute_ns[layer]:
-                    yield env.timeout(int(plan.layer_compute_ns[layer]))
+                if plan.layer_compute_ns[layer] - pre:
+                    yield env.timeout(int(plan.layer_compute_ns[layer]) - pre)
                 while late:  # wait for the next landing, then one call on every late expert landed
                     if late_ns:
                         yield env.timeout(0)
@@ -611,13 +642,13 @@ class SimPyEngine(_EngineBase):
                 waits = [w for w in waits if not w.processed]
                 if waits:
                     yield simpy.AllOf(env, waits)
-                starts.append(int(env.now))
+                starts.append(layer_start if pre else int(env.now))
+                layer_waits.append(int(env.now) - routed if pre else 0)
                 if plan.next_layer and plan.next_layer[layer] and host_ns:  # placing the next-layer prefetch
                     yield env.timeout(len(plan.next_layer[layer]) * host_ns)
                 count += self._prefetch_next(plan, layer, layer_h2d)
-                if plan.layer_compute_ns[layer]:
-                    yield env.timeout(int(plan.layer_compute_ns[layer]))
-                layer_waits.append(0)
+                if plan.layer_compute_ns[layer] - pre:
+                    yield env.timeout(int(plan.layer_compute_ns[layer]) - pre)
             ends.append(int(env.now))
         out.update(starts=starts, ends=ends, layer_h2d=layer_h2d, count=count, waits=layer_waits)
 

@@ -374,7 +374,8 @@ class _Replayer:
         self.totals: dict[str, Any] = {f: 0 for f in ReplayTotals.__dataclass_fields__}
         self.totals["predicted_committed"] = 0.0
         self.records: list[CycleRecord] = []
-        self._splits: dict[int, tuple[int, ...]] = {}  # split_ns memo (a few distinct verify times)
+        # _layer_split memo (a few distinct verify times)
+        self._splits: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
 
     # ---- setup ------------------------------------------------------------------------------
     def _make_cache(self) -> Any:
@@ -466,6 +467,18 @@ class _Replayer:
         first.access_log = [[] for _ in range(self.num_layers)]
         first.replay()
         return first.access_log
+
+    def _layer_split(self, verify_ns: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Per-layer compute of a verification forward of ``verify_ns`` (:func:`split_ns`) and the
+        part of each computed before the layer's router (``cost.pre_router_frac``, rounded to
+        the nanosecond; empty when 0), after which the layer's demand copies are enqueued."""
+        compute = split_ns(verify_ns, self.num_layers)
+        return compute, self._pre_router(compute)
+
+    def _pre_router(self, layer_compute: tuple[int, ...]) -> tuple[int, ...]:
+        """``cost.pre_router_frac`` of each layer's compute (ns; empty when the fraction is 0)."""
+        frac = self.cost.pre_router_frac
+        return tuple(min(round(frac * c), c) for c in layer_compute) if frac else ()
 
     def _access(self, mask: np.ndarray) -> Any:
         """``cache.access_layers(mask)`` (one access per layer) that also logs the accesses
@@ -723,11 +736,12 @@ class _Replayer:
         hits, demand = _MaskRows(access.hits), _MaskRows(access.misses)
         self._ledger_accessed(access)
         verify_ns = s_to_ns(self.cost.verify_s(len(nodes), dense.context_len))
-        layer_compute = self._splits.get(verify_ns)
-        if layer_compute is None:
+        split = self._splits.get(verify_ns)
+        if split is None:
             if len(self._splits) >= 4096:  # bounded: context-dependent verify times vary
                 self._splits.clear()
-            layer_compute = self._splits[verify_ns] = split_ns(verify_ns, self.num_layers)
+            split = self._splits[verify_ns] = self._layer_split(verify_ns)
+        layer_compute, layer_pre_router = split
         timing = engine.run_cycle(
             CyclePlan(
                 draft_ns=s_to_ns(self.cost.draft_s(levels)),
@@ -741,6 +755,7 @@ class _Replayer:
                 late_call_ns=self._late_call_ns,
                 demand_counts=access.num_misses.tolist(),
                 next_layer=next_layer,
+                layer_pre_router_ns=layer_pre_router,
             )
         )
         if next_layer:  # the next-layer copies count as prefetch copies of the layer they fill
@@ -850,6 +865,7 @@ class _Replayer:
             layer_h2d_bytes=[n * self.expert_bytes for n in per_layer_copies],
             layer_h2d_s=[ns_to_s(x) for x in timing.layer_h2d_ns],
             layer_compute_s=[ns_to_s(x) for x in layer_compute],
+            layer_pre_router_s=[ns_to_s(x) for x in self._pre_router(layer_compute) or (0,) * len(layer_compute)],
             cache_hits=int(access.num_hits.sum()),
             cache_misses=int(access.num_misses.sum()),
             predicted_expected_committed=float(plan.expected_committed),

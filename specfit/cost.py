@@ -2,13 +2,14 @@
 
     T_cycle = T_draft(levels) + T_verify(nodes, context) + T_h2d(misses)          (no overlap)
     T_cycle = T_draft(levels) + sum_l [misses_l * host_s_per_transfer          (overlap_h2d, "on")
-                                       + max(T_verify / L, misses_l * T_link)
+                                       + max(T_verify / L, T_pre + misses_l * T_link)
                                        + late_call_s * (misses_l > 0)]
     T_cycle = T_draft(levels) + max(T_verify, T_h2d)               (overlap_h2d, mode "ideal")
     T_draft  = draft_base_s + draft_s_per_level * levels   (levels > 0; 0 when nothing is drafted)
     T_verify = verify_base_s + verify_s_per_node * nodes + verify_s_per_context_token * context_len
     T_h2d    = sum over layers of misses_l * (expert_bytes / h2d_bytes_per_s + h2d_s_per_transfer)
     T_link   = expert_bytes / h2d_bytes_per_s + h2d_s_per_transfer - host_s_per_transfer
+    T_pre    = pre_router_frac * T_verify / L     (a layer's attention + router, before its copies)
 
 This is the cost of the SpecFit paper's objective (arXiv 2610.15417, abstract: throughput =
 E[committed] / T_cycle with an expert-coverage H2D term), with a per-transfer latency term
@@ -16,12 +17,13 @@ because measured offloading engines are dispatch-bound (docs/reference-figures.m
 Overlap mode "on" is the live engine's ``--overlap on`` (``live.offload``; ``sim.engine`` mode "on"):
 layer l's misses are placed by the compute stream (``host_s_per_transfer`` each: slot
 bookkeeping, the emulated link's memcpy, per-miss compute; the part of ``h2d_s_per_transfer`` that
-is not link time), their copies are enqueued once its router has run and overlap only that
-layer's compute, and the experts whose copies land after the resident ones were computed take one
+is not link time), their copies are enqueued once its router has run (after the first
+``pre_router_frac`` of the layer's compute: attention, norms and the router, measured live per
+layer) and overlap only the rest of that layer's compute (its experts), and the experts whose copies land after the resident ones were computed take one
 more kernel call (``late_call_s``, once per layer when copies land one by one, the usual case:
 ``sim.engine`` models the groups exactly). Both are fitted by ``calibration.costfit`` from
-overlap-on runs (``fit_overlap_terms``); with them at 0 a layer lasts ``max(compute_l, h2d_l)``
-on an idle link. The totals-only paths (:meth:`CycleCostModel.cycle_s_total`, the planner's
+overlap-on runs (``fit_overlap_terms``); with them and ``pre_router_frac`` at 0 a layer lasts
+``max(compute_l, h2d_l)`` on an idle link. The totals-only paths (:meth:`CycleCostModel.cycle_s_total`, the planner's
 search) price overlap with the "ideal" form ``max(T_verify, T_h2d)`` (what the per-layer maximum
 gives with the misses spread evenly and the placing and late calls left out), a bound no engine
 reaches (every layer's copies enqueued when verification starts); plans are re-scored with
@@ -49,8 +51,9 @@ import numpy as np
 from specfit.units import gb_per_s_to_bytes_per_s
 
 COST_MODEL_FORMAT = "specfit.CycleCostModel"
-COST_MODEL_VERSION = 3  # 2: draft_base_s (version 1 loads with 0); 3: host_s_per_transfer,
-# late_call_s (versions 1-2 load with 0: all of h2d_s_per_transfer is link time, no late calls)
+COST_MODEL_VERSION = 4  # 2: draft_base_s (version 1 loads with 0); 3: host_s_per_transfer,
+# late_call_s (versions 1-2 load with 0: all of h2d_s_per_transfer is link time, no late calls);
+# 4: pre_router_frac (versions 1-3 load with 0: copies enqueued at the layer's start)
 COST_FIT_REPORT_NAME = "cost_fit_report.json"  # written by calibration.fit beside its cost.json
 
 
@@ -84,6 +87,7 @@ FIELD_UNITS: dict[str, str] = {
     "h2d_s_per_transfer": "s/transfer",
     "host_s_per_transfer": "s/transfer",
     "late_call_s": "s",
+    "pre_router_frac": "fraction",
     "expert_bytes": "bytes",
     "num_layers": "count",
     "overlap_h2d": "bool",
@@ -100,6 +104,7 @@ _FLOAT_FIELDS = (
     "h2d_s_per_transfer",
     "host_s_per_transfer",
     "late_call_s",
+    "pre_router_frac",
 )
 
 
@@ -144,10 +149,16 @@ class CycleCostModel:
         late_call_s: with overlap mode "on", the compute-stream cost of the extra kernel call on
             the experts whose copies landed after the layer's resident experts were computed
             (s; default 0).
+        pre_router_frac: the share of each layer's compute that runs before its router has
+            chosen the layer's experts (attention, norms, the router itself; fraction in [0, 1],
+            default 0). With overlap mode "on" a layer's copies are enqueued only after it, so
+            they overlap the remaining ``1 - pre_router_frac`` (the experts' compute).
+            ``calibration.costfit`` fits it from the live engine's ``layer_pre_router_s``.
 
     Raises:
         ValueError: a negative or non-finite time, a non-positive bandwidth or layer count,
-            ``host_s_per_transfer > h2d_s_per_transfer``; the message names the field.
+            ``host_s_per_transfer > h2d_s_per_transfer``, ``pre_router_frac`` above 1; the
+            message names the field.
     """
 
     draft_s_per_level: float
@@ -164,6 +175,7 @@ class CycleCostModel:
     overlap_mode: str = "ideal"
     host_s_per_transfer: float = 0.0
     late_call_s: float = 0.0
+    pre_router_frac: float = 0.0
 
     def __post_init__(self) -> None:
         for name in _FLOAT_FIELDS:
@@ -186,6 +198,8 @@ class CycleCostModel:
                 "CycleCostModel.host_s_per_transfer: expected <= h2d_s_per_transfer (it is the part of "
                 f"it spent on the compute stream), got {self.host_s_per_transfer!r} > {self.h2d_s_per_transfer!r}"
             )
+        if self.pre_router_frac > 1.0:
+            raise ValueError(f"CycleCostModel.pre_router_frac: expected a fraction in [0, 1], got {self.pre_router_frac!r}")
         for name, minimum in (("expert_bytes", 0), ("num_layers", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or int(value) != value or value < minimum:
@@ -284,7 +298,7 @@ class CycleCostModel:
             self.h2d_s(misses)  # checks the counts
             layer_compute = self.verify_s(num_nodes, context_len) / self.num_layers
             m = misses.astype(np.float64)
-            per_layer = np.maximum(layer_compute, m * self.link_s_per_transfer)
+            per_layer = np.maximum(layer_compute, self.pre_router_frac * layer_compute + m * self.link_s_per_transfer)
             host = self.host_s_per_transfer * m.sum() + self.late_call_s * np.count_nonzero(m)
             return float(self.draft_s(num_levels) + per_layer.sum() + host)
         return self.combine_s(
@@ -380,6 +394,7 @@ class CycleCostModel:
             raise ValueError(f"{where}: unknown field(s) {unknown}; expected {names}")
         optional = ("overlap_h2d", "source", "overlap_mode") + (("draft_base_s",) if version == 1 else ())
         optional += ("host_s_per_transfer", "late_call_s") if version <= 2 else ()
+        optional += ("pre_router_frac",) if version <= 3 else ()
         missing = [n for n in names if n not in optional and n not in data]
         if missing:
             raise ValueError(f"{where}: missing field(s) {missing}")
@@ -387,6 +402,14 @@ class CycleCostModel:
             warnings.warn(
                 f"{where}: a version-1 cost model has no draft_base_s; it is taken as 0 s (a drafting "
                 "cycle pays no fixed cost). Refit with `python -m calibration.fit` to price it.",
+                UserWarning,
+                stacklevel=2,
+            )
+        if version <= 3 and data.get("overlap_h2d") and data.get("overlap_mode") == "on":
+            warnings.warn(
+                f"{where}: a version-{version} cost model has no pre_router_frac; it is taken as 0 (a "
+                "layer's copies enqueued at the layer's start, before its attention and router: optimistic "
+                "with overlap). Refit with `python -m calibration.fit` on runs that record layer_pre_router_s.",
                 UserWarning,
                 stacklevel=2,
             )

@@ -280,3 +280,25 @@ def test_overlap_terms_are_fitted_from_overlap_on_cycles(tables) -> None:
     assert overlap.cycle_error.median_abs_pct_error < 1e-6
     with pytest.raises(CalibrationDataError, match="no cycles"):
         fit_overlap_terms(fit, on_cycles.iloc[0:0], None)
+
+
+def test_pre_router_fraction_is_fitted_from_the_recorded_split() -> None:
+    """Cycles recording ``layer_pre_router_s`` (the live engine's attention + router time per
+    layer) give ``pre_router_frac``, the share of a layer's compute its copies cannot overlap;
+    cycles recorded before the column (null, or no column) leave it at 0 with a note."""
+    import dataclasses
+
+    from calibration.costfit import fit_overlap_terms, fit_pre_router_frac
+
+    truth = dataclasses.replace(TRUTH, pre_router_frac=0.35)
+    cycles, transfers = synthetic_tables(truth, num_cycles=200, noise_rel=0.0, seed=4)
+    fit = fit_cost_model(cycles, transfers, expert_bytes=truth.expert_bytes, num_layers=truth.num_layers)
+    assert fit.model.pre_router_frac == pytest.approx(0.35, rel=1e-9)
+    assert fit_overlap_terms(fit, cycles, transfers).model.pre_router_frac == fit.model.pre_router_frac
+    notes: list[str] = []
+    assert fit_pre_router_frac(cycles.drop(columns=["layer_pre_router_s"]), notes) == 0.0
+    assert notes and "pre_router_frac set to 0" in notes[0]
+    old = cycles.assign(layer_pre_router_s=[None] * len(cycles))
+    assert fit_pre_router_frac(old) == 0.0
+    half = cycles.assign(layer_pre_router_s=[None if k % 2 else v for k, v in enumerate(cycles["layer_pre_router_s"])])
+    assert fit_pre_router_frac(half) == pytest.approx(0.35, rel=1e-9)

@@ -4,11 +4,14 @@ nanosecond, and no expert computes before its copy lands.
 
 The live engine runs on a fake clock (tests/fake_clock.py) with its real CPU copy stream, an
 emulated link whose only cost is a per-transfer latency (each expert copy takes ``TRANSFER_NS``
-on the FIFO link clock; waiting for a copy lets the clock run to its landing). Each layer's first
-kernel call (its resident experts) takes ``COMPUTE_NS`` and each later call (a group of late
-experts landed together) ``LATE_NS``; everything else takes no time. The simulator gets the same
-cycle as a ``CyclePlan`` (the live engine's own hits, demand misses and prefetch, the next-layer
-copies at the layer that issued them) with ``overlap="on"`` and ``late_call_ns=LATE_NS``.
+on the FIFO link clock; waiting for a copy lets the clock run to its landing). Each layer's
+attention and router take ``PRE_NS`` (in the second case; 0 in the first), its first kernel call
+(its resident experts) ``COMPUTE_NS`` and each later call (a group of late experts landed
+together) ``LATE_NS``; everything else takes no time. The simulator gets the same cycle as a
+``CyclePlan`` (the live engine's own hits, demand misses and prefetch, the next-layer copies at
+the layer that issued them, the measured pre-router time) with ``overlap="on"`` and
+``late_call_ns=LATE_NS``. With ``PRE_NS`` the demand copies (``TRANSFER_NS`` each) are enqueued
+only once the router has run and outlast the layer's remaining compute.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from specfit import bitsets
 TRANSFER_NS = 300_000
 COMPUTE_NS = 200_000
 LATE_NS = 50_000
+PRE_NS = 120_000
 CAPACITY = 8
 
 
@@ -44,8 +48,9 @@ def _fake_clock_link() -> H2DLink:
     return link
 
 
+@pytest.mark.parametrize("pre_ns", [0, PRE_NS])
 @pytest.mark.parametrize("prefetch", ["draft", "both"])
-def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpoint, monkeypatch, prefetch):
+def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpoint, monkeypatch, prefetch, pre_ns):
     path = tiny_checkpoint("qwen3_moe")
     probe = load_target(path)
     spec = describe_moe(probe)
@@ -87,6 +92,13 @@ def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpo
             yield mask
 
     engine._pairs_as_copies_land = watched
+    original_prepare = engine._prepare_layer
+
+    def routed_after_pre(layer, top_k_index, top_k_weights):  # attention + router took pre_ns
+        clock.advance(pre_ns / 1e9)
+        return original_prepare(layer, top_k_index, top_k_weights)
+
+    engine._prepare_layer = routed_after_pre
     issue_log: list[tuple[int, int]] = []  # (layer, expert) of every prefetch copy, in issue order
     original_issue = engine.ledger.issue
 
@@ -138,7 +150,8 @@ def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpo
     plan = CyclePlan(
         draft_ns=0,
         decision_ns=0,
-        layer_compute_ns=(COMPUTE_NS,) * num_layers,
+        layer_compute_ns=(pre_ns + COMPUTE_NS,) * num_layers,
+        layer_pre_router_ns=(pre_ns,) * num_layers,
         hits=tuple(
             tuple(int(e) for e in np.setdiff1d(union[layer], demand[layer])) for layer in range(num_layers)
         ),
@@ -153,6 +166,10 @@ def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpo
     marks = engine._last_state.marks
     live_starts = tuple(_ns(marks[layer][0][0] - origin) for layer in range(num_layers))
     live_ends = tuple(_ns(marks[layer][0][1] - origin) for layer in range(num_layers))
+    assert [_ns(s) for s in stats.layer_pre_router_s] == [pre_ns] * num_layers  # measured live
+    demand_enqueued = {(c[0], c[1]): c[2] for c in live_copies if c[1] in demand[c[0]]}
+    assert demand_enqueued  # each demand copy enqueued once its layer's router had run
+    assert all(at == live_starts[lay] + pre_ns for (lay, _), at in demand_enqueued.items())
     for sim in (
         FastEngine(LinkSpec(latency_ns=0, wire_ns=TRANSFER_NS), num_layers),
         SimPyEngine(LinkSpec(0, TRANSFER_NS), num_layers),
@@ -164,6 +181,10 @@ def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpo
         assert timing.layer_wait_ns == tuple(_ns(s) for s in stats.layer_stall_s)
         assert timing.end_ns == _ns(stats.wall_s)
     assert sum(timing.layer_wait_ns) > 0  # the cycle did wait for copies: the test has teeth
+    if pre_ns:  # the copies outlasted the layer's compute after its router: a layer waited for them
+        assert any(
+            landed > live_starts[lay] + pre_ns + COMPUTE_NS for lay, e, _, _, landed in live_copies if e in demand[lay]
+        )
     assert sum(calls.values()) > num_layers  # and computed late experts in calls of their own
     landed = {(lay, e): end for lay, e, _, _, end in live_copies}
     late = [(lay, e, _ns(at / 1e9 - origin)) for lay, e, at in computed_at if (lay, e) in landed]

@@ -213,6 +213,8 @@ def test_policy_runs_are_lossless(tiny, dense_run, tmp_path, capsys, policy, ove
         assert (cycles["reached_depth"] == 0).all()
     stall, h2d = np.stack(cycles["layer_stall_s"]), np.stack(cycles["layer_h2d_s"])
     assert np.all(stall >= 0)
+    pre, compute = np.stack(cycles["layer_pre_router_s"]), np.stack(cycles["layer_compute_s"])
+    assert np.all(pre > 0) and np.all(pre <= compute)  # attention + router: part of each layer's compute
     if overlap == "off" and prefetch == "none":  # no copy stream: the whole H2D time is stall
         np.testing.assert_array_equal(stall, h2d)
     issued, used, wasted = (

@@ -13,7 +13,13 @@ LINK = LinkSpec(latency_ns=10_000, wire_ns=290_000)  # 9.4 MB expert at ~32 GB/s
 
 
 def _random_plan(
-    rng: np.random.Generator, num_layers: int, *, overlap: bool | str, prefetch: bool, late: bool = False
+    rng: np.random.Generator,
+    num_layers: int,
+    *,
+    overlap: bool | str,
+    prefetch: bool,
+    late: bool = False,
+    pre_router: bool = False,
 ) -> CyclePlan:
     hits, demand, pre = [], [], []
     for layer in range(num_layers):
@@ -32,10 +38,12 @@ def _random_plan(
             next_layer[layer] = tuple(int(e) for e in rng.permutation(np.arange(40, 48))[: rng.integers(0, 3)])
             if next_layer[layer] and rng.random() < 0.7:
                 hits[layer + 1] = (*hits[layer + 1], next_layer[layer][0])
+    compute = tuple(int(x) for x in rng.integers(50_000, 400_000, num_layers))
     return CyclePlan(
         draft_ns=int(rng.integers(0, 5_000_000)),
         decision_ns=int(rng.integers(0, 50_000)),
-        layer_compute_ns=tuple(int(x) for x in rng.integers(50_000, 400_000, num_layers)),
+        layer_compute_ns=compute,
+        layer_pre_router_ns=tuple(int(c * rng.uniform(0.0, 0.8)) for c in compute) if pre_router else (),
         hits=tuple(hits),
         demand=tuple(demand),
         prefetch=tuple(pre),
@@ -75,11 +83,12 @@ def test_overlap_pipelines_transfers_of_later_layers_behind_compute() -> None:
 @pytest.mark.parametrize("overlap", [False, True, "on"])
 @pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("late", [False, True])  # placing on the compute stream, late-expert calls
-def test_fast_engine_matches_simpy_to_the_nanosecond(overlap: bool, prefetch: bool, late: bool) -> None:
+@pytest.mark.parametrize("pre_router", [False, True])  # attention + router before the copies
+def test_fast_engine_matches_simpy_to_the_nanosecond(overlap: bool, prefetch: bool, late: bool, pre_router: bool) -> None:
     rng = np.random.default_rng(7)
     fast, ref = FastEngine(LINK, 6), SimPyEngine(LINK, 6)
     for _ in range(30):  # persistent state: prefetch copies still in flight cross cycle boundaries
-        plan = _random_plan(rng, 6, overlap=overlap, prefetch=prefetch, late=late)
+        plan = _random_plan(rng, 6, overlap=overlap, prefetch=prefetch, late=late, pre_router=pre_router)
         a, b = fast.run_cycle(plan), ref.run_cycle(plan)
         assert a == b
         assert fast.now_ns == ref.now_ns
@@ -310,7 +319,8 @@ def test_prefetch_copies_are_placed_on_the_compute_stream_like_misses(mode, enqu
 
 
 @pytest.mark.parametrize("overlap", ["off", "on", "ideal"])
-def test_idle_link_fast_path_equals_the_loop(overlap: str) -> None:
+@pytest.mark.parametrize("pre_router", [False, True])
+def test_idle_link_fast_path_equals_the_loop(overlap: str, pre_router: bool) -> None:
     """FastEngine's closed form for cycles that start on an idle link (no prefetch, nothing in
     flight) gives the loop's timings to the nanosecond, including across cycles that need the
     loop (prefetches still in flight) and with a host placing cost per miss."""
@@ -319,7 +329,7 @@ def test_idle_link_fast_path_equals_the_loop(overlap: str) -> None:
     loop.vectorised = False
     used = 0
     for k in range(60):
-        plan = _random_plan(rng, 6, overlap=overlap, prefetch=k % 7 == 3)
+        plan = _random_plan(rng, 6, overlap=overlap, prefetch=k % 7 == 3, pre_router=pre_router)
         plan = dataclasses.replace(
             plan,
             host_ns_per_transfer=int(rng.integers(0, 40_000)) * (k % 2),
@@ -330,3 +340,57 @@ def test_idle_link_fast_path_equals_the_loop(overlap: str) -> None:
         assert a == b
         assert (fast.now_ns, fast._link_free_ns) == (loop.now_ns, loop._link_free_ns)
     assert used > 30
+
+
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_demand_copies_are_enqueued_once_the_layers_router_has_run(mode) -> None:
+    """A layer computing 400 (attention + router 150 of it, then its experts 250) with two misses
+    of 300 each: the copies are enqueued at 150, when the router has run, not at the layer's start
+    (the live engine knows the layer's experts only then), so with overlap they land at 450 and
+    750 and the layer ends at 750 (idealised "enqueued at the start": 600); serially the experts
+    start after them, at 750, and end at 1000. The cost model's "on" form prices the same."""
+    from specfit.cost import CycleCostModel
+
+    link = LinkSpec(latency_ns=0, wire_ns=300)
+    plan = CyclePlan(0, 0, (400,), hits=((9,),), demand=((1, 2),), overlap=mode, layer_pre_router_ns=(150,))
+    for engine in (FastEngine(link, 1), SimPyEngine(link, 1)):
+        engine.record_copies = True
+        timing = engine.run_cycle(plan)
+        assert [c[2] for c in timing.copies] == [150, 150]  # enqueued after the router
+        assert [c[4] for c in timing.copies] == [450, 750]
+        assert timing.layer_start_ns == (0,)
+        assert timing.layer_end_ns == ((750,) if mode == "on" else (1000,))
+        assert timing.layer_wait_ns == ((750 - 400,) if mode == "on" else (600,))
+    at_start = CyclePlan(0, 0, (400,), hits=((9,),), demand=((1, 2),), overlap=mode)
+    assert FastEngine(link, 1).run_cycle(at_start).end_ns == (600 if mode == "on" else 1000)
+    cost = CycleCostModel(
+        draft_s_per_level=0.0, verify_base_s=400e-9, verify_s_per_node=0.0, verify_s_per_context_token=0.0,
+        h2d_bytes_per_s=1e9, h2d_s_per_transfer=0.0, expert_bytes=300, num_layers=1,
+        overlap_h2d=mode == "on", overlap_mode="on", pre_router_frac=150 / 400,
+    )  # fmt: skip
+    assert cost.cycle_s(0, 1, 0, (2,)) == pytest.approx((750 if mode == "on" else 1000) * 1e-9, rel=1e-12)
+    with pytest.raises(ValueError, match="layer_pre_router_ns"):
+        FastEngine(link, 1).run_cycle(dataclasses.replace(plan, layer_pre_router_ns=(401,)))
+
+
+def test_cost_model_overlap_on_with_pre_router_equals_the_simulated_cycle_on_an_idle_link() -> None:
+    """With ``pre_router_frac`` the cost model's "on" form (per layer: placing + max(compute,
+    pre-router + copies) + late call) equals the simulator's "on" timeline on an idle link to the
+    nanosecond, for random miss counts (copies landing one by one: transfer >= late call)."""
+    from specfit.cost import CycleCostModel
+
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        frac = float(rng.choice([0.0, 0.25, 0.5, 1.0]))
+        cost = CycleCostModel(
+            draft_s_per_level=0.0, verify_base_s=800e-9, verify_s_per_node=0.0, verify_s_per_context_token=0.0,
+            h2d_bytes_per_s=1e9, h2d_s_per_transfer=40e-9, host_s_per_transfer=20e-9, expert_bytes=100,
+            num_layers=4, overlap_h2d=True, overlap_mode="on", late_call_s=10e-9, pre_router_frac=frac,
+        )  # fmt: skip
+        misses = rng.integers(0, 5, 4)
+        demand = tuple(tuple(range(int(m))) for m in misses)
+        plan = CyclePlan(0, 0, (200,) * 4, hits=((),) * 4, demand=demand, overlap="on",
+                         host_ns_per_transfer=20, late_call_ns=10, layer_pre_router_ns=(int(200 * frac),) * 4)  # fmt: skip
+        link = LinkSpec(latency_ns=20, wire_ns=100)
+        for engine in (FastEngine(link, 4), SimPyEngine(link, 4)):
+            assert engine.run_cycle(plan).cycle_ns * 1e-9 == pytest.approx(cost.cycle_s(0, 1, 0, misses), rel=1e-9)

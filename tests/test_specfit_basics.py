@@ -202,13 +202,23 @@ def test_cost_json_round_trip_and_errors(tmp_path) -> None:
     version_2 = dict(version_1, version=2)  # from version 2 the field is required
     with pytest.raises(ValueError, match="missing field.*draft_base_s"):
         CycleCostModel.from_dict(version_2)
-    with pytest.raises(ValueError, match="'version': expected 1..3.*got 4"):
-        CycleCostModel.from_dict(dict(cost.to_dict(), version=4))
+    with pytest.raises(ValueError, match="'version': expected 1..4.*got 5"):
+        CycleCostModel.from_dict(dict(cost.to_dict(), version=5))
     # version 2, before the compute stream's share of a miss and the late-expert call: both 0
     version_2 = {k: v for k, v in cost.to_dict().items() if k not in ("host_s_per_transfer", "late_call_s")}
     assert CycleCostModel.from_dict(dict(version_2, version=2)) == cost
     with pytest.raises(ValueError, match="missing field.*host_s_per_transfer"):
-        CycleCostModel.from_dict(dict(version_2, version=3))
+        CycleCostModel.from_dict(dict(version_2, version=4))
+    # version 3, before pre_router_frac: 0 (copies enqueued at the layer's start), a warning with overlap on
+    version_3 = {k: v for k, v in dataclasses.replace(cost, pre_router_frac=0.0).to_dict().items() if k != "pre_router_frac"}
+    assert CycleCostModel.from_dict(dict(version_3, version=3)) == dataclasses.replace(cost, pre_router_frac=0.0)
+    with pytest.warns(UserWarning, match="version-3 cost model has no pre_router_frac"):
+        on = CycleCostModel.from_dict(dict(version_3, version=3, overlap_mode="on"))
+    assert on.pre_router_frac == 0.0
+    with pytest.raises(ValueError, match="missing field.*pre_router_frac"):
+        CycleCostModel.from_dict(dict(version_3, version=4))
+    with pytest.raises(ValueError, match="pre_router_frac: expected a fraction"):
+        dataclasses.replace(cost, pre_router_frac=1.5)
     with pytest.raises(ValueError, match="host_s_per_transfer: expected <= h2d_s_per_transfer"):
         dataclasses.replace(cost, host_s_per_transfer=cost.h2d_s_per_transfer + 1e-6)
     data = cost.to_dict()

@@ -419,6 +419,9 @@ class CycleRecord:
     none) had a verified child and the path did not end on an accepted end-of-sequence token, else
     ``num_accepted``; it is what per-depth acceptance conditions on for a verified subtree that is not
     the whole tree (``traces.stats.cycle_reached_depths``); ``None`` when not recorded.
+    ``layer_pre_router_s`` (optional): per layer, the part of ``layer_compute_s`` before the
+    layer's router had chosen its experts (attention, norms, router), after which its copies are
+    enqueued (``CycleCostModel.pre_router_frac`` is fitted from it); ``None`` when not recorded.
     """
 
     request_id: int
@@ -453,6 +456,7 @@ class CycleRecord:
     layer_accessed: Sequence[int] | None = None
     accessed_experts: Sequence[int] | None = None
     reached_depth: int | None = None
+    layer_pre_router_s: Sequence[float] | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -706,6 +710,17 @@ TABLES: dict[str, tuple[ColumnSpec, ...]] = {
             "depth verification tested along the accepted path: num_accepted + 1 when the last accepted "
             "node (root if none) has a verified child and is not an accepted EOS, else num_accepted; "
             "per-depth acceptance conditions on it (optional column; null when not recorded)",
+            required=False,
+            nullable=True,
+        ),
+        _c(
+            "layer_pre_router_s",
+            KIND_FLOAT_LIST,
+            pa.list_(pa.float64()),
+            "s",
+            "per layer (L): the part of layer_compute_s before the layer's router had chosen its experts "
+            "(attention, norms, router), after which its H2D copies are enqueued (optional column; null "
+            "when not recorded)",
             required=False,
             nullable=True,
         ),

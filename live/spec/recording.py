@@ -72,6 +72,7 @@ def cycle_record(request_id: int, event: CycleEvent, policy: str):
         layer_h2d_s=stats.layer_h2d_s,
         layer_compute_s=stats.layer_compute_s,
         layer_stall_s=stats.layer_stall_s,
+        layer_pre_router_s=stats.layer_pre_router_s,
         num_prefetch_issued=stats.num_prefetch_issued,
         num_prefetch_used=stats.num_prefetch_used,
         num_prefetch_wasted=stats.num_prefetch_wasted,
