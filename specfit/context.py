@@ -145,8 +145,10 @@ class Plan:
         policy: policy name.
         predicted_misses: total predicted expert misses over layers (experts; extension).
         exact: False when the planner stopped at its deadline before proving ``nodes`` optimal.
-        gap: certified relative gap of an inexact plan: the best subtree's predicted throughput
-            is at most ``predicted_tokens_per_s * (1 + gap)`` (0 when exact).
+        gap: certified relative gap: the best subtree's predicted throughput is at most
+            ``predicted_tokens_per_s * (1 + gap)`` (0 when exact, except with overlap mode "on",
+            where the exact search maximises a lower bound on the per-layer cycle and the gap
+            certifies the per-layer price of its plan; ``specfit.planner``).
     """
 
     nodes: np.ndarray

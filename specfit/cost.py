@@ -24,10 +24,12 @@ more kernel call (``late_call_s``, once per layer when copies land one by one, t
 ``sim.engine`` models the groups exactly). Both are fitted by ``calibration.costfit`` from
 overlap-on runs (``fit_overlap_terms``); with them and ``pre_router_frac`` at 0 a layer lasts
 ``max(compute_l, h2d_l)`` on an idle link. The totals-only paths (:meth:`CycleCostModel.cycle_s_total`, the planner's
-search) price overlap with the "ideal" form ``max(T_verify, T_h2d)`` (what the per-layer maximum
-gives with the misses spread evenly and the placing and late calls left out), a bound no engine
-reaches (every layer's copies enqueued when verification starts); plans are re-scored with
-:meth:`CycleCostModel.cycle_s`. Files without ``overlap_mode`` keep the "ideal" meaning they had. The simulator gives the
+exact search, which knows a subtree's total misses only) price mode "on" with its lower bound
+from the total ``M`` (:meth:`CycleCostModel.overlap_on_total_s`: ``host * M + max(T_verify,
+pre_router_frac * T_verify + T_link * M) + late_call_s * (M > 0)``, equal to the per-layer form
+when all layers are compute-bound or all copy-bound); the planner prices its plan per layer and
+certifies the gap (``specfit.planner``). Mode "ideal" is ``max(T_verify, T_h2d)``, a bound no
+engine reaches (every layer's copies enqueued when verification starts). Files without ``overlap_mode`` keep the "ideal" meaning they had. The simulator gives the
 exact value with prefetch and copies carried across cycles. ``draft_base_s`` is what a drafting cycle pays
 once whatever its depth (the draft model's catch-up forward over the tokens committed last cycle,
 launch overheads): measured live on the embedded default it is ~0.6 ms beside ~0.9 ms per level, so a
@@ -281,26 +283,66 @@ class CycleCostModel:
             return float(draft_s + both) if np.ndim(both) == 0 and np.ndim(draft_s) == 0 else draft_s + both
         return draft_s + verify_s + h2d_s
 
+    @property
+    def per_layer_overlap(self) -> bool:
+        """True for the live engine's overlap (``overlap_h2d`` and mode "on"): the per-layer form."""
+        return self.overlap_h2d and self.overlap_mode == "on"
+
+    def overlap_on_total_s(self, verify_s: Any, total_misses: Any) -> Any:
+        """Mode "on"'s verification time from the TOTAL misses (s; arrays broadcast):
+        ``host * M + max(V, pre_router_frac * V + T_link * M) + late_call_s * (M > 0)``.
+
+        A LOWER bound on the per-layer form :meth:`cycle_s` gives for any split of ``M`` over the
+        layers (a sum of maxima is at least the maximum of the sums; at least one layer holds
+        the misses), equal to it when every layer is compute-bound or every layer copy-bound and
+        at most one layer has misses or ``late_call_s`` is 0. The planner's exact search prices
+        subtrees with it (it knows only the total) and certifies the gap to the per-layer price
+        (``specfit.planner``).
+        """
+        v = np.asarray(verify_s, dtype=np.float64)
+        m = np.asarray(total_misses, dtype=np.float64)
+        both = np.maximum(v, self.pre_router_frac * v + self.link_s_per_transfer * m)
+        out = self.host_s_per_transfer * m + both + self.late_call_s * (m > 0)
+        return float(out) if np.ndim(out) == 0 else out
+
     def cycle_s_total(self, num_levels: Any, num_nodes: Any, context_len: Any, total_misses: Any) -> Any:
-        """Cycle time from the TOTAL miss count over layers (s); arrays broadcast (vectorised callers)."""
+        """Cycle time from the TOTAL miss count over layers (s); arrays broadcast (vectorised
+        callers). Overlap mode "on" takes :meth:`overlap_on_total_s` (a lower bound on the
+        per-layer form), mode "ideal" and no overlap :meth:`combine_s`."""
         verify = self.verify_base_s + self.verify_s_per_node * np.asarray(num_nodes, dtype=np.float64)
         verify = verify + self.verify_s_per_context_token * np.asarray(context_len, dtype=np.float64)
-        h2d = self.s_per_miss * np.asarray(total_misses, dtype=np.float64)
-        out = self.combine_s(self.draft_s_array(num_levels), verify, h2d)
+        if self.per_layer_overlap:
+            out = self.draft_s_array(num_levels) + self.overlap_on_total_s(verify, total_misses)
+        else:
+            h2d = self.s_per_miss * np.asarray(total_misses, dtype=np.float64)
+            out = self.combine_s(self.draft_s_array(num_levels), verify, h2d)
+        return float(out) if np.ndim(out) == 0 else out
+
+    def cycle_s_layers(self, num_levels: Any, num_nodes: Any, context_len: Any, misses: Any) -> Any:
+        """Overlap mode "on"'s per-layer cycle time (s) for ``misses`` float[..., L] (rows
+        broadcast against ``num_levels`` / ``num_nodes``): ``draft + sum_l [host * m_l +
+        max(c, pre_router_frac * c + T_link * m_l) + late_call_s * (m_l > 0)]``, ``c = verify /
+        L``. The form :meth:`cycle_s` prices one subtree with; vectorised for the planner's
+        union-size prefixes."""
+        m = np.asarray(misses, dtype=np.float64)
+        verify = self.verify_base_s + self.verify_s_per_node * np.asarray(num_nodes, dtype=np.float64)
+        c = (verify + self.verify_s_per_context_token * np.asarray(context_len, dtype=np.float64)) / self.num_layers
+        c = np.asarray(c)[..., None]
+        per_layer = np.maximum(c, self.pre_router_frac * c + m * self.link_s_per_transfer)
+        host = self.host_s_per_transfer * m.sum(axis=-1) + self.late_call_s * np.count_nonzero(m, axis=-1)
+        out = self.draft_s_array(num_levels) + per_layer.sum(axis=-1) + host
         return float(out) if np.ndim(out) == 0 else out
 
     def cycle_s(self, num_levels: int, num_nodes: int, context_len: int, misses_per_layer: Any) -> float:
         """Predicted cycle time (s); see the module docstring for the three forms (with a scalar
-        miss total, mode "on" assumes the misses spread evenly over the layers)."""
-        per_layer_on = self.overlap_h2d and self.overlap_mode == "on"
-        misses = np.asarray(misses_per_layer) if per_layer_on else None  # the other forms need the total only
+        miss total, mode "on" takes :meth:`overlap_on_total_s`, its lower bound)."""
+        misses = np.asarray(misses_per_layer) if self.per_layer_overlap else None  # the others need the total only
         if misses is not None and misses.ndim == 1:
             self.h2d_s(misses)  # checks the counts
-            layer_compute = self.verify_s(num_nodes, context_len) / self.num_layers
-            m = misses.astype(np.float64)
-            per_layer = np.maximum(layer_compute, self.pre_router_frac * layer_compute + m * self.link_s_per_transfer)
-            host = self.host_s_per_transfer * m.sum() + self.late_call_s * np.count_nonzero(m)
-            return float(self.draft_s(num_levels) + per_layer.sum() + host)
+            return self.cycle_s_layers(num_levels, num_nodes, context_len, misses)
+        if misses is not None:  # a scalar total
+            self.h2d_s(misses)  # checks it
+            return float(self.draft_s(num_levels) + self.overlap_on_total_s(self.verify_s(num_nodes, context_len), float(misses)))
         return self.combine_s(
             self.draft_s(num_levels), self.verify_s(num_nodes, context_len), self.h2d_s(misses_per_layer)
         )

@@ -19,7 +19,12 @@ Exact method (:func:`plan_exact`): depth-first branch and bound on the ratio.
   fall as lam rises), some optimum avoids subtree(v), which is dropped before any set work.
 * Bound. ``T`` is bounded below by a linear minorant ``alpha + beta*|S| + gamma*M(S)`` (exact
   without overlap; with ``overlap_h2d``, ``max(V, H) >= theta*V + (1-theta)*H``, theta chosen per
-  state by bisection on the bound's subgradient, see ``planner_kernels.bound``). The coverage ``M`` is
+  state by bisection on the bound's subgradient, see ``planner_kernels.bound``; overlap mode
+  "on" (the live engine's) searches its totals form ``host*M + max(V, pre*V + T_link*M) +
+  late*(M > 0)`` (``cost.cycle_s_total``), a lower bound on the per-layer cycle, with the
+  minorant ``host*M + (theta + (1-theta) pre) V + (1-theta) T_link M``; the chosen subtree is
+  then priced per layer (``cost.cycle_s``) and ``Plan.gap`` certifies how far the best per-layer
+  throughput can be above it: the search's optimum of the totals form bounds it from above). The coverage ``M`` is
   submodular; its marginal over the still-open nodes R is
   bounded below by a modular function: every uncovered missing expert i splits a unit charge
   among open nodes that miss it, first ``1/k_i`` to each of its ``k_i`` open users, then (one
@@ -93,15 +98,7 @@ def _search_plan(
     probs = ctx.accept_probs
     cost = ctx.cost
     node_bits = ctx.node_experts.bits
-    costs = np.array(
-        [
-            cost.draft_s(ctx.num_levels),
-            cost.verify_s(0, ctx.context_len),
-            cost.verify_s_per_node,
-            cost.s_per_miss,
-            1.0 if cost.overlap_h2d else 0.0,
-        ]
-    )
+    costs = search_costs(cost, ctx.num_levels, ctx.context_len)
     tol = _REL_TOL * float(probs.sum())
     flat_bits = np.ascontiguousarray(node_bits.reshape(n, -1))
     flat_cached = np.ascontiguousarray(ctx.cached_bits.reshape(-1))
@@ -135,9 +132,10 @@ def _search_plan(
         exact = bool(upper <= lam)
     size = int(istate[2])
     nodes = np.sort(ids[state[9][:size]]) if size > 0 else seed
-    if cost.overlap_h2d and cost.overlap_mode == "on":
+    if cost.per_layer_overlap:
         # per-layer overlap needs the misses of each layer: the chosen subtree is scored as every
-        # other policy's (cost.cycle_s); the search itself bounds the aggregate form (module notes)
+        # other policy's (cost.cycle_s); the search maximised its lower bound from the total
+        # (cost.cycle_s_total), whose optimum ``upper`` bounds the per-layer optimum from above
         gain, cycle, per_layer = evaluate_nodes(ctx, nodes)
         misses = float(per_layer.sum())
     else:
@@ -161,7 +159,30 @@ def _search_plan(
         policy=POLICY_NAME,
         predicted_misses=misses,
         exact=exact,
-        gap=0.0 if exact else max(0.0, float(upper) / tokens_per_s - 1.0),
+        gap=0.0 if exact and not cost.per_layer_overlap else max(0.0, float(upper) / tokens_per_s - 1.0),
+    )
+
+
+def search_costs(cost, num_levels: int, context_len: int) -> np.ndarray:
+    """The exact search's cost vector ``float64[8] = [draft, verify0, per_node, per_miss, overlap,
+    host, pre, late]`` (``specfit.planner_kernels``): the cost model's totals form
+    (:meth:`specfit.cost.CycleCostModel.cycle_s_total`) for ``num_levels`` drafted levels at
+    ``context_len``. Without overlap and in mode "ideal" ``per_miss`` is the whole per-miss
+    cost and the last three are 0; in mode "on" ``per_miss`` is the link's share and ``host``,
+    ``pre`` and ``late`` the compute stream's (``host_s_per_transfer``, ``pre_router_frac``,
+    ``late_call_s``)."""
+    on = cost.per_layer_overlap
+    return np.array(
+        [
+            cost.draft_s(num_levels),
+            cost.verify_s(0, context_len),
+            cost.verify_s_per_node,
+            cost.link_s_per_transfer if on else cost.s_per_miss,
+            1.0 if cost.overlap_h2d else 0.0,
+            cost.host_s_per_transfer if on else 0.0,
+            cost.pre_router_frac if on else 0.0,
+            cost.late_call_s if on else 0.0,
+        ]
     )
 
 _UNION_MISSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -205,6 +226,12 @@ def _union_misses(ne: NodeExperts, cached_bits: np.ndarray, n: int) -> tuple[np.
     return misses[:n], totals[:n]
 
 
+def union_misses_by_size(ne: NodeExperts, cached_bits: np.ndarray, n: int) -> np.ndarray:
+    """Expected misses per layer of the top-k subtrees, k = 1..n: float64[n, L] (row ``k - 1`` is
+    ``ne.expected_misses(k, cached_bits)``; read-only, shared with the union-size plan)."""
+    return _union_misses(ne, cached_bits, n)[0]
+
+
 _KERNELS: list = []  # the decide kernels' module once loaded (a from-import per question costs ~1.5 us)
 
 
@@ -227,10 +254,12 @@ def _plan_union_size(ctx: PolicyContext, started: float) -> Plan:
     ``draft + max(verify, h2d)``, running gain), so the ratios are bit-identical to scoring each
     size with ``cost.cycle_s``; the first size of highest ratio wins, as in a scan.
     """
+    cost = ctx.cost
+    if cost.per_layer_overlap:  # the per-layer "on" form needs each size's misses per layer
+        return _plan_union_size_batch([ctx], started)[0]
     kernels = decide_kernels()
     p = ctx.accept_probs
     n = p.shape[0]
-    cost = ctx.cost
     _, total_misses = _union_misses(ctx.node_experts, ctx.cached_bits, n)
     ids, cycle_s, ok = kernels.union_size_best_prefix(
         p,
@@ -383,9 +412,13 @@ def _plan_union_size_batch(contexts: list[PolicyContext], started: float) -> lis
         + cost.verify_s_per_node * sizes
         + cost.verify_s_per_context_token * float(first.context_len)
     )
-    h2d = total_misses * cost.s_per_miss
-    draft = np.array([cost.draft_s(ctx.num_levels) for ctx in contexts])
-    cycle = cost.combine_s(draft[:, None], verify[None, :], h2d[None, :])  # [C, width]
+    if cost.per_layer_overlap:  # overlap mode "on": each size's per-layer misses, as cost.cycle_s
+        levels = np.array([ctx.num_levels for ctx in contexts])
+        cycle = np.asarray(cost.cycle_s_layers(levels[:, None], sizes[None, :], first.context_len, misses[None]))
+    else:
+        h2d = total_misses * cost.s_per_miss
+        draft = np.array([cost.draft_s(ctx.num_levels) for ctx in contexts])
+        cycle = cost.combine_s(draft[:, None], verify[None, :], h2d[None, :])  # [C, width]
     steps = np.zeros((len(contexts), width), dtype=np.float64)
     orders = []
     for row, ctx in enumerate(contexts):
@@ -458,7 +491,9 @@ def plan_brute_force(ctx: PolicyContext) -> Plan:
     """Reference optimum by enumerating every ancestor-closed subtree (small trees only).
 
     Scores each with the public cost methods (``cost.combine_s`` of draft, verify and
-    ``transfer_s`` of the exact union misses); ties keep the first set in enumeration order.
+    ``transfer_s`` of the exact union misses; with overlap mode "on", ``cost.cycle_s`` of the
+    misses per layer, :func:`specfit.context.evaluate_nodes`); ties keep the first set in
+    enumeration order.
 
     Raises:
         ValueError: more than 24 nodes (the enumeration would not finish).
@@ -482,6 +517,11 @@ def plan_brute_force(ctx: PolicyContext) -> Plan:
     for nodes in iter_closed_subtrees(ctx.tree.parents):
         count += 1
         gain = 1.0 + sum(float(p[v]) for v in nodes[1:])
+        if cost.per_layer_overlap:  # the per-layer form: each layer's misses
+            _, cycle, _ = evaluate_nodes(ctx, np.asarray(nodes, dtype=np.int64))
+            if gain / cycle > best_ratio:
+                best_ratio, best_nodes = gain / cycle, nodes
+            continue
         if node_ints is None:
             misses = expected[len(nodes)]
         else:

@@ -27,7 +27,7 @@ import numpy as np
 
 from specfit.context import Plan, PolicyContext, layer_misses, make_plan
 from specfit.cost import CycleCostModel
-from specfit.planner import decide_kernels, plan_exact, union_table
+from specfit.planner import decide_kernels, plan_exact, union_misses_by_size, union_table
 
 TREE_POLICIES: tuple[str, ...] = ("ar", "chain", "topn", "specfit", "cascade")
 #: One line per tree policy for ``--help``.
@@ -540,15 +540,20 @@ class SpecFitPolicy(TreePolicy):
         if depth >= int(max_depth):
             return False
         best = self.plan(ctx)
-        if ctx.node_experts.is_union_size:  # one compiled pass (no per-node sets: prices by subtree size)
+        union_size = ctx.node_experts.is_union_size
+        if union_size and not ctx.cost.per_layer_overlap:  # one compiled pass (prices by subtree size)
             keep = _expected_rule_union_size(ctx, best, self.root_alpha, int(max_depth) - depth)
             if depth == 0 and not keep:
                 self.root_alpha += self.reprobe_rate * (1.0 - self.root_alpha)
             return keep
         base, gain, k = _chain_gain(ctx, best, self.root_alpha, int(max_depth) - depth)
         nodes = base.shape[0] + k
-        misses = np.full(k.shape, float(layer_misses(ctx, base).sum()))
-        cycle = ctx.cost.cycle_s_total(ctx.num_levels + k, nodes, ctx.context_len, misses)
+        if union_size:  # overlap mode "on": each chain's expected misses per layer, as the plan's
+            rows = union_misses_by_size(ctx.node_experts, ctx.cached_bits, int(nodes[-1]))[nodes.astype(np.int64) - 1]
+            cycle = ctx.cost.cycle_s_layers(ctx.num_levels + k, nodes, ctx.context_len, rows)
+        else:
+            misses = np.full(k.shape, float(layer_misses(ctx, base).sum()))
+            cycle = ctx.cost.cycle_s_total(ctx.num_levels + k, nodes, ctx.context_len, misses)
         keep = bool(np.any(gain > best.predicted_tokens_per_s * cycle))
         if tree.max_depth == 0 and not keep:
             self.root_alpha += self.reprobe_rate * (1.0 - self.root_alpha)

@@ -256,3 +256,53 @@ def test_deadline_must_not_be_negative() -> None:
     ctx = random_small_context(np.random.default_rng(0), 5)
     with pytest.raises(ValueError, match="deadline_s"):
         plan_exact(ctx, deadline_s=-1.0)
+
+
+def _overlap_on(ctx: PolicyContext, rng: np.random.Generator) -> PolicyContext:
+    """``ctx`` priced as the live engine overlaps (mode "on"), with random compute-stream terms."""
+    cost = dataclasses.replace(
+        ctx.cost,
+        overlap_h2d=True,
+        overlap_mode="on",
+        host_s_per_transfer=float(rng.uniform(0, 1)) * ctx.cost.h2d_s_per_transfer,
+        pre_router_frac=float(rng.choice([0.0, 1.0, rng.uniform(0, 1)])),
+        late_call_s=float(rng.choice([0.0, rng.uniform(0, 2e-3)])),
+    )
+    return dataclasses.replace(ctx, cost=cost)
+
+
+@settings(max_examples=400, deadline=None)
+@given(small_problem, st.integers(0, 3))
+def test_overlap_on_plan_is_priced_per_layer_and_its_bound_holds(params, ticks) -> None:
+    """Overlap mode "on": the search maximises the totals form (a lower bound on the per-layer
+    cycle), the plan is priced per layer (cost.cycle_s, as sim and live price a cycle) and its
+    certified bound ``(1 + gap)`` is never below the exact per-layer optimum (brute force), with
+    or without a deadline cutting the search short."""
+    seed, n, layers, experts, _ = params
+    rng = np.random.default_rng(seed)
+    ctx = _overlap_on(random_small_context(rng, n, num_layers=layers, num_experts=experts), rng)
+    brute = plan_brute_force(ctx)  # enumerates every subtree, priced per layer
+    for plan in (plan_exact(ctx), plan_exact(ctx, deadline_s=float(ticks), clock=FakeClock(tick_s=1.0, start_s=0.0).perf_counter)):
+        _check_plan(ctx, plan)
+        assert plan.gap >= 0.0
+        assert plan.predicted_tokens_per_s <= brute.predicted_tokens_per_s * (1 + REL)
+        assert brute.predicted_tokens_per_s <= plan.predicted_tokens_per_s * (1 + plan.gap) * (1 + REL)
+    total = ctx.cost.cycle_s_total  # the form the search maximises: never above the per-layer price
+    for nodes in iter_closed_subtrees(ctx.tree.parents)[:64]:
+        _, cycle, misses = evaluate_nodes(ctx, np.asarray(nodes))
+        assert total(ctx.num_levels, len(nodes), ctx.context_len, misses.sum()) <= cycle * (1 + REL)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 12))
+def test_overlap_on_union_size_plan_matches_brute_force(seed, n) -> None:
+    """With union-size predictions the per-layer "on" price depends on |S| only: the prefix scan
+    is exact under it."""
+    rng = np.random.default_rng(seed)
+    ctx = _overlap_on(random_small_context(rng, n, num_layers=2), rng)
+    grow = np.sort(rng.uniform(0, 3, size=(2, 14)), axis=1).cumsum(axis=1)
+    sizes = np.concatenate((np.zeros((2, 1)), grow), axis=1)
+    ctx = dataclasses.replace(ctx, node_experts=NodeExperts(ctx.node_experts.num_experts, union_size=sizes))
+    exact, brute = plan_exact(ctx), plan_brute_force(ctx)
+    _check_plan(ctx, exact)
+    assert exact.predicted_tokens_per_s == pytest.approx(brute.predicted_tokens_per_s, rel=REL)
