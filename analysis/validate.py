@@ -596,10 +596,14 @@ class Validator:
 
     def run(self, progress: bool = True) -> tuple[pd.DataFrame, dict[str, Any]]:
         """Run the whole grid; returns (fidelity table, summary)."""
+        from sim.replay import level_tree_note
         from traces.reader import open_run
 
         dense_path = self.dense_path = self.record_dense()
         dense = open_run(dense_path)
+        level_note = level_tree_note(dense)  # a dense trace reused from before format v2
+        if level_note:
+            print(f"warning: {dense_path}: {level_note}", file=sys.stderr)
         self.fit_acceptance(dense)
         model = dense.manifest.model
         caches = self.args.cache_experts or sorted(
@@ -674,6 +678,7 @@ class Validator:
             [d["cycle_noise_pct"].to_numpy() for d in self.per_cycle],
         )
         summary["repeats"] = self.args.repeats
+        summary["level_trees"] = level_note or "recorded"
         return table, summary
 
 

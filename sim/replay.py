@@ -272,7 +272,8 @@ def _unchecked_tree(cls: type, fields: dict[str, np.ndarray]) -> Any:
 
 
 def _depth_subtree(tree: Any, keep: np.ndarray) -> Any:
-    """``tree.subtree(keep)`` for ``keep`` = the nodes up to some depth, without re-validation.
+    """``tree.subtree(keep)`` for ``keep`` = a draft level's tree (ancestor-closed: the nodes up to
+    some depth, or a recorded per-level tree), without re-validation.
 
     Such a set is ancestor-closed and the tree is already validated, so the restricted arrays
     are a valid tree by construction; skipping ``DraftTree.__post_init__`` removes its checks
@@ -675,6 +676,13 @@ class _Replayer:
                 context(levels)[0], max_depth=self.max_depth, topk=self.topk
             ):
                 levels += 1
+            if levels == depth < self.max_depth and data.level_trees:
+                # live asks after every level it drafted below the maximum depth, also after the last
+                # one when its drafter then stops because no child of the frontier could enter the
+                # full tree (live.spec.draft), and before the first level on the root alone even
+                # when the drafter cannot draft: the answer changes nothing here, but the question
+                # counts (ThroughputGuard's probe period, the running root estimate)
+                self.policy.keep_drafting(context(levels)[0], max_depth=self.max_depth, topk=self.topk)
         else:
             levels = depth
         ctx, keep = context(levels)
@@ -854,7 +862,9 @@ class _Replayer:
             policy=self.config.policy,
             num_draft_levels=int(levels),
             num_nodes_verified=len(nodes),
-            verified_nodes=[int(v) for v in nodes],
+            # ids in the drafted tree, the tree after `levels` levels (plan.nodes: sorted), as the
+            # live engine records them; `nodes` are their ids in the recorded union of level trees
+            verified_nodes=[int(v) for v in plan.nodes],
             num_accepted=int(num_accepted),
             num_committed=int(num_committed),
             draft_s=ns_to_s(timing.draft_end_ns - timing.start_ns),
@@ -883,48 +893,79 @@ class _Replayer:
 class _TreeData:
     """One recorded tree, prepared once per process for every replay of it (``_Replayer._tree_data``).
 
+    The planning problem after ``k`` draft levels is the tree the live engine's drafter held after
+    ``k`` levels (``live.spec.draft``: EAGLE-2 reranking, so a later level may push a shallow node
+    out): with the trace's ``last_level`` (format v2), exactly that tree
+    (``DenseTree.level_nodes``), and its calibrated acceptance computed on it (siblings are
+    renormalised against the siblings present, ``specfit.acceptance.path_accept_probs``); without
+    it (format v1) the final tree cut at depth ``k`` (:data:`LEVEL_TREE_APPROXIMATION`).
+
     Attributes:
         dense: the ``traces.reader.DenseTree`` (validated when first read).
-        depth: its max depth.
-        levels: draft levels -> (the subtree of the first ``levels`` levels, its node ids).
-        accept: (acceptance map key, levels) -> read-only float64 P(v) of that subtree's nodes.
+        depth: the draft levels run for it (its max depth without ``last_level``).
+        level_trees: whether the trace recorded its per-level trees.
+        levels: draft levels -> (the tree after ``levels`` levels, its node ids in ``dense.tree``).
+        accept: (acceptance map key, levels) -> read-only float64 P(v) of that tree's nodes.
     """
 
-    __slots__ = ("accept", "dense", "depth", "levels")
+    __slots__ = ("accept", "dense", "depth", "level_trees", "levels")
 
     def __init__(self, dense: Any) -> None:
         self.dense = dense
-        self.depth = int(dense.tree.max_depth)
+        self.level_trees = getattr(dense, "last_level", None) is not None
+        self.depth = int(dense.num_levels) if self.level_trees else int(dense.tree.max_depth)
         self.levels: dict[int, tuple[Any, np.ndarray]] = {}
         self.accept: dict[tuple[str, int], np.ndarray] = {}
 
     def level(self, levels: int) -> tuple[Any, np.ndarray]:
-        """(subtree of the nodes at depth <= ``levels``, their ids int64[] ascending)."""
+        """(the tree after ``levels`` draft levels, its node ids int64[] ascending)."""
         got = self.levels.get(levels)
         if got is None:
             tree = self.dense.tree
-            keep = np.flatnonzero(tree.depths <= levels)
+            if self.level_trees:
+                keep = self.dense.level_nodes(levels)
+            else:
+                keep = np.flatnonzero(tree.depths <= levels)
             sub = tree if len(keep) == tree.num_nodes else _depth_subtree(tree, keep)
             got = self.levels[levels] = (sub, keep)
         return got
 
     def accept_probs(self, key: str, levels: int, calibration: Any) -> np.ndarray:
-        """``path_accept_probs(tree, calibration)[keep]`` for :meth:`level` ``(levels)``; ``key``
-        names the calibration (the same key must always mean the same map)."""
+        """``path_accept_probs`` of :meth:`level` ``(levels)``'s tree (format v1: of the whole
+        tree, restricted to the cut, which is the same for a depth cut); ``key`` names the
+        calibration (the same key must always mean the same map)."""
         got = self.accept.get((key, levels))
         if got is None:
-            full = self.accept.get((key, -1))
-            if full is None:
-                from specfit.acceptance import path_accept_probs
+            from specfit.acceptance import path_accept_probs
 
-                full = path_accept_probs(self.dense.tree, calibration)
-                full.setflags(write=False)
-                self.accept[(key, -1)] = full
             sub, keep = self.level(levels)
-            got = full if sub is self.dense.tree else full[keep]
+            if self.level_trees:
+                got = path_accept_probs(sub, calibration)
+            else:
+                full = self.accept.get((key, -1))
+                if full is None:
+                    full = path_accept_probs(self.dense.tree, calibration)
+                    full.setflags(write=False)
+                    self.accept[(key, -1)] = full
+                got = full if sub is self.dense.tree else full[keep]
             got.setflags(write=False)
             self.accept[(key, levels)] = got
         return got
+
+
+LEVEL_TREE_APPROXIMATION = (
+    "level trees approximated: the trace (format v1, no nodes.last_level) keeps only each position's "
+    "final draft tree, so the stopping rule is asked on it cut at each depth, not on the per-level trees "
+    "the live engine sees (a node a later level pushed out is missing); re-record it with live.record "
+    "--mode dense for exact level trees"
+)
+
+
+def level_tree_note(trace_run: Any) -> str | None:
+    """:data:`LEVEL_TREE_APPROXIMATION` for a dense trace without its per-level trees
+    (``TraceRun.has_level_trees`` false), else None: the one line ``sim.sweep`` and
+    ``analysis.validate`` print and record."""
+    return None if trace_run.has_level_trees else LEVEL_TREE_APPROXIMATION
 
 
 def _restrict(node_experts: Any, keep: np.ndarray) -> Any:

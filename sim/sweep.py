@@ -765,6 +765,11 @@ def _build_cells(
         )
         + (f"; SpecFit stopping rule {args.stopping} (--stopping)" if "specfit" in policies else ""),
     ]
+    from sim.replay import level_tree_note
+
+    note = level_tree_note(trace_run)  # a format-v1 dense trace: said, not refused
+    if note and any(p.startswith("specfit") for p in policies):  # only a stopping rule reads level trees
+        header.append(note)
     if "moespec" in policies:
         header.append(
             f"lossy baseline moespec (--lossy): MoE-Spec's verification budget of {expert_budget_or_default(args.expert_budget, model.top_k)} "

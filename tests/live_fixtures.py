@@ -257,3 +257,17 @@ def make_tiny_eagle3_head(
         train_head(head, lambda step: [data[step % len(data)]], steps=train_steps, lr=1e-2, seed=seed)
     out = Path(tmp_path) / f"tiny-eagle3-{Path(target_dir).name}-{seed}"
     return save_head(head, out)
+
+
+def replay_test_cost(model: Any, **changes: Any):
+    """A ``specfit.cost.CycleCostModel`` for live-versus-replay tests of the trace model ``model``
+    (``traces.schema.ModelSpec``): 1 ms per draft level, 1 ms + 0.1 ms per node to verify, 1 GB/s
+    and 20 us per expert copy; ``changes`` replace fields."""
+    from specfit.cost import CycleCostModel
+
+    fields = dict(
+        draft_s_per_level=1e-3, verify_base_s=1e-3, verify_s_per_node=1e-4, verify_s_per_context_token=0.0,
+        h2d_bytes_per_s=1e9, h2d_s_per_transfer=2e-5, expert_bytes=model.bytes_per_expert,
+        num_layers=model.num_layers, source="test",
+    )  # fmt: skip
+    return CycleCostModel(**{**fields, **changes})

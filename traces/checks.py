@@ -159,8 +159,29 @@ def _nodes(run: TraceRun) -> Iterator[Check]:
         "path_logprob",
     )
     yield lambda: V.check_trees(**{n: _col(run, "nodes", n) for n in names})
+    yield _level_trees(run)
     yield _routing_order(run, "nodes")
     yield from _references(run, "nodes")
+
+
+def _level_trees(run: TraceRun) -> Check:
+    """``last_level`` where recorded (format v2 dense trees): :func:`traces.validate.check_level_trees`
+    on the rows that carry it (a resumed v1 run may hold trees without it)."""
+
+    def check() -> V.Violation | None:
+        column = run.arrow("nodes").column("last_level")
+        if column.null_count == len(column):
+            return None
+        rows = np.flatnonzero(~column.is_null().to_numpy(zero_copy_only=False))
+        cols = {n: _col(run, "nodes", n)[rows] for n in ("request_id", "position", "parent", "depth")}
+        found = V.check_level_trees(
+            **cols,
+            last_level=column.to_numpy(zero_copy_only=False)[rows].astype(np.int64),
+            max_nodes=run.manifest.draft.max_nodes,
+        )
+        return None if found is None else V.Violation(int(rows[found.row]), found.message)
+
+    return check
 
 
 def _cycles(run: TraceRun) -> Iterator[Check]:

@@ -30,7 +30,6 @@ import pyarrow.parquet as pq
 from traces import validate as V
 from traces.errors import TraceError
 from traces.schema import (
-    FORMAT_VERSION,
     KIND_BOOL,
     KIND_EXPERT_IDS,
     KIND_FLOAT,
@@ -41,6 +40,7 @@ from traces.schema import (
     KIND_ROUTER_WEIGHTS,
     KIND_STRING,
     MANIFEST_FILE,
+    SUPPORTED_FORMAT_VERSIONS,
     TABLE_NAMES,
     TABLES,
     ColumnSpec,
@@ -124,7 +124,7 @@ def read_part(path: str | os.PathLike[str], table: str, manifest: Manifest) -> p
     """Read one part file, check it against the column specs and return it in the canonical schema.
 
     Checks: the file is a readable Parquet file; its format-version metadata (if any) is
-    :data:`FORMAT_VERSION`; required columns exist, with types of the right kind; no nulls
+    :data:`SUPPORTED_FORMAT_VERSIONS`; required columns exist, with types of the right kind; no nulls
     outside nullable columns; expert id / router weight lists hold ``L*K`` values, ids in
     ``0..E-1`` (distinct per layer) and weights finite ``>= 0``. Values are then cast to the
     writer's schema (:func:`traces.schema.arrow_schema`); extra columns are dropped.
@@ -140,13 +140,13 @@ def read_part(path: str | os.PathLike[str], table: str, manifest: Manifest) -> p
             path, table, None, f"cannot read Parquet data (truncated or corrupt file?): {exc}"
         ) from exc
     version = (data.schema.metadata or {}).get(b"specfit_trace_format_version")
-    if version is not None and version != str(FORMAT_VERSION).encode():
+    if version is not None and version not in {str(v).encode() for v in SUPPORTED_FORMAT_VERSIONS}:
         raise TraceError(
             path,
             table,
             None,
             f"written by trace format version {version.decode(errors='replace')}, "
-            f"this reader supports version {FORMAT_VERSION}",
+            f"this reader supports versions {list(SUPPORTED_FORMAT_VERSIONS)}",
         )
     schema = arrow_schema(table, manifest.model)
     model = manifest.model
@@ -242,6 +242,9 @@ class DenseTree:
         expert_ids: int16[N, L, K]; router_weights: float32[N, L, K].
         next_layer_expert_ids: int16[N, L-1, K], the next-layer prefetch guesses (row ``l``: layer
             ``l+1``'s router on the node's layer-``l`` MoE input), or None when not recorded.
+        last_level: int64[N], the last draft level whose tree held each node (the tree is then
+            the union of the per-level trees: :meth:`level_nodes`), or None when not recorded
+            (format v1 traces).
     """
 
     request_id: int
@@ -253,6 +256,22 @@ class DenseTree:
     expert_ids: np.ndarray
     router_weights: np.ndarray
     next_layer_expert_ids: np.ndarray | None = None
+    last_level: np.ndarray | None = None
+
+    @property
+    def num_levels(self) -> int:
+        """Draft levels run for this tree: the root's ``last_level`` (the tree's depth when not recorded)."""
+        return int(self.tree.max_depth if self.last_level is None else self.last_level[0])
+
+    def level_nodes(self, levels: int) -> np.ndarray:
+        """int64[] ascending ids of the tree the draft held after ``levels`` levels: the nodes with
+        ``depth <= levels <= last_level`` (``live.spec.draft``'s per-level EAGLE-2 tree); without
+        ``last_level`` (format v1), the nodes with ``depth <= levels``, an approximation (a node a
+        later level pushed out is missing)."""
+        depths = self.tree.depths
+        if self.last_level is None:
+            return np.flatnonzero(depths <= levels)
+        return np.flatnonzero((depths <= levels) & (self.last_level >= levels))
 
     @property
     def path_accepted(self) -> np.ndarray:
@@ -284,7 +303,9 @@ class NodeArrays:
         parent, depth, token_id, target_token: int64[R]; accepted: bool[R];
         draft_logprob, path_logprob: float64[R]; expert_ids: int16[R, L, K];
         router_weights: float32[R, L, K]; next_layer_expert_ids: int16[R, L-1, K] (the next-layer
-        prefetch guesses, see docs/trace-format.md) or None when the trace does not carry them.
+        prefetch guesses, see docs/trace-format.md) or None when the trace does not carry them;
+        last_level: int64[R] (the last draft level whose tree held each node, see
+        :class:`DenseTree`) or None when any tree lacks it (format v1 traces).
     """
 
     offsets: np.ndarray
@@ -301,6 +322,7 @@ class NodeArrays:
     expert_ids: np.ndarray
     router_weights: np.ndarray
     next_layer_expert_ids: np.ndarray | None = None
+    last_level: np.ndarray | None = None
 
     @property
     def num_trees(self) -> int:
@@ -343,8 +365,9 @@ class NodeArrays:
                 "router_weights",
             )
         }
-        guesses = self.next_layer_expert_ids
-        per_row["next_layer_expert_ids"] = None if guesses is None else guesses[rows]
+        for name in ("next_layer_expert_ids", "last_level"):  # optional columns
+            values = getattr(self, name)
+            per_row[name] = None if values is None else values[rows]
         return NodeArrays(offsets=offsets, **per_tree, **per_row)
 
     def tree(self, i: int, draft_tree_cls: Any = None) -> DenseTree:
@@ -371,6 +394,7 @@ class NodeArrays:
             next_layer_expert_ids=(
                 None if self.next_layer_expert_ids is None else self.next_layer_expert_ids[lo:hi]
             ),
+            last_level=None if self.last_level is None else self.last_level[lo:hi],
         )
 
 
@@ -523,6 +547,7 @@ class TraceRun:
         offsets = np.zeros(len(starts) + 1, dtype=np.int64)
         np.cumsum(sizes[order], out=offsets[1:])
         guesses = _next_layer_ids(data, model)
+        levels = None if data.column("last_level").null_count else pick(col("last_level", np.int64))
         return NodeArrays(
             offsets=offsets,
             request_ids=request_id[starts][order],
@@ -538,6 +563,7 @@ class TraceRun:
             expert_ids=pick(flat("expert_ids", np.int16)),
             router_weights=pick(flat("router_weights", np.float32)),
             next_layer_expert_ids=None if guesses is None else pick(guesses),
+            last_level=levels,
         )
 
     def node_arrays(self, request_id: int | None = None) -> NodeArrays:
@@ -604,6 +630,13 @@ class TraceRun:
         return all(
             not self.arrow(table).column("next_layer_expert_ids").null_count for table in ("nodes", "prefill")
         )
+
+    @cached_property
+    def has_level_trees(self) -> bool:
+        """Whether every dense tree carries ``last_level`` (format v2 dense runs): the simulator
+        then rebuilds the per-level trees the live engine's stopping rule sees; traces recorded
+        before the column existed do not (see :meth:`DenseTree.level_nodes`)."""
+        return not self.arrow("nodes").column("last_level").null_count
 
     # ------------------------------------------------------------------------- validation
     def validate(self) -> None:

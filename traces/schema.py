@@ -1,4 +1,7 @@
-"""Trace format v1: the manifest, the cycle record and the column specs of every table.
+"""Trace format v2: the manifest, the cycle record and the column specs of every table.
+
+Version 2 adds the optional ``nodes`` column ``last_level`` (dense trees are the union of the
+draft's per-level trees); version-1 runs, which lack it, still read (``SUPPORTED_FORMAT_VERSIONS``).
 
 One run directory holds ``manifest.json`` and one folder per table (``requests``, ``prefill``,
 ``nodes``, ``cycles``, ``transfers``), each a sequence of Parquet part files. The column specs
@@ -27,7 +30,8 @@ from typing import Any
 import pyarrow as pa
 
 FORMAT_NAME = "specfit-trace"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+SUPPORTED_FORMAT_VERSIONS = (1, 2)  # what the reader accepts; the writer writes FORMAT_VERSION
 MANIFEST_FILE = "manifest.json"
 TABLE_NAMES = ("requests", "prefill", "nodes", "cycles", "transfers")
 RUN_MODES = ("dense", "policy")
@@ -381,9 +385,10 @@ class Manifest:
         if data.get("format", FORMAT_NAME) != FORMAT_NAME:
             raise ValueError(f"manifest.format: expected {FORMAT_NAME!r}, got {data.get('format')!r}")
         version = data.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in SUPPORTED_FORMAT_VERSIONS or isinstance(version, bool):
             raise ValueError(
-                f"manifest.format_version: this reader supports version {FORMAT_VERSION}, got {version!r}"
+                f"manifest.format_version: this reader supports versions {list(SUPPORTED_FORMAT_VERSIONS)}, "
+                f"got {version!r}"
             )
         return _dataclass_from_dict(cls, {k: v for k, v in data.items() if k != "format"}, "manifest")
 
@@ -595,6 +600,20 @@ TABLES: dict[str, tuple[ColumnSpec, ...]] = {
             "router weight of each chosen expert, same layout as expert_ids",
         ),
         _NEXT_LAYER_COLUMN,
+        _c(
+            "last_level",
+            KIND_INT,
+            pa.int16(),
+            "levels",
+            "the last draft level whose EAGLE-2 reranked tree held this node: dense trees are the union "
+            "of the draft's per-level trees (live.spec.draft, level_union), the tree after level k is the "
+            "nodes with depth <= k <= last_level, the final tree those with last_level = the levels drafted "
+            "(the root's); what sim.replay asks the stopping rule on (format v2; optional column: null or "
+            "absent in traces recorded before it, which sim.replay then approximates by the final tree cut "
+            "at depth k)",
+            nullable=True,
+            required=False,
+        ),
     ),
     "cycles": (
         _c("request_id", KIND_INT, pa.int64(), "-", "request id (in `requests`)"),

@@ -1,4 +1,4 @@
-"""Value checks of trace format v1 on numpy arrays, shared by the writer and the reader.
+"""Value checks of the trace format on numpy arrays, shared by the writer and the reader.
 
 Every check returns the first :class:`Violation` (row index into the arrays it was given and a
 message) or ``None``. The writer turns a violation into ``ValueError`` naming the argument; the
@@ -116,6 +116,14 @@ def tree_starts(request_id: np.ndarray, position: np.ndarray) -> np.ndarray:
     return np.flatnonzero(change)
 
 
+def tree_rows(request_id: np.ndarray, position: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(starts, sizes, start_of_row)`` of the trees in flat node rows: each tree's first row
+    (:func:`tree_starts`), its row count, and for every row its tree's first row (all int64)."""
+    starts = tree_starts(request_id, position)
+    sizes = np.diff(np.append(starts, len(request_id)))
+    return starts, sizes, np.repeat(starts, sizes)
+
+
 def check_trees(
     request_id: np.ndarray,
     position: np.ndarray,
@@ -140,9 +148,7 @@ def check_trees(
     n = len(node_id)
     if n == 0:
         return None
-    starts = tree_starts(request_id, position)
-    sizes = np.diff(np.append(starts, n))
-    start_of_row = np.repeat(starts, sizes)
+    starts, sizes, start_of_row = tree_rows(request_id, position)
     local = np.arange(n) - start_of_row
     key = "tree (request {}, position {})"
 
@@ -218,6 +224,62 @@ def check_trees(
     if dup.size:
         row = int(starts[order[dup[0] + 1]])
         return Violation(row, f"{where(row)} appears twice (one tree per request and position)")
+    return None
+
+
+def check_level_trees(
+    request_id: np.ndarray,
+    position: np.ndarray,
+    parent: np.ndarray,
+    depth: np.ndarray,
+    last_level: np.ndarray,
+    max_nodes: int | None = None,
+) -> Violation | None:
+    """The ``last_level`` column of dense trees already checked by :func:`check_trees` (all arrays
+    ``[R]``): each node's ``depth <= last_level <= the root's last_level`` (the levels drafted),
+    ``last_level <= the parent's`` (every per-level tree is ancestor-closed: a node leaves the
+    tree no later than its parent), and with ``max_nodes`` every per-level tree (nodes with
+    ``depth <= k <= last_level``) holds at most ``max_nodes`` nodes (``live.spec.draft``'s
+    EAGLE-2 reranking keeps ``max_nodes - 1`` candidates plus the root).
+    """
+    n = len(last_level)
+    if n == 0:
+        return None
+    starts, sizes, start_of_row = tree_rows(request_id, position)
+    is_root = np.arange(n) == start_of_row
+    level = np.asarray(last_level, dtype=np.int64)
+    levels = level[start_of_row]
+    parent_row = np.where(is_root, np.arange(n), start_of_row + parent)
+
+    def where(row: int) -> str:
+        return f"tree (request {int(request_id[row])}, position {int(position[row])}) node {row - int(start_of_row[row])}"
+
+    row = first_true((level < depth) | (level > levels))
+    if row is not None:
+        return Violation(
+            row,
+            f"{where(row)}: last_level {int(level[row])} outside [depth {int(depth[row])}, the root's "
+            f"last_level {int(levels[row])}] (a node is in the trees of levels depth..last_level)",
+        )
+    row = first_true(level > level[parent_row])
+    if row is not None:
+        return Violation(
+            row,
+            f"{where(row)}: last_level {int(level[row])} > its parent's {int(level[parent_row[row]])} "
+            "(a per-level tree must be ancestor-closed)",
+        )
+    if max_nodes is not None:
+        tree_of_row = np.repeat(np.arange(len(starts)), sizes)
+        for k in range(int(levels.max()) + 1):
+            counts = np.bincount(tree_of_row, weights=(depth <= k) & (level >= k), minlength=len(starts))
+            tree = first_true(counts > max_nodes)
+            if tree is not None:
+                row = int(starts[tree])
+                return Violation(
+                    row,
+                    f"tree (request {int(request_id[row])}, position {int(position[row])}): the tree after "
+                    f"level {k} holds {int(counts[tree])} nodes, more than max_nodes {max_nodes}",
+                )
     return None
 
 

@@ -33,7 +33,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traces import validate as V
-from traces.schema import MANIFEST_FILE, TABLE_NAMES, CycleRecord, Manifest, arrow_schema, utc_now_iso
+from traces.schema import (
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    TABLE_NAMES,
+    CycleRecord,
+    Manifest,
+    arrow_schema,
+    utc_now_iso,
+)
 from traces.storage import ZSTD_LEVEL, list_parts, part_path, write_manifest, write_part
 
 
@@ -233,7 +241,7 @@ class TraceWriter:
             batch = pa.RecordBatch.from_pydict(columns, schema=self._schemas[table])
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
             raise ValueError(
-                f"{table}: value does not fit the column type of trace format v1: {exc}"
+                f"{table}: value does not fit the column type of trace format v{FORMAT_VERSION}: {exc}"
             ) from exc
         self._buffers[table].append(batch)
         self._buffered_rows[table] += batch.num_rows
@@ -347,6 +355,8 @@ class TraceWriter:
         expert_ids: Any,
         router_weights: Any,
         next_layer_expert_ids: Any = None,
+        *,
+        last_level: Any = None,
     ) -> None:
         """One dense tree: every node of ``tree`` (a ``specfit.tree.DraftTree``) with its routing.
 
@@ -359,6 +369,9 @@ class TraceWriter:
             expert_ids: ``int[N, L, K]`` in ``0..E-1``; router_weights: ``float[N, L, K]``.
             next_layer_expert_ids: ``int[N, L-1, K]``, the next-layer prefetch guesses
                 (docs/trace-format.md), or None (not recorded).
+            last_level: ``int[N]``, the last draft level whose tree held each node when ``tree`` is
+                the union of the draft's per-level trees (``live.spec.draft``, ``level_union``), or
+                None (not recorded: readers then cut the final tree at each depth).
 
         Raises:
             ValueError: wrong shapes or values, naming the argument and node.
@@ -379,18 +392,20 @@ class TraceWriter:
             expert_ids=expert_ids,
             router_weights=router_weights,
             next_layer_expert_ids=next_layer_expert_ids,
+            last_level=last_level,
         )
 
     def add_node_rows(self, **columns: Any) -> None:
         """Bulk form of :meth:`add_tree`: flat ``[R]`` arrays of many whole trees (``[R, L, K]`` for
-        ``expert_ids``/``router_weights``; the optional ``next_layer_expert_ids`` ``[R, L-1, K]``),
-        keyword per ``nodes`` column (docs/trace-format.md).
+        ``expert_ids``/``router_weights``; the optional ``next_layer_expert_ids`` ``[R, L-1, K]``
+        and ``last_level`` ``[R]``), keyword per ``nodes`` column (docs/trace-format.md).
 
         Raises:
             ValueError: a missing/extra column, wrong shape, or a tree that breaks the format.
         """
         names = [spec.name for spec in self._schemas["nodes"]]
         columns.setdefault("next_layer_expert_ids", None)  # optional: nulls when not recorded
+        columns.setdefault("last_level", None)
         missing = sorted(set(names) - set(columns))
         extra = sorted(set(columns) - set(names))
         if missing or extra:
@@ -398,7 +413,7 @@ class TraceWriter:
         rows = len(np.asarray(columns["node_id"]))
         arrays: dict[str, Any] = {}
         for name in names:
-            if name in ("expert_ids", "router_weights", "next_layer_expert_ids"):
+            if name in ("expert_ids", "router_weights", "next_layer_expert_ids", "last_level"):
                 continue
             if name in ("draft_logprob", "path_logprob"):
                 arrays[name] = _as_float_array(f"add_tree: {name}", columns[name], (rows,))
@@ -408,8 +423,19 @@ class TraceWriter:
             arrays["context_len"], "context_len", 0
         )
         check = check or V.check_trees(**{k: v for k, v in arrays.items() if k != "context_len"})
+        if check is None and columns["last_level"] is not None:
+            arrays["last_level"] = _as_int_array("add_tree: last_level", columns["last_level"], (rows,))
+            check = V.check_level_trees(
+                arrays["request_id"],
+                arrays["position"],
+                arrays["parent"],
+                arrays["depth"],
+                arrays["last_level"],
+                self.manifest.draft.max_nodes,
+            )
         if check is not None:
             raise ValueError(f"add_tree: row {check.row}: {check.message}")
+        arrays.setdefault("last_level", pa.nulls(rows, type=pa.int16()))
         starts = V.tree_starts(arrays["request_id"], arrays["position"])
         keys = list(zip(arrays["request_id"][starts].tolist(), arrays["position"][starts].tolist()))
         seen = [key for key in keys if key in self._tree_keys]

@@ -10,6 +10,16 @@ path probability never exceeds its parent's (ties broken by creation order), tha
 ancestor-closed. Growth stops after ``depth`` levels or when the ``keep_drafting`` callback (the
 SpecFit stopping rule) says so.
 
+Level trees and their union (dense traces): a shallow candidate of the tree after level ``k`` can
+be pushed out by better candidates of a later level, so the tree the stopping rule is asked about
+after level ``k`` is not the final tree cut at depth ``k``. ``grow(..., level_union=True)`` returns
+instead the union of every level's tree, nodes in (depth, creation) order, with
+:attr:`DraftResult.last_level` (the last level whose tree held each node): the level-``k`` tree is
+the nodes with ``depth <= k <= last_level`` (once pushed out a candidate never returns: later
+levels only add competitors), and the final tree those with ``last_level == num_levels``. Dense
+mode verifies and records that union, so ``sim.replay`` asks the stopping rule on exactly the
+trees the live engine sees (issue 13).
+
 :class:`Drafter` is the interface the decode loops use; :class:`TreeDrafter` holds the growth
 loop, shared by :class:`ModelDrafter` (a small causal LM) and :class:`live.eagle3_draft.Eagle3Drafter`
 (an EAGLE-3 head drafting from the target's hidden states).
@@ -64,11 +74,15 @@ class DraftResult:
         tree: the tree; node 0 is the root (last committed token).
         num_levels: draft forward passes over tree levels (0 for a root-only tree).
         draft_s: wall seconds spent drafting (catch-up feed + all levels).
+        last_level: int64[N] with ``grow(..., level_union=True)`` (``tree`` is then the union of
+            the level trees): the last draft level whose tree held each node (``num_levels`` for
+            the final tree's nodes, the root included); None otherwise.
     """
 
     tree: TokenTree
     num_levels: int
     draft_s: float
+    last_level: np.ndarray | None = None
 
 
 class Drafter(Protocol):
@@ -83,9 +97,15 @@ class Drafter(Protocol):
         """Forget all state before a new generation."""
 
     def grow(
-        self, committed: Sequence[int], shape: TreeShape, keep_drafting: KeepDrafting | None = None
+        self,
+        committed: Sequence[int],
+        shape: TreeShape,
+        keep_drafting: KeepDrafting | None = None,
+        *,
+        level_union: bool = False,
     ) -> DraftResult:
-        """Draft a tree rooted at ``committed[-1]`` given all committed tokens (prompt + generated)."""
+        """Draft a tree rooted at ``committed[-1]`` given all committed tokens (prompt + generated);
+        ``level_union``: return the union of the level trees (see the module docstring)."""
 
     def accept(self, path_nodes: Sequence[int]) -> None:
         """After a commit: ``path_nodes`` (non-root node ids of the last tree, root to leaf) were committed."""
@@ -125,15 +145,33 @@ class TreeDrafter:
         return ids
 
     def _tree(self, tokens, parents, logps, path, depths, max_nodes) -> TokenTree:
-        keep = _rerank(parents, path, depths, max_nodes)
+        return self._tree_of(_rerank(parents, path, depths, max_nodes), tokens, parents, logps)
+
+    def _tree_of(self, keep: np.ndarray, tokens, parents, logps) -> TokenTree:
+        """The tree of candidates ``keep`` (ancestor-closed, in (depth, creation) order)."""
         index = {int(c): i for i, c in enumerate(keep)}
         self._tree_to_cand = keep
         return TokenTree.from_parents(
             [tokens[c] for c in keep], [-1] + [index[parents[c]] for c in keep[1:]], [logps[c] for c in keep]
         )
 
+    def _result(self, tree, levels, start, last_level, level_union, tokens, parents, logps, depths):
+        """The :class:`DraftResult`: ``tree`` itself, or with ``level_union`` the union of the level
+        trees (``last_level``: candidate id -> last level whose tree held it)."""
+        if not level_union:
+            return DraftResult(tree, levels, time.perf_counter() - start)
+        union = np.asarray(sorted(last_level, key=lambda c: (depths[c], c)), dtype=np.int64)
+        tree = self._tree_of(union, tokens, parents, logps)
+        last = np.asarray([last_level[int(c)] for c in union], dtype=np.int64)
+        return DraftResult(tree, levels, time.perf_counter() - start, last)
+
     def grow(
-        self, committed: Sequence[int], shape: TreeShape, keep_drafting: KeepDrafting | None = None
+        self,
+        committed: Sequence[int],
+        shape: TreeShape,
+        keep_drafting: KeepDrafting | None = None,
+        *,
+        level_union: bool = False,
     ) -> DraftResult:
         """Grow a tree rooted at ``committed[-1]`` (see module docstring).
 
@@ -141,6 +179,8 @@ class TreeDrafter:
             committed: every committed token id so far (prompt then generated), at least one.
             shape: depth, top-k and node budget.
             keep_drafting: optional stopping rule called after each level (except the last) with the tree so far.
+            level_union: return the union of the level trees and their ``last_level`` (dense
+                mode; see the module docstring) instead of the last level's tree.
 
         Returns:
             :class:`DraftResult`; draft log-probs are natural-log probabilities under the draft.
@@ -156,10 +196,10 @@ class TreeDrafter:
         logits = None
         if shape.depth > 0 and shape.max_nodes > 1:
             logits = self._root_logits(committed)
+        last_level = {0: 0}  # candidate id -> the last level whose tree held it
         if logits is None:
-            return DraftResult(
-                self._tree(tokens, parents, logps, path, depths, 1), 0, time.perf_counter() - start
-            )
+            tree = self._tree(tokens, parents, logps, path, depths, 1)
+            return self._result(tree, 0, start, last_level, level_union, tokens, parents, logps, depths)
         frontier = [0]
         levels = 0
         while True:
@@ -179,6 +219,7 @@ class TreeDrafter:
                     depths.append(depths[parent] + 1)
             levels += 1
             tree = self._tree(tokens, parents, logps, path, depths, shape.max_nodes)
+            last_level.update((int(c), levels) for c in self._tree_to_cand)
             if levels >= shape.depth or (keep_drafting is not None and not keep_drafting(tree, levels)):
                 break
             frontier = sorted(level, key=lambda v: (-path[v], v))[: shape.topk]
@@ -187,7 +228,7 @@ class TreeDrafter:
             ):
                 break  # no child of the new frontier could enter the full tree: more levels cannot change it
             logits = self._level_logits(frontier, tokens, parents, depths)
-        return DraftResult(tree, levels, time.perf_counter() - start)
+        return self._result(tree, levels, start, last_level, level_union, tokens, parents, logps, depths)
 
 
 class ModelDrafter(TreeDrafter):

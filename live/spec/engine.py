@@ -105,17 +105,26 @@ class AutoregressiveChooser:
 
 
 class FullTreeChooser:
-    """Draft the maximal tree and verify all of it (dense mode, or policy ``full``)."""
+    """Draft the maximal tree and verify all of it (dense mode, or policy ``full``).
+
+    ``level_union`` (dense mode): draft and verify the union of the per-level trees
+    (``Drafter.grow(..., level_union=True)``, ``DraftResult.last_level``), so the dense trace holds
+    every tree the stopping rule of a policy run is asked about.
+    """
 
     name = "full"
 
-    def __init__(self, drafter: Drafter, shape: TreeShape) -> None:
+    def __init__(self, drafter: Drafter, shape: TreeShape, *, level_union: bool = False) -> None:
         self.drafter = drafter
         self.shape = shape
+        self.level_union = bool(level_union)
 
     def choose(self, state: ChooseState) -> Choice:
         """Grow the tree to ``shape`` and verify every node."""
-        draft = self.drafter.grow(state.committed, self.shape)
+        if self.level_union:
+            draft = self.drafter.grow(state.committed, self.shape, level_union=True)
+        else:
+            draft = self.drafter.grow(state.committed, self.shape)
         return Choice(draft, np.arange(draft.tree.num_nodes, dtype=np.int64))
 
 

@@ -110,7 +110,8 @@ def write_transfers(writer, request_id: int, event: CycleEvent) -> int:
 
 
 def write_tree(writer, request_id: int, event: CycleEvent) -> None:
-    """Write the whole verified tree of a dense-mode cycle to the ``nodes`` table.
+    """Write the whole verified tree of a dense-mode cycle to the ``nodes`` table (with each
+    node's ``last_level`` when the drafter recorded the union of its level trees).
 
     Raises:
         ValueError: when the cycle did not verify every node (not a dense cycle).
@@ -128,6 +129,7 @@ def write_tree(writer, request_id: int, event: CycleEvent) -> None:
         ver.expert_ids,
         ver.router_weights,
         event.next_layer_ids,
+        last_level=event.choice.draft.last_level,
     )
 
 

@@ -342,7 +342,8 @@ class RecordSession:
         if config.policy == "ar":
             return AutoregressiveChooser()
         if config.policy == "full":
-            return FullTreeChooser(self.drafter, self.shape)
+            # dense mode records the union of the level trees (what a policy run's stopping rule sees)
+            return FullTreeChooser(self.drafter, self.shape, level_union=config.mode == "dense")
         from live.spec.planning import PlannedChooser
 
         if config.cost is not None:
