@@ -912,8 +912,8 @@ class _TreeData:
 
     def __init__(self, dense: Any) -> None:
         self.dense = dense
-        self.level_trees = getattr(dense, "last_level", None) is not None
-        self.depth = int(dense.num_levels) if self.level_trees else int(dense.tree.max_depth)
+        self.level_trees = dense.last_level is not None
+        self.depth = int(dense.num_levels)
         self.levels: dict[int, tuple[Any, np.ndarray]] = {}
         self.accept: dict[tuple[str, int], np.ndarray] = {}
 
@@ -922,10 +922,7 @@ class _TreeData:
         got = self.levels.get(levels)
         if got is None:
             tree = self.dense.tree
-            if self.level_trees:
-                keep = self.dense.level_nodes(levels)
-            else:
-                keep = np.flatnonzero(tree.depths <= levels)
+            keep = self.dense.level_nodes(levels)  # without last_level: the nodes at depth <= levels
             sub = tree if len(keep) == tree.num_nodes else _depth_subtree(tree, keep)
             got = self.levels[levels] = (sub, keep)
         return got
