@@ -14,7 +14,12 @@ with the same element-wise operations in the same order as the numpy code they r
 * :func:`union_size_best_prefix`: the union-size optimum of :mod:`specfit.planner` (best top-by-P
   prefix: running gain over ``draft + verify + h2d`` or ``draft + max(verify, h2d)``);
 * :func:`expected_rule_union_size`: :meth:`specfit.policies.SpecFitPolicy.keep_drafting_expected`'s
-  chain test with union-size prices.
+  chain test with union-size prices;
+* :func:`union_size_plan_rule`: one stopping question in one call: the union-size plan, its
+  expected committed tokens (summed as ``np.sum`` sums, :func:`numpy_sum`) and, when asked, the
+  rule on it (what the simulator and :func:`specfit.planner.plan_exact` call);
+* :func:`union_size_question`: the live planner's question in one call: the calibrated
+  acceptance of the level's tree, then :func:`union_size_plan_rule` (the same compiled code).
 
 Imported lazily by their callers (numba loads them from its on-disk cache; a fresh install
 compiles them once, a few seconds), so ``specfit`` imports without numba being loaded.
@@ -206,3 +211,166 @@ def expected_rule_union_size(p, parents, depths, max_depth, chosen, root_alpha, 
         if gain > best_tokens_per_s * cycle:
             return True
     return False
+
+
+@njit(cache=True, inline="always")
+def _pairwise_block(a, lo, n):
+    """numpy's ``pairwise_sum`` of ``a[lo:lo + n]`` for ``n <= 128`` (one leaf of its recursion)."""
+    if n < 8:
+        res = -0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = lo + 8
+    stop = lo + n - n % 8
+    while i < stop:
+        r0 += a[i]
+        r1 += a[i + 1]
+        r2 += a[i + 2]
+        r3 += a[i + 3]
+        r4 += a[i + 4]
+        r5 += a[i + 5]
+        r6 += a[i + 6]
+        r7 += a[i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < lo + n:
+        res += a[i]
+        i += 1
+    return res
+
+
+@njit(cache=True)
+def numpy_sum(a, lo, n):
+    """``a[lo:lo + n].sum()`` as numpy sums a contiguous float64 array, bit for bit (float).
+
+    numpy's pairwise summation (``pairwise_sum`` in numpy's ``loops_utils.h.src``): fewer than 8
+    values summed in order from ``-0.0``; up to 128 in 8 interleaved partial sums combined as
+    ``((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))``, then the remainder in order; a longer
+    run is split in two halves (the first a multiple of 8) whose sums are added. The recursion
+    runs on an explicit stack (numba does not cache recursive functions called from others).
+    Checked against ``np.sum`` in ``tests/test_specfit_decide_kernels.py``.
+    """
+    if n <= 128:
+        return _pairwise_block(a, lo, n)
+    segs = np.empty((192, 3), np.int64)  # (start, length, halves summed?): depth <= 63
+    vals = np.empty(64)
+    top = 0
+    nv = 0
+    segs[0, 0], segs[0, 1], segs[0, 2] = lo, n, 0
+    while top >= 0:
+        start, length, done = segs[top, 0], segs[top, 1], segs[top, 2]
+        top -= 1
+        if length <= 128:
+            vals[nv] = _pairwise_block(a, start, length)
+            nv += 1
+        elif done:
+            vals[nv - 2] = vals[nv - 2] + vals[nv - 1]
+            nv -= 1
+        else:
+            half = length // 2
+            half -= half % 8
+            segs[top + 1, 0], segs[top + 1, 1], segs[top + 1, 2] = start, length, 1
+            segs[top + 2, 0], segs[top + 2, 1], segs[top + 2, 2] = start + half, length - half, 0
+            segs[top + 3, 0], segs[top + 3, 1], segs[top + 3, 2] = start, half, 0
+            top += 3
+    return vals[0]
+
+
+@njit(cache=True, error_model="numpy")
+def union_size_plan_rule(p, parents, depths, union_table, miss, params, context_len, num_levels, root_alpha,
+                         max_depth, ask):  # fmt: skip
+    """One union-size stopping question: ``(nodes int64[k], cycle_s, expected, misses, ok, keep)``.
+
+    The plan is :func:`union_size_best_prefix`'s (``nodes`` sorted by id, ``cycle_s`` its
+    predicted cycle) on the predicted misses of the top-``k`` subtrees, ``misses[k - 1] =
+    sum_l union_table[k - 1, l] * miss[l]`` (the product, then summed as ``np.sum`` sums a row:
+    :func:`specfit.planner._union_misses`' values; ``misses`` returned is the plan's). ``expected
+    = 1 + sum P(nodes[1:])`` summed as ``np.sum`` does (:func:`numpy_sum`), so ``expected /
+    cycle_s`` is the plan's ``predicted_tokens_per_s`` bit for bit. ``ok`` is False when some
+    cycle time is not > 0 (``keep`` is then False). With ``ask``, ``keep`` is
+    :func:`expected_rule_union_size`'s answer on that plan for the ``max_depth - depth`` levels
+    the tree can still grow (``root_alpha``: the root estimate); False when none is left.
+
+    Args:
+        p: float64[N] path acceptance; parents, depths: int64[N] of the tree.
+        union_table: float64[>= N + max_depth, L] expected union sizes; miss: float64[L] miss fractions.
+        params: float64[7]: ``draft_base_s, draft_s_per_level, verify_base_s, verify_s_per_node,
+            verify_s_per_context_token, s_per_miss, overlap_h2d (0 or 1)``; the context term is
+            ``params[4] * context_len`` (as ``cost.verify_s``).
+        context_len, num_levels, max_depth: counts (int).
+    """
+    n = p.shape[0]
+    draft_base, per_level = params[0], params[1]
+    verify_base, per_node, s_per_miss = params[2], params[3], params[5]
+    verify_context = params[4] * float(context_len)
+    overlap = params[6] != 0.0
+    draft = draft_base + per_level * float(num_levels) if num_levels > 0 else 0.0  # cost.draft_s
+    layers = miss.shape[0]
+    prod = np.empty(layers)
+    total_misses = np.empty(n)
+    for k in range(n):
+        for layer in range(layers):
+            prod[layer] = union_table[k, layer] * miss[layer]
+        total_misses[k] = numpy_sum(prod, 0, layers)
+    ids, cycle_s, ok = union_size_best_prefix(
+        p, total_misses, draft, verify_base, per_node, verify_context, s_per_miss, overlap
+    )
+    k = ids.shape[0]
+    chosen_p = np.empty(k - 1)
+    for i in range(1, k):
+        chosen_p[i - 1] = p[ids[i]]
+    expected = 1.0 + numpy_sum(chosen_p, 0, k - 1)
+    depth = 0
+    for v in range(n):
+        if depths[v] > depth:
+            depth = depths[v]
+    keep = False
+    if ask and ok and depth < max_depth:
+        chosen = np.zeros(n, np.bool_)
+        for i in range(k):
+            chosen[ids[i]] = True
+        keep = expected_rule_union_size(
+            p, parents, depths, depth, chosen, root_alpha, max_depth - depth, union_table, miss, num_levels,
+            expected / cycle_s, draft_base, per_level, verify_base, per_node, verify_context, s_per_miss, overlap,
+        )  # fmt: skip
+    return ids, cycle_s, expected, total_misses[k - 1], ok, keep
+
+
+@njit(cache=True, error_model="numpy")
+def union_size_question(parents, depths, probs, calibrated, edge, knots_x, knots_y, runner_x, runner_y,
+                        draft_logprobs, union_table, miss, params, context_len, num_levels, root_alpha,
+                        max_depth, ask):  # fmt: skip
+    """The live planner's stopping question in one call: ``(p, nodes, cycle_s, expected, misses, ok, keep)``.
+
+    ``p`` float64[N] is :func:`specfit.acceptance.path_accept_probs` of the tree: with
+    ``calibrated``, :func:`level_accept_probs` of ``probs`` (``exp`` of the draft log-probs for
+    an edge map, of the path log-probs for a path map) and the map's knots; without, ``probs``
+    (``exp`` of the path log-probs) clipped to [0, 1], ``P(root) = 1`` and each node clamped to
+    its parent's value (``min``, in id order). The rest is :func:`union_size_plan_rule` of ``p``.
+    """
+    n = parents.shape[0]
+    if n == 1:
+        p = np.ones(1)
+    elif calibrated:
+        depth = 0
+        for v in range(n):
+            if depths[v] > depth:
+                depth = depths[v]
+        p = level_accept_probs(
+            parents, depths, depth, probs, edge, knots_x, knots_y, runner_x, runner_y, draft_logprobs
+        )
+    else:
+        p = np.empty(n)
+        for v in range(n):
+            p[v] = _clip01(probs[v])
+        p[0] = 1.0
+        for v in range(1, n):  # min(p[v], p[parent]) as Python's min: the first unless the second is less
+            if p[parents[v]] < p[v]:
+                p[v] = p[parents[v]]
+    ids, cycle_s, expected, misses, ok, keep = union_size_plan_rule(
+        p, parents, depths, union_table, miss, params, context_len, num_levels, root_alpha, max_depth, ask
+    )
+    return p, ids, cycle_s, expected, misses, ok, keep

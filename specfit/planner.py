@@ -245,51 +245,110 @@ def decide_kernels():
     return _KERNELS[0]
 
 
-def _plan_union_size(ctx: PolicyContext, started: float) -> Plan:
-    """Exact for the union-size predictor: the best subtree of each size is a top-by-P prefix.
+_COST_PARAMS: dict[int, tuple[object, np.ndarray]] = {}
 
-    All ``N`` prefix sizes are scored in one compiled pass
-    (:func:`specfit.decide_kernels.union_size_best_prefix`) with the cost model's own operations,
-    in the same order (per-layer expected misses summed per size, ``draft + verify + h2d`` or
-    ``draft + max(verify, h2d)``, running gain), so the ratios are bit-identical to scoring each
-    size with ``cost.cycle_s``; the first size of highest ratio wins, as in a scan.
-    """
-    cost = ctx.cost
-    if cost.per_layer_overlap:  # the per-layer "on" form needs each size's misses per layer
-        return _plan_union_size_batch([ctx], started)[0]
-    kernels = decide_kernels()
-    p = ctx.accept_probs
-    n = p.shape[0]
-    _, total_misses = _union_misses(ctx.node_experts, ctx.cached_bits, n)
-    ids, cycle_s, ok = kernels.union_size_best_prefix(
-        p,
-        total_misses,
-        cost.draft_s(ctx.num_levels),
-        cost.verify_base_s,
-        cost.verify_s_per_node,
-        cost.verify_s_per_context_token * float(ctx.context_len),
-        cost.s_per_miss,
-        cost.overlap_h2d,
+
+def cost_params(cost) -> np.ndarray:
+    """float64[7] the compiled union-size path takes (:func:`specfit.decide_kernels.union_size_plan_rule`):
+    ``draft_base_s, draft_s_per_level, verify_base_s, verify_s_per_node, verify_s_per_context_token,
+    s_per_miss, overlap_h2d``; kept per cost model (immutable) object."""
+    memo = _COST_PARAMS.get(id(cost))
+    if memo is not None and memo[0] is cost:
+        return memo[1]
+    if len(_COST_PARAMS) >= 64:  # a few cost models per process (a sweep's bandwidths); never unbounded
+        _COST_PARAMS.clear()
+    params = np.array(
+        [
+            cost.draft_base_s,
+            cost.draft_s_per_level,
+            cost.verify_base_s,
+            cost.verify_s_per_node,
+            cost.verify_s_per_context_token,
+            cost.s_per_miss,
+            1.0 if cost.overlap_h2d else 0.0,
+        ]
     )
+    params.setflags(write=False)
+    _COST_PARAMS[id(cost)] = (cost, params)  # holds ``cost``: its id stays its own
+    return params
+
+
+def union_size_plan(
+    answer: tuple, num_nodes: int, started: float
+) -> Plan:
+    """The :class:`Plan` of a compiled union-size answer ``(nodes, cycle_s, expected, misses, ok)``
+    (:func:`specfit.decide_kernels.union_size_plan_rule`).
+
+    A top-by-P prefix is ancestor-closed (P never rises along a path, parents have smaller ids),
+    so the plan is built directly; its scores are :func:`specfit.context.evaluate_nodes`' (same
+    operations, same order: ``expected`` is ``1 + np.sum`` of the chosen P).
+
+    Raises:
+        ValueError: ``ok`` is False (some predicted cycle time is not > 0).
+    """
+    ids, cycle_s, expected, misses, ok = answer[:5]
     if not ok:
         raise ValueError("cost model: a cycle time of 0 s makes the throughput unbounded")
-    # a top-by-P prefix is ancestor-closed (P never rises along a path, parents have smaller
-    # ids), so the plan is built directly; its scores are evaluate_nodes' (same operations)
     ids.setflags(write=False)
-    expected = 1.0 + float(p[ids[1:]].sum())
     return Plan.trusted(  # one plan per stopping question: the dataclass __init__ shows in the profile
         nodes=ids,
         expected_committed=expected,
         predicted_cycle_s=cycle_s,
         predicted_tokens_per_s=expected / cycle_s,
         decision_s=time.perf_counter() - started,
-        nodes_explored=int(n),
+        nodes_explored=int(num_nodes),
         policy=POLICY_NAME,
-        predicted_misses=float(total_misses[ids.shape[0] - 1]),
+        predicted_misses=misses,
     )
 
 
+def plan_union_size(ctx: PolicyContext, root_alpha: float = 1.0, max_depth: int = 0) -> tuple[Plan, bool]:
+    """:func:`plan_exact` of a union-size context and the expected stopping rule on that plan
+    (when the tree is shallower than ``max_depth``) in ONE compiled call
+    (:func:`specfit.decide_kernels.union_size_plan_rule`): ``(plan, keep drafting)``.
+
+    Exact for the union-size predictor: the best subtree of each size is a top-by-P prefix; all
+    ``N`` prefix sizes are scored with the cost model's own operations, in the same order
+    (per-layer expected misses summed per size, ``draft + verify + h2d`` or ``draft + max(verify,
+    h2d)``, running gain), so the ratios are bit-identical to scoring each size with
+    ``cost.cycle_s``; the first size of highest ratio wins, as in a scan. The plan is remembered
+    for ``ctx`` as :func:`plan_exact` remembers it (a plan already remembered is returned).
+
+    With overlap mode "on" (``cost.per_layer_overlap``) each size is priced per layer
+    (:func:`_plan_union_size_batch`, numpy) and only the plan is computed here (``max_depth`` 0;
+    :meth:`specfit.policies.SpecFitPolicy.keep_drafting_expected` prices that rule's chains per layer).
+
+    Raises:
+        ValueError: the cost model makes a cycle take 0 s, or ``max_depth`` > 0 with overlap mode "on".
+    """
+    started = time.perf_counter()
+    if ctx.cost.per_layer_overlap:  # the per-layer "on" form needs each size's misses per layer
+        if max_depth > 0:
+            raise ValueError("plan_union_size: the stopping rule with overlap mode 'on' is priced per layer")
+        plan = _PLANS.get(ctx)
+        if plan is None:
+            plan = _PLANS[ctx] = _plan_union_size_batch([ctx], started)[0]
+        return plan, False
+    p = ctx.accept_probs
+    ne = ctx.node_experts
+    answer = decide_kernels().union_size_plan_rule(
+        p, ctx.tree.parents, ctx.tree.depths, union_table(ne, p.shape[0] + max(int(max_depth), 0)),
+        np.asarray(ne.layer_miss_fraction(ctx.cached_bits), dtype=np.float64), cost_params(ctx.cost),
+        int(ctx.context_len), int(ctx.num_levels), float(root_alpha), int(max_depth), True,
+    )  # fmt: skip
+    plan = _PLANS.get(ctx)
+    if plan is None:
+        plan = _PLANS[ctx] = union_size_plan(answer, p.shape[0], started)
+    return plan, bool(answer[5])
+
+
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def remember(ctx: PolicyContext, plan: Plan) -> None:
+    """Remember ``plan`` as :func:`plan_exact`'s answer for ``ctx`` (built elsewhere by the same
+    computation, e.g. :class:`specfit.policies.UnionSizeQuestions`); a plan already remembered stays."""
+    _PLANS.setdefault(ctx, plan)
 
 
 def plan_exact(
@@ -325,10 +384,8 @@ def plan_exact(
         return cached
     started = time.perf_counter()
     if ctx.node_experts.is_union_size:
-        plan = _plan_union_size(ctx, started)
-    else:
-        plan = _search_plan(ctx, deadline_s, clock, started)
-    _PLANS[ctx] = plan
+        return plan_union_size(ctx)[0]  # remembered there
+    plan = _PLANS[ctx] = _search_plan(ctx, deadline_s, clock, started)
     return plan
 
 
@@ -400,7 +457,7 @@ def plan_exact_many(contexts: list[PolicyContext]) -> list[Plan]:
 
 
 def _plan_union_size_batch(contexts: list[PolicyContext], started: float) -> list[Plan]:
-    """:func:`_plan_union_size` of contexts sharing node experts, cache, cost and context length."""
+    """:func:`plan_union_size` of contexts sharing node experts, cache, cost and context length."""
     first = contexts[0]
     cost = first.cost
     sizes_n = [ctx.accept_probs.shape[0] for ctx in contexts]

@@ -27,7 +27,7 @@ import numpy as np
 
 from specfit.context import Plan, PolicyContext, layer_misses, make_plan
 from specfit.cost import CycleCostModel
-from specfit.planner import decide_kernels, plan_exact, union_misses_by_size, union_table
+from specfit.planner import decide_kernels, plan_exact, plan_union_size, union_misses_by_size
 
 TREE_POLICIES: tuple[str, ...] = ("ar", "chain", "topn", "specfit", "cascade")
 #: One line per tree policy for ``--help``.
@@ -184,39 +184,6 @@ def _chain_gain(
     base_gain = 1.0 + float(probs[base[base != 0]].sum())
     k = np.arange(1, remaining + 1, dtype=np.float64)
     return base, base_gain + float(probs[leaf]) * np.cumsum(alpha**k), k
-
-
-def _expected_rule_union_size(ctx: PolicyContext, best: Plan, root_alpha: float, remaining: int) -> bool:
-    """:meth:`SpecFitPolicy.keep_drafting_expected` with union-size prices, in one compiled call
-    (:func:`specfit.decide_kernels.expected_rule_union_size`).
-    """
-    kernels = decide_kernels()
-    ne, tree, cost = ctx.node_experts, ctx.tree, ctx.cost
-    table = union_table(ne, tree.num_nodes + remaining)  # rows up to the longest chain priced
-    chosen = np.zeros(tree.num_nodes, dtype=bool)
-    chosen[best.nodes] = True
-    return bool(
-        kernels.expected_rule_union_size(
-            ctx.accept_probs,
-            tree.parents,
-            tree.depths,
-            int(tree.max_depth),
-            chosen,
-            float(root_alpha),
-            int(remaining),
-            table,
-            np.asarray(ne.layer_miss_fraction(ctx.cached_bits), dtype=np.float64),
-            int(ctx.num_levels),
-            float(best.predicted_tokens_per_s),
-            cost.draft_base_s,
-            cost.draft_s_per_level,
-            cost.verify_base_s,
-            cost.verify_s_per_node,
-            cost.verify_s_per_context_token * float(ctx.context_len),
-            cost.s_per_miss,
-            cost.overlap_h2d,
-        )
-    )
 
 
 STOPPING_RULES = ("expected", "bound")
@@ -497,10 +464,28 @@ class SpecFitPolicy(TreePolicy):
     def select(self, ctx: PolicyContext) -> Plan:
         """The exact optimum (see :mod:`specfit.planner`); a drafted tree also updates the root estimate."""
         if ctx.tree.max_depth >= 1:
-            observed = float(ctx.accept_probs[ctx.tree.nodes_at_depth(1)].max())
+            observed = float(ctx.accept_probs[ctx.tree.depths == 1].max())  # the nodes at depth 1
             w = self.root_alpha_weight
             self.root_alpha = (1.0 - w) * self.root_alpha + w * min(max(observed, 0.0), 1.0)
         return self.plan(ctx)
+
+    def union_size_questions(self, cost, calibration, max_depth: int, max_nodes: int) -> UnionSizeQuestions:
+        """SpecFit's stopping questions under a union-size prediction, one compiled call each
+        (:class:`UnionSizeQuestions`: what :meth:`keep_drafting` answers on contexts, expected rule),
+        for a run with this ``cost`` model, ``calibration`` (or None) and maximal tree (``max_depth``
+        levels, ``max_nodes`` nodes); :meth:`UnionSizeQuestions.begin` starts each cycle.
+
+        Raises:
+            ValueError: not the expected rule, a cost model with overlap mode "on" (priced per layer:
+                ask :meth:`keep_drafting` on contexts), or ``max_depth`` < 0.
+        """
+        if self.stopping != "expected":
+            raise ValueError(f"union_size_questions: only the expected rule, not {self.stopping!r}")
+        if cost.per_layer_overlap:
+            raise ValueError("union_size_questions: overlap mode 'on' is priced per layer (use keep_drafting)")
+        if int(max_depth) < 0:
+            raise ValueError(f"keep_drafting: max_depth must be >= 0, got {max_depth}")
+        return UnionSizeQuestions(self, cost, calibration, max_depth, max_nodes)
 
     def keep_drafting(self, ctx: PolicyContext, max_depth: int, topk: int | None = None) -> bool:
         """True if another draft level should be drafted (the rule chosen by ``stopping``); on the
@@ -539,13 +524,13 @@ class SpecFitPolicy(TreePolicy):
         depth = int(tree.max_depth)
         if depth >= int(max_depth):
             return False
-        best = self.plan(ctx)
         union_size = ctx.node_experts.is_union_size
-        if union_size and not ctx.cost.per_layer_overlap:  # one compiled pass (prices by subtree size)
-            keep = _expected_rule_union_size(ctx, best, self.root_alpha, int(max_depth) - depth)
+        if union_size and not ctx.cost.per_layer_overlap:  # plan and rule in one compiled call (by subtree size)
+            keep = plan_union_size(ctx, self.root_alpha, int(max_depth))[1]
             if depth == 0 and not keep:
                 self.root_alpha += self.reprobe_rate * (1.0 - self.root_alpha)
             return keep
+        best = self.plan(ctx)
         base, gain, k = _chain_gain(ctx, best, self.root_alpha, int(max_depth) - depth)
         nodes = base.shape[0] + k
         if union_size:  # overlap mode "on": each chain's expected misses per layer, as the plan's
@@ -610,6 +595,148 @@ class SpecFitPolicy(TreePolicy):
             return False
         cost_s = cost_s + _min_added_h2d_s(ctx, max_new)[None, :]
         return bool(np.any(gain > best * cost_s))
+
+
+_TREE_ARRAYS = ("token_ids", "parents", "depths", "draft_logprobs", "path_logprobs")
+
+
+class UnionSizeQuestions:
+    """SpecFit's expected-rule stopping questions under a union-size prediction, each one compiled
+    call on the drafter's own arrays (the live planner's decide path, issue 14).
+
+    What every question shares is gathered once per run (the cost terms, the calibration's knots)
+    and once per cycle in :meth:`begin` (the expected union sizes and miss fractions); :meth:`ask`
+    then runs :func:`specfit.decide_kernels.union_size_question`, which computes the tree's
+    acceptance (:func:`specfit.acceptance.path_accept_probs`' compiled pass), the union-size plan
+    and the expected rule (:func:`specfit.decide_kernels.union_size_plan_rule`: the code
+    :meth:`SpecFitPolicy.keep_drafting_expected` runs on a :class:`PolicyContext`, as in the
+    simulator) in one call: no context, tree conversion or plan object per question. Answers,
+    plans and the policy's state (``root_alpha``, the guard) are those of
+    ``policy.keep_drafting(ctx, max_depth)`` on the context of the same tree, bit for bit
+    (``tests/test_specfit_decide_kernels.py``). :meth:`context` builds that context, its plan
+    remembered by the planner, for the selection that ends the cycle.
+
+    Build with :meth:`SpecFitPolicy.union_size_questions`.
+    """
+
+    def __init__(self, policy, cost, calibration, max_depth: int, max_nodes: int) -> None:
+        from specfit.acceptance import _NO_VALUES
+        from specfit.planner import cost_params
+
+        self.policy, self.cost, self.max_depth, self.max_nodes = policy, cost, int(max_depth), int(max_nodes)
+        self.params = cost_params(cost)
+        decide_kernels()  # numba loads the kernels now, not in the first question
+        self.calibrated = calibration is not None
+        self.edge = not self.calibrated or calibration.scope == "edge"
+        knots = (_NO_VALUES,) * 4
+        if self.calibrated:
+            runner = (calibration.runner_up_knots_x, calibration.runner_up_knots_y)
+            if runner[0] is None or not self.edge:
+                runner = (_NO_VALUES, _NO_VALUES)
+            knots = (calibration.knots_x, calibration.knots_y, *runner)
+        self.knots = knots
+        self.node_experts = self.cached_bits = self.table = self.miss = None
+        self.context_len = 0
+        self.last: tuple | None = None  # (tree, levels, answer) of the last question
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Run the kernel once on the argument types a cycle passes (the drafter's writable arrays,
+        a converted tree's read-only ones), so numba loads (or compiles) them before the first cycle."""
+        from types import SimpleNamespace
+
+        from specfit.tree import DraftTree
+
+        tree = DraftTree.from_parents(np.arange(2), np.array([-1, 0]), np.log([1.0, 0.5]))  # read-only arrays
+        writable = SimpleNamespace(**{name: np.array(getattr(tree, name)) for name in _TREE_ARRAYS})
+        table = np.ones((2 + self.max_depth, 1))
+        table.setflags(write=False)  # as specfit.planner.union_table hands it
+        self.table, self.miss = table, np.ones(1)
+        for t in (tree, writable):
+            self._answer(t, 1, True)
+        self.table = self.miss = self.last = None
+
+    def begin(self, node_experts, cached_bits: np.ndarray, context_len: int) -> UnionSizeQuestions:
+        """Start a cycle: ``node_experts`` (a union-size prediction), ``cached_bits`` uint64[L, W]
+        (the cache as the planner sees it), ``context_len`` (tokens). Returns ``self``.
+
+        Raises:
+            ValueError: ``node_experts`` without union sizes.
+        """
+        from specfit.planner import union_table
+
+        if not node_experts.is_union_size:
+            raise ValueError("UnionSizeQuestions.begin: node_experts is not a union-size prediction")
+        self.node_experts, self.cached_bits, self.context_len = node_experts, cached_bits, int(context_len)
+        self.table = union_table(node_experts, self.max_nodes + self.max_depth)
+        self.miss = np.array(node_experts.layer_miss_fraction(cached_bits), dtype=np.float64)  # own, writable
+        self.last = None
+        return self
+
+    def _answer(self, tree, levels: int, ask: bool) -> tuple:
+        parents = tree.parents
+        if parents.shape[0] + self.max_depth > self.table.shape[0]:  # a tree larger than announced
+            from specfit.planner import union_table
+
+            self.table = union_table(self.node_experts, parents.shape[0] + self.max_depth)
+        answer = decide_kernels().union_size_question(
+            parents, tree.depths, np.exp(tree.draft_logprobs if self.calibrated and self.edge else tree.path_logprobs),
+            self.calibrated, self.edge, *self.knots, tree.draft_logprobs, self.table, self.miss, self.params,
+            self.context_len, levels, self.policy.root_alpha, self.max_depth, ask,
+        )  # fmt: skip
+        self.last = (tree, levels, answer)
+        return answer
+
+    def ask(self, tree, levels: int) -> bool:
+        """``policy.keep_drafting(ctx, max_depth)`` for the context of ``tree`` (a
+        :class:`specfit.tree.DraftTree` or anything with its int64 ``parents``, ``depths`` and
+        float64 ``draft_logprobs``, ``path_logprobs`` arrays, e.g. the live ``TokenTree``) after
+        ``levels`` (int) drafted levels.
+
+        Raises:
+            ValueError: the cost model makes a cycle take 0 s.
+        """
+        policy = self.policy
+        root_alone = tree.parents.shape[0] == 1
+        if root_alone and policy.guard is not None and not policy.guard.allows_drafting():
+            return False
+        answer = self._answer(tree, levels, True)
+        if not answer[5]:
+            raise ValueError("cost model: a cycle time of 0 s makes the throughput unbounded")
+        if answer[6]:
+            return True
+        if root_alone and self.max_depth > 0:  # the rule's "no" on the root alone
+            policy.root_alpha += policy.reprobe_rate * (1.0 - policy.root_alpha)
+        return False
+
+    def context(self, tree, draft_tree, levels: int) -> PolicyContext:
+        """The :class:`PolicyContext` of ``tree`` (``draft_tree``: it as a ``DraftTree``) after
+        ``levels`` levels, its plan remembered by the planner (``select`` then returns it without
+        planning again): the last question's answer when it was about this tree, else one compiled
+        call without the rule.
+
+        Raises:
+            ValueError: the cost model makes a cycle take 0 s.
+        """
+        from specfit import planner
+
+        started = time.perf_counter()
+        last = self.last
+        answer = last[2] if last is not None and last[0] is tree and last[1] == levels else None
+        if answer is None:
+            answer = self._answer(tree, levels, False)
+        p = answer[0]
+        ctx = PolicyContext.trusted(  # from checked parts: the drafter's tree, the kernel's P
+            tree=draft_tree,
+            accept_probs=p,
+            node_experts=self.node_experts,
+            cached_bits=self.cached_bits,
+            cost=self.cost,
+            context_len=self.context_len,
+            num_levels=levels,
+        )
+        planner.remember(ctx, planner.union_size_plan(answer[1:], p.shape[0], started))
+        return ctx
 
 
 class CascadePolicy(TreePolicy):

@@ -7,6 +7,10 @@ replaced, written out as the reference, on random trees, maps, cost models and c
 * ``path_accept_probs`` with an edge map (with and without a runner-up map) and a path map;
 * the union-size plan (nodes, predicted cycle, tokens/s, misses) against the reference scan;
 * ``keep_drafting_expected`` with union-size prices (the answer and the root estimate it moves);
+* ``numpy_sum``: numpy's pairwise summation, bit for bit;
+* the live planner's one-call questions (``SpecFitPolicy.union_size_questions``) against
+  ``keep_drafting`` and ``select`` on the contexts of the same level trees (answers, root
+  estimate, the selected plan and P, bit for bit);
 * ``TokenTree.to_draft_tree`` shares the drafter's arrays instead of copying them.
 """
 
@@ -18,8 +22,9 @@ from hypothesis import strategies as st
 
 from specfit import bitsets
 from specfit.acceptance import AcceptanceCalibration, path_accept_probs, top_child_mask
-from specfit.context import PolicyContext, layer_misses
+from specfit.context import PolicyContext, layer_misses, make_plan
 from specfit.cost import CycleCostModel
+from specfit.decide_kernels import numpy_sum
 from specfit.node_experts import NodeExperts
 from specfit.planner import plan_exact
 from specfit.policies import SpecFitPolicy, _chain_gain
@@ -99,12 +104,9 @@ def _reference_expected_rule(policy: SpecFitPolicy, ctx: PolicyContext, max_dept
     return keep, alpha_before
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.integers(1, 40), st.booleans(), st.booleans())
-def test_compiled_expected_rule_equals_the_numpy_form(seed, n, overlap, fixed_fraction) -> None:
-    rng = np.random.default_rng(seed)
-    tree = _random_tree(rng, n)
-    num_layers, num_experts = int(rng.integers(1, 12)), 64
+def _random_union_problem(rng: np.random.Generator, max_layers: int, fixed_fraction: bool, overlap: bool):
+    """A union-size prediction, cost model and cache bitsets of random shape: ``(ne, cost, cached)``."""
+    num_layers, num_experts = int(rng.integers(1, max_layers)), 64
     top = int(rng.integers(1, 40))
     union = np.cumsum(rng.random((num_layers, top + 1)) * 3, axis=1)
     union[:, 0] = 0.0
@@ -117,6 +119,16 @@ def test_compiled_expected_rule_equals_the_numpy_form(seed, n, overlap, fixed_fr
         draft_base_s=1e-3 * rng.random(), overlap_h2d=overlap,
     )  # fmt: skip
     cached = bitsets.pack(rng.integers(-1, num_experts, size=(num_layers, 20)), num_experts)
+    return ne, cost, cached
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 40), st.booleans(), st.booleans())
+def test_compiled_expected_rule_equals_the_numpy_form(seed, n, overlap, fixed_fraction) -> None:
+    rng = np.random.default_rng(seed)
+    tree = _random_tree(rng, n)
+    ne, cost, cached = _random_union_problem(rng, 12, fixed_fraction, overlap)
+    num_layers, num_experts = ne.num_layers, ne.num_experts
     ctx = PolicyContext(
         tree, np.exp(tree.path_logprobs), ne, cached, cost, int(rng.integers(0, 500)), int(tree.max_depth)
     )
@@ -149,3 +161,73 @@ def test_live_tree_conversion_shares_the_drafters_arrays() -> None:
     copied = views.to_draft_tree()  # a strided view is copied (contiguous, its own memory)
     assert copied.token_ids.tolist() == [0, 2, 4, 6] and copied.token_ids.base is None
     assert copied.depths.dtype == np.int64 and copied.draft_logprobs.dtype == np.float64
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 1100))
+def test_numpy_sum_is_numpys_pairwise_sum(seed, n) -> None:
+    rng = np.random.default_rng(seed)
+    values = rng.random(n) * 10.0 ** rng.uniform(-9, 4, n)  # wide magnitudes: the order shows
+    lo = int(rng.integers(0, n + 1))
+    size = int(rng.integers(0, n - lo + 1))
+    assert numpy_sum(values, lo, size) == values[lo : lo + size].sum()
+    assert numpy_sum(values, 0, n) == values.sum()
+    table = rng.random((3, max(n // 10, 1)))  # a row of a C-contiguous [rows, L] product, as sum(axis=1)
+    rows = (table * table[0]).sum(axis=1)
+    for r in range(3):
+        assert numpy_sum(table[r] * table[0], 0, table.shape[1]) == rows[r]
+
+
+@settings(max_examples=250, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 40),
+    st.sampled_from(["none", "edge", "edge+runner", "path"]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_live_union_size_questions_equal_keep_drafting_and_select(seed, n, kind, overlap, guard) -> None:
+    rng = np.random.default_rng(seed)
+    tree = _random_tree(rng, n)
+    calibration = None
+    if kind != "none":
+        x, y = _random_map(rng)
+        runner = _random_map(rng) if kind == "edge+runner" else (None, None)
+        calibration = AcceptanceCalibration(
+            x, y, scope="path" if kind == "path" else "edge", runner_up_knots_x=runner[0], runner_up_knots_y=runner[1]
+        )
+    ne, cost, cached = _random_union_problem(rng, 20, bool(rng.random() < 0.5), overlap)
+    context_len = int(rng.integers(0, 500))
+    max_depth = int(tree.max_depth) + int(rng.integers(0, 3))
+    reference, fast = SpecFitPolicy(guard=guard), SpecFitPolicy(guard=guard)
+    reference.root_alpha = fast.root_alpha = float(rng.random())
+    if guard:  # the same realised cycles for both guards
+        for _ in range(int(rng.integers(0, 6))):
+            args = (int(rng.integers(1, 4)), float(rng.random()) + 0.1, int(rng.integers(0, 3)))
+            reference.observe(*args)
+            fast.observe(*args)
+    questions = fast.union_size_questions(cost, calibration, max_depth, 3)  # 3 nodes: it grows its table
+    questions.begin(NodeExperts(ne.num_experts, union_size=ne.union_size), cached, 0)  # an earlier cycle's
+    questions.begin(ne, cached, context_len)
+    ctx = sub = None
+    for levels in range(int(tree.max_depth) + 1):  # as the live drafter: a new tree object per level
+        sub = tree.subtree(np.flatnonzero(tree.depths <= levels))
+        ctx = PolicyContext(sub, path_accept_probs(sub, calibration), ne, cached, cost, context_len, levels)
+        want = reference.keep_drafting(ctx, max_depth)
+        assert questions.ask(sub, levels) is want
+        assert fast.root_alpha == reference.root_alpha
+        if not want:
+            break
+    want_plan = reference.select(ctx)
+    fast_ctx = questions.context(sub, sub, ctx.num_levels)
+    got_plan = fast.select(fast_ctx)
+    assert fast_ctx.accept_probs.tobytes() == ctx.accept_probs.tobytes()
+    assert fast.root_alpha == reference.root_alpha
+    assert got_plan.nodes.tolist() == want_plan.nodes.tolist()
+    scored = make_plan(ctx, want_plan.nodes, "specfit", 0.0, 1)  # the numpy scores (evaluate_nodes)
+    for name in ("expected_committed", "predicted_cycle_s", "predicted_tokens_per_s", "predicted_misses"):
+        assert getattr(got_plan, name) == getattr(want_plan, name) == getattr(scored, name)
+    other = questions.context(tree, tree, int(tree.max_depth))  # a tree not asked about: planned here
+    assert plan_exact(other).nodes.tolist() == plan_exact(
+        PolicyContext(tree, path_accept_probs(tree, calibration), ne, cached, cost, context_len, int(tree.max_depth))
+    ).nodes.tolist()

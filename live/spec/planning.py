@@ -105,6 +105,9 @@ class PlannedChooser:
             self.table = {int(t): bits[i] for i, t in enumerate(np.asarray(tables["token_ids"]))}
         self.drafter, self.shape, self.cost = drafter, shape, cost
         self.num_experts, self.calibration, self.window = int(num_experts), calibration, int(window)
+        self._questions = None  # SpecFit's expected rule on union sizes: one compiled call per question
+        if self.union_size is not None and getattr(self.policy, "stopping", None) == "expected" and not cost.per_layer_overlap:
+            self._questions = self.policy.union_size_questions(cost, calibration, shape.depth, shape.max_nodes)
 
     def state_dict(self) -> dict[str, Any]:
         """What this chooser learned so far, as plain JSON: SpecFit's running root-acceptance
@@ -222,31 +225,45 @@ class PlannedChooser:
         cycle: dict[str, Any] = {"cached_bits": np.asarray(cached, dtype=np.uint64), "node_experts": None}
         asked_s = 0.0
         last_asked: list[Any] = [None, -1, None]  # (tree, levels, context) of the last question
+        root = TokenTree.root_only(int(state.committed[-1]))
+        root_tree = root.to_draft_tree()
+        questions = None
+        if self._questions is not None:
+            # SpecFit's questions of this cycle, one compiled call each on the drafter's arrays
+            start = time.perf_counter()
+            node_experts = cycle["node_experts"] = self._predict(root_tree, state, None)
+            questions = self._questions.begin(node_experts, cycle["cached_bits"], state.context_len)
+            asked_s += time.perf_counter() - start
 
         def keep_drafting(tree: TokenTree, levels: int) -> bool:
             nonlocal asked_s
             start = time.perf_counter()
-            ctx = self._context(tree, levels, state, recent_bits, cycle)
-            last_asked[:] = [tree, levels, ctx]
-            keep = self.policy.keep_drafting(ctx, self.shape.depth, self.shape.topk)
+            if questions is not None:
+                keep = questions.ask(tree, levels)
+            else:
+                ctx = self._context(tree, levels, state, recent_bits, cycle)
+                last_asked[:] = [tree, levels, ctx]
+                keep = self.policy.keep_drafting(ctx, self.shape.depth, self.shape.topk)
             asked_s += time.perf_counter() - start
             return keep
 
         def final_context(tree: TokenTree, levels: int) -> Any:
             # the rule's last context when drafting stopped on its "no" (same tree, same levels):
             # the planner remembers its plan per context, so the selection is not searched twice
+            if questions is not None:
+                return questions.context(tree, root_tree if tree is root else tree.to_draft_tree(), levels)
             if last_asked[0] is tree and last_asked[1] == levels:
                 return last_asked[2]
             return self._context(tree, levels, state, recent_bits, cycle)
 
         ask = keep_drafting if hasattr(self.policy, "keep_drafting") else None
-        if ask is not None and not ask(TokenTree.root_only(int(state.committed[-1])), 0):
+        if ask is not None and not ask(root, 0):
             # the rule, asked on the root alone, says no level can pay: verify the root, draft nothing
             start = time.perf_counter()
-            plan = self.policy.select(last_asked[2])  # the root's context, just asked
+            ctx = final_context(root, 0)  # the root's context, just asked
+            plan = self.policy.select(ctx)
             plan = plan.replaced(decision_s=time.perf_counter() - start + asked_s)
-            bits = last_asked[2].node_experts.bits
-            return Choice(DraftResult(last_asked[0], 0, 0.0), np.zeros(1, np.int64), plan, bits)
+            return Choice(DraftResult(root, 0, 0.0), np.zeros(1, np.int64), plan, ctx.node_experts.bits)
         asked_before_s = asked_s  # the level-0 question ran before grow: not inside its draft_s
         draft = self.drafter.grow(state.committed, self.shape, ask)
         asked_in_grow_s = asked_s - asked_before_s
