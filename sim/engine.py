@@ -147,6 +147,15 @@ class CyclePlan:
     next_layer: Sequence[Sequence[int]] = ()
     layer_pre_router_ns: Sequence[int] = ()
 
+    @classmethod
+    def build(cls, **fields: object) -> CyclePlan:
+        """The plan the constructor makes from ``fields`` (names as above, unset ones defaulted),
+        without the frozen dataclass's per-field ``__init__`` (the simulator builds one per
+        cycle). Names are not checked; the engines check the values (``run_cycle``)."""
+        plan = object.__new__(cls)
+        plan.__dict__.update(_CYCLE_PLAN_DEFAULTS, **fields)
+        return plan
+
     @property
     def overlap_mode(self) -> str:
         """``"off"``, ``"on"`` or ``"ideal"``."""
@@ -158,6 +167,17 @@ class CyclePlan:
     def num_layers(self) -> int:
         """``L``, the number of MoE layers."""
         return len(self.layer_compute_ns)
+
+
+_CYCLE_PLAN_DEFAULTS = {
+    "prefetch": (),
+    "overlap": "off",
+    "host_ns_per_transfer": 0,
+    "late_call_ns": 0,
+    "demand_counts": None,
+    "next_layer": (),
+    "layer_pre_router_ns": (),
+}
 
 
 @dataclass(frozen=True)
@@ -225,7 +245,9 @@ class CycleTiming:
         )
 
 
-def _check_plan(plan: CyclePlan) -> None:
+def _check_plan(plan: CyclePlan, checked_compute: object = None) -> None:
+    """Raise ValueError on a malformed plan; ``checked_compute``: a ``layer_compute_ns`` tuple
+    that already passed (the simulator hands the same memoised tuple to many cycles)."""
     n = plan.num_layers
     counts = plan.demand_counts
     if len(plan.hits) != n or len(plan.demand) != n or (counts is not None and len(counts) != n):
@@ -233,7 +255,8 @@ def _check_plan(plan: CyclePlan) -> None:
             f"CyclePlan: hits ({len(plan.hits)}) and demand ({len(plan.demand)}) need one entry per "
             f"layer ({n})"
         )
-    if min(plan.draft_ns, plan.decision_ns, plan.host_ns_per_transfer, plan.late_call_ns, *plan.layer_compute_ns, 0) < 0:
+    compute = () if plan.layer_compute_ns is checked_compute else plan.layer_compute_ns
+    if min(plan.draft_ns, plan.decision_ns, plan.host_ns_per_transfer, plan.late_call_ns, *compute, 0) < 0:
         raise ValueError("CyclePlan: durations must be >= 0 ns")
     if len(plan.next_layer) not in (0, n) or (n and len(plan.next_layer) and len(plan.next_layer[-1])):
         raise ValueError(
@@ -294,13 +317,18 @@ class FastEngine(_EngineBase):
         self._link_free_ns = int(start_ns)
         self.record_copies = False
         self.vectorised = True  # use _idle_link_cycle where it applies (False: always the loop)
+        self._transfer_ns = link.transfer_ns  # the link is frozen: its copy time once
+        self._compute_ints: tuple[object, list[int]] = (None, [])  # layer_compute_ns -> its ints
+        self._checked_compute: object = None  # the last layer_compute_ns tuple _check_plan passed
 
     def run_cycle(self, plan: CyclePlan) -> CycleTiming:
         """Place ``plan`` on the clock starting now; advance the clock to the cycle's end."""
-        _check_plan(plan)
+        _check_plan(plan, self._checked_compute)
         if plan.num_layers != self.num_layers:
             raise ValueError(f"CyclePlan: {plan.num_layers} layers, engine has {self.num_layers}")
-        t_ns = self.link.transfer_ns
+        if type(plan.layer_compute_ns) is tuple:  # immutable: checked once while it is the same object
+            self._checked_compute = plan.layer_compute_ns
+        t_ns = self._transfer_ns
         start = self.now_ns
         self._purge(start)
         draft_end = start + int(plan.draft_ns)
@@ -454,7 +482,8 @@ class FastEngine(_EngineBase):
         self._link_free_ns = link_free
         self.now_ns = end
         self._purge(end)
-        return CycleTiming(
+        timing = object.__new__(CycleTiming)  # the frozen dataclass's fields, without its __init__
+        timing.__dict__.update(
             start_ns=start,
             draft_end_ns=draft_end,
             verify_start_ns=verify_start,
@@ -466,6 +495,7 @@ class FastEngine(_EngineBase):
             layer_wait_ns=tuple(waits),
             copies=tuple(copies or ()),
         )
+        return timing
 
 
     def _idle_link_cycle(
@@ -483,24 +513,38 @@ class FastEngine(_EngineBase):
         prefetch (draft or next-layer) or recorded copies; ``tests/test_sim_engine.py`` checks it
         against the loop.
         """
-        t_ns = self.link.transfer_ns
-        compute = list(map(int, plan.layer_compute_ns))
+        t_ns = self._transfer_ns
+        compute = plan.layer_compute_ns
+        if compute is not self._compute_ints[0]:  # memo: the simulator reuses each compute tuple
+            ints = list(map(int, compute))
+            if type(compute) is not tuple:  # mutable: not remembered
+                compute = ints
+            else:
+                self._compute_ints = (compute, ints)
+        if compute is self._compute_ints[0]:
+            compute = self._compute_ints[1]
         copy = [n * t_ns for n in counts]
-        place = [n * host_ns for n in counts] if host_ns else [0] * len(counts)
-        pre = list(map(int, plan.layer_pre_router_ns))
-        if plan.overlap_mode == "off":  # the layer's experts compute once its last copy has landed
+        pre = plan.layer_pre_router_ns
+        if plan.overlap_mode == "off" and not pre:  # the layer computes once its last copy has landed
+            per_miss = host_ns + t_ns  # placing and copying one miss: n h + n t = n (h + t), exact
+            duration = map(add, [n * per_miss for n in counts], compute)
+            ends = list(accumulate(duration, initial=verify_start))
+            del ends[0]
+            starts = list(map(sub, ends, compute))
+            waits = [0] * len(ends)
+            landed = starts
+        elif plan.overlap_mode == "off":  # the layer's experts compute once its last copy has landed
+            pre = list(map(int, pre))
+            place = [n * host_ns for n in counts] if host_ns else [0] * len(counts)
             duration = map(add, map(add, place, copy), compute)
             ends = list(accumulate(duration, initial=verify_start))
-            if pre:  # its attention and router first: the wait is inside the layer's span
-                starts, ends = ends[:-1], ends[1:]
-                waits = list(map(add, place, copy))
-                landed = list(map(add, map(add, map(add, starts, pre), place), copy))
-            else:
-                ends = ends[1:]
-                starts = list(map(sub, ends, compute))
-                waits = [0] * len(ends)
-                landed = starts
+            # its attention and router first: the wait is inside the layer's span
+            starts, ends = ends[:-1], ends[1:]
+            waits = list(map(add, place, copy))
+            landed = list(map(add, map(add, map(add, starts, pre), place), copy))
         else:  # resident experts compute at once; the layer ends when its last copy has landed
+            pre = list(map(int, pre))
+            place = [n * host_ns for n in counts] if host_ns else [0] * len(counts)
             after = list(map(add, pre, copy)) if pre else copy  # the copies start after the router
             duration = list(map(add, place, map(max, compute, after)))
             ends = list(accumulate(duration, initial=verify_start))

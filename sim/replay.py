@@ -219,12 +219,17 @@ def _layer_mask(expert_ids: np.ndarray, nodes: np.ndarray, num_experts: int) -> 
         One boolean mask over all ``L * E`` keys (row ``l`` = the set layer ``l`` accesses), the
         input of ``ExpertCache.access_layers`` (compiled: ``specfit.cache_kernels.expert_mask``).
     """
-    from specfit import cache_kernels  # numba: compiled once, cached
+    if not _CACHE_KERNELS:
+        from specfit import cache_kernels  # numba: compiled once, cached
 
+        _CACHE_KERNELS.append(cache_kernels)
     ids = np.asarray(expert_ids)
     if ids.dtype not in (np.int16, np.int64):
         ids = ids.astype(np.int64)
-    return cache_kernels.expert_mask(ids, np.asarray(nodes, dtype=np.int64), int(num_experts))
+    return _CACHE_KERNELS[0].expert_mask(ids, np.asarray(nodes, dtype=np.int64), int(num_experts))
+
+
+_CACHE_KERNELS: list = []  # specfit.cache_kernels once imported (an import statement per cycle costs ~1 us)
 
 
 def _budget_mask(
@@ -377,6 +382,12 @@ class _Replayer:
         self.records: list[CycleRecord] = []
         # _layer_split memo (a few distinct verify times)
         self._splits: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        # per-replay constants of the cycle loop, computed once
+        self._decision_ns = s_to_ns(self.decision_s)
+        self._draft_ns: dict[int, int] = {}  # draft levels -> s_to_ns(cost.draft_s(levels))
+        self._observe = getattr(self.policy, "observe_cycle", None)
+        self._uses_recent = bool(self.predictor.uses_recent)
+        self._use_oracle_bits = config.predictor == "oracle" or self.oracle_experts
 
     # ---- setup ------------------------------------------------------------------------------
     def _make_cache(self) -> Any:
@@ -609,14 +620,16 @@ class _Replayer:
         """
         mods, dense = self.mods, data.dense
         tree = dense.tree
-        if not self.predictor.uses_recent:
+        if not self._uses_recent:
             recent = None
         elif history:
             recent = bitsets.pack(np.stack(list(history)), self.num_experts)
         else:
             recent = np.zeros((0, self.num_layers, bitsets.num_words(self.num_experts)), np.uint64)
+        # trusted: the tree was validated once per trace (_TreeData), the bitsets are packed
+        # here (bitsets.pack checks the ids) and the miss fraction is the cache's own float64[L]
         node_experts = self.predictor.predict(
-            mods["predictors"].PredictContext(
+            mods["predictors"].PredictContext.trusted(
                 tree=tree,
                 num_experts=self.num_experts,
                 num_layers=self.num_layers,
@@ -687,7 +700,8 @@ class _Replayer:
             levels = depth
         ctx, keep = context(levels)
         plan = self.policy.select(ctx)
-        nodes = np.sort(keep[np.asarray(plan.nodes, dtype=np.int64)])
+        chosen = np.asarray(plan.nodes, dtype=np.int64)
+        nodes = keep[chosen] if chosen.shape[0] == 1 else np.sort(keep[chosen])
         return plan, nodes, levels, node_experts
 
     def _prefetch(self, nodes: np.ndarray, node_experts: Any) -> list[tuple[int, int]]:
@@ -722,13 +736,12 @@ class _Replayer:
         dense = data.dense
         tree, cfg = dense.tree, self.config
         true_ids = dense.expert_ids  # int16[N, L, K]: only the rows used are widened
-        oracle = cfg.predictor == "oracle" or self.oracle_experts
-        true_bits = bitsets.pack(true_ids, self.num_experts) if oracle else None
+        true_bits = bitsets.pack(true_ids, self.num_experts) if self._use_oracle_bits else None
         offsets = self.arrays.offsets
         path_ok = self.path_ok[offsets[i] : offsets[i + 1]]
         cached = self.cache.cached_bits()  # the cache as the planner sees it
         plan, nodes, levels, node_experts = self._choose(data, true_bits, history, path_ok, cached)
-        observe = getattr(self.policy, "observe_cycle", None)
+        observe = self._observe
         root_misses = None  # the root alone's misses on the cache the planner saw (paired guard)
         if observe is not None and levels > 0:
             root_misses = self.mods["policies"].root_layer_misses(cached, true_ids[0])
@@ -736,11 +749,15 @@ class _Replayer:
         next_layer: list[list[int]] = []
         if self.next_layer_prefetch:
             next_layer = self._next_layer_prefetch(np.asarray(dense.next_layer_expert_ids)[nodes])
+        stats = self.cache.stats
+        hits_before, misses_before = stats.hits, stats.misses
         if self.budget is None:
             access = self._access(_layer_mask(true_ids, nodes, self.num_experts))
         else:  # lossy: the recorded acceptance is kept (an optimistic bound on MoE-Spec's output)
             weights = np.asarray(dense.router_weights)
             access = self._access(_budget_mask(true_ids, weights, nodes, self.num_experts, self.budget))
+        # this access's totals, as the cache's running counts moved (exact ints, no array sums)
+        num_hits, num_misses = stats.hits - hits_before, stats.misses - misses_before
         hits, demand = _MaskRows(access.hits), _MaskRows(access.misses)
         self._ledger_accessed(access)
         verify_ns = s_to_ns(self.cost.verify_s(len(nodes), dense.context_len))
@@ -750,10 +767,13 @@ class _Replayer:
                 self._splits.clear()
             split = self._splits[verify_ns] = self._layer_split(verify_ns)
         layer_compute, layer_pre_router = split
+        draft_ns = self._draft_ns.get(levels)
+        if draft_ns is None:
+            draft_ns = self._draft_ns[levels] = s_to_ns(self.cost.draft_s(levels))
         timing = engine.run_cycle(
-            CyclePlan(
-                draft_ns=s_to_ns(self.cost.draft_s(levels)),
-                decision_ns=s_to_ns(self.decision_s),
+            CyclePlan.build(
+                draft_ns=draft_ns,
+                decision_ns=self._decision_ns,
                 layer_compute_ns=layer_compute,
                 hits=hits,
                 demand=demand,
@@ -771,9 +791,9 @@ class _Replayer:
         path = committed_path(tree, path_ok, nodes)
         num_accepted = len(path) - 1
         num_committed = min(num_accepted + 1, remaining)
-        if self.predictor.uses_recent:  # the only reader of the routing history (_choose)
+        if self._uses_recent:  # the only reader of the routing history (_choose)
             history.extend(true_ids[path].astype(np.int64))
-        self._account(timing, plan, nodes, levels, access, prefetch, num_accepted, num_committed)
+        self._account(timing, plan, nodes, levels, num_hits, num_misses, prefetch, num_accepted, num_committed)
         if observe is not None:  # as live.spec.engine: the policy sees each realised cycle, priced
             observe(self.cost, num_committed, levels, len(nodes), dense.context_len, access.num_misses, root_misses)
         if cfg.record_cycles:
@@ -804,7 +824,8 @@ class _Replayer:
         plan: Any,
         nodes: np.ndarray,
         levels: int,
-        access: Any,
+        num_hits: int,
+        num_misses: int,
         prefetch: list,
         num_accepted: int,
         num_committed: int,
@@ -822,8 +843,8 @@ class _Replayer:
         t["verify_ns"] += busy_ns
         t["h2d_ns"] += sum(timing.layer_h2d_ns)
         t["stall_ns"] += timing.end_ns - timing.verify_start_ns - busy_ns  # = timing.stall_ns
-        t["cache_hits"] += int(access.num_hits.sum())
-        t["cache_misses"] += int(access.num_misses.sum())
+        t["cache_hits"] += num_hits
+        t["cache_misses"] += num_misses
         t["h2d_bytes"] += timing.num_transfers * self.expert_bytes
         t["prefetch_bytes"] += len(prefetch) * self.expert_bytes
         t["num_transfers"] += timing.num_transfers

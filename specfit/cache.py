@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -230,6 +231,7 @@ class ExpertCache:
         self._cap = np.asarray(capacity, dtype=np.int64)
         self.stats = CacheStats(num_layers)
         self._ids = np.arange(num_experts, dtype=np.int64)
+        self._words = bitsets.num_words(num_experts)  # uint64 words per layer's bitset
         self._stamp = np.full((num_layers, num_experts), -1, dtype=np.int64)
         self._count = np.zeros(num_layers, dtype=np.int64)  # cached experts per layer
         self._next_stamp = 0
@@ -477,18 +479,17 @@ class ExpertCache:
                 f"{self.num_experts}], got {need.dtype}{list(need.shape)}"
             )
         if not reference and self.policy != "belady":
-            from specfit import cache_kernels  # numba: imported (compiled once, cached) on first use
-
+            kernels = _cache_kernels()  # numba: imported (compiled once, cached) on first use
             shape = need.shape
             hit, miss, evicted = np.empty(shape, bool), np.empty(shape, bool), np.empty(shape, bool)
             counts = np.empty((3, self.num_layers), dtype=np.int64)
-            bits = np.empty((self.num_layers, bitsets.num_words(self.num_experts)), dtype=np.uint64)
+            bits = np.empty((self.num_layers, self._words), dtype=np.uint64)
             base = self._next_stamp
             self._next_stamp += 2 * self.num_experts
             stats = self.stats
-            clock, hits, misses, evictions = cache_kernels.access_layers(
-                cache_kernels.POLICY_CODES[self.policy],
-                np.ascontiguousarray(need),
+            clock, hits, misses, evictions = kernels.access_layers(
+                kernels.POLICY_CODES[self.policy],
+                need if need.flags.c_contiguous else np.ascontiguousarray(need),
                 self._stamp,
                 self._count,
                 self._cap,
@@ -510,7 +511,11 @@ class ExpertCache:
             stats.misses += int(misses)
             stats.evictions += int(evictions)
             self._bits = bits
-            return LayerAccesses(hit, miss, evicted, counts[0], counts[1], counts[2])
+            out = object.__new__(LayerAccesses)  # the frozen dataclass's fields, without its __init__
+            out.__dict__.update(
+                hits=hit, misses=miss, evicted=evicted, num_hits=counts[0], num_misses=counts[1], num_evicted=counts[2]
+            )
+            return out
         hit, miss, evicted, num_hit, num_miss, num_evicted = self._apply(slice(None), need, True)
         if self.policy == "belady":
             self._step = [s + 1 for s in self._step]
@@ -561,6 +566,19 @@ class ExpertCache:
     def copy(self) -> ExpertCache:
         """Independent deep copy (same contents, statistics and future position)."""
         return copy.deepcopy(self)
+
+
+_KERNELS: list = []  # specfit.cache_kernels once imported
+
+
+def _cache_kernels() -> Any:
+    """:mod:`specfit.cache_kernels`, imported on first use (numba loads then, not when ``specfit``
+    is imported) and kept: the simulator accesses the cache once per cycle."""
+    if not _KERNELS:
+        from specfit import cache_kernels
+
+        _KERNELS.append(cache_kernels)
+    return _KERNELS[0]
 
 
 def make_expert_cache(

@@ -220,7 +220,7 @@ def _union_misses(ne: NodeExperts, cached_bits: np.ndarray, n: int) -> tuple[np.
     if memo is not None and memo[0] is cached_bits and memo[1].shape[0] >= n:
         return memo[1][:n], memo[2][:n]
     frac = ne.layer_miss_fraction(cached_bits)  # once per table, not once per size
-    misses = union_table(ne, n) * frac  # C-contiguous [rows >= n, L]
+    misses = union_table(ne, n)[:n] * frac  # C-contiguous [n, L]: only the rows asked for
     totals = misses.sum(axis=1)  # each contiguous row summed like a 1-D ``misses.sum()``
     _UNION_MISSES[ne] = (cached_bits, misses, totals)
     return misses[:n], totals[:n]

@@ -96,6 +96,28 @@ class PredictContext:
                 want = f"uint64[{'m' if lead is None else lead}, {self.num_layers}, {words}]"
                 raise ValueError(f"PredictContext.{name}: expected {want}, got {arr.dtype}{list(arr.shape)}")
 
+    @classmethod
+    def trusted(cls, **fields: Any) -> PredictContext:
+        """A context built WITHOUT the ``__post_init__`` checks, for a caller that validated its
+        inputs once (the simulator: trees validated once per trace, bitsets it packs itself).
+
+        ``fields`` are the attributes above by name (unset ones take the class defaults); the
+        caller guarantees the shapes and dtypes the constructor checks. Use the constructor for
+        anything external.
+        """
+        ctx = object.__new__(cls)
+        ctx.__dict__.update(_PREDICT_DEFAULTS, **fields)
+        return ctx
+
+
+_PREDICT_DEFAULTS = {
+    "context_len": 0,
+    "recent_experts": None,
+    "true_experts": None,
+    "miss_fraction": None,
+    "head_experts": None,
+}
+
 
 class PredictorScore(NamedTuple):
     """Recall and precision of predicted expert sets (micro-averaged over nodes and layers)."""
@@ -256,7 +278,7 @@ class UnionSizePredictor(Predictor):
                 raise ValueError(
                     f"PredictContext.miss_fraction: expected float[{ctx.num_layers}], got shape {observed.shape}"
                 )
-            frac = np.where(np.isfinite(observed), np.clip(observed, 0.0, 1.0), 1.0)
+            frac = np.where(np.isfinite(observed), observed.clip(0.0, 1.0), 1.0)  # the method: no np.clip wrapper
         shape = (int(ctx.num_experts), int(ctx.num_layers))
         if self._checked != shape:
             out = NodeExperts(
