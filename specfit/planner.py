@@ -76,8 +76,40 @@ _THETA_STEPS = 4  # bisection steps on the overlap minorant's theta
 
 
 
-_CHUNK_STATES = 8  # states searched between two deadline checks
+_CHUNK_STATES = 8  # states searched between two deadline checks (at most)
 _NO_LIMIT = 2**62  # states per call without a deadline
+
+
+def _search_until(kernels, problem: tuple, state: tuple, lam: float, deadline_s: float, clock, clock_start: float) -> float:
+    """Run the search in chunks until it ends or the next chunk could overrun ``deadline_s``.
+
+    The first chunk is one state; each chunk's clock time per state is measured and the slowest
+    rate so far prices what is left: a chunk of ``k`` states runs only when ``k`` states plus the
+    pending bound after them (one bound per stack frame, each at most a state's work; a state
+    adds at most one frame) fit before the deadline (``k`` at most ``_CHUNK_STATES``, shrinking as the deadline nears); when not even
+    one state fits the search stops. So the deadline is not overrun by a chunk or by the bound
+    that certifies the stopped search (issue 14: one bound step past a 5 ms deadline on the hard
+    set before), up to the variance of state times (and preemption, on the wall clock). The
+    states searched are the same as without a deadline up to where it stops (the search resumes
+    exactly), so a search the deadline does not cut returns the same plan. The first state runs
+    unpriced (a deadline shorter than one state's work is overrun by it; 0 runs none).
+    """
+    istate = state[-1]
+    per_state = 0.0  # the slowest clock time per state so far (s)
+    limit = 1  # the first chunk measures the rate
+    while istate[0] >= 0:
+        now = clock()
+        left = deadline_s - (now - clock_start)
+        if per_state > 0.0:
+            # k states, then the pending bound on a stack of at most istate[0] + 1 + k frames
+            left -= per_state * (istate[0] + 1)
+            limit = min(_CHUNK_STATES, int(left / (2.0 * per_state)))
+        if left <= 0.0 or limit < 1:
+            break
+        explored = istate[1]
+        lam = kernels.search(*problem, *state, lam, limit)
+        per_state = max(per_state, (clock() - now) / max(int(istate[1] - explored), 1))
+    return lam
 
 
 def _search_plan(
@@ -85,9 +117,9 @@ def _search_plan(
 ) -> Plan:
     """Seed, prefilter, compress, then branch and bound (compiled, :mod:`specfit.planner_kernels`).
 
-    With ``deadline_s`` the search runs in chunks of ``_CHUNK_STATES`` states and checks
-    ``clock() - clock_start`` before each chunk; when it reaches the deadline the incumbent is
-    returned with the certified bound of the unexplored part (``planner_kernels.pending_bound``).
+    With ``deadline_s`` the search runs in chunks (:func:`_search_until`) that stop early enough for
+    the certified bound of the unexplored part (``planner_kernels.pending_bound``) to finish
+    within the deadline too; the incumbent is returned with that bound.
     The plan is scored with the cost model's terms (``combine_s`` of ``draft_s``, ``verify_s`` and
     ``transfer_s`` of the exact total misses: the values :func:`specfit.context.evaluate_nodes` gives).
     """
@@ -117,11 +149,10 @@ def _search_plan(
     state[6][0] = root_misses  # misses of the root-only frame
     problem = (kparents, kprobs, knptr, kngrp, weight, costs, tol, _REFINEMENTS, _THETA_STEPS)
     istate = state[-1]
-    limit = _CHUNK_STATES if deadline_s is not None else _NO_LIMIT
-    while istate[0] >= 0:
-        if deadline_s is not None and clock() - clock_start >= deadline_s:
-            break
-        lam = kernels.search(*problem, *state, lam, limit)
+    if deadline_s is None:
+        lam = kernels.search(*problem, *state, lam, _NO_LIMIT)
+    else:
+        lam = _search_until(kernels, problem, state, lam, deadline_s, clock, clock_start)
     exact = bool(istate[0] < 0)
     upper = lam
     if not exact:
@@ -361,9 +392,11 @@ def plan_exact(
 
     Args:
         ctx: the planning problem.
-        deadline_s: stop searching once ``clock()`` has advanced this many seconds since the call
-            began (checked every few states; ``None``: search to the end, ``0``: only the seed
-            prefix and the bound). A stopped search returns the best subtree found so far with
+        deadline_s: stop searching before ``clock()`` advances this many seconds since the call
+            began, leaving time for the bound that certifies the stopped search (the clock is read
+            every few states and the next chunk is priced at the slowest rate so far:
+            :func:`_search_until`; ``None``: search to the end, ``0``: only the seed prefix and
+            the bound). A stopped search returns the best subtree found so far with
             ``Plan.exact = False`` and ``Plan.gap``, the certified relative gap: the optimum is at
             most ``predicted_tokens_per_s * (1 + gap)`` (see ``planner_kernels.pending_bound``).
             A stopped search whose remaining part is already pruned by its bound is exact.

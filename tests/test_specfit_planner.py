@@ -208,8 +208,8 @@ def test_deadline_plan_is_valid_and_its_gap_certifies_the_optimum(params, ticks)
     ctx = random_small_context(
         np.random.default_rng(seed), n, num_layers=layers, num_experts=experts, overlap_h2d=overlap
     )
-    # the fake clock reads once at the start and once before each chunk of states:
-    # deadline `ticks` lets exactly `ticks - 1` chunks run (0: none, only the seed)
+    # the fake clock (one second per reading) reads at the start and around each chunk of
+    # states: deadline `ticks` lets a few chunks run at most (0: none, only the seed)
     plan = plan_exact(ctx, deadline_s=float(ticks), clock=FakeClock(tick_s=1.0, start_s=0.0).perf_counter)
     brute = plan_brute_force(ctx)
     _check_plan(ctx, plan)
@@ -306,3 +306,62 @@ def test_overlap_on_union_size_plan_matches_brute_force(seed, n) -> None:
     exact, brute = plan_exact(ctx), plan_brute_force(ctx)
     _check_plan(ctx, exact)
     assert exact.predicted_tokens_per_s == pytest.approx(brute.predicted_tokens_per_s, rel=REL)
+
+
+def _search_problems(count: int) -> list[PolicyContext]:
+    """Random real-shape problems (Qwen3 shape, 64 nodes), half of them with overlapped H2D."""
+    rng = np.random.default_rng(14)
+    shape = get_model_shape("qwen3-30b-a3b")
+    out = []
+    for i in range(count):
+        cost = CycleCostModel.for_shape(shape, bandwidth_gb_per_s=[2.0, 8.0, 32.0][i % 3], overlap_h2d=i % 2 == 1)
+        out.append(random_context(rng, shape, 64, cost, cache_fraction=[0.125, 0.5][i % 2]))
+    return out
+
+
+def test_deadline_budget_keeps_the_search_and_its_bound_within_the_deadline(monkeypatch) -> None:
+    """Issue 14: a search cut by its deadline used to finish its last chunk of states and then
+    bound what it left unexplored, past the deadline (5.9 ms on the hard set with 5 ms). On a
+    clock where a state costs 1 ms and the final bound 0.5 ms per stack frame (at most a state's
+    work, as the budget assumes) the whole search, bound included, ends within any deadline of
+    at least two states (the first state runs unpriced: it measures the rate)."""
+    from specfit import planner_kernels as kernels
+
+    clock = FakeClock(tick_s=0.0, start_s=0.0)
+    search, pending = kernels.search, kernels.pending_bound
+
+    def timed_search(*args):
+        istate = args[-3]
+        before = int(istate[1])
+        out = search(*args)
+        clock.advance(1e-3 * (int(istate[1]) - before))  # 1 ms per state
+        return out
+
+    def timed_pending(*args):
+        clock.advance(0.5e-3 * (int(args[-2][0]) + 1))  # 0.5 ms per frame
+        return pending(*args)
+
+    monkeypatch.setattr(kernels, "search", timed_search)
+    monkeypatch.setattr(kernels, "pending_bound", timed_pending)
+    cut = 0
+    for ctx in _search_problems(24):
+        full = plan_exact(dataclasses.replace(ctx))
+        for deadline_ms in (2.0, 3.0, 7.0, 20.0):
+            started = clock.now_s
+            plan = plan_exact(dataclasses.replace(ctx), deadline_s=deadline_ms * 1e-3, clock=clock.perf_counter)
+            assert clock.now_s - started <= deadline_ms * 1e-3 + 1e-12
+            _check_plan(ctx, plan)
+            assert full.predicted_tokens_per_s <= plan.predicted_tokens_per_s * (1 + plan.gap) * (1 + REL)
+            cut += not plan.exact
+            if plan.nodes_explored == full.nodes_explored:  # not cut: the same search, the same plan
+                assert plan.nodes.tolist() == full.nodes.tolist()
+    assert cut > 0  # some searches needed more states than their deadline allows
+
+
+def test_a_deadline_that_does_not_hit_gives_the_plan_of_no_deadline() -> None:
+    for ctx in _search_problems(24):
+        full = plan_exact(dataclasses.replace(ctx))
+        timed = plan_exact(dataclasses.replace(ctx), deadline_s=1e6)
+        assert timed.exact and timed.nodes.tolist() == full.nodes.tolist()
+        assert timed.nodes_explored == full.nodes_explored
+        assert timed.predicted_tokens_per_s == full.predicted_tokens_per_s
