@@ -972,10 +972,10 @@ class _TreeData:
 
 
 LEVEL_TREE_APPROXIMATION = (
-    "level trees approximated: the trace (format v1, no nodes.last_level) keeps only each position's "
-    "final draft tree, so the stopping rule is asked on it cut at each depth, not on the per-level trees "
-    "the live engine sees (a node a later level pushed out is missing); re-record it with live.record "
-    "--mode dense for exact level trees"
+    "level trees approximated: the trace has no per-level trees (nodes.last_level: a format-v1 or "
+    "synthetic trace), so SpecFit's stopping rule is asked on each position's final draft tree cut at "
+    "each depth, not on the trees a live drafter holds after each level (a node a later level pushed out "
+    "is missing); a dense trace recorded by live.record --mode dense has them"
 )
 
 

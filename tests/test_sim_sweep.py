@@ -83,6 +83,8 @@ def test_cli_runs_writes_tidy_results_and_resumes(trace: str, tmp_path, capsys) 
         and "model shape: qwen3-30b-a3b expert size, 9,437,184 bytes/expert" in lines[1]
     )
     assert lines[2].startswith("cost: preset qwen3-30b-a3b-2gpu+pcie5-x16")
+    # a trace without per-level trees (synthetic) says that SpecFit's stopping rule approximates them
+    assert sum(line.startswith("level trees approximated: ") for line in lines) == 1
     df = pd.read_parquet(out / "results.parquet")
     assert len(df) == 12
     for column in (
