@@ -39,6 +39,9 @@ def test_last_level_round_trips_and_gives_each_level_tree(tmp_path):
     assert tree.num_levels == 3
     levels = {k: tree.level_nodes(k).tolist() for k in range(4)}
     assert levels == {0: [0], 1: [0, 1, 2], 2: [0, 1, 2, 3, 4, 5], 3: [0, 1, 3, 4]}
+    from traces.stats import summarize
+
+    assert summarize(run)["num_pushed_out_nodes"] == 2  # nodes 2 and 5
 
 
 @pytest.mark.parametrize(
@@ -91,6 +94,9 @@ def test_format_v1_runs_read_without_level_trees(tmp_path):
     (tree,) = list(run.iter_trees())
     assert tree.last_level is None and run.node_arrays().last_level is None
     assert tree.num_levels == 2 and tree.level_nodes(1).tolist() == [0, 1, 2]
+    from traces.stats import summarize
+
+    assert summarize(run)["num_pushed_out_nodes"] is None
     assert level_tree_note(run) == LEVEL_TREE_APPROXIMATION and "approximated" in LEVEL_TREE_APPROXIMATION
     _write(tmp_path / "v2", LAST_LEVEL)
     assert level_tree_note(open_run(tmp_path / "v2")) is None

@@ -46,6 +46,7 @@ _ROWS = (
     ("depth_acceptance", "acceptance by depth 1.. (conditional)"),
     ("expert_union", "distinct experts/layer of best-n nodes"),
     ("next_layer_guess_recall", "next-layer guess recall (nan: not in trace)"),
+    ("num_pushed_out_nodes", "nodes pushed out by a later level (None: no level trees)"),
     ("num_cycles", "executed cycles"),
     ("cycle_tau", "cycle tau (mean committed)"),
     ("cache_hit_rate", "expert cache hit rate"),

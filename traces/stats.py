@@ -158,6 +158,15 @@ def next_layer_guess_recall(arrays: Any) -> float:
     return float(hit.mean())
 
 
+def pushed_out_nodes(arrays: NodeArrays) -> int | None:
+    """Nodes of the dense trees that only earlier draft levels' trees held (``last_level`` below
+    the root's, the levels drafted; docs/trace-format.md "Dense trees and their level trees"), or
+    None when the trace does not record ``last_level``."""
+    if arrays.last_level is None:
+        return None
+    return int((arrays.last_level < np.repeat(arrays.last_level[arrays.offsets[:-1]], arrays.tree_sizes)).sum())
+
+
 def summarize(run: TraceRun, union_sizes: Sequence[int] = DEFAULT_UNION_SIZES) -> dict[str, Any]:
     """Headline figures of a run as a JSON-able dict.
 
@@ -168,7 +177,10 @@ def summarize(run: TraceRun, union_sizes: Sequence[int] = DEFAULT_UNION_SIZES) -
     executed cycle), ``cache_hit_rate``, ``h2d_bytes`` (sum over cycles), ``num_transfers``,
     ``transfer_bytes``, ``bytes_on_disk`` (all files of the run), ``complete``,
     ``next_layer_guess_recall`` (:func:`next_layer_guess_recall`; NaN when the trace does not
-    carry the next-layer guesses, which ``sim.sweep --prefetch next-layer`` then refuses).
+    carry the next-layer guesses, which ``sim.sweep --prefetch next-layer`` then refuses),
+    ``num_pushed_out_nodes`` (dense-tree nodes a later draft level pushed out of the tree, held
+    by an earlier level's tree only: ``last_level`` below the root's; None when the trace has no
+    per-level trees, which ``sim.replay`` then approximates).
     """
     model = run.manifest.model
     arrays = run.node_arrays()
@@ -194,6 +206,7 @@ def summarize(run: TraceRun, union_sizes: Sequence[int] = DEFAULT_UNION_SIZES) -
         "depth_acceptance": depth_acceptance(acc_len, max_depth, reached_depths(arrays)),
         "expert_union": expert_union_growth(arrays, model.num_experts, union_sizes),
         "next_layer_guess_recall": next_layer_guess_recall(arrays),
+        "num_pushed_out_nodes": pushed_out_nodes(arrays),
         "num_cycles": cycles.num_rows,
         "cycle_tau": float(pc.mean(cycles.column("num_committed")).as_py())
         if cycles.num_rows
