@@ -204,12 +204,16 @@ def layer_misses(ctx: PolicyContext, nodes: np.ndarray) -> np.ndarray:
 def evaluate_nodes(ctx: PolicyContext, nodes: np.ndarray) -> tuple[float, float, np.ndarray]:
     """Score subtree ``nodes``: ``(expected_committed, predicted_cycle_s, misses_per_layer float[L])``.
 
-    Does not check ancestor-closure (callers guarantee it; see :func:`make_plan`).
+    Does not check ancestor-closure (callers guarantee it; see :func:`make_plan`). With per-node
+    predictions and a draft-prefetching run (``cost.draft_prefetch``) the cycle is priced with
+    the predicted misses prefetched (``cost.plan_cycle_s``); union-size predictions name no
+    experts to prefetch, so they are priced as demand misses (``cost.cycle_s``).
     """
     ids = np.asarray(nodes, dtype=np.int64)
     gain = 1.0 + float(ctx.accept_probs[ids[ids != 0]].sum())
     misses = layer_misses(ctx, ids)
-    cycle = ctx.cost.cycle_s(ctx.num_levels, ids.shape[0], ctx.context_len, misses)
+    price = ctx.cost.cycle_s if ctx.node_experts.bits is None else ctx.cost.plan_cycle_s
+    cycle = price(ctx.num_levels, ids.shape[0], ctx.context_len, misses)
     return gain, cycle, misses
 
 

@@ -30,7 +30,13 @@ pre_router_frac * T_verify + T_link * M) + late_call_s * (M > 0)``, equal to the
 when all layers are compute-bound or all copy-bound); the planner prices its plan per layer and
 certifies the gap (``specfit.planner``). Mode "ideal" is ``max(T_verify, T_h2d)``, a bound no
 engine reaches (every layer's copies enqueued when verification starts). Files without ``overlap_mode`` keep the "ideal" meaning they had. The simulator gives the
-exact value with prefetch and copies carried across cycles. ``draft_base_s`` is what a drafting cycle pays
+exact value with prefetch and copies carried across cycles. With ``draft_prefetch`` (a run with
+``--prefetch draft|both``) the planner prices a subtree's per-node predicted misses as the draft
+prefetch moves them (:meth:`CycleCostModel.prefetched_cycle_s`: placed before the forward,
+copied in layer order from then on, each layer's experts waiting only for their own copies), on
+the planner's own assumption that its predictions are right and fit the cache; next-layer
+prefetch is not priced (its guesses come from hidden states the planner does not have when it
+chooses). Realised cycles are priced with :meth:`CycleCostModel.cycle_s` of their demand misses. ``draft_base_s`` is what a drafting cycle pays
 once whatever its depth (the draft model's catch-up forward over the tokens committed last cycle,
 launch overheads): measured live on the embedded default it is ~0.6 ms beside ~0.9 ms per level, so a
 per-level-only draft term mispredicts 1-level drafts by ~25 % and SpecFit's "draft at all?" question. Calibration fits the parameters and writes
@@ -94,6 +100,7 @@ FIELD_UNITS: dict[str, str] = {
     "num_layers": "count",
     "overlap_h2d": "bool",
     "overlap_mode": "text",
+    "draft_prefetch": "bool",
     "source": "text",
 }
 _FLOAT_FIELDS = (
@@ -156,6 +163,10 @@ class CycleCostModel:
             default 0). With overlap mode "on" a layer's copies are enqueued only after it, so
             they overlap the remaining ``1 - pre_router_frac`` (the experts' compute).
             ``calibration.costfit`` fits it from the live engine's ``layer_pre_router_s``.
+        draft_prefetch: whether the run prefetches from the draft (``--prefetch draft|both``):
+            the planner then prices a subtree whose per-node expert predictions it has as if its
+            predicted misses were copied when it is chosen (:meth:`plan_cycle_s`); a run setting,
+            like ``overlap_h2d`` (default False; optional in JSON).
 
     Raises:
         ValueError: a negative or non-finite time, a non-positive bandwidth or layer count,
@@ -178,6 +189,7 @@ class CycleCostModel:
     host_s_per_transfer: float = 0.0
     late_call_s: float = 0.0
     pre_router_frac: float = 0.0
+    draft_prefetch: bool = False
 
     def __post_init__(self) -> None:
         for name in _FLOAT_FIELDS:
@@ -210,6 +222,9 @@ class CycleCostModel:
         if not isinstance(self.overlap_h2d, (bool, np.bool_)):
             raise ValueError(f"CycleCostModel.overlap_h2d: expected true/false, got {self.overlap_h2d!r}")
         object.__setattr__(self, "overlap_h2d", bool(self.overlap_h2d))
+        if not isinstance(self.draft_prefetch, (bool, np.bool_)):
+            raise ValueError(f"CycleCostModel.draft_prefetch: expected true/false, got {self.draft_prefetch!r}")
+        object.__setattr__(self, "draft_prefetch", bool(self.draft_prefetch))
         if self.overlap_mode not in ("on", "ideal"):
             raise ValueError(f"CycleCostModel.overlap_mode: expected 'on' or 'ideal', got {self.overlap_mode!r}")
         object.__setattr__(self, "source", str(self.source))
@@ -290,7 +305,8 @@ class CycleCostModel:
 
     def overlap_on_total_s(self, verify_s: Any, total_misses: Any) -> Any:
         """Mode "on"'s verification time from the TOTAL misses (s; arrays broadcast):
-        ``host * M + max(V, pre_router_frac * V + T_link * M) + late_call_s * (M > 0)``.
+        ``max(V + host * M, pre_router_frac * V + s_per_miss * M) + late_call_s * (M > 0)``
+        (= ``host * M + max(V, pre_router_frac * V + T_link * M) + ...``).
 
         A LOWER bound on the per-layer form :meth:`cycle_s` gives for any split of ``M`` over the
         layers (a sum of maxima is at least the maximum of the sums; at least one layer holds
@@ -301,8 +317,8 @@ class CycleCostModel:
         """
         v = np.asarray(verify_s, dtype=np.float64)
         m = np.asarray(total_misses, dtype=np.float64)
-        both = np.maximum(v, self.pre_router_frac * v + self.link_s_per_transfer * m)
-        out = self.host_s_per_transfer * m + both + self.late_call_s * (m > 0)
+        both = np.maximum(v + self.host_s_per_transfer * m, self.pre_router_frac * v + self.s_per_miss * m)
+        out = both + self.late_call_s * (m > 0)
         return float(out) if np.ndim(out) == 0 else out
 
     def cycle_s_total(self, num_levels: Any, num_nodes: Any, context_len: Any, total_misses: Any) -> Any:
@@ -316,6 +332,16 @@ class CycleCostModel:
         else:
             h2d = self.s_per_miss * np.asarray(total_misses, dtype=np.float64)
             out = self.combine_s(self.draft_s_array(num_levels), verify, h2d)
+        return float(out) if np.ndim(out) == 0 else out
+
+    def plan_cycle_s_total(self, num_levels: Any, num_nodes: Any, context_len: Any, total_misses: Any) -> Any:
+        """:meth:`cycle_s_total`, or with ``draft_prefetch`` ``draft + prefetched_total_s``: the
+        planner's totals price of subtrees with per-node predictions (arrays broadcast)."""
+        if not self.draft_prefetch:
+            return self.cycle_s_total(num_levels, num_nodes, context_len, total_misses)
+        verify = self.verify_base_s + self.verify_s_per_node * np.asarray(num_nodes, dtype=np.float64)
+        verify = verify + self.verify_s_per_context_token * np.asarray(context_len, dtype=np.float64)
+        out = self.draft_s_array(num_levels) + self.prefetched_total_s(verify, total_misses)
         return float(out) if np.ndim(out) == 0 else out
 
     def cycle_s_layers(self, num_levels: Any, num_nodes: Any, context_len: Any, misses: Any) -> Any:
@@ -332,6 +358,64 @@ class CycleCostModel:
         host = self.host_s_per_transfer * m.sum(axis=-1) + self.late_call_s * np.count_nonzero(m, axis=-1)
         out = self.draft_s_array(num_levels) + per_layer.sum(axis=-1) + host
         return float(out) if np.ndim(out) == 0 else out
+
+    def prefetched_total_s(self, verify_s: Any, total_misses: Any) -> Any:
+        """Verification time when the subtree's ``M`` predicted misses were all prefetched from the
+        draft (s; arrays broadcast): ``max(V + host * M, q * V + T_link * M)``, ``q = (1 -
+        pre_router_frac) / L`` without overlap (the last layer's experts compute after the last
+        copy lands), 0 with overlap. A lower bound on :meth:`prefetched_cycle_s`'s per-layer
+        pipeline (the forward starts once every copy is placed; the link carries them one after
+        the other), what the planner's exact search maximises, as :meth:`overlap_on_total_s`."""
+        v = np.asarray(verify_s, dtype=np.float64)
+        m = np.asarray(total_misses, dtype=np.float64)
+        out = np.maximum(v + self.host_s_per_transfer * m, self.prefetch_tail_frac * v + self.link_s_per_transfer * m)
+        return float(out) if np.ndim(out) == 0 else out
+
+    @property
+    def prefetch_tail_frac(self) -> float:
+        """``q`` of :meth:`prefetched_total_s`: the share of the verify time that follows the last
+        prefetched copy's landing at the least (0 with overlap)."""
+        return 0.0 if self.overlap_h2d else (1.0 - self.pre_router_frac) / self.num_layers
+
+    def prefetched_cycle_s(self, num_levels: int, num_nodes: int, context_len: int, misses_per_layer: Any) -> float:
+        """Cycle time (s) when every predicted miss ``misses_per_layer`` (float[L]) is prefetched
+        from the draft as the engines do (``--prefetch draft``; ``sim.engine``): placed by the
+        compute stream layer by layer before the forward (``host_s_per_transfer`` each), each
+        layer's copies enqueued once placed on an idle FIFO link (``T_link`` each; the last of
+        layer ``l`` lands at ``A_l = max(A_{l-1}, host * sum_{k <= l} m_k) + T_link * m_l``), and
+        waited for only where a layer's experts need them: the forward starts at ``host * M``;
+        with layer compute ``c`` of which ``p c`` before the router, layer ``l`` begins its
+        experts at ``b_l = e_{l-1} + p c`` and ends at ``max(b_l, A_l) + (1 - p) c`` without
+        overlap, ``max(b_l + (1 - p) c, A_l) + late_call_s`` when ``A_l > b_l`` (one late call
+        assumed) with overlap. Assumes what the planner assumes: the predictions are right, they fit the cache
+        and the link is idle when the forward starts (the estimate of prefetch in
+        SP-MoE-style systems; the simulator gives the exact value)."""
+        m = np.asarray(misses_per_layer, dtype=np.float64)
+        c = self.verify_s(num_nodes, context_len) / self.num_layers
+        pre, rest = self.pre_router_frac * c, (1.0 - self.pre_router_frac) * c
+        placed = np.cumsum(m) * self.host_s_per_transfer
+        link = 0.0
+        end = float(placed[-1])
+        for layer in range(self.num_layers):
+            landed = 0.0
+            if m[layer] > 0:
+                link = landed = max(link, float(placed[layer])) + self.link_s_per_transfer * float(m[layer])
+            begin = end + pre
+            if not self.overlap_h2d:
+                end = max(begin, landed) + rest
+            elif landed > begin:
+                end = max(begin + rest, landed) + self.late_call_s
+            else:
+                end = begin + rest
+        return float(self.draft_s(num_levels) + end)
+
+    def plan_cycle_s(self, num_levels: int, num_nodes: int, context_len: int, misses_per_layer: Any) -> float:
+        """The planner's price of a subtree with per-node predicted misses ``misses_per_layer``:
+        :meth:`prefetched_cycle_s` with ``draft_prefetch``, else :meth:`cycle_s`
+        (``specfit.context.evaluate_nodes``)."""
+        if self.draft_prefetch:
+            return self.prefetched_cycle_s(num_levels, num_nodes, context_len, misses_per_layer)
+        return self.cycle_s(num_levels, num_nodes, context_len, misses_per_layer)
 
     def cycle_s(self, num_levels: int, num_nodes: int, context_len: int, misses_per_layer: Any) -> float:
         """Predicted cycle time (s); see the module docstring for the three forms (with a scalar
@@ -434,7 +518,7 @@ class CycleCostModel:
         unknown = sorted(set(data) - set(names) - {"format", "version", "units"})
         if unknown:
             raise ValueError(f"{where}: unknown field(s) {unknown}; expected {names}")
-        optional = ("overlap_h2d", "source", "overlap_mode") + (("draft_base_s",) if version == 1 else ())
+        optional = ("overlap_h2d", "source", "overlap_mode", "draft_prefetch") + (("draft_base_s",) if version == 1 else ())
         optional += ("host_s_per_transfer", "late_call_s") if version <= 2 else ()
         optional += ("pre_router_frac",) if version <= 3 else ()
         missing = [n for n in names if n not in optional and n not in data]

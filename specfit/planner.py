@@ -163,8 +163,8 @@ def _search_plan(
         exact = bool(upper <= lam)
     size = int(istate[2])
     nodes = np.sort(ids[state[9][:size]]) if size > 0 else seed
-    if cost.per_layer_overlap:
-        # per-layer overlap needs the misses of each layer: the chosen subtree is scored as every
+    if cost.per_layer_overlap or cost.draft_prefetch:
+        # per-layer overlap (and the draft prefetch's pipeline) needs the misses of each layer: the chosen subtree is scored as every
         # other policy's (cost.cycle_s); the search maximised its lower bound from the total
         # (cost.cycle_s_total), whose optimum ``upper`` bounds the per-layer optimum from above
         gain, cycle, per_layer = evaluate_nodes(ctx, nodes)
@@ -179,6 +179,7 @@ def _search_plan(
             cost.transfer_s(misses),
         )
     nodes.setflags(write=False)
+    per_layer = cost.per_layer_overlap or cost.draft_prefetch
     tokens_per_s = gain / cycle
     return Plan(
         nodes=nodes,
@@ -190,31 +191,47 @@ def _search_plan(
         policy=POLICY_NAME,
         predicted_misses=misses,
         exact=exact,
-        gap=0.0 if exact and not cost.per_layer_overlap else max(0.0, float(upper) / tokens_per_s - 1.0),
+        gap=0.0 if exact and not per_layer else max(0.0, float(upper) / tokens_per_s - 1.0),
     )
 
 
 def search_costs(cost, num_levels: int, context_len: int) -> np.ndarray:
     """The exact search's cost vector ``float64[8] = [draft, verify0, per_node, per_miss, overlap,
-    host, pre, late]`` (``specfit.planner_kernels``): the cost model's totals form
-    (:meth:`specfit.cost.CycleCostModel.cycle_s_total`) for ``num_levels`` drafted levels at
-    ``context_len``. Without overlap and in mode "ideal" ``per_miss`` is the whole per-miss
-    cost and the last three are 0; in mode "on" ``per_miss`` is the link's share and ``host``,
-    ``pre`` and ``late`` the compute stream's (``host_s_per_transfer``, ``pre_router_frac``,
-    ``late_call_s``)."""
+    host, pre, late]`` (``specfit.planner_kernels``: ``draft + max(V + host*M, pre*V +
+    per_miss*M) + late*(M > 0)`` with ``overlap``, else ``draft + V + per_miss*M``): the cost
+    model's totals form (:meth:`specfit.cost.CycleCostModel.plan_cycle_s_total`) for
+    ``num_levels`` drafted levels at ``context_len``. Without overlap and in mode "ideal"
+    ``per_miss`` is the whole per-miss cost and the last three are 0; in mode "on" ``host``,
+    ``pre`` and ``late`` are ``host_s_per_transfer``, ``pre_router_frac`` and ``late_call_s``. A
+    draft-prefetching run (``cost.draft_prefetch``) takes the prefetch pipeline's bound:
+    ``per_miss`` the link's share, ``pre`` ``cost.prefetch_tail_frac``, ``late`` 0."""
+    if cost.draft_prefetch:
+        return np.array(
+            [
+                cost.draft_s(num_levels),
+                cost.verify_s(0, context_len),
+                cost.verify_s_per_node,
+                cost.link_s_per_transfer,
+                1.0,
+                cost.host_s_per_transfer,
+                cost.prefetch_tail_frac,
+                0.0,
+            ]
+        )
     on = cost.per_layer_overlap
     return np.array(
         [
             cost.draft_s(num_levels),
             cost.verify_s(0, context_len),
             cost.verify_s_per_node,
-            cost.link_s_per_transfer if on else cost.s_per_miss,
+            cost.s_per_miss,
             1.0 if cost.overlap_h2d else 0.0,
             cost.host_s_per_transfer if on else 0.0,
             cost.pre_router_frac if on else 0.0,
             cost.late_call_s if on else 0.0,
         ]
     )
+
 
 _UNION_MISSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _UNION_TABLES: dict[int, tuple[np.ndarray, int, np.ndarray]] = {}
@@ -607,7 +624,7 @@ def plan_brute_force(ctx: PolicyContext) -> Plan:
     for nodes in iter_closed_subtrees(ctx.tree.parents):
         count += 1
         gain = 1.0 + sum(float(p[v]) for v in nodes[1:])
-        if cost.per_layer_overlap:  # the per-layer form: each layer's misses
+        if cost.per_layer_overlap or (cost.draft_prefetch and node_ints is not None):  # per layer
             _, cycle, _ = evaluate_nodes(ctx, np.asarray(nodes, dtype=np.int64))
             if gain / cycle > best_ratio:
                 best_ratio, best_nodes = gain / cycle, nodes

@@ -22,12 +22,12 @@ runs inside :func:`setup`):
   (:func:`bound_scratch`), not once per bound.
 
 Cycle time inside the search is the cost model's own totals form
-(``specfit.cost.CycleCostModel.cycle_s_total``): ``draft + verify + h2d`` or, with ``overlap``,
-``draft + host * m + max(verify, pre * verify + h2d) + late * (m > 0)``, with ``verify = verify0
-+ per_node * n`` and ``h2d = per_miss * m`` (mode "ideal": ``host = pre = late = 0`` and
-``per_miss`` the whole per-miss cost, ``draft + max(verify, h2d)``; mode "on": ``per_miss`` the
-link's share, a lower bound on the per-layer form). ``costs = [draft, verify0, per_node,
-per_miss, overlap, host, pre, late]``. The planner re-scores the chosen subtree with the cost
+(``specfit.cost.CycleCostModel.plan_cycle_s_total``): ``draft + verify + h2d`` or, with
+``overlap``, ``draft + max(verify + host * m, pre * verify + h2d) + late * (m > 0)``, with
+``verify = verify0 + per_node * n`` and ``h2d = per_miss * m`` (mode "ideal": ``host = pre =
+late = 0``, ``draft + max(verify, h2d)``; mode "on" and the draft prefetch's pipeline: lower
+bounds on their per-layer forms, ``specfit.planner.search_costs``). ``costs = [draft, verify0,
+per_node, per_miss, overlap, host, pre, late]``. The planner re-scores the chosen subtree with the cost
 model itself (``specfit.context.make_plan``).
 """
 
@@ -324,7 +324,7 @@ def _cycle_s(costs, num_nodes, misses):
         if costs[5] == 0 and costs[6] == 0 and costs[7] == 0:  # mode "ideal"
             return costs[0] + max(verify, h2d)
         late = costs[7] if misses > 0 else 0.0
-        return costs[0] + costs[5] * misses + max(verify, costs[6] * verify + h2d) + late
+        return costs[0] + max(verify + costs[5] * misses, costs[6] * verify + h2d) + late
     return costs[0] + verify + h2d
 
 
@@ -349,11 +349,11 @@ def _evaluate(theta, f, lam, gain, nch, m, costs, parents, probs, alive, in_set,
     Updates ``ub[0]`` and the frontier probes, writes the selected completion into ``sel``.
     """
     n = parents.shape[0]
-    if costs[4] > 0:  # max(V, pre V + H) >= (theta + (1 - theta) pre) V + (1 - theta) H; + host m
+    if costs[4] > 0:  # max(V + host m, pre V + H) >= theta (V + host m) + (1 - theta) (pre V + H)
         share = theta + (1.0 - theta) * costs[6]
         alpha = costs[0] + share * costs[1]
         beta = share * costs[2]
-        gamma = (1.0 - theta) * costs[3] + costs[5]
+        gamma = theta * costs[5] + (1.0 - theta) * costs[3]
     else:
         alpha = costs[0] + costs[1]
         beta = costs[2]
@@ -397,7 +397,7 @@ def _verify_dominates(sel, plain, nch, m, costs):
             count += 1
             share += plain[v]
     verify = costs[1] + costs[2] * (nch + count)
-    return verify > costs[6] * verify + costs[3] * (m + share)
+    return verify + costs[5] * (m + share) > costs[6] * verify + costs[3] * (m + share)
 
 
 @njit(cache=True, error_model="numpy")
@@ -546,7 +546,7 @@ def bound(parents, probs, nptr, ngrp, weight, alive, in_set, covered, nch, m, ga
         if bisect and ub[0] > tol:
             mode, theta, before = 2, 0.5 * (lo + hi), ub[0]
             continue
-        gamma = (1.0 - best_theta) * costs[3] + costs[5] if overlap else costs[3]
+        gamma = best_theta * costs[5] + (1.0 - best_theta) * costs[3] if overlap else costs[3]
         if refined >= refinements or ub[0] <= tol or nsel == 0 or gamma == 0:
             break
         # refined shares: an uncovered group is charged only to the selected users when it has one

@@ -538,7 +538,7 @@ class SpecFitPolicy(TreePolicy):
             cycle = ctx.cost.cycle_s_layers(ctx.num_levels + k, nodes, ctx.context_len, rows)
         else:
             misses = np.full(k.shape, float(layer_misses(ctx, base).sum()))
-            cycle = ctx.cost.cycle_s_total(ctx.num_levels + k, nodes, ctx.context_len, misses)
+            cycle = ctx.cost.plan_cycle_s_total(ctx.num_levels + k, nodes, ctx.context_len, misses)
         keep = bool(np.any(gain > best.predicted_tokens_per_s * cycle))
         if tree.max_depth == 0 and not keep:
             self.root_alpha += self.reprobe_rate * (1.0 - self.root_alpha)

@@ -394,3 +394,32 @@ def test_cost_model_overlap_on_with_pre_router_equals_the_simulated_cycle_on_an_
         link = LinkSpec(latency_ns=20, wire_ns=100)
         for engine in (FastEngine(link, 4), SimPyEngine(link, 4)):
             assert engine.run_cycle(plan).cycle_ns * 1e-9 == pytest.approx(cost.cycle_s(0, 1, 0, misses), rel=1e-9)
+
+
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_cost_models_draft_prefetch_pipeline_equals_the_simulated_cycle(mode) -> None:
+    """``CycleCostModel.prefetched_cycle_s`` (the planner's price of a subtree whose predicted
+    misses are prefetched from the draft) is the simulator's timeline of that prefetch on an idle
+    link, every miss predicted: placing before the forward, copies in layer order from its start,
+    each layer's experts after its router and its copies (without late calls: their grouping is
+    the simulator's)."""
+    from specfit.cost import CycleCostModel
+
+    rng = np.random.default_rng(9)
+    for _ in range(30):
+        frac = float(rng.choice([0.0, 0.5, 1.0]))
+        cost = CycleCostModel(
+            draft_s_per_level=0.0, verify_base_s=800e-9, verify_s_per_node=0.0, verify_s_per_context_token=0.0,
+            h2d_bytes_per_s=1e9, h2d_s_per_transfer=float(rng.choice([40e-9, 200e-9])), host_s_per_transfer=20e-9,
+            expert_bytes=100, num_layers=4, overlap_h2d=mode == "on", overlap_mode="on", pre_router_frac=frac,
+            draft_prefetch=True,
+        )  # fmt: skip
+        misses = rng.integers(0, 4, 4)
+        prefetch = tuple((layer, e) for layer in range(4) for e in range(int(misses[layer])))
+        hits = tuple(tuple(range(int(m))) for m in misses)
+        link_ns = round(cost.link_s_per_transfer * 1e9)
+        plan = CyclePlan(0, 0, (200,) * 4, hits=hits, demand=((),) * 4, prefetch=prefetch, overlap=mode,
+                         host_ns_per_transfer=20, layer_pre_router_ns=(int(200 * frac),) * 4)  # fmt: skip
+        for engine in (FastEngine(LinkSpec(0, link_ns), 4), SimPyEngine(LinkSpec(0, link_ns), 4)):
+            simulated = engine.run_cycle(plan).cycle_ns * 1e-9
+            assert simulated == pytest.approx(cost.prefetched_cycle_s(0, 1, 0, misses), rel=1e-9)

@@ -365,3 +365,24 @@ def test_a_deadline_that_does_not_hit_gives_the_plan_of_no_deadline() -> None:
         assert timed.exact and timed.nodes.tolist() == full.nodes.tolist()
         assert timed.nodes_explored == full.nodes_explored
         assert timed.predicted_tokens_per_s == full.predicted_tokens_per_s
+
+
+@settings(max_examples=300, deadline=None)
+@given(small_problem, st.sampled_from(["off", "on"]))
+def test_draft_prefetch_plan_is_priced_as_prefetched_and_its_bound_holds(params, overlap) -> None:
+    """A draft-prefetching run (cost.draft_prefetch): the planner prices a subtree's predicted
+    misses as copied when it is chosen (cost.plan_cycle_s), the search maximises the totals
+    lower bound of that pipeline, and ``(1 + gap)`` bounds the brute-force optimum."""
+    seed, n, layers, experts, _ = params
+    rng = np.random.default_rng(seed)
+    ctx = _overlap_on(random_small_context(rng, n, num_layers=layers, num_experts=experts), rng)
+    cost = dataclasses.replace(ctx.cost, overlap_h2d=overlap == "on", draft_prefetch=True)
+    ctx = dataclasses.replace(ctx, cost=cost)
+    brute, plan = plan_brute_force(ctx), plan_exact(ctx)
+    _check_plan(ctx, plan)
+    assert plan.predicted_tokens_per_s <= brute.predicted_tokens_per_s * (1 + REL)
+    assert brute.predicted_tokens_per_s <= plan.predicted_tokens_per_s * (1 + plan.gap) * (1 + REL)
+    for nodes in iter_closed_subtrees(ctx.tree.parents)[:64]:
+        _, cycle, misses = evaluate_nodes(ctx, np.asarray(nodes))
+        assert cycle == cost.prefetched_cycle_s(ctx.num_levels, len(nodes), ctx.context_len, misses)
+        assert cost.plan_cycle_s_total(ctx.num_levels, len(nodes), ctx.context_len, misses.sum()) <= cycle * (1 + REL)
