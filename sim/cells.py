@@ -222,12 +222,21 @@ def _default_stopping() -> str:
     return str(inspect.signature(SpecFitPolicy.__init__).parameters["stopping"].default)
 
 
-def _open_trace(path: str) -> Any:
-    """Open (once per process) the trace at ``path``; later cells reuse its decoded arrays."""
+def _open_trace(path: str, decoded: str | None = None) -> Any:
+    """Open (once per process) the trace at ``path``; later cells reuse its decoded arrays.
+
+    ``decoded``: a file of this trace's decoded arrays (:func:`export_traces`), memory-mapped
+    instead of decoding the trace's ``nodes`` table in this process (workers that are not forked).
+    """
     if path not in _TRACES:
         from traces.reader import open_run
 
-        _TRACES[path] = open_run(path, validate=False)
+        run = open_run(path, validate=False)
+        if decoded is not None:
+            from sim.decoded import read_node_arrays
+
+            run.use_node_arrays(read_node_arrays(decoded))
+        _TRACES[path] = run
     return _TRACES[path]
 
 
@@ -245,12 +254,36 @@ def prepare_traces(cells: Sequence[CellSpec]) -> None:
         prepare_trace(_open_trace(path))
 
 
-def run_cell(cell: dict[str, Any] | CellSpec, cycles_dir: str | None = None) -> dict[str, Any]:
+def export_traces(cells: Sequence[CellSpec], directory: str | Path) -> dict[str, str]:
+    """Decode (once, in this process: :func:`prepare_traces`) every trace ``cells`` replay and
+    write each one's decoded arrays to ``directory`` as a memory-mappable Arrow IPC file
+    (:func:`sim.decoded.write_node_arrays`); returns trace path -> file, which :func:`run_cell`
+    takes as ``decoded`` in workers that are not forked (a spawn pool, Ray), so that they map the
+    arrays instead of decoding the trace.
+
+    Raises:
+        OSError: a file cannot be written.
+    """
+    from sim.decoded import write_node_arrays
+
+    prepare_traces(cells)
+    out: dict[str, str] = {}
+    for path in dict.fromkeys(cell.trace_path for cell in cells):
+        name = hashlib.sha256(path.encode()).hexdigest()[:16]
+        out[path] = str(write_node_arrays(_open_trace(path).node_arrays(), Path(directory) / f"{name}.arrow"))
+    return out
+
+
+def run_cell(
+    cell: dict[str, Any] | CellSpec, cycles_dir: str | None = None, decoded: str | None = None
+) -> dict[str, Any]:
     """Replay one cell and return its tidy result row (cell keys + metrics + ``cell_id``).
 
     Args:
         cell: a :class:`CellSpec` or its dict.
         cycles_dir: when given, the per-cycle records go to ``cycles_dir/<cell_id>.parquet``.
+        decoded: the cell's trace decoded (:func:`export_traces`), memory-mapped when this
+            process has not opened the trace yet; ``None``: decoded here on first use.
 
     Raises:
         ReplayError / ValueError: from :func:`sim.replay.replay_policy`.
@@ -258,7 +291,7 @@ def run_cell(cell: dict[str, Any] | CellSpec, cycles_dir: str | None = None) -> 
     from sim.replay import replay_policy
 
     spec = cell if isinstance(cell, CellSpec) else CellSpec(**cell)
-    run = _open_trace(spec.trace_path)
+    run = _open_trace(spec.trace_path, decoded)
     result = replay_policy(run, spec.sim_config(record_cycles=cycles_dir is not None))
     if cycles_dir is not None:
         write_cycles(result.cycles, Path(cycles_dir) / f"{spec.cell_id}.parquet", run.manifest.model)

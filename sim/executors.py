@@ -16,13 +16,14 @@ import multiprocessing
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
 
-from sim.cells import CellSpec, prepare_traces, run_cell
+from sim.cells import CellSpec, export_traces, prepare_traces, run_cell
 
 EXECUTORS = ("local", "ray")
 OnResult = Callable[[CellSpec, dict[str, Any]], None]
@@ -76,17 +77,32 @@ def init_worker(parent_pid: int, poll_s: float = PARENT_POLL_S) -> None:
 
 
 def run_local(
-    cells: Sequence[CellSpec], on_result: OnResult, *, jobs: int = 1, cycles_dir: str | None = None
+    cells: Sequence[CellSpec],
+    on_result: OnResult,
+    *,
+    jobs: int = 1,
+    cycles_dir: str | None = None,
+    start_method: str | None = None,
+    scratch_dir: str | None = None,
 ) -> None:
     """Run ``cells`` in this process (``jobs == 1``) or on a pool of ``jobs`` worker processes.
 
-    Workers are forked (Linux) so they start without re-importing, and after this process has
-    decoded and validated the traces (:func:`sim.cells.prepare_traces`): every worker shares
-    those arrays (copy-on-write) for all its cells instead of decoding the trace again. They die
-    with this process (:func:`init_worker`).
+    The traces are decoded and validated once, in this process, before the workers start
+    (:func:`sim.cells.prepare_traces`). Forked workers (the default where ``fork`` exists: they
+    start without re-importing) inherit those arrays (copy-on-write) for all their cells. Spawned
+    workers map them from one Arrow IPC file per trace written here
+    (:func:`sim.cells.export_traces`, in a temporary folder under ``scratch_dir``, removed
+    afterwards). Either way no worker decodes a trace. Workers die with this process
+    (:func:`init_worker`).
+
+    Args:
+        start_method: ``"fork"``, ``"spawn"`` or ``"forkserver"``; ``None``: fork where available.
+        scratch_dir: where the decoded traces go for workers that are not forked (``None``: the
+            system's temporary folder).
 
     Raises:
-        ValueError: ``jobs < 1``. Errors of a cell propagate (remaining cells are cancelled).
+        ValueError: ``jobs < 1`` or a start method this platform lacks. Errors of a cell
+            propagate (remaining cells are cancelled).
     """
     if jobs < 1:
         raise ValueError(f"--jobs: expected >= 1, got {jobs}")
@@ -95,16 +111,47 @@ def run_local(
             on_result(cell, run_cell(cell.to_dict(), cycles_dir))
         return
     methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    if context.get_start_method() == "fork":  # decoded once here; the forked workers inherit it
+    if start_method is None:
+        start_method = "fork" if "fork" in methods else "spawn"
+    if start_method not in methods:
+        raise ValueError(f"start_method: expected one of {methods}, got {start_method!r}")
+    context, workers = multiprocessing.get_context(start_method), min(jobs, len(cells))
+    if start_method == "fork":  # decoded once here; the forked workers inherit it
         prepare_traces(cells)
+        _run_pool(cells, on_result, context, workers, cycles_dir, {})
+        return
+    with _scratch(scratch_dir) as scratch:
+        # decoded once here, written once; the workers map it
+        _run_pool(cells, on_result, context, workers, cycles_dir, export_traces(cells, scratch))
+
+
+def _scratch(scratch_dir: str | None) -> tempfile.TemporaryDirectory:
+    """A temporary folder (removed on exit) for the decoded traces, under ``scratch_dir`` (made
+    if absent) or the system's temporary folder."""
+    if scratch_dir is not None:
+        os.makedirs(scratch_dir, exist_ok=True)
+    return tempfile.TemporaryDirectory(prefix=".decoded-", dir=scratch_dir)
+
+
+def _run_pool(
+    cells: Sequence[CellSpec],
+    on_result: OnResult,
+    context: Any,
+    workers: int,
+    cycles_dir: str | None,
+    decoded: dict[str, str],
+) -> None:
+    """:func:`run_local`'s pool: ``run_cell`` of every cell on ``workers`` processes of ``context``."""
     with ProcessPoolExecutor(
-        max_workers=min(jobs, len(cells)),
+        max_workers=workers,
         mp_context=context,
         initializer=init_worker,
         initargs=(os.getpid(),),
     ) as pool:
-        pending = {pool.submit(run_cell, cell.to_dict(), cycles_dir): cell for cell in cells}
+        pending = {
+            pool.submit(run_cell, cell.to_dict(), cycles_dir, decoded.get(cell.trace_path)): cell
+            for cell in cells
+        }
         try:
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -124,14 +171,20 @@ def run_ray(
     address: str | None = None,
     jobs: int | None = None,
     cycles_dir: str | None = None,
+    scratch_dir: str | None = None,
 ) -> None:
     """Run ``cells`` as Ray tasks (one task per cell, 1 CPU each).
 
+    The traces are decoded once, here, and written as Arrow IPC files to a temporary folder under
+    ``scratch_dir`` (removed afterwards; :func:`sim.cells.export_traces`); each worker process
+    maps them instead of decoding a trace.
+
     Args:
         address: ``ray.init(address=...)`` of an existing cluster (``"auto"``, ``"ray://host:10001"``);
-            ``None`` starts a local Ray instance with ``jobs`` CPUs. The trace path must be
-            readable from every node (shared file system).
+            ``None`` starts a local Ray instance with ``jobs`` CPUs. The trace path and
+            ``scratch_dir`` must be readable from every node (shared file system).
         jobs: CPUs of a local instance (ignored with ``address``).
+        scratch_dir: where the decoded traces go (``None``: the system's temporary folder).
 
     Raises:
         RuntimeError: Ray is not installed (``pip install 'specfit-offload[ray]'``).
@@ -153,13 +206,15 @@ def run_ray(
             raise RayAddressError(f"{address}: no Ray cluster answered ({exc})") from exc
         started = True
     try:
-        remote = ray.remote(num_cpus=1)(run_cell)
-        refs = {remote.remote(cell.to_dict(), cycles_dir): cell for cell in cells}
-        while refs:
-            done, _ = ray.wait(list(refs), num_returns=1)
-            for ref in done:
-                cell = refs.pop(ref)
-                on_result(cell, ray.get(ref))
+        with _scratch(scratch_dir) as scratch:
+            decoded = export_traces(cells, scratch)
+            remote = ray.remote(num_cpus=1)(run_cell)
+            refs = {remote.remote(cell.to_dict(), cycles_dir, decoded.get(cell.trace_path)): cell for cell in cells}
+            while refs:
+                done, _ = ray.wait(list(refs), num_returns=1)
+                for ref in done:
+                    cell = refs.pop(ref)
+                    on_result(cell, ray.get(ref))
     finally:
         if started:
             ray.shutdown()
@@ -173,15 +228,17 @@ def run_cells(
     jobs: int = 1,
     ray_address: str | None = None,
     cycles_dir: str | None = None,
+    scratch_dir: str | None = None,
 ) -> None:
-    """Dispatch to :func:`run_local` or :func:`run_ray`.
+    """Dispatch to :func:`run_local` or :func:`run_ray` (``scratch_dir``: where workers that are
+    not forked find the decoded traces, in a temporary folder removed afterwards).
 
     Raises:
         ValueError: unknown executor (listing :data:`EXECUTORS`).
     """
     if executor == "local":
-        run_local(cells, on_result, jobs=jobs, cycles_dir=cycles_dir)
+        run_local(cells, on_result, jobs=jobs, cycles_dir=cycles_dir, scratch_dir=scratch_dir)
     elif executor == "ray":
-        run_ray(cells, on_result, address=ray_address, jobs=jobs, cycles_dir=cycles_dir)
+        run_ray(cells, on_result, address=ray_address, jobs=jobs, cycles_dir=cycles_dir, scratch_dir=scratch_dir)
     else:
         raise ValueError(f"--executor: expected one of {list(EXECUTORS)}, got {executor!r}")

@@ -341,6 +341,7 @@ def run_sweep(
                 jobs=jobs,
                 ray_address=ray_address,
                 cycles_dir=str(out / "cycles") if per_cycle else None,
+                scratch_dir=str(out),  # decoded traces for workers that are not forked (removed after)
             )
     except BrokenExecutor:
         if stopper.interrupted:

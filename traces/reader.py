@@ -573,6 +573,13 @@ class TraceRun:
             return arrays
         return arrays.select(np.flatnonzero(arrays.request_ids == int(request_id)))
 
+    def use_node_arrays(self, arrays: NodeArrays) -> None:
+        """Serve ``arrays`` as this run's dense trees from now on, instead of decoding the
+        ``nodes`` table: they must be what :meth:`node_arrays` decodes for this run (e.g. a
+        sweep's memory-mapped copy, ``sim.decoded.read_node_arrays``, which its workers open so
+        that none decodes the trace again)."""
+        self.__dict__["_node_arrays"] = arrays  # the cached_property's slot
+
     def iter_trees(self, request_id: int | None = None) -> Iterator[DenseTree]:
         """Yield every dense tree (or those of ``request_id``) in (request, position) order."""
         from specfit.tree import DraftTree
