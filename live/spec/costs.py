@@ -4,7 +4,9 @@ Used by ``python -m live.record --mode policy`` when no ``--cost`` JSON is given
 on the first prompt: the draft time is fitted as ``draft_base_s + per_level * levels`` from a
 one-level draft and a full-depth draft (the base is 0 when the shape allows one level only); the
 target's verify time is fitted as ``base + per_node * nodes`` from root-only and full-tree
-verifications (median of ``repeats``, their H2D time subtracted); the H2D terms come from the
+verifications (median of ``repeats``, their H2D time subtracted), and ``pre_router_frac`` is
+their median share of layer compute before the routers (``ForwardStats.layer_pre_router_s``);
+the H2D terms come from the
 link (``--bandwidth``, ``--latency-us``), for a plain memcpy link from timing copies of one
 expert, and on CUDA from event-timed fetches of one expert over the real link
 (:func:`measure_link`). The context term is left at 0 (too small to fit in a few forwards). Calibrated models
@@ -102,6 +104,7 @@ def estimate_cost_model(
 
     draft_times: dict[int, list[float]] = {}
     verify_times: dict[int, list[float]] = {}
+    pre_router: list[float] = []  # each forward's share of layer compute before the routers
     one_level = dataclasses.replace(shape, depth=min(shape.depth, 1))
     for _ in range(repeats):
         verifier.prefill(prompt_ids)  # an EAGLE-3 head drafts from the target's states of the prompt
@@ -116,6 +119,8 @@ def estimate_cost_model(
             ver = verifier.verify(draft.tree, nodes)
             stats = offload.end_forward()
             verify_times.setdefault(len(nodes), []).append(max(ver.verify_s - stats.stall_s, 0.0))
+            if stats.layer_pre_router_s is not None and stats.compute_s > 0:
+                pre_router.append(float(stats.layer_pre_router_s.sum()) / stats.compute_s)
     draft_base, draft_per_level = _line_through(
         {levels: float(np.median(t)) for levels, t in draft_times.items()}
     )
@@ -142,5 +147,6 @@ def estimate_cost_model(
         expert_bytes=int(offload.bytes_per_expert),
         num_layers=int(offload.num_layers),
         overlap_h2d=False,
+        pre_router_frac=float(np.clip(np.median(pre_router), 0.0, 1.0)) if pre_router else 0.0,
         source=f"live.record quick estimate ({info.kind}, {repeats} repeats)",
     )
