@@ -183,13 +183,15 @@ def expected_rule_union_size(p, parents, depths, max_depth, chosen, root_alpha, 
         chosen[v] = True
         v = parents[v]
     count = 0
-    base_gain = 0.0
+    m = 0
+    base_p = np.empty(n)  # P of the chosen non-root nodes in id order, summed as np.sum (_chain_gain)
     for u in range(n):
         if chosen[u]:
             count += 1
             if u != 0:
-                base_gain += p[u]
-    base_gain = 1.0 + base_gain
+                base_p[m] = p[u]
+                m += 1
+    base_gain = 1.0 + numpy_sum(base_p, 0, m)
     run = 0.0
     layers = miss.shape[0]
     for k in range(1, remaining + 1):
