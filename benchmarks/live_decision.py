@@ -20,6 +20,7 @@ Usage::
 
     python benchmarks/live_decision.py                  # 4 prompts, 5 repeats
     python benchmarks/live_decision.py --num-prompts 8 --predictor recent
+    python benchmarks/live_decision.py --overlap on --prefetch both   # the engine's overlapped copies
 
 Prints a table and a final JSON line.
 """
@@ -58,6 +59,15 @@ def _parser() -> ArgumentParser:
         help="live.record --predictor (default auto: union-size on the default)",
     )
     p.add_argument("--stopping", default=None, help="live.record --stopping (default: the policy's)")
+    p.add_argument(
+        "--overlap", choices=("on", "off"), default=None, help="live.record --overlap (default: its own, off)"
+    )
+    p.add_argument(
+        "--prefetch",
+        choices=("none", "draft", "next-layer", "both"),
+        default=None,
+        help="live.record --prefetch (default: its own, none)",
+    )
     return p
 
 
@@ -163,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--num-prompts", str(args.num_prompts), "--max-new-tokens", str(args.max_new_tokens),
             "--out", str(Path(tmp) / "run"), "--no-progress",
             *(["--stopping", args.stopping] if args.stopping else []),
+            *(["--overlap", args.overlap] if args.overlap else []),
+            *(["--prefetch", args.prefetch] if args.prefetch else []),
         ]  # fmt: skip
         record_parser = build_parser()
         config = resolve_config(
@@ -191,6 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "policy": "specfit",
         "predictor": inner.predictor_name,
         "stopping": getattr(inner.policy, "stopping", None),
+        "overlap": args.overlap or "off",
+        "prefetch": args.prefetch or "none",
         "num_prompts": args.num_prompts,
         "num_cycles": n,
         "questions_per_cycle": sum(len(c["trees"]) + 1 for c in cycles) / max(n, 1),

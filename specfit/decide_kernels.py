@@ -102,17 +102,52 @@ def level_accept_probs(parents, depths, max_depth, probs, edge, knots_x, knots_y
 
 
 @njit(cache=True, error_model="numpy")
-def union_size_best_prefix(p, total_misses, draft_s, verify_base_s, verify_s_per_node, verify_context_s,
-                           s_per_miss, overlap):  # fmt: skip
-    """The union-size optimum over top-by-P prefixes: ``(nodes int64[k], cycle_s, ok)``.
+def union_cycle_s(params, num_levels, nodes, context_len, union_table, row, miss, total, scratch):
+    """Predicted cycle time (s) of a union-size subtree of ``nodes`` nodes after ``num_levels``
+    levels: its expected misses per layer are ``union_table[row] * miss``, ``total`` their sum
+    as the caller summed it. ``params`` float64[13] (:func:`specfit.planner.cost_params`):
+    ``draft_base_s, draft_s_per_level, verify_base_s, verify_s_per_node,
+    verify_s_per_context_token, s_per_miss, overlap_h2d, per_layer (overlap mode "on"),
+    link_s_per_transfer, host_s_per_transfer, pre_router_frac, late_call_s, num_layers``.
+
+    The cost model's operations in its order: ``draft + verify + h2d`` or ``draft + max(verify,
+    h2d)`` (``cost.combine_s``, ``h2d = total * s_per_miss``), or in mode "on"
+    ``cost.cycle_s_layers``: ``draft + sum_l max(c, pre * c + m_l * link) + (host * sum_l m_l +
+    late * #{m_l > 0})``, ``c = verify / L``, both sums as ``np.sum`` sums (:func:`numpy_sum`;
+    ``scratch`` float64[2, >= L] holds the terms).
+    """
+    levels = float(num_levels)
+    draft = params[0] + params[1] * levels if levels > 0 else 0.0  # cost.draft_s
+    verify = params[2] + params[3] * nodes + params[4] * float(context_len)
+    if params[7] != 0.0:  # overlap mode "on", per layer
+        layers = miss.shape[0]
+        c = verify / params[12]
+        count = 0
+        for layer in range(layers):
+            m = union_table[row, layer] * miss[layer]
+            x = params[10] * c + m * params[8]
+            scratch[0, layer] = x if x > c or np.isnan(x) else c  # np.maximum (NaN wins)
+            scratch[1, layer] = m
+            if m != 0.0:
+                count += 1
+        host = params[9] * numpy_sum(scratch[1], 0, layers) + params[11] * float(count)
+        return draft + numpy_sum(scratch[0], 0, layers) + host
+    h2d = total * params[5]
+    if params[6] != 0.0:
+        return draft + (verify if verify >= h2d or np.isnan(verify) else h2d)
+    return draft + verify + h2d
+
+
+@njit(cache=True, error_model="numpy")
+def union_size_best_prefix(p, union_table, miss, params, context_len, num_levels, scratch):
+    """The union-size optimum over top-by-P prefixes: ``(nodes int64[k], cycle_s, misses, ok)``.
 
     With the nodes ordered root first, then by P descending (ties: lower id), the prefix of the
-    ``k`` nodes returned (sorted by id) has the highest ratio of running gain ``1 + sum P`` to cycle time
-    ``draft_s + verify_k + h2d_k`` (or ``draft_s + max(verify_k, h2d_k)`` with ``overlap``),
-    ``verify_k = verify_base_s + verify_s_per_node * k + verify_context_s``, ``h2d_k =
-    total_misses[k - 1] * s_per_miss`` (the shortest of equal ratios; NaN ratios never win; the
-    root alone when all are NaN); ``cycle_s`` is its cycle time. ``ok`` is False when some cycle
-    time is not > 0.
+    ``k`` nodes returned (sorted by id) has the highest ratio of running gain ``1 + sum P`` to
+    its cycle time (:func:`union_cycle_s`; misses of ``m`` nodes: ``sum_l union_table[m - 1, l]
+    * miss[l]`` summed as ``np.sum`` sums a row, :func:`specfit.planner._union_misses`' values),
+    the shortest of equal ratios; NaN ratios never win (the root alone when all are NaN).
+    ``cycle_s`` and ``misses`` are the prefix's; ``ok`` is False when some cycle time is not > 0.
     """
     n = p.shape[0]
     neg = np.empty(n)
@@ -126,7 +161,10 @@ def union_size_best_prefix(p, total_misses, draft_s, verify_base_s, verify_s_per
         for i in range(j, 0, -1):
             order[i] = order[i - 1]
         order[0] = 0
+    layers = miss.shape[0]
+    prod = np.empty(layers)
     cycles = np.empty(n)
+    totals = np.empty(n)
     ok = True
     best = -1
     best_ratio = 0.0
@@ -134,12 +172,10 @@ def union_size_best_prefix(p, total_misses, draft_s, verify_base_s, verify_s_per
     for i in range(n):
         if i > 0:
             gain += p[order[i]]
-        verify = verify_base_s + verify_s_per_node * float(i + 1) + verify_context_s
-        h2d = total_misses[i] * s_per_miss
-        if overlap:
-            cycles[i] = draft_s + (verify if verify >= h2d or np.isnan(verify) else h2d)
-        else:
-            cycles[i] = draft_s + verify + h2d
+        for layer in range(layers):
+            prod[layer] = union_table[i, layer] * miss[layer]
+        totals[i] = numpy_sum(prod, 0, layers)
+        cycles[i] = union_cycle_s(params, num_levels, float(i + 1), context_len, union_table, i, miss, totals[i], scratch)
         if not cycles[i] > 0.0:
             ok = False
         ratio = gain / cycles[i]
@@ -147,21 +183,21 @@ def union_size_best_prefix(p, total_misses, draft_s, verify_base_s, verify_s_per
             best, best_ratio = i, ratio
     if best < 0 or not best_ratio > -1.0:
         best = 0
-    return np.sort(order[: best + 1]), cycles[best], ok
+    return np.sort(order[: best + 1]), cycles[best], totals[best], ok
 
 
 @njit(cache=True, error_model="numpy")
 def expected_rule_union_size(p, parents, depths, max_depth, chosen, root_alpha, remaining, union_table, miss,
-                             num_levels, best_tokens_per_s, draft_base_s, draft_s_per_level, verify_base_s,
-                             verify_s_per_node, verify_context_s, s_per_miss, overlap):  # fmt: skip
+                             num_levels, best_tokens_per_s, params, context_len, scratch):  # fmt: skip
     """The expected-value stopping rule with union-size prices: True = draft another level.
 
     As :meth:`specfit.policies.SpecFitPolicy.keep_drafting_expected`: ``chosen`` bool[N] holds the
     current optimum (modified: the path to the leaf is added); the leaf is the most probable
     node of the deepest level (first of equal P), ``alpha`` its edge acceptance (``root_alpha``
     on the root alone); for ``k = 1..remaining`` more levels the chain adds
-    ``P(leaf) * sum_{j<=k} alpha**j`` expected tokens and ``k`` nodes, priced with
-    ``union_table[m - 1] . miss`` expected misses for ``m`` nodes (``union_table`` float64[>= m, L]).
+    ``P(leaf) * sum_{j<=k} alpha**j`` expected tokens and ``k`` nodes, priced (:func:`union_cycle_s`)
+    with ``union_table[m - 1] * miss`` expected misses per layer for ``m`` nodes (their total
+    summed in layer order; ``union_table`` float64[>= m, L]).
     """
     n = p.shape[0]
     if max_depth == 0:
@@ -197,19 +233,12 @@ def expected_rule_union_size(p, parents, depths, max_depth, chosen, root_alpha, 
     for k in range(1, remaining + 1):
         run += alpha ** float(k)
         gain = base_gain + p[leaf] * run
-        nodes = float(count + k)
-        misses = 0.0
         row = count + k - 1
+        misses = 0.0
         for layer in range(layers):
             misses += union_table[row, layer] * miss[layer]
-        levels = float(num_levels + k)
-        draft = draft_base_s + draft_s_per_level * levels if levels > 0 else 0.0
-        verify = verify_base_s + verify_s_per_node * nodes + verify_context_s
-        h2d = s_per_miss * misses
-        if overlap:
-            cycle = draft + (verify if verify >= h2d or np.isnan(verify) else h2d)
-        else:
-            cycle = draft + verify + h2d
+        cycle = union_cycle_s(params, num_levels + k, float(count + k), context_len, union_table, row, miss, misses,
+                              scratch)  # fmt: skip
         if gain > best_tokens_per_s * cycle:
             return True
     return False
@@ -305,21 +334,8 @@ def union_size_plan_rule(p, parents, depths, union_table, miss, params, context_
         context_len, num_levels, max_depth: counts (int).
     """
     n = p.shape[0]
-    draft_base, per_level = params[0], params[1]
-    verify_base, per_node, s_per_miss = params[2], params[3], params[5]
-    verify_context = params[4] * float(context_len)
-    overlap = params[6] != 0.0
-    draft = draft_base + per_level * float(num_levels) if num_levels > 0 else 0.0  # cost.draft_s
-    layers = miss.shape[0]
-    prod = np.empty(layers)
-    total_misses = np.empty(n)
-    for k in range(n):
-        for layer in range(layers):
-            prod[layer] = union_table[k, layer] * miss[layer]
-        total_misses[k] = numpy_sum(prod, 0, layers)
-    ids, cycle_s, ok = union_size_best_prefix(
-        p, total_misses, draft, verify_base, per_node, verify_context, s_per_miss, overlap
-    )
+    scratch = np.empty((2, miss.shape[0]))
+    ids, cycle_s, misses, ok = union_size_best_prefix(p, union_table, miss, params, context_len, num_levels, scratch)
     k = ids.shape[0]
     chosen_p = np.empty(k - 1)
     for i in range(1, k):
@@ -336,9 +352,9 @@ def union_size_plan_rule(p, parents, depths, union_table, miss, params, context_
             chosen[ids[i]] = True
         keep = expected_rule_union_size(
             p, parents, depths, depth, chosen, root_alpha, max_depth - depth, union_table, miss, num_levels,
-            expected / cycle_s, draft_base, per_level, verify_base, per_node, verify_context, s_per_miss, overlap,
+            expected / cycle_s, params, context_len, scratch,
         )  # fmt: skip
-    return ids, cycle_s, expected, total_misses[k - 1], ok, keep
+    return ids, cycle_s, expected, misses, ok, keep
 
 
 @njit(cache=True, error_model="numpy")

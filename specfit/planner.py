@@ -274,12 +274,6 @@ def _union_misses(ne: NodeExperts, cached_bits: np.ndarray, n: int) -> tuple[np.
     return misses[:n], totals[:n]
 
 
-def union_misses_by_size(ne: NodeExperts, cached_bits: np.ndarray, n: int) -> np.ndarray:
-    """Expected misses per layer of the top-k subtrees, k = 1..n: float64[n, L] (row ``k - 1`` is
-    ``ne.expected_misses(k, cached_bits)``; read-only, shared with the union-size plan)."""
-    return _union_misses(ne, cached_bits, n)[0]
-
-
 _KERNELS: list = []  # the decide kernels' module once loaded (a from-import per question costs ~1.5 us)
 
 
@@ -297,9 +291,10 @@ _COST_PARAMS: dict[int, tuple[object, np.ndarray]] = {}
 
 
 def cost_params(cost) -> np.ndarray:
-    """float64[7] the compiled union-size path takes (:func:`specfit.decide_kernels.union_size_plan_rule`):
+    """float64[13] the compiled union-size path takes (:func:`specfit.decide_kernels.union_cycle_s`):
     ``draft_base_s, draft_s_per_level, verify_base_s, verify_s_per_node, verify_s_per_context_token,
-    s_per_miss, overlap_h2d``; kept per cost model (immutable) object."""
+    s_per_miss, overlap_h2d, per_layer_overlap, link_s_per_transfer, host_s_per_transfer,
+    pre_router_frac, late_call_s, num_layers``; kept per cost model (immutable) object."""
     memo = _COST_PARAMS.get(id(cost))
     if memo is not None and memo[0] is cost:
         return memo[1]
@@ -314,6 +309,12 @@ def cost_params(cost) -> np.ndarray:
             cost.verify_s_per_context_token,
             cost.s_per_miss,
             1.0 if cost.overlap_h2d else 0.0,
+            1.0 if cost.per_layer_overlap else 0.0,
+            cost.link_s_per_transfer,
+            cost.host_s_per_transfer,
+            cost.pre_router_frac,
+            cost.late_call_s,
+            float(cost.num_layers),
         ]
     )
     params.setflags(write=False)
@@ -362,21 +363,13 @@ def plan_union_size(ctx: PolicyContext, root_alpha: float = 1.0, max_depth: int 
     ``cost.cycle_s``; the first size of highest ratio wins, as in a scan. The plan is remembered
     for ``ctx`` as :func:`plan_exact` remembers it (a plan already remembered is returned).
 
-    With overlap mode "on" (``cost.per_layer_overlap``) each size is priced per layer
-    (:func:`_plan_union_size_batch`, numpy) and only the plan is computed here (``max_depth`` 0;
-    :meth:`specfit.policies.SpecFitPolicy.keep_drafting_expected` prices that rule's chains per layer).
+    With overlap mode "on" (``cost.per_layer_overlap``) each size and chain is priced per layer
+    (``cost.cycle_s_layers``' operations, :func:`specfit.decide_kernels.union_cycle_s`).
 
     Raises:
-        ValueError: the cost model makes a cycle take 0 s, or ``max_depth`` > 0 with overlap mode "on".
+        ValueError: the cost model makes a cycle take 0 s.
     """
     started = time.perf_counter()
-    if ctx.cost.per_layer_overlap:  # the per-layer "on" form needs each size's misses per layer
-        if max_depth > 0:
-            raise ValueError("plan_union_size: the stopping rule with overlap mode 'on' is priced per layer")
-        plan = _PLANS.get(ctx)
-        if plan is None:
-            plan = _PLANS[ctx] = _plan_union_size_batch([ctx], started)[0]
-        return plan, False
     p = ctx.accept_probs
     ne = ctx.node_experts
     answer = decide_kernels().union_size_plan_rule(

@@ -27,7 +27,7 @@ import numpy as np
 
 from specfit.context import Plan, PolicyContext, layer_misses, make_plan
 from specfit.cost import CycleCostModel
-from specfit.planner import decide_kernels, plan_exact, plan_union_size, union_misses_by_size
+from specfit.planner import decide_kernels, plan_exact, plan_union_size
 
 TREE_POLICIES: tuple[str, ...] = ("ar", "chain", "topn", "specfit", "cascade")
 #: One line per tree policy for ``--help``.
@@ -476,13 +476,10 @@ class SpecFitPolicy(TreePolicy):
         levels, ``max_nodes`` nodes); :meth:`UnionSizeQuestions.begin` starts each cycle.
 
         Raises:
-            ValueError: not the expected rule, a cost model with overlap mode "on" (priced per layer:
-                ask :meth:`keep_drafting` on contexts), or ``max_depth`` < 0.
+            ValueError: not the expected rule, or ``max_depth`` < 0.
         """
         if self.stopping != "expected":
             raise ValueError(f"union_size_questions: only the expected rule, not {self.stopping!r}")
-        if cost.per_layer_overlap:
-            raise ValueError("union_size_questions: overlap mode 'on' is priced per layer (use keep_drafting)")
         if int(max_depth) < 0:
             raise ValueError(f"keep_drafting: max_depth must be >= 0, got {max_depth}")
         return UnionSizeQuestions(self, cost, calibration, max_depth, max_nodes)
@@ -524,8 +521,7 @@ class SpecFitPolicy(TreePolicy):
         depth = int(tree.max_depth)
         if depth >= int(max_depth):
             return False
-        union_size = ctx.node_experts.is_union_size
-        if union_size and not ctx.cost.per_layer_overlap:  # plan and rule in one compiled call (by subtree size)
+        if ctx.node_experts.is_union_size:  # plan and rule in one compiled call (prices by subtree size)
             keep = plan_union_size(ctx, self.root_alpha, int(max_depth))[1]
             if depth == 0 and not keep:
                 self.root_alpha += self.reprobe_rate * (1.0 - self.root_alpha)
@@ -533,12 +529,8 @@ class SpecFitPolicy(TreePolicy):
         best = self.plan(ctx)
         base, gain, k = _chain_gain(ctx, best, self.root_alpha, int(max_depth) - depth)
         nodes = base.shape[0] + k
-        if union_size:  # overlap mode "on": each chain's expected misses per layer, as the plan's
-            rows = union_misses_by_size(ctx.node_experts, ctx.cached_bits, int(nodes[-1]))[nodes.astype(np.int64) - 1]
-            cycle = ctx.cost.cycle_s_layers(ctx.num_levels + k, nodes, ctx.context_len, rows)
-        else:
-            misses = np.full(k.shape, float(layer_misses(ctx, base).sum()))
-            cycle = ctx.cost.plan_cycle_s_total(ctx.num_levels + k, nodes, ctx.context_len, misses)
+        misses = np.full(k.shape, float(layer_misses(ctx, base).sum()))
+        cycle = ctx.cost.plan_cycle_s_total(ctx.num_levels + k, nodes, ctx.context_len, misses)
         keep = bool(np.any(gain > best.predicted_tokens_per_s * cycle))
         if tree.max_depth == 0 and not keep:
             self.root_alpha += self.reprobe_rate * (1.0 - self.root_alpha)

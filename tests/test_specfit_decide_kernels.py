@@ -26,7 +26,7 @@ from specfit.context import PolicyContext, layer_misses, make_plan
 from specfit.cost import CycleCostModel
 from specfit.decide_kernels import numpy_sum
 from specfit.node_experts import NodeExperts
-from specfit.planner import plan_exact
+from specfit.planner import _plan_union_size_batch, plan_exact
 from specfit.policies import SpecFitPolicy, _chain_gain
 from specfit.tree import DraftTree
 
@@ -89,23 +89,30 @@ def _reference_expected_rule(policy: SpecFitPolicy, ctx: PolicyContext, max_dept
     """The numpy form of the expected rule with union-size prices: (answer, root estimate after).
 
     The chain (leaf, edge acceptance, expected gain) is the per-node rule's own numpy code
-    (``_chain_gain``); the union-size prices are the matrix product the rule used before."""
+    (``_chain_gain``); the plan is the numpy scan (``_plan_union_size_batch``), the union-size prices
+    the matrix product the rule used before (per layer, ``cost.cycle_s_layers``, in mode "on")."""
     alpha_before = policy.root_alpha
-    best = plan_exact(ctx)
+    best = _plan_union_size_batch([ctx], 0.0)[0]  # the numpy plan
     base, gain, k = _chain_gain(ctx, best, alpha_before, max_depth - int(ctx.tree.max_depth))
     nodes = base.shape[0] + k
     ne = ctx.node_experts
     miss = ne.layer_miss_fraction(ctx.cached_bits)
-    misses = ne.expected_union_table(int(nodes[-1]))[nodes.astype(np.int64) - 1] @ miss
-    cycle = ctx.cost.cycle_s_total(ctx.num_levels + k, nodes, ctx.context_len, misses)
+    if ctx.cost.per_layer_overlap:  # overlap mode "on": each chain's expected misses per layer
+        rows = (ne.expected_union_table(int(nodes[-1])) * miss)[nodes.astype(np.int64) - 1]
+        cycle = ctx.cost.cycle_s_layers(ctx.num_levels + k, nodes, ctx.context_len, rows)
+    else:
+        misses = ne.expected_union_table(int(nodes[-1]))[nodes.astype(np.int64) - 1] @ miss
+        cycle = ctx.cost.cycle_s_total(ctx.num_levels + k, nodes, ctx.context_len, misses)
     keep = bool(np.any(gain > best.predicted_tokens_per_s * cycle))
     if ctx.tree.max_depth == 0 and not keep:
         alpha_before += policy.reprobe_rate * (1.0 - alpha_before)
     return keep, alpha_before
 
 
-def _random_union_problem(rng: np.random.Generator, max_layers: int, fixed_fraction: bool, overlap: bool):
-    """A union-size prediction, cost model and cache bitsets of random shape: ``(ne, cost, cached)``."""
+def _random_union_problem(rng: np.random.Generator, max_layers: int, fixed_fraction: bool, overlap: str):
+    """A union-size prediction, cost model (``overlap`` "off", "ideal" or "on", the live engine's
+    per-layer form with random compute-stream terms) and cache bitsets of random shape:
+    ``(ne, cost, cached)``."""
     num_layers, num_experts = int(rng.integers(1, max_layers)), 64
     top = int(rng.integers(1, 40))
     union = np.cumsum(rng.random((num_layers, top + 1)) * 3, axis=1)
@@ -113,17 +120,20 @@ def _random_union_problem(rng: np.random.Generator, max_layers: int, fixed_fract
     ne = NodeExperts(
         num_experts, union_size=union, miss_fraction=rng.random(num_layers) if fixed_fraction else None
     )
+    per_transfer_s = 1e-5 * rng.random()
     cost = CycleCostModel(
         2e-3 * rng.random(), 2e-2 * rng.random(), 2e-3 * rng.random(), 1e-7 * rng.random(),
-        1e9 + 5e10 * rng.random(), 1e-5 * rng.random(), 98_304 * int(rng.integers(1, 100)), num_layers,
-        draft_base_s=1e-3 * rng.random(), overlap_h2d=overlap,
+        1e9 + 5e10 * rng.random(), per_transfer_s, 98_304 * int(rng.integers(1, 100)), num_layers,
+        draft_base_s=1e-3 * rng.random(), overlap_h2d=overlap != "off", overlap_mode="on" if overlap == "on" else "ideal",
+        host_s_per_transfer=float(rng.choice([0.0, per_transfer_s * rng.random()])), pre_router_frac=float(rng.random()),
+        late_call_s=float(rng.choice([0.0, 1e-4 * rng.random()])),
     )  # fmt: skip
     cached = bitsets.pack(rng.integers(-1, num_experts, size=(num_layers, 20)), num_experts)
     return ne, cost, cached
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.integers(1, 40), st.booleans(), st.booleans())
+@given(st.integers(0, 2**32 - 1), st.integers(1, 40), st.sampled_from(["off", "ideal", "on"]), st.booleans())
 def test_compiled_expected_rule_equals_the_numpy_form(seed, n, overlap, fixed_fraction) -> None:
     rng = np.random.default_rng(seed)
     tree = _random_tree(rng, n)
@@ -141,6 +151,10 @@ def test_compiled_expected_rule_equals_the_numpy_form(seed, n, overlap, fixed_fr
     policy.root_alpha = alpha
     assert policy.keep_drafting_expected(ctx, max_depth) is want
     assert policy.root_alpha == want_alpha
+    plan, numpy_plan = plan_exact(ctx), _plan_union_size_batch([ctx], 0.0)[0]  # bit for bit
+    assert plan.nodes.tolist() == numpy_plan.nodes.tolist()
+    for name in ("expected_committed", "predicted_cycle_s", "predicted_tokens_per_s", "predicted_misses"):
+        assert getattr(plan, name) == getattr(numpy_plan, name)
     # the per-node form still prices the chain with the base subtree's misses (unchanged path)
     bits = bitsets.pack(rng.integers(-1, num_experts, size=(n, num_layers, 3)), num_experts)
     per_node = PolicyContext(tree, ctx.accept_probs, NodeExperts(num_experts, bits=bits), cached, cost, 0, 1)
@@ -183,7 +197,7 @@ def test_numpy_sum_is_numpys_pairwise_sum(seed, n) -> None:
     st.integers(0, 2**32 - 1),
     st.integers(1, 40),
     st.sampled_from(["none", "edge", "edge+runner", "path"]),
-    st.booleans(),
+    st.sampled_from(["off", "ideal", "on"]),
     st.booleans(),
 )
 def test_live_union_size_questions_equal_keep_drafting_and_select(seed, n, kind, overlap, guard) -> None:

@@ -106,7 +106,7 @@ class PlannedChooser:
         self.drafter, self.shape, self.cost = drafter, shape, cost
         self.num_experts, self.calibration, self.window = int(num_experts), calibration, int(window)
         self._questions = None  # SpecFit's expected rule on union sizes: one compiled call per question
-        if self.union_size is not None and getattr(self.policy, "stopping", None) == "expected" and not cost.per_layer_overlap:
+        if self.union_size is not None and getattr(self.policy, "stopping", None) == "expected":
             self._questions = self.policy.union_size_questions(cost, calibration, shape.depth, shape.max_nodes)
 
     def state_dict(self) -> dict[str, Any]:
