@@ -388,6 +388,11 @@ class _Replayer:
         self._observe = getattr(self.policy, "observe_cycle", None)
         self._uses_recent = bool(self.predictor.uses_recent)
         self._use_oracle_bits = config.predictor == "oracle" or self.oracle_experts
+        self._never_drafts = config.policy == "ar"
+        self._asks_to_draft = hasattr(self.policy, "keep_drafting")
+        self._plans_levels_at_once = (  # SpecFit's bound rule plans every drafted level (_choose)
+            base_policy(config.policy) == "specfit" and getattr(self.policy, "stopping", "bound") == "bound"
+        )
 
     # ---- setup ------------------------------------------------------------------------------
     def _make_cache(self) -> Any:
@@ -670,18 +675,13 @@ class _Replayer:
             return contexts[levels]
 
         depth = data.depth
-        if (
-            base_policy(self.config.policy) == "specfit"
-            and node_experts.is_union_size
-            and depth > 1
-            and getattr(self.policy, "stopping", "bound") == "bound"
-        ):
+        if self._plans_levels_at_once and node_experts.is_union_size and depth > 1:
             # the stopping rule plans every drafted level: score them all in one pass
             # (plan_exact_many remembers the plans, plan_exact then returns them as they are)
             mods["planner"].plan_exact_many([context(k)[0] for k in range(1, depth + 1)])
-        if self.config.policy == "ar":
+        if self._never_drafts:
             levels = 0
-        elif hasattr(self.policy, "keep_drafting"):
+        elif self._asks_to_draft:
             # as live.spec: the rule is asked before the first level (on the root alone) and after
             # each drafted level
             levels = 0

@@ -76,16 +76,21 @@ def access_layers(
     total_miss = 0
     total_evicted = 0
     for layer in range(num_layers):
+        # one branch-free pass: hits and misses, and the hits' new stamps (a hit is needed, so
+        # never an eviction candidate: its stamp is no victim key)
         num_hit = 0
         num_miss = 0
-        for e in range(num_experts):  # branch-free: need is sparse, the cache is not
+        for e in range(num_experts):
             wanted = need[layer, e]
-            held = stamp[layer, e] >= 0
-            hit[layer, e] = wanted & held
+            old = stamp[layer, e]
+            held = old >= 0
+            is_hit = wanted & held
+            hit[layer, e] = is_hit
             miss[layer, e] = wanted & ~held
             evicted[layer, e] = False
-            num_hit += wanted & held
+            num_hit += is_hit
             num_miss += wanted & ~held
+            stamp[layer, e] = base + e if is_hit else old
         cached = count[layer]
         kept_count = 0
         num_evicted = 0
@@ -101,7 +106,7 @@ def access_layers(
             # the num_evicted first candidates in the policy's victim order, by selection
             # (lru: smallest stamp, distinct; lfu: smallest (freq, tick, id))
             if policy == 0:
-                for i in range(n):
+                for i in range(n):  # a hit is needed, so no candidate's stamp was refreshed
                     keys[i] = stamp[layer, cand[i]]
                 for i in range(num_evicted):
                     best = i
@@ -130,13 +135,19 @@ def access_layers(
                 e = cand[i]
                 evicted[layer, e] = True
                 stamp[layer, e] = -1
+        # the first kept_count misses in ascending id are inserted; then the cached set as bitsets
         kept = 0
-        for e in range(num_experts):
-            if hit[layer, e]:
-                stamp[layer, e] = base + e
-            elif miss[layer, e] and kept < kept_count:
+        e = 0
+        while kept < kept_count:
+            if miss[layer, e]:
                 stamp[layer, e] = base + num_experts + e
                 kept += 1
+            e += 1
+        for w in range(bits.shape[1]):
+            word = np.uint64(0)
+            for b in range(min(64, num_experts - w * 64)):
+                word |= np.uint64(stamp[layer, w * 64 + b] >= 0) << np.uint64(b)
+            bits[layer, w] = word
         count[layer] = cached + kept_count - num_evicted
         counts[0, layer] = num_hit
         counts[1, layer] = num_miss
@@ -149,13 +160,8 @@ def access_layers(
         total_evicted += num_evicted
         if num_hit + num_miss > 0:
             frac = num_miss / (num_hit + num_miss)
-            old = ema[layer]
-            ema[layer] = frac if np.isnan(old) else old + weight * (frac - old)
-        for w in range(bits.shape[1]):
-            word = np.uint64(0)
-            for b in range(min(64, num_experts - w * 64)):
-                word |= np.uint64(stamp[layer, w * 64 + b] >= 0) << np.uint64(b)
-            bits[layer, w] = word
+            old_ema = ema[layer]
+            ema[layer] = frac if np.isnan(old_ema) else old_ema + weight * (frac - old_ema)
     return clock, total_hit, total_miss, total_evicted
 
 
