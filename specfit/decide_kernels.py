@@ -41,6 +41,39 @@ def _clip01(x):
     return x
 
 
+@njit(cache=True, inline="always")
+def _interp(x, xp, fp):
+    """``np.interp(x, xp, fp)`` for one float and strictly increasing ``xp`` (the calibration's
+    knots), numpy's operations (``arr_interp``: the end values outside, ``fp[j]`` on a knot, else
+    ``slope * (x - xp[j]) + fp[j]`` with the NaN fallbacks); NaN ``x`` gives NaN (one knot: ``fp[0]``)."""
+    m = xp.shape[0]
+    if m == 1:
+        return fp[0]
+    if np.isnan(x):
+        return x
+    if x < xp[0]:
+        return fp[0]
+    if x >= xp[m - 1]:
+        return fp[m - 1]
+    lo = 0
+    hi = m - 1  # xp[lo] <= x < xp[hi]
+    while hi - lo > 1:
+        mid = (lo + hi) >> 1
+        if xp[mid] <= x:
+            lo = mid
+        else:
+            hi = mid
+    if xp[lo] == x:
+        return fp[lo]
+    slope = (fp[lo + 1] - fp[lo]) / (xp[lo + 1] - xp[lo])
+    r = slope * (x - xp[lo]) + fp[lo]
+    if np.isnan(r):
+        r = slope * (x - xp[lo + 1]) + fp[lo + 1]
+        if np.isnan(r) and fp[lo] == fp[lo + 1]:
+            r = fp[lo]
+    return r
+
+
 @njit(cache=True, error_model="numpy")
 def level_accept_probs(parents, depths, max_depth, probs, edge, knots_x, knots_y, runner_x, runner_y,
                        draft_logprobs):  # fmt: skip
@@ -56,16 +89,11 @@ def level_accept_probs(parents, depths, max_depth, probs, edge, knots_x, knots_y
             :func:`specfit.acceptance.top_child_mask`), or empty arrays (no runner-up map).
         draft_logprobs: float64[N] (finite; read only with a runner-up map).
 
-    numba's ``np.interp`` is the numpy algorithm (same slopes, same operations): the values are
-    numpy's bit for bit (``tests/test_specfit_decide_kernels.py``).
+    The map is applied by :func:`_interp` (numpy's ``interp`` operations on one value), so the
+    values are numpy's bit for bit (``tests/test_specfit_decide_kernels.py``).
     """
     n = parents.shape[0]
-    q = np.empty(n)
-    for v in range(n):  # np.clip(probs, 0, 1), NaN kept
-        q[v] = _clip01(probs[v])
-    values = np.interp(q, knots_x, knots_y)
     use_runner = runner_x.shape[0] > 0
-    runner_up = np.interp(q, runner_x, runner_y) if use_runner else q
     p = np.ones(n)
     val = np.empty(n)
     top = np.full(n, -1, np.int64)  # each parent's most probable child
@@ -75,9 +103,11 @@ def level_accept_probs(parents, depths, max_depth, probs, edge, knots_x, knots_y
             if par >= 0 and (top[par] < 0 or draft_logprobs[v] > draft_logprobs[top[par]]):
                 top[par] = v
     for v in range(n):
-        x = values[v]
+        q = _clip01(probs[v])  # np.clip(probs, 0, 1), NaN kept
         if use_runner and (parents[v] < 0 or top[parents[v]] != v):
-            x = runner_up[v]
+            x = _interp(q, runner_x, runner_y)
+        else:
+            x = _interp(q, knots_x, knots_y)
         val[v] = _clip01(x)
     sums = np.zeros(n)
     for d in range(1, max_depth + 1):
@@ -150,10 +180,14 @@ def union_size_best_prefix(p, union_table, miss, params, context_len, num_levels
     ``cycle_s`` and ``misses`` are the prefix's; ``ok`` is False when some cycle time is not > 0.
     """
     n = p.shape[0]
-    neg = np.empty(n)
-    for v in range(n):
-        neg[v] = -p[v]
-    order = np.argsort(neg, kind="mergesort")  # stable: P descending, ties by id
+    order = np.empty(n, np.int64)
+    for i in range(n):  # insertion sort, stable: P descending, ties by id (NaN last, as numpy sorts)
+        key = p[i]
+        j = i
+        while j > 0 and (key > p[order[j - 1]] or (key == key and p[order[j - 1]] != p[order[j - 1]])):
+            order[j] = order[j - 1]
+            j -= 1
+        order[j] = i
     if order[0] != 0:  # the root leads (it already does when P(root) = 1 = max P)
         j = 0
         while order[j] != 0:
@@ -183,7 +217,15 @@ def union_size_best_prefix(p, union_table, miss, params, context_len, num_levels
             best, best_ratio = i, ratio
     if best < 0 or not best_ratio > -1.0:
         best = 0
-    return np.sort(order[: best + 1]), cycles[best], totals[best], ok
+    ids = order[: best + 1].copy()
+    for i in range(1, ids.shape[0]):  # sorted by id (insertion sort: a few nodes)
+        key = ids[i]
+        j = i
+        while j > 0 and ids[j - 1] > key:
+            ids[j] = ids[j - 1]
+            j -= 1
+        ids[j] = key
+    return ids, cycles[best], totals[best], ok
 
 
 @njit(cache=True, error_model="numpy")
