@@ -372,6 +372,19 @@ class CycleCostModel:
         return float(out) if np.ndim(out) == 0 else out
 
     @property
+    def least_verify_share(self) -> float:
+        """The least share of ``verify_s_per_node`` that one more verified node adds to ANY cycle
+        price of this model (a fraction): 1 without overlap (``draft + V + H``); in mode "on"
+        ``pre_router_frac`` (a copy-bound layer ``max(c, p c + T_link m)`` hides the rest of its
+        compute); 0 in mode "ideal" (``max(V, H)`` hides all of it when H dominates); with
+        ``draft_prefetch`` at most :attr:`prefetch_tail_frac` (the prefetch pipeline hides the
+        compute that precedes the last landing). More nodes never lower the misses' part, so
+        ``least_verify_share * verify_s_per_node`` per node is a lower bound on the time they add:
+        SpecFit's ``stopping="bound"`` rule (``specfit.policies``) needs exactly that."""
+        share = 1.0 if not self.overlap_h2d else (self.pre_router_frac if self.overlap_mode == "on" else 0.0)
+        return min(share, self.prefetch_tail_frac) if self.draft_prefetch else share
+
+    @property
     def prefetch_tail_frac(self) -> float:
         """``q`` of :meth:`prefetched_total_s`: the share of the verify time that follows the last
         prefetched copy's landing at the least (0 with overlap)."""

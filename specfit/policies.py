@@ -544,16 +544,18 @@ class SpecFitPolicy(TreePolicy):
         nodes when the drafter expands the ``topk`` best frontier nodes, EAGLE-2's beam; ``None``
         = all). Every later level adds at most ``Q`` to E[committed] (a child's acceptance
         excludes its siblings', so a parent's children sum to at most its P, and P never
-        increases downwards) and costs at least ``draft_s_per_level + verify_s_per_node`` (one
-        more draft step and at least one more verified node; H2D >= 0). For any subtree S,
+        increases downwards) and costs at least ``draft_s_per_level + v`` (one more draft step
+        and at least one more verified node, ``v = cost.least_verify_share * verify_s_per_node``:
+        all of its verify time without overlap, only what no copy can hide with it; H2D >= 0).
+        For any subtree S,
         ``(G + kQ) / (T + k*delta) <= R*`` whenever ``G / T <= R*`` and ``Q <= R* * delta``, so
-        drafting stops when ``Q <= R* * (draft_s_per_level + verify_s_per_node)`` or the tree
+        drafting stops when ``Q <= R* * (draft_s_per_level + v)`` or the tree
         reached ``max_depth``; otherwise it continues.
 
         Refinements that keep the bound valid and make it tighter: each node of a later level
         has P at most ``P_max``, the largest P of the deepest level, so ``k`` more levels with
         ``m`` new nodes gain at most ``min(k * Q, m * P_max)``; they cost at least
-        ``k * draft_s_per_level + m * verify_s_per_node + H(m)``, where ``H(m)`` is the smallest
+        ``k * draft_s_per_level + m * v + H(m)``, where ``H(m)`` is the smallest
         predicted transfer time that ``m`` more nodes add to any subtree of the current tree. With
         a union-size prediction and no H2D overlap the predicted misses of a subtree depend only
         on its size ``n`` (``F(n) = sum_l u_l(n) * miss_l``), so
@@ -582,7 +584,8 @@ class SpecFitPolicy(TreePolicy):
         nodes = np.arange(1, max_new + 1, dtype=np.float64)
         gain = np.minimum(levels[:, None] * mass, nodes[None, :] * p_max)
         base_s = ctx.cost.draft_base_s if ctx.num_levels == 0 else 0.0  # paid once per drafting cycle
-        cost_s = base_s + levels[:, None] * ctx.cost.draft_s_per_level + (nodes * ctx.cost.verify_s_per_node)[None, :]
+        per_node_s = ctx.cost.least_verify_share * ctx.cost.verify_s_per_node  # what overlap cannot hide
+        cost_s = base_s + levels[:, None] * ctx.cost.draft_s_per_level + (nodes * per_node_s)[None, :]
         if not np.any(gain > best * cost_s):  # already stops without the transfer term (H >= 0)
             return False
         cost_s = cost_s + _min_added_h2d_s(ctx, max_new)[None, :]

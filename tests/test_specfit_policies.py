@@ -13,7 +13,7 @@ from specfit import bitsets
 from specfit.context import PolicyContext
 from specfit.cost import CycleCostModel
 from specfit.node_experts import NodeExperts
-from specfit.planner import plan_exact
+from specfit.planner import plan_brute_force, plan_exact
 from specfit.policies import TREE_POLICIES, make_tree_policy, top_n_nodes
 from specfit.synthetic import random_small_context
 from specfit.tree import DraftTree
@@ -406,3 +406,72 @@ def test_bound_rule_stays_a_bound_with_any_calibration_map(seed, n, cut_depth, y
     if not make_tree_policy("specfit", stopping="bound").keep_drafting(shallow, max_depth=100):
         deeper = plan_exact(dataclasses.replace(full, num_levels=tree.max_depth)).predicted_tokens_per_s
         assert deeper <= plan_exact(shallow).predicted_tokens_per_s * (1 + 1e-9)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(2, 11),
+    st.integers(0, 3),
+    st.sampled_from(["ideal", "on", "on+prefetch", "off+prefetch"]),
+    st.floats(0.0, 1.0),
+)
+def test_stopping_bound_holds_with_overlap_and_prefetch(seed, n, cut_depth, form, pre) -> None:
+    """With overlap or draft prefetch a copy-bound cycle hides part of an added node's verify
+    time, so the bound charges only ``cost.least_verify_share`` of it: a stop is never before a
+    deeper tree whose per-layer optimum (brute force, the exact price) beats the shallow one's."""
+    rng = np.random.default_rng(seed)
+    full = random_small_context(rng, n, sibling_mass=True)
+    overlap = form != "off+prefetch"
+    per_transfer = float(rng.uniform(0, 2e-2))
+    cost = dataclasses.replace(
+        full.cost,
+        overlap_h2d=overlap,
+        overlap_mode="ideal" if form == "ideal" else "on",
+        pre_router_frac=pre,
+        late_call_s=float(rng.uniform(0, 1e-4)),
+        draft_prefetch=form.endswith("prefetch"),
+        h2d_s_per_transfer=per_transfer,  # copies that can outlast verification
+        host_s_per_transfer=float(rng.uniform(0, 1)) * per_transfer,
+    )
+    full = dataclasses.replace(full, cost=cost)
+    tree = full.tree
+    if tree.max_depth <= cut_depth:
+        return
+    keep = np.flatnonzero(tree.depths <= cut_depth)
+    shallow = dataclasses.replace(
+        full,
+        tree=tree.subtree(keep),
+        accept_probs=full.accept_probs[keep],
+        node_experts=NodeExperts(full.node_experts.num_experts, bits=full.node_experts.bits[keep]),
+        num_levels=cut_depth,
+    )
+    if not make_tree_policy("specfit", stopping="bound").keep_drafting(shallow, max_depth=100):
+        deeper = plan_brute_force(full).predicted_tokens_per_s
+        assert deeper <= plan_brute_force(shallow).predicted_tokens_per_s * (1 + 1e-9)
+
+
+def test_least_verify_share_per_cost_form() -> None:
+    cost = CycleCostModel(0.0, 1.0, 0.1, 0.0, 1.0, 0.0, 0, 4, pre_router_frac=0.4)
+    assert cost.least_verify_share == 1.0
+    assert dataclasses.replace(cost, overlap_h2d=True, overlap_mode="on").least_verify_share == 0.4
+    assert dataclasses.replace(cost, overlap_h2d=True, overlap_mode="ideal").least_verify_share == 0.0
+    assert dataclasses.replace(cost, draft_prefetch=True).least_verify_share == pytest.approx(0.6 / 4)
+
+
+@pytest.mark.parametrize("mode, pre", [("ideal", 0.0), ("on", 0.2)])
+def test_stopping_bound_continues_when_copies_hide_the_next_node(mode, pre) -> None:
+    """One 10 s copy outlasts verification; a third node's 3 s of verify time hides under it
+    (all of it in "ideal", 80 % in "on"), so the deeper tree pays. Charging the node its whole
+    verify time (the rule before overlap-aware pricing) would stop here."""
+    tree = DraftTree.from_parents(np.arange(3), [-1, 0, 1], np.log([1.0, 0.3, 0.9]))
+    experts = NodeExperts(8, bits=bitsets.pack(np.zeros((3, 1, 1), dtype=np.int64), 8))
+    cost = CycleCostModel(0.0, 0.01, 3.0, 0.0, 1.0, 10.0, 0, 1, overlap_h2d=True, overlap_mode=mode, pre_router_frac=pre)
+    full = PolicyContext(tree, np.array([1.0, 0.3, 0.27]), experts, bitsets.empty((1,), 8), cost, 0, num_levels=2)
+    keep = np.array([0, 1])
+    shallow = dataclasses.replace(
+        full, tree=tree.subtree(keep), accept_probs=full.accept_probs[keep],
+        node_experts=NodeExperts(8, bits=experts.bits[keep]), num_levels=1,
+    )
+    assert plan_brute_force(full).predicted_tokens_per_s > plan_brute_force(shallow).predicted_tokens_per_s
+    assert make_tree_policy("specfit", stopping="bound").keep_drafting(shallow, max_depth=2) is True
