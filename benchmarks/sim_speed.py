@@ -7,7 +7,9 @@
    (the best of ``--repeats`` replays; aim: >= 5,000 cycles/s/core); wall-clock rates beside;
 2. the wall time of a 27-cell sweep (3 bandwidths x 3 cache sizes x 3 policies) over a
    2,000-position trace on 2 worker processes (aim: < 15 s), with the CPU seconds it took (the
-   trace is decoded once, in this process, before the workers fork: ``sim.cells.prepare_traces``);
+   trace is decoded once, in this process, before the workers fork: ``sim.cells.prepare_traces``;
+   workers that are not forked, a spawn pool or Ray, map it from one Arrow IPC file instead,
+   ``sim.decoded``);
 3. parallel efficiency, ``T(1 worker) / (2 * T(2 workers))`` (aim: >= 80%).
 
 The trace is generated once under ``runs/bench/`` and reused. CPU seconds (this process and its
