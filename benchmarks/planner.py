@@ -38,6 +38,7 @@ from specfit.cli import (
     ArgumentParser,
     comma_list,
     gb_per_s,
+    non_negative_float,
     positive_int,
     print_summary,
     run_main,
@@ -98,7 +99,7 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument(
         "--deadline-ms",
-        type=float,
+        type=non_negative_float,
         default=5.0,
         help="planner deadline of the second pass and the hard inputs (ms; its max decision time is the aim)",
     )

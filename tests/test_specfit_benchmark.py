@@ -59,3 +59,14 @@ def test_planner_benchmark_bad_flag_exits_2(capsys) -> None:
         _load().main(["--trees", "-1"])
     assert exc.value.code == 2
     assert "--trees" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_planner_benchmark_bad_deadline_exits_2(value, capsys) -> None:
+    """A negative or non-finite --deadline-ms is bad input (exit 2, one line naming the flag), not a
+    traceback from plan_exact after the first pass."""
+    with pytest.raises(SystemExit) as exc:
+        _load().main(["--deadline-ms", value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--deadline-ms" in err and "Traceback" not in err
