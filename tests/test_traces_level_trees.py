@@ -71,6 +71,15 @@ def test_reader_names_a_bad_last_level_in_a_part(tmp_path):
         open_run(tmp_path / "run")
 
 
+def test_reader_refuses_a_tree_with_last_level_on_some_nodes_only(tmp_path):
+    """A tree carries last_level on every node or on none (a resumed v1 run may mix whole trees):
+    one null inside a recorded tree is a corrupt part, not a silent fall back to the approximation."""
+    _write(tmp_path / "run", LAST_LEVEL)
+    edit_part(first_part(tmp_path / "run", "nodes"), lambda t: set_value(t, "last_level", 4, None))
+    with pytest.raises(TraceError, match="row 4: .*last_level null .*other nodes of its tree"):
+        open_run(tmp_path / "run")
+
+
 def test_format_v1_runs_read_without_level_trees(tmp_path):
     """A run written before format v2 (no last_level column, version 1 in the manifest and the
     parts) still reads: its trees are the final trees, cut at each depth, and sim names that."""

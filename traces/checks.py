@@ -172,7 +172,14 @@ def _level_trees(run: TraceRun) -> Check:
         column = run.arrow("nodes").column("last_level")
         if column.null_count == len(column):
             return None
-        rows = np.flatnonzero(~column.is_null().to_numpy(zero_copy_only=False))
+        recorded = ~column.is_null().to_numpy(zero_copy_only=False)
+        if column.null_count:
+            mixed = V.check_level_tree_nulls(
+                _col(run, "nodes", "request_id"), _col(run, "nodes", "position"), recorded
+            )
+            if mixed is not None:
+                return mixed
+        rows = np.flatnonzero(recorded)
         cols = {n: _col(run, "nodes", n)[rows] for n in ("request_id", "position", "parent", "depth")}
         found = V.check_level_trees(
             **cols,

@@ -227,6 +227,27 @@ def check_trees(
     return None
 
 
+def check_level_tree_nulls(request_id: np.ndarray, position: np.ndarray, recorded: np.ndarray) -> Violation | None:
+    """First node whose ``last_level`` is null while another node of its tree has one (all arrays
+    ``[R]``, ``recorded`` bool: the value is not null). A tree records its level trees on every node
+    or on none (format-v1 trees, synthetic ones; a resumed v1 run may mix whole trees), so a
+    partly null tree is a corrupt part, which the reader would otherwise read as a v1 trace."""
+    if len(recorded) == 0:
+        return None
+    recorded = np.asarray(recorded, dtype=bool)
+    starts, sizes, _ = tree_rows(request_id, position)
+    counts = np.add.reduceat(recorded.astype(np.int64), starts)
+    mixed = np.repeat((counts > 0) & (counts < sizes), sizes)
+    row = first_true(mixed & ~recorded)
+    if row is None:
+        return None
+    return Violation(
+        row,
+        f"tree (request {int(request_id[row])}, position {int(position[row])}): last_level null on this "
+        "node but recorded on other nodes of its tree (a tree records last_level on every node or on none)",
+    )
+
+
 def check_level_trees(
     request_id: np.ndarray,
     position: np.ndarray,
