@@ -333,6 +333,21 @@ class FastEngine(_EngineBase):
         self._purge(start)
         draft_end = start + int(plan.draft_ns)
         verify_start = draft_end + int(plan.decision_ns)
+        mode = plan.overlap_mode
+        if (  # most simulated cycles: timed before any per-layer state is built
+            self.vectorised
+            and not self.record_copies
+            and not plan.prefetch
+            and not any(plan.next_layer)
+            and self._link_free_ns <= verify_start
+            and (mode == "off" or (mode == "on" and not int(plan.late_call_ns)))
+            and not any(self._pending)
+        ):
+            counts = plan.demand_counts
+            if counts is None:
+                counts = [len(experts) for experts in plan.demand]
+            host_ns = int(plan.host_ns_per_transfer)
+            return self._idle_link_cycle(plan, counts, start, draft_end, verify_start, host_ns)
         layer_h2d = [0] * self.num_layers
         link_free = self._link_free_ns
         num_transfers = 0
@@ -374,21 +389,10 @@ class FastEngine(_EngineBase):
 
         demand_arrival = [0] * self.num_layers
         demand_first = [0] * self.num_layers  # start of the layer's first demand copy
-        mode = plan.overlap_mode
         demand = plan.demand
         counts = plan.demand_counts
         if counts is None:
             counts = [len(experts) for experts in demand]
-        if (
-            self.vectorised
-            and copies is None
-            and not plan.prefetch
-            and not any(next_layer)
-            and link_free <= verify_start
-            and (mode == "off" or (mode == "on" and not late_ns))
-            and not any(self._pending)
-        ):
-            return self._idle_link_cycle(plan, counts, start, draft_end, verify_start, host_ns)
         if mode == "ideal":
             for layer, n in enumerate(counts):
                 if n:
