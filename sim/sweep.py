@@ -547,6 +547,11 @@ def _check_names(parser: ArgumentParser, args: Any) -> list[str]:
         policies.append("moespec")
     if args.expert_budget is not None and not args.lossy:
         parser.fail("--expert-budget", "only the lossy moespec baseline has a budget; add --lossy")
+    if args.stopping != "expected" and not any(p.startswith("specfit") for p in policies):
+        parser.fail(
+            "--stopping",
+            f"only SpecFit has a stopping rule; --policy {','.join(policies)} has none (add specfit)",
+        )
     from specfit import cache, predictors
 
     valid_cache = tuple(getattr(cache, "CACHE_POLICIES", ()))

@@ -172,6 +172,7 @@ def test_help_lists_flags_with_units_and_defaults(capsys) -> None:
         (["--cache", "0.001"], "--cache"),
         (["--stopping", "never"], "--stopping"),
         (["--prefetch", "sometimes"], "--prefetch"),
+        (["--policy", "ar,topn", "--stopping", "bound"], "--stopping"),  # no SpecFit cell to apply it to
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(trace: str, argv: list[str], flag: str, capsys, tmp_path) -> None:
