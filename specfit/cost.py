@@ -84,6 +84,31 @@ def failed_fit_note(cost_path: str | Path) -> str | None:
         return None
     return f"{cost_path}: this cost model FAILED calibration.fit's verdict ({verdict.get('verdict_line', 'see ' + str(report))})"
 
+def _no_pre_router_text(where: str, version: int) -> str:
+    return (
+        f"{where}: a version-{version} cost model has no pre_router_frac; it is taken as 0 (a "
+        "layer's copies enqueued at the layer's start, before its attention and router: optimistic "
+        "with overlap). Refit with `python -m calibration.fit` on runs that record layer_pre_router_s."
+    )
+
+
+def no_pre_router_note(cost_path: str | Path) -> str | None:
+    """One line saying that the cost JSON at ``cost_path`` predates ``pre_router_frac`` (version
+    1-3: loaded as 0) when the file itself does not say overlap mode "on" (then :meth:`CycleCostModel.from_dict`
+    already warns), else None. For the tools that set overlap "on" after loading (``sim.sweep
+    --overlap on``, ``live.record --overlap on``). Never raises: an unreadable file gives None."""
+    try:
+        data = json.loads(Path(cost_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    version = data.get("version") if isinstance(data, dict) else None
+    if isinstance(version, bool) or not isinstance(version, int) or version > 3 or "pre_router_frac" in data:
+        return None
+    if data.get("overlap_h2d") and data.get("overlap_mode") == "on":
+        return None
+    return _no_pre_router_text(str(cost_path), version)
+
+
 # field -> unit written beside it in JSON; load() rejects a file that states another unit.
 FIELD_UNITS: dict[str, str] = {
     "draft_s_per_level": "s/level",
@@ -545,13 +570,7 @@ class CycleCostModel:
                 stacklevel=2,
             )
         if version <= 3 and data.get("overlap_h2d") and data.get("overlap_mode") == "on":
-            warnings.warn(
-                f"{where}: a version-{version} cost model has no pre_router_frac; it is taken as 0 (a "
-                "layer's copies enqueued at the layer's start, before its attention and router: optimistic "
-                "with overlap). Refit with `python -m calibration.fit` on runs that record layer_pre_router_s.",
-                UserWarning,
-                stacklevel=2,
-            )
+            warnings.warn(_no_pre_router_text(where, version), UserWarning, stacklevel=2)
         kwargs = {n: data[n] for n in names if n in data}
         if kwargs.get("h2d_bytes_per_s") == "inf":
             kwargs["h2d_bytes_per_s"] = math.inf

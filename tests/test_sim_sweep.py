@@ -198,6 +198,24 @@ def test_next_layer_prefetch_on_a_trace_without_guesses_exits_2_in_one_line(
     assert not out.exists()
 
 
+@pytest.mark.parametrize("overlap", ["on", "off"])
+def test_a_pre_v4_cost_file_swept_with_overlap_on_is_warned_about(trace: str, overlap: str, tmp_path, capsys) -> None:
+    """A cost JSON written before pre_router_frac existed (version 3, fitted without overlap) loads
+    with pre_router_frac 0; swept with --overlap on, that prices copies enqueued at the layer's
+    start (optimistic), so the sweep says so on stderr; with --overlap off nothing is said."""
+    cost = cost_from_preset("qwen3-30b-a3b-2gpu", expert_bytes=1_000, num_layers=SHAPE.num_layers)
+    data = json.loads(cost.save(tmp_path / "cost.json").read_text())
+    data.pop("pre_router_frac")
+    data["units"].pop("pre_router_frac", None)
+    data["version"] = 3
+    (tmp_path / "cost.json").write_text(json.dumps(data))
+    argv = ["--trace", trace, "--bandwidth", "16", "--cache", "4", "--policy", "ar", "--no-progress"]
+    argv += ["--no-figures", "--jobs", "1", "--cost", str(tmp_path / "cost.json"), "--overlap", overlap]
+    assert main([*argv, "--out", str(tmp_path / "sweep")]) == 0
+    err = capsys.readouterr().err
+    assert ("pre_router_frac" in err and "version-3" in err) == (overlap == "on")
+
+
 def test_expert_bytes_and_cost_file(trace: str, tmp_path, capsys) -> None:
     cost = cost_from_preset("qwen3-30b-a3b-2gpu", expert_bytes=1_000, num_layers=SHAPE.num_layers)
     cost_path = cost.save(tmp_path / "cal" / "cost.json")

@@ -215,6 +215,15 @@ def test_cost_json_round_trip_and_errors(tmp_path) -> None:
     with pytest.warns(UserWarning, match="version-3 cost model has no pre_router_frac"):
         on = CycleCostModel.from_dict(dict(version_3, version=3, overlap_mode="on"))
     assert on.pre_router_frac == 0.0
+    # ... and a note for the tools that set overlap "on" after loading a file that does not say it
+    from specfit.cost import no_pre_router_note
+
+    (tmp_path / "v3.json").write_text(json.dumps(dict(version_3, version=3, overlap_h2d=False)))
+    assert "version-3 cost model has no pre_router_frac" in no_pre_router_note(tmp_path / "v3.json")
+    (tmp_path / "v3on.json").write_text(json.dumps(dict(version_3, version=3, overlap_h2d=True, overlap_mode="on")))
+    assert no_pre_router_note(tmp_path / "v3on.json") is None  # from_dict already warns
+    cost.save(tmp_path / "v4.json")
+    assert no_pre_router_note(tmp_path / "v4.json") is None and no_pre_router_note(tmp_path / "nope.json") is None
     with pytest.raises(ValueError, match="missing field.*pre_router_frac"):
         CycleCostModel.from_dict(dict(version_3, version=4))
     with pytest.raises(ValueError, match="pre_router_frac: expected a fraction"):
