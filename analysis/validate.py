@@ -106,7 +106,7 @@ from specfit.cli import (
     print_summary,
     run_main,
 )
-from specfit.cost import CycleCostModel
+from specfit.cost import CycleCostModel, no_pre_router_note
 from specfit.policies import TREE_POLICY_HELP
 from specfit.prefetch import PREFETCH_MODES
 from specfit.units import gb_per_s_to_bytes_per_s, us_to_s
@@ -858,6 +858,8 @@ def check_cost(args: Any, parser: ArgumentParser) -> CycleCostModel | None:
             f"{args.cost}: field 'num_layers' is {cost.num_layers} but the model {args.model!r} has "
             f"{layers} MoE layers (calibrate the cost on this model)",
         )
+    if "on" in args.overlap and (note := no_pre_router_note(args.cost)) is not None:
+        print(f"warning: --cost {note}", file=sys.stderr)  # as sim.sweep and live.record say it
     return cost
 
 

@@ -337,3 +337,24 @@ def test_in_process_live_runs_do_not_keep_their_models(tiny_models, tmp_path) ->
     for name in ("b", "c"):
         validate._live_record(argv + ["--out", str(tmp_path / name)], tmp_path / f"{name}.log")
     assert _tensor_bytes() <= after_one
+
+
+@pytest.mark.parametrize("overlap", [["on"], ["off"], ["off", "on"]])
+def test_a_pre_v4_cost_file_with_overlap_on_is_warned_about(overlap, tmp_path, capsys) -> None:
+    """``--cost`` written before pre_router_frac (version 3: loaded as 0) with an overlap-on cell
+    is said on stderr, as sim.sweep and live.record say it; an overlap-off grid says nothing."""
+    import argparse
+
+    from analysis.validate import _moe_layers, check_cost
+    from specfit.cost import CycleCostModel
+
+    cost = CycleCostModel(1e-3, 2e-3, 1e-4, 0.0, 1e9, 0.0, 1_000, _moe_layers("default"))
+    data = json.loads(cost.save(tmp_path / "cost.json").read_text())
+    data.pop("pre_router_frac")
+    data["units"].pop("pre_router_frac", None)
+    data["version"] = 3
+    (tmp_path / "cost.json").write_text(json.dumps(data))
+    args = argparse.Namespace(cost=str(tmp_path / "cost.json"), overlap=overlap, model="default")
+    assert check_cost(args, None).pre_router_frac == 0.0
+    err = capsys.readouterr().err
+    assert ("--cost" in err and "pre_router_frac" in err and "version-3" in err) == ("on" in overlap)
