@@ -165,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"parallel efficiency 1 -> 2 workers: {efficiency:.0%} wall, {cpu_efficiency:.0%} CPU (work overhead)"
         )
     print(
-        f"aims: >= {AIM_CYCLES_PER_S:.0f} cycles/s/core, {len(cells)} cells < {AIM_SWEEP_S:.0f} s, "
+        f"aims: SpecFit >= {AIM_CYCLES_PER_S:.0f} cycles/s/core (issue 14; every policy: meets_all_cycles_aim), "
+        f"{len(cells)} cells < {AIM_SWEEP_S:.0f} s, "
         f"efficiency >= {AIM_EFFICIENCY:.0%}"
     )
     print_summary(
@@ -184,7 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "parallel_cpu_efficiency": cpu_efficiency,
             "sweep_cpu_s_2_workers": cpu[2],
             "sweep_cpu_s_1_worker": cpu.get(1),
-            "meets_cycles_aim": all_cycles_per_s >= AIM_CYCLES_PER_S,
+            "meets_cycles_aim": per_policy.get("specfit", 0.0) >= AIM_CYCLES_PER_S,
+            "meets_all_cycles_aim": all_cycles_per_s >= AIM_CYCLES_PER_S,
             "meets_sweep_aim": times[2] < AIM_SWEEP_S,
             "meets_efficiency_aim": None if efficiency is None else efficiency >= AIM_EFFICIENCY,
         }
