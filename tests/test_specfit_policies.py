@@ -19,6 +19,18 @@ from specfit.synthetic import random_small_context
 from specfit.tree import DraftTree
 
 
+def _cut(full: PolicyContext, depth: int) -> PolicyContext:
+    """``full`` as the stopping rule sees it after ``depth`` levels: its tree cut at ``depth``."""
+    keep = np.flatnonzero(full.tree.depths <= depth)
+    return dataclasses.replace(
+        full,
+        tree=full.tree.subtree(keep),
+        accept_probs=full.accept_probs[keep],
+        node_experts=NodeExperts(full.node_experts.num_experts, bits=full.node_experts.bits[keep]),
+        num_levels=depth,
+    )
+
+
 def _ctx(per_miss_s: float = 0.0, num_levels: int = 2, draft_s: float = 0.0) -> PolicyContext:
     #        0
     #      /   \
@@ -180,16 +192,7 @@ def test_stopping_rule_never_stops_before_a_better_tree(seed, n, cut_depth) -> N
     tree = full.tree
     if tree.max_depth <= cut_depth:
         return
-    keep = np.flatnonzero(tree.depths <= cut_depth)
-    shallow = PolicyContext(
-        tree=tree.subtree(keep),
-        accept_probs=full.accept_probs[keep],
-        node_experts=NodeExperts(full.node_experts.num_experts, bits=full.node_experts.bits[keep]),
-        cached_bits=full.cached_bits,
-        cost=full.cost,
-        context_len=full.context_len,
-        num_levels=cut_depth,
-    )
+    shallow = _cut(full, cut_depth)
     if not make_tree_policy("specfit", stopping="bound").keep_drafting(shallow, max_depth=100):
         deeper = plan_exact(full).predicted_tokens_per_s
         assert deeper <= plan_exact(shallow).predicted_tokens_per_s * (1 + 1e-9)
@@ -394,15 +397,9 @@ def test_bound_rule_stays_a_bound_with_any_calibration_map(seed, n, cut_depth, y
     full = dataclasses.replace(full, accept_probs=p)
     if tree.max_depth <= cut_depth:
         return
-    keep = np.flatnonzero(tree.depths <= cut_depth)
-    shallow = dataclasses.replace(
-        full,
-        tree=tree.subtree(keep),
-        accept_probs=path_accept_probs(tree.subtree(keep), cal),
-        node_experts=NodeExperts(full.node_experts.num_experts, bits=full.node_experts.bits[keep]),
-        num_levels=cut_depth,
-    )
-    assert np.allclose(shallow.accept_probs, p[keep])  # deeper levels do not change shallower P
+    shallow = _cut(full, cut_depth)
+    shallow = dataclasses.replace(shallow, accept_probs=path_accept_probs(shallow.tree, cal))
+    assert np.allclose(shallow.accept_probs, p[tree.depths <= cut_depth])  # deeper levels do not change shallower P
     if not make_tree_policy("specfit", stopping="bound").keep_drafting(shallow, max_depth=100):
         deeper = plan_exact(dataclasses.replace(full, num_levels=tree.max_depth)).predicted_tokens_per_s
         assert deeper <= plan_exact(shallow).predicted_tokens_per_s * (1 + 1e-9)
@@ -438,14 +435,7 @@ def test_stopping_bound_holds_with_overlap_and_prefetch(seed, n, cut_depth, form
     tree = full.tree
     if tree.max_depth <= cut_depth:
         return
-    keep = np.flatnonzero(tree.depths <= cut_depth)
-    shallow = dataclasses.replace(
-        full,
-        tree=tree.subtree(keep),
-        accept_probs=full.accept_probs[keep],
-        node_experts=NodeExperts(full.node_experts.num_experts, bits=full.node_experts.bits[keep]),
-        num_levels=cut_depth,
-    )
+    shallow = _cut(full, cut_depth)
     if not make_tree_policy("specfit", stopping="bound").keep_drafting(shallow, max_depth=100):
         deeper = plan_brute_force(full).predicted_tokens_per_s
         assert deeper <= plan_brute_force(shallow).predicted_tokens_per_s * (1 + 1e-9)
@@ -468,10 +458,6 @@ def test_stopping_bound_continues_when_copies_hide_the_next_node(mode, pre) -> N
     experts = NodeExperts(8, bits=bitsets.pack(np.zeros((3, 1, 1), dtype=np.int64), 8))
     cost = CycleCostModel(0.0, 0.01, 3.0, 0.0, 1.0, 10.0, 0, 1, overlap_h2d=True, overlap_mode=mode, pre_router_frac=pre)
     full = PolicyContext(tree, np.array([1.0, 0.3, 0.27]), experts, bitsets.empty((1,), 8), cost, 0, num_levels=2)
-    keep = np.array([0, 1])
-    shallow = dataclasses.replace(
-        full, tree=tree.subtree(keep), accept_probs=full.accept_probs[keep],
-        node_experts=NodeExperts(8, bits=experts.bits[keep]), num_levels=1,
-    )
+    shallow = _cut(full, 1)
     assert plan_brute_force(full).predicted_tokens_per_s > plan_brute_force(shallow).predicted_tokens_per_s
     assert make_tree_policy("specfit", stopping="bound").keep_drafting(shallow, max_depth=2) is True
