@@ -31,6 +31,16 @@ def _cut(full: PolicyContext, depth: int) -> PolicyContext:
     )
 
 
+def _assert_bound_stop_is_safe(full: PolicyContext, cut_depth: int, plan=plan_exact) -> None:
+    """If the bound rule stops after ``cut_depth`` levels of ``full``'s tree, no subtree of the
+    whole tree beats the best of the cut one (``plan`` gives the optimum)."""
+    if full.tree.max_depth <= cut_depth:
+        return
+    shallow = _cut(full, cut_depth)
+    if not make_tree_policy("specfit", stopping="bound").keep_drafting(shallow, max_depth=100):
+        assert plan(full).predicted_tokens_per_s <= plan(shallow).predicted_tokens_per_s * (1 + 1e-9)
+
+
 def _ctx(per_miss_s: float = 0.0, num_levels: int = 2, draft_s: float = 0.0) -> PolicyContext:
     #        0
     #      /   \
@@ -188,14 +198,7 @@ def test_expected_rule_learns_the_root_acceptance_and_reprobes() -> None:
 @given(st.integers(0, 2**32 - 1), st.integers(2, 13), st.integers(0, 4))
 def test_stopping_rule_never_stops_before_a_better_tree(seed, n, cut_depth) -> None:
     """If the rule says stop at depth d, no subtree of the deeper tree beats the best at depth d."""
-    full = random_small_context(np.random.default_rng(seed), n, sibling_mass=True)
-    tree = full.tree
-    if tree.max_depth <= cut_depth:
-        return
-    shallow = _cut(full, cut_depth)
-    if not make_tree_policy("specfit", stopping="bound").keep_drafting(shallow, max_depth=100):
-        deeper = plan_exact(full).predicted_tokens_per_s
-        assert deeper <= plan_exact(shallow).predicted_tokens_per_s * (1 + 1e-9)
+    _assert_bound_stop_is_safe(random_small_context(np.random.default_rng(seed), n, sibling_mass=True), cut_depth)
 
 
 @settings(max_examples=300, deadline=None)
@@ -431,14 +434,7 @@ def test_stopping_bound_holds_with_overlap_and_prefetch(seed, n, cut_depth, form
         h2d_s_per_transfer=per_transfer,  # copies that can outlast verification
         host_s_per_transfer=float(rng.uniform(0, 1)) * per_transfer,
     )
-    full = dataclasses.replace(full, cost=cost)
-    tree = full.tree
-    if tree.max_depth <= cut_depth:
-        return
-    shallow = _cut(full, cut_depth)
-    if not make_tree_policy("specfit", stopping="bound").keep_drafting(shallow, max_depth=100):
-        deeper = plan_brute_force(full).predicted_tokens_per_s
-        assert deeper <= plan_brute_force(shallow).predicted_tokens_per_s * (1 + 1e-9)
+    _assert_bound_stop_is_safe(dataclasses.replace(full, cost=cost), cut_depth, plan_brute_force)
 
 
 def test_least_verify_share_per_cost_form() -> None:
