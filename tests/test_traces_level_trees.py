@@ -42,6 +42,7 @@ def test_last_level_round_trips_and_gives_each_level_tree(tmp_path):
     from traces.stats import summarize
 
     assert summarize(run)["num_pushed_out_nodes"] == 2  # nodes 2 and 5
+    assert summarize(run)["format_version"] == 2
 
 
 @pytest.mark.parametrize(
@@ -106,6 +107,7 @@ def test_format_v1_runs_read_without_level_trees(tmp_path):
     from traces.stats import summarize
 
     assert summarize(run)["num_pushed_out_nodes"] is None
+    assert summarize(run)["format_version"] == 1
     assert level_tree_note(run) == LEVEL_TREE_APPROXIMATION and "approximated" in LEVEL_TREE_APPROXIMATION
     _write(tmp_path / "v2", LAST_LEVEL)
     assert level_tree_note(open_run(tmp_path / "v2")) is None
