@@ -60,7 +60,7 @@ from specfit.cli import (
 )
 from specfit.policies import STOPPING_RULES, TREE_POLICY_HELP
 from specfit.predictors import PREDICTOR_HELP
-from specfit.prefetch import PREFETCH_MODES
+from specfit.prefetch import PREFETCH_MODES, uses_draft
 
 
 @dataclass(frozen=True)
@@ -271,6 +271,28 @@ def sample_trace_dir() -> Path:
     import traces
 
     return Path(traces.__file__).resolve().parent / "samples" / "default"
+
+
+def draft_prefetch_note(config: RecordConfig) -> str | None:
+    """Why ``--prefetch draft|both`` issues no draft prefetch in this run (one line), or None.
+
+    Draft prefetch copies the experts the policy's expert predictor expects the CHOSEN subtree to
+    need (``specfit.prefetch.draft_prefetch``): dense mode chooses no subtree (it verifies every
+    node), ``ar`` drafts nothing, and the union-size predictor (``--predictor auto``'s choice)
+    predicts how many experts, not which; the simulator does the same (``sim.replay``).
+    """
+    if not uses_draft(config.prefetch):
+        return None
+    if config.mode == "dense":
+        reason = "dense mode verifies every drafted node, so there is no chosen subtree to prefetch for"
+    elif config.policy == "ar":
+        reason = "autoregressive decoding drafts nothing"
+    elif config.predictor == "union-size":
+        reason = "the union-size predictor names no experts (--predictor oracle, recent or token-table do)"
+    else:
+        return None
+    suffix = "; next-layer prefetch runs" if config.prefetch == "both" else ""
+    return f"draft prefetch issues nothing in this run: {reason}{suffix}"
 
 
 def resolve_predictor(predictor: str, tables: str | None, model: str) -> tuple[str, str | None]:
@@ -651,6 +673,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = resolve_config(args, parser, explicit_flags(argv))
     parser.ensure_out_dir("--out", config.out)  # before the model loads
+    if (note := draft_prefetch_note(config)) is not None:
+        print(f"warning: --prefetch {config.prefetch}: {note}", file=sys.stderr)
     head = {"run_dir": str(Path(config.out)), "mode": config.mode, "policy": config.policy}
     if config.resume:
         from traces.reader import read_manifest

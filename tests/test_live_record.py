@@ -863,3 +863,26 @@ def test_decoding_runs_with_the_loaded_objects_frozen_out_of_gc(tiny, tmp_path, 
     with pytest.raises(RuntimeError, match="boom"):
         main(_args(tiny, tmp_path / "fail", "--no-progress"))
     assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--mode", "dense", "--prefetch", "draft"], "dense mode"),
+        (["--mode", "policy", "--policy", "ar", "--prefetch", "both"], "autoregressive"),
+        (["--mode", "policy", "--policy", "specfit", "--prefetch", "draft"], "union-size"),
+        (["--mode", "policy", "--policy", "topn", "--predictor", "recent", "--prefetch", "draft"], None),
+        (["--mode", "policy", "--policy", "specfit", "--prefetch", "next-layer"], None),
+    ],
+)
+def test_a_draft_prefetch_that_issues_nothing_is_said(flags, said, tmp_path) -> None:
+    """--prefetch draft|both where no chosen subtree has predicted experts (dense mode, ar, the
+    union-size predictor) is said in one line, not silently recorded as prefetching."""
+    from live.record import build_parser, draft_prefetch_note, explicit_flags, resolve_config
+
+    parser, argv = build_parser(), [*flags, "--out", str(tmp_path / "run")]
+    config = resolve_config(parser.parse_args(argv), parser, explicit_flags(argv))
+    note = draft_prefetch_note(config)
+    assert (note is None) == (said is None)
+    if said is not None:
+        assert said in note and "\n" not in note
