@@ -756,6 +756,8 @@ def _build_cells(
         accept = "draft path probabilities (uncalibrated)"
     else:
         accept = f"{acceptance['source']} (map read from {acceptance_file})"
+        if Path(acceptance_file).resolve().parent != Path(trace_path).resolve():  # its source's "this trace" is another
+            accept = f"from {acceptance_file}, fitted on another trace than the one swept (its source: {acceptance['source']})"
     header = [
         f"SIMULATED tokens/s: {model.name}'s recorded routing and acceptance ({model.num_layers} layers x "
         f"{model.num_experts} experts, top-{model.top_k}) replayed with each expert transfer priced at "
