@@ -112,6 +112,7 @@ from specfit.prefetch import PREFETCH_MODES
 from specfit.units import gb_per_s_to_bytes_per_s, us_to_s
 
 GRID_POLICIES = ("ar", "topn", "specfit")
+CALIBRATION_MODES = ("grid", "separate")  # --calibration
 COST_FREE_POLICIES = ("ar", "topn")  # their choices do not depend on the cost model
 SIM_PREDICTOR = "union-size"  # the expert predictor both sides use (sim default; live.record --predictor)
 SIM_CACHE_POLICY = "lru"
@@ -172,6 +173,7 @@ class Cell:
     depth: int | None = None
     overlap: str = "off"
     prefetch: str = "none"
+    calibration: bool = False  # a --calibration separate run the cost is fitted on, not compared
 
     @property
     def name(self) -> str:
@@ -180,7 +182,8 @@ class Cell:
         name = f"bw{self.bandwidth_gb_per_s:g}-c{self.cache_experts_per_layer}-{self.policy}"
         name = name if self.depth is None else f"{name}-d{self.depth}"
         name = name if self.overlap == "off" else f"{name}-ovl"
-        return name if self.prefetch == "none" else f"{name}-pf-{self.prefetch}"
+        name = name if self.prefetch == "none" else f"{name}-pf-{self.prefetch}"
+        return f"{name}-cal" if self.calibration else name
 
     def key(self) -> dict[str, Any]:
         """The fidelity row's key columns."""
@@ -295,6 +298,15 @@ def build_parser() -> ArgumentParser:
         + " (live.record --prefetch, sim.sweep --prefetch: the same choices at the same points); "
         "e.g. none,draft,next-layer. Per cell, prefetch issued/used/wasted live vs simulated, which "
         "do not depend on timing and must be identical",
+    )
+    p.add_argument(
+        "--calibration",
+        choices=CALIBRATION_MODES,
+        default="grid",
+        help="where the cost model is fitted: grid = on the ar/topn cells themselves (in sample for "
+        "them; SpecFit's cells recorded after the fit); separate = on runs of their own first (ar/topn "
+        "at the first cache size, --repeats each, off and on), then every cell out of sample and "
+        "recorded interleaved, repeat by repeat, so a drift of the machine's speed hits every cell alike",
     )
     p.add_argument("--seed", type=int, default=0, help="seed (live runs and fit split)")
     p.add_argument(
@@ -528,6 +540,46 @@ class Validator:
         )
         return overlap.model, path
 
+    def run_separate(
+        self, bw: float, caches: list[int], free: list[Cell], model: Any, cost: Any, cost_path: Any
+    ) -> tuple[dict[Cell, list[Path]], dict[str, tuple[CycleCostModel, Path]]]:
+        """``--calibration separate`` at one bandwidth: fit the cost on calibration runs of their
+        own (ar/topn at the first cache size, ``--repeats`` each, plus a depth-1 topn run; the
+        overlap terms on their overlap-on twins), then record every cell of the grid, ar/topn and
+        planned alike, interleaved repeat by repeat: every cell is out of sample, and a drift of
+        the machine's speed between blocks of runs hits every cell alike (and shows in each
+        cell's repeat noise). Returns each cell's run folders and the cost (model, JSON) per overlap."""
+        overlaps = list(getattr(self.args, "overlap", ["off"]))
+        if cost is None:
+            cal = [Cell(bw, caches[0], p, calibration=True) for p in COST_FREE_POLICIES]
+            fit_runs = [path for paths in self.run_repeats(cal, None).values() for path in paths]
+            if self.args.depth > 1:  # one-level drafts too, so draft_base_s is identifiable
+                fit_runs.append(self.run_live(Cell(bw, caches[0], "topn", depth=1), None))
+            try:
+                cost, cost_path = self.cost_for(bw, fit_runs, model)
+            except CalibrationDataError as exc:
+                raise ValidationError(f"bandwidth {bw:g} GB/s: cost fit failed: {exc}") from None
+        costs = {"off": (cost, cost_path)}
+        on = [o for o in overlaps if o != "off"]
+        if on:
+            overlap_runs = []
+            if self.args.cost is None:
+                cal = [Cell(bw, caches[0], p, overlap=on[0], calibration=True) for p in COST_FREE_POLICIES]
+                overlap_runs = [path for paths in self.run_repeats(cal, None).values() for path in paths]
+            try:
+                costs["on"] = self.overlap_cost_for(bw, cost, overlap_runs)
+            except CalibrationDataError as exc:
+                raise ValidationError(f"bandwidth {bw:g} GB/s: overlap cost fit failed: {exc}") from None
+        planned = [
+            Cell(bw, c, p, overlap=o, prefetch=f)
+            for p in self.args.policies
+            if p not in COST_FREE_POLICIES
+            for c in caches
+            for o in overlaps
+            for f in getattr(self.args, "prefetch", ["none"])
+        ]
+        return self.run_repeats([*free, *planned], {o: path for o, (_, path) in costs.items()}), costs
+
     def replay(self, dense: Any, cell: Cell, cost: CycleCostModel, decision_s: float) -> Any:
         """Replay one cell on the dense trace."""
         from sim.config import SimConfig
@@ -632,41 +684,44 @@ class Validator:
                 for c in caches
                 for o, f in modes
             ]
-            live_paths = self.run_repeats(free, cost_path)
-            if cost is None:
-                # only planned policies asked: record the cost-free ones at one cache size to calibrate from
-                # (fitted on overlap-off runs without prefetch: the cost model's terms are serial phases)
-                fit_paths = {
-                    c: p for c, p in live_paths.items() if c.overlap == "off" and c.prefetch == "none"
-                } or self.run_repeats([Cell(bw, caches[0], p) for p in COST_FREE_POLICIES], None)
-                fit_runs = [path for paths in fit_paths.values() for path in paths]
-                if self.args.depth > 1:  # one-level drafts too, so draft_base_s is identifiable
-                    fit_runs.append(self.run_live(Cell(bw, caches[0], "topn", depth=1), None))
-                try:
-                    cost, cost_path = self.cost_for(bw, fit_runs, model)
-                except CalibrationDataError as exc:
-                    raise ValidationError(f"bandwidth {bw:g} GB/s: cost fit failed: {exc}") from None
-            costs = {"off": (cost, cost_path)}
-            if any(o != "off" for o in overlaps):  # priced as the engine overlaps (per layer)
-                overlap_runs = [
-                    p
-                    for c, paths in live_paths.items()
-                    if c.overlap != "off" and c.prefetch == "none"
-                    for p in paths
-                ] or [p for c, paths in live_paths.items() if c.overlap != "off" for p in paths]
-                try:
-                    costs["on"] = self.overlap_cost_for(bw, cost, overlap_runs)
-                except CalibrationDataError as exc:
-                    raise ValidationError(f"bandwidth {bw:g} GB/s: overlap cost fit failed: {exc}") from None
-            planned = [
-                Cell(bw, c, p, overlap=o, prefetch=f)
-                for p in policies
-                if p not in COST_FREE_POLICIES
-                for c in caches
-                for o in overlaps
-                for f in prefetches
-            ]
-            live_paths.update(self.run_repeats(planned, {o: path for o, (_, path) in costs.items()}))
+            if getattr(self.args, "calibration", "grid") == "separate":
+                live_paths, costs = self.run_separate(bw, caches, free, model, cost, cost_path)
+            else:
+                live_paths = self.run_repeats(free, cost_path)
+                if cost is None:
+                    # only planned policies asked: record the cost-free ones at one cache size to calibrate from
+                    # (fitted on overlap-off runs without prefetch: the cost model's terms are serial phases)
+                    fit_paths = {
+                        c: p for c, p in live_paths.items() if c.overlap == "off" and c.prefetch == "none"
+                    } or self.run_repeats([Cell(bw, caches[0], p) for p in COST_FREE_POLICIES], None)
+                    fit_runs = [path for paths in fit_paths.values() for path in paths]
+                    if self.args.depth > 1:  # one-level drafts too, so draft_base_s is identifiable
+                        fit_runs.append(self.run_live(Cell(bw, caches[0], "topn", depth=1), None))
+                    try:
+                        cost, cost_path = self.cost_for(bw, fit_runs, model)
+                    except CalibrationDataError as exc:
+                        raise ValidationError(f"bandwidth {bw:g} GB/s: cost fit failed: {exc}") from None
+                costs = {"off": (cost, cost_path)}
+                if any(o != "off" for o in overlaps):  # priced as the engine overlaps (per layer)
+                    overlap_runs = [
+                        p
+                        for c, paths in live_paths.items()
+                        if c.overlap != "off" and c.prefetch == "none"
+                        for p in paths
+                    ] or [p for c, paths in live_paths.items() if c.overlap != "off" for p in paths]
+                    try:
+                        costs["on"] = self.overlap_cost_for(bw, cost, overlap_runs)
+                    except CalibrationDataError as exc:
+                        raise ValidationError(f"bandwidth {bw:g} GB/s: overlap cost fit failed: {exc}") from None
+                planned = [
+                    Cell(bw, c, p, overlap=o, prefetch=f)
+                    for p in policies
+                    if p not in COST_FREE_POLICIES
+                    for c in caches
+                    for o in overlaps
+                    for f in prefetches
+                ]
+                live_paths.update(self.run_repeats(planned, {o: path for o, (_, path) in costs.items()}))
             for cell, paths in live_paths.items():
                 rows.append(self.compare(dense, cell, paths, costs[cell.overlap][0]))
                 bar.update(1)
@@ -678,6 +733,7 @@ class Validator:
             [d["cycle_noise_pct"].to_numpy() for d in self.per_cycle],
         )
         summary["repeats"] = self.args.repeats
+        summary["calibration"] = getattr(self.args, "calibration", "grid")
         summary["level_trees"] = level_note or "recorded"
         return table, summary
 

@@ -358,3 +358,27 @@ def test_a_pre_v4_cost_file_with_overlap_on_is_warned_about(overlap, tmp_path, c
     assert check_cost(args, None).pre_router_frac == 0.0
     err = capsys.readouterr().err
     assert ("--cost" in err and "pre_router_frac" in err and "version-3" in err) == ("on" in overlap)
+
+
+@pytest.mark.slow
+def test_validate_separate_calibration_fits_on_runs_of_its_own(tiny_models, tmp_path, capsys) -> None:
+    """``--calibration separate``: the cost is fitted on ``-cal`` runs (ar/topn at the first cache,
+    off and on) recorded before the grid; every grid cell, ar/topn included, is compared out of
+    sample, and the calibration runs are not rows of the fidelity table."""
+    out = tmp_path / "sep"
+    argv = _tiny_argv(tiny_models, out, num_prompts=2, repeats=1) + ["--policies", "ar,specfit"]
+    assert validate.main(argv + ["--calibration", "separate", "--overlap", "off,on"]) == 0
+    live = out / "live"
+    for name in ("bw1-c4-ar-cal", "bw1-c4-topn-cal", "bw1-c4-ar-ovl-cal", "bw1-c4-topn-ovl-cal", "bw1-c4-topn-d1"):
+        assert (live / name / "r1").is_dir(), name
+    table = pd.read_csv(out / "fidelity.csv")
+    assert sorted(zip(table["policy"], table["overlap"])) == [("ar", "off"), ("ar", "on"), ("specfit", "off"), ("specfit", "on")]
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["calibration"] == "separate"
+    # fitted on the two calibration runs and the depth-1 run only, not on the grid's ar cells
+    assert "from 3 runs" in json.loads((out / "cost_1.json").read_text())["source"]
+
+
+def test_validate_calibration_flag_checked() -> None:
+    with pytest.raises(SystemExit) as exc:
+        validate.main(["--calibration", "sometimes"])
+    assert exc.value.code == 2
