@@ -540,6 +540,34 @@ class Validator:
         )
         return overlap.model, path
 
+    def _fit_serial(self, bw: float, fit_runs: list[Path], first_cache: int, model: Any) -> tuple[CycleCostModel, Path]:
+        """Fit one bandwidth's serial cost on ``fit_runs`` plus a depth-1 topn run (so
+        ``draft_base_s`` is identifiable); a failed fit is a :class:`ValidationError`."""
+        if self.args.depth > 1:
+            fit_runs = [*fit_runs, self.run_live(Cell(bw, first_cache, "topn", depth=1), None)]
+        try:
+            return self.cost_for(bw, fit_runs, model)
+        except CalibrationDataError as exc:
+            raise ValidationError(f"bandwidth {bw:g} GB/s: cost fit failed: {exc}") from None
+
+    def _fit_overlap(self, bw: float, cost: CycleCostModel, runs: list[Path]) -> tuple[CycleCostModel, Path]:
+        """:meth:`overlap_cost_for`, a failed fit a :class:`ValidationError`."""
+        try:
+            return self.overlap_cost_for(bw, cost, runs)
+        except CalibrationDataError as exc:
+            raise ValidationError(f"bandwidth {bw:g} GB/s: overlap cost fit failed: {exc}") from None
+
+    def _planned_cells(self, bw: float, caches: list[int]) -> list[Cell]:
+        """The grid's cells of the planned (cost-using) policies at one bandwidth."""
+        return [
+            Cell(bw, c, p, overlap=o, prefetch=f)
+            for p in self.args.policies
+            if p not in COST_FREE_POLICIES
+            for c in caches
+            for o in getattr(self.args, "overlap", ["off"])
+            for f in getattr(self.args, "prefetch", ["none"])
+        ]
+
     def run_separate(
         self, bw: float, caches: list[int], free: list[Cell], model: Any, cost: Any, cost_path: Any
     ) -> tuple[dict[Cell, list[Path]], dict[str, tuple[CycleCostModel, Path]]]:
@@ -553,12 +581,7 @@ class Validator:
         if cost is None:
             cal = [Cell(bw, caches[0], p, calibration=True) for p in COST_FREE_POLICIES]
             fit_runs = [path for paths in self.run_repeats(cal, None).values() for path in paths]
-            if self.args.depth > 1:  # one-level drafts too, so draft_base_s is identifiable
-                fit_runs.append(self.run_live(Cell(bw, caches[0], "topn", depth=1), None))
-            try:
-                cost, cost_path = self.cost_for(bw, fit_runs, model)
-            except CalibrationDataError as exc:
-                raise ValidationError(f"bandwidth {bw:g} GB/s: cost fit failed: {exc}") from None
+            cost, cost_path = self._fit_serial(bw, fit_runs, caches[0], model)
         costs = {"off": (cost, cost_path)}
         on = [o for o in overlaps if o != "off"]
         if on:
@@ -566,19 +589,9 @@ class Validator:
             if self.args.cost is None:
                 cal = [Cell(bw, caches[0], p, overlap=on[0], calibration=True) for p in COST_FREE_POLICIES]
                 overlap_runs = [path for paths in self.run_repeats(cal, None).values() for path in paths]
-            try:
-                costs["on"] = self.overlap_cost_for(bw, cost, overlap_runs)
-            except CalibrationDataError as exc:
-                raise ValidationError(f"bandwidth {bw:g} GB/s: overlap cost fit failed: {exc}") from None
-        planned = [
-            Cell(bw, c, p, overlap=o, prefetch=f)
-            for p in self.args.policies
-            if p not in COST_FREE_POLICIES
-            for c in caches
-            for o in overlaps
-            for f in getattr(self.args, "prefetch", ["none"])
-        ]
-        return self.run_repeats([*free, *planned], {o: path for o, (_, path) in costs.items()}), costs
+            costs["on"] = self._fit_overlap(bw, cost, overlap_runs)
+        cells = [*free, *self._planned_cells(bw, caches)]
+        return self.run_repeats(cells, {o: path for o, (_, path) in costs.items()}), costs
 
     def replay(self, dense: Any, cell: Cell, cost: CycleCostModel, decision_s: float) -> Any:
         """Replay one cell on the dense trace."""
@@ -695,12 +708,7 @@ class Validator:
                         c: p for c, p in live_paths.items() if c.overlap == "off" and c.prefetch == "none"
                     } or self.run_repeats([Cell(bw, caches[0], p) for p in COST_FREE_POLICIES], None)
                     fit_runs = [path for paths in fit_paths.values() for path in paths]
-                    if self.args.depth > 1:  # one-level drafts too, so draft_base_s is identifiable
-                        fit_runs.append(self.run_live(Cell(bw, caches[0], "topn", depth=1), None))
-                    try:
-                        cost, cost_path = self.cost_for(bw, fit_runs, model)
-                    except CalibrationDataError as exc:
-                        raise ValidationError(f"bandwidth {bw:g} GB/s: cost fit failed: {exc}") from None
+                    cost, cost_path = self._fit_serial(bw, fit_runs, caches[0], model)
                 costs = {"off": (cost, cost_path)}
                 if any(o != "off" for o in overlaps):  # priced as the engine overlaps (per layer)
                     overlap_runs = [
@@ -709,18 +717,8 @@ class Validator:
                         if c.overlap != "off" and c.prefetch == "none"
                         for p in paths
                     ] or [p for c, paths in live_paths.items() if c.overlap != "off" for p in paths]
-                    try:
-                        costs["on"] = self.overlap_cost_for(bw, cost, overlap_runs)
-                    except CalibrationDataError as exc:
-                        raise ValidationError(f"bandwidth {bw:g} GB/s: overlap cost fit failed: {exc}") from None
-                planned = [
-                    Cell(bw, c, p, overlap=o, prefetch=f)
-                    for p in policies
-                    if p not in COST_FREE_POLICIES
-                    for c in caches
-                    for o in overlaps
-                    for f in prefetches
-                ]
+                    costs["on"] = self._fit_overlap(bw, cost, overlap_runs)
+                planned = self._planned_cells(bw, caches)
                 live_paths.update(self.run_repeats(planned, {o: path for o, (_, path) in costs.items()}))
             for cell, paths in live_paths.items():
                 rows.append(self.compare(dense, cell, paths, costs[cell.overlap][0]))
