@@ -284,6 +284,12 @@ class CycleCostModel:
             + self.verify_s_per_context_token * float(context_len)
         )
 
+    def verify_s_array(self, num_nodes: Any, context_len: Any) -> np.ndarray:
+        """:meth:`verify_s` element-wise (s; float64 arrays broadcast, same operations in the same
+        order, so equal bit for bit): the vectorised callers' verify time."""
+        verify = self.verify_base_s + self.verify_s_per_node * np.asarray(num_nodes, dtype=np.float64)
+        return verify + self.verify_s_per_context_token * np.asarray(context_len, dtype=np.float64)
+
     def layer_compute_s(self, num_nodes: int, context_len: int) -> float:
         """Compute time of one MoE layer, ``verify_s / num_layers`` (s)."""
         return self.verify_s(num_nodes, context_len) / self.num_layers
@@ -350,8 +356,7 @@ class CycleCostModel:
         """Cycle time from the TOTAL miss count over layers (s); arrays broadcast (vectorised
         callers). Overlap mode "on" takes :meth:`overlap_on_total_s` (a lower bound on the
         per-layer form), mode "ideal" and no overlap :meth:`combine_s`."""
-        verify = self.verify_base_s + self.verify_s_per_node * np.asarray(num_nodes, dtype=np.float64)
-        verify = verify + self.verify_s_per_context_token * np.asarray(context_len, dtype=np.float64)
+        verify = self.verify_s_array(num_nodes, context_len)
         if self.per_layer_overlap:
             out = self.draft_s_array(num_levels) + self.overlap_on_total_s(verify, total_misses)
         else:
@@ -364,8 +369,7 @@ class CycleCostModel:
         planner's totals price of subtrees with per-node predictions (arrays broadcast)."""
         if not self.draft_prefetch:
             return self.cycle_s_total(num_levels, num_nodes, context_len, total_misses)
-        verify = self.verify_base_s + self.verify_s_per_node * np.asarray(num_nodes, dtype=np.float64)
-        verify = verify + self.verify_s_per_context_token * np.asarray(context_len, dtype=np.float64)
+        verify = self.verify_s_array(num_nodes, context_len)
         out = self.draft_s_array(num_levels) + self.prefetched_total_s(verify, total_misses)
         return float(out) if np.ndim(out) == 0 else out
 
@@ -376,8 +380,7 @@ class CycleCostModel:
         L``. The form :meth:`cycle_s` prices one subtree with; vectorised for the planner's
         union-size prefixes."""
         m = np.asarray(misses, dtype=np.float64)
-        verify = self.verify_base_s + self.verify_s_per_node * np.asarray(num_nodes, dtype=np.float64)
-        c = (verify + self.verify_s_per_context_token * np.asarray(context_len, dtype=np.float64)) / self.num_layers
+        c = self.verify_s_array(num_nodes, context_len) / self.num_layers
         c = np.asarray(c)[..., None]
         per_layer = np.maximum(c, self.pre_router_frac * c + m * self.link_s_per_transfer)
         host = self.host_s_per_transfer * m.sum(axis=-1) + self.late_call_s * np.count_nonzero(m, axis=-1)

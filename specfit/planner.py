@@ -507,11 +507,7 @@ def _plan_union_size_batch(contexts: list[PolicyContext], started: float) -> lis
     width = max(sizes_n)
     misses, total_misses = _union_misses(first.node_experts, first.cached_bits, width)
     sizes = np.arange(1, width + 1, dtype=np.float64)
-    verify = (
-        cost.verify_base_s
-        + cost.verify_s_per_node * sizes
-        + cost.verify_s_per_context_token * float(first.context_len)
-    )
+    verify = cost.verify_s_array(sizes, first.context_len)
     if cost.per_layer_overlap:  # overlap mode "on": each size's per-layer misses, as cost.cycle_s
         levels = np.array([ctx.num_levels for ctx in contexts])
         cycle = np.asarray(cost.cycle_s_layers(levels[:, None], sizes[None, :], first.context_len, misses[None]))
