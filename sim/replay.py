@@ -490,12 +490,8 @@ class _Replayer:
         part of each computed before the layer's router (``cost.pre_router_frac``, rounded to
         the nanosecond; empty when 0), after which the layer's demand copies are enqueued."""
         compute = split_ns(verify_ns, self.num_layers)
-        return compute, self._pre_router(compute)
-
-    def _pre_router(self, layer_compute: tuple[int, ...]) -> tuple[int, ...]:
-        """``cost.pre_router_frac`` of each layer's compute (ns; empty when the fraction is 0)."""
         frac = self.cost.pre_router_frac
-        return tuple(min(round(frac * c), c) for c in layer_compute) if frac else ()
+        return compute, tuple(min(round(frac * c), c) for c in compute) if frac else ()
 
     def _access(self, mask: np.ndarray) -> Any:
         """``cache.access_layers(mask)`` (one access per layer) that also logs the accesses
@@ -809,7 +805,7 @@ class _Replayer:
                     levels,
                     access,
                     prefetch,
-                    layer_compute,
+                    split,
                     num_accepted,
                     num_committed,
                     tokens[:num_committed],
@@ -861,12 +857,13 @@ class _Replayer:
         levels: int,
         access: Any,
         prefetch: list,
-        layer_compute: tuple,
+        split: tuple,
         num_accepted: int,
         num_committed: int,
         tokens: list,
         reached: int,
     ) -> CycleRecord:
+        layer_compute, layer_pre_router = split  # ns per layer, as the cycle was timed (_layer_split)
         layer_misses = access.num_misses.tolist()
         counts = self.ledger.counts()
         issued, used, wasted = (now - before for now, before in zip(counts, self._ledger_counts))
@@ -896,7 +893,7 @@ class _Replayer:
             layer_h2d_bytes=[n * self.expert_bytes for n in per_layer_copies],
             layer_h2d_s=[ns_to_s(x) for x in timing.layer_h2d_ns],
             layer_compute_s=[ns_to_s(x) for x in layer_compute],
-            layer_pre_router_s=[ns_to_s(x) for x in self._pre_router(layer_compute) or (0,) * len(layer_compute)],
+            layer_pre_router_s=[ns_to_s(x) for x in layer_pre_router or (0,) * len(layer_compute)],
             cache_hits=int(access.num_hits.sum()),
             cache_misses=int(access.num_misses.sum()),
             predicted_expected_committed=float(plan.expected_committed),
