@@ -19,6 +19,20 @@ determine the three unknowns exactly (:func:`derive_compute_costs`): 1.766 ms pe
 4.475 ms base and 19.8 us per node. The context term is not identifiable from these figures
 and is set to 0. The report does not name the GPU model, so the preset names the setup instead.
 
+The compute preset's ``pre_router_frac`` (the share of a layer's compute before its router has
+chosen its experts, after which ``--overlap on`` enqueues the layer's copies) is not in any public
+figure, so it is derived from the preset model's shape (:func:`pre_router_frac_of`). Assumption:
+decoding is memory-bound, so a layer's time is proportional to the weight bytes it reads; before
+the router it reads the attention projections (q, k, v, o) and the router, after it the top-k
+active experts (3 SwiGLU matrices each). Norm weights (< 0.03 %) and the KV cache are left out
+(the preset has no context term either), and the share is a one-token decode step's: a verified
+tree routes more nodes to more experts, so it is an upper bound there. For Qwen3-30B-A3B
+(docs/reference-figures.md: hidden 2048, 128 experts, top-8, expert intermediate 768; attention
+from the model's published config.json, not in that file: 32 query heads, 4 KV heads, head_dim
+128): attention ``2 * 2048 * 4096 + 2 * 2048 * 512`` = 18,874,368 weights, router ``2048 * 128``
+= 262,144, active experts ``8 * 3 * 2048 * 768`` = 37,748,736, so the share is 19,136,512 /
+56,885,248 = 0.336.
+
 Link presets are the public pinned-memory H2D figures of the same file (PCIe 3.0/4.0/5.0 x16,
 NVLink-C2C). The per-transfer dispatch latency (10 us) is an assumption of this module, not a
 figure from that file: the file says only that dispatch overhead can dominate; calibrate it
@@ -73,6 +87,46 @@ QWEN3_30B_A3B_2GPU_POINTS = (
 
 
 @dataclass(frozen=True)
+class AttentionShape:
+    """Attention projections of one decoder layer (from the model's published ``config.json``).
+
+    Attributes:
+        num_heads: query heads (``num_attention_heads``); num_kv_heads: key/value heads
+        (``num_key_value_heads``, grouped-query attention); head_dim: width of one head.
+    """
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
+QWEN3_30B_A3B_ATTENTION = AttentionShape(num_heads=32, num_kv_heads=4, head_dim=128)
+"""Qwen3-30B-A3B's attention (published config.json: ``num_attention_heads`` 32,
+``num_key_value_heads`` 4, ``head_dim`` 128; not in docs/reference-figures.md)."""
+
+
+def pre_router_frac_of(shape, attention: AttentionShape) -> float:
+    """``CycleCostModel.pre_router_frac`` of a model from its shape, decode assumed memory-bound.
+
+    A layer's time is taken proportional to the weights it reads in a one-token decode step:
+    before its router the attention projections, ``2 * hidden * heads * head_dim`` (q, o) ``+ 2 *
+    hidden * kv_heads * head_dim`` (k, v), and the router, ``hidden * num_experts``; after it the
+    ``top_k`` active experts, ``3 * hidden * expert_intermediate`` each (SwiGLU gate, up, down).
+    The share is the first over the sum (a fraction in (0, 1)). Norm weights and the KV cache are
+    left out (see the module docstring).
+
+    Args:
+        shape: a :class:`specfit.shapes.ModelShape` (hidden size, experts, top-k, intermediate).
+        attention: its :class:`AttentionShape`.
+    """
+    hidden = shape.hidden_size
+    attn = 2 * hidden * attention.num_heads * attention.head_dim + 2 * hidden * attention.num_kv_heads * attention.head_dim
+    router = hidden * shape.num_experts
+    experts = shape.top_k * 3 * hidden * shape.expert_intermediate_size
+    return (attn + router) / (attn + router + experts)
+
+
+@dataclass(frozen=True)
 class ComputePreset:
     """Draft and verify compute costs of one GPU setup (seconds).
 
@@ -89,6 +143,7 @@ class ComputePreset:
     verify_s_per_node: float
     verify_s_per_context_token: float
     source: str
+    pre_router_frac: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -125,7 +180,10 @@ def derive_compute_costs(points: tuple[PublicCyclePoint, ...]) -> tuple[float, f
 @lru_cache(maxsize=1)
 def compute_presets() -> dict[str, ComputePreset]:
     """The named compute presets (built on first use)."""
+    from specfit.shapes import get_model_shape
+
     d, base, per_node = derive_compute_costs(QWEN3_30B_A3B_2GPU_POINTS)
+    pre = pre_router_frac_of(get_model_shape("qwen3-30b-a3b"), QWEN3_30B_A3B_ATTENTION)
     figures = "; ".join(
         f"{p.label}: {p.tokens_per_s} tok/s at tau {p.tau} -> {p.cycle_s * 1e3:.3f} ms/cycle"
         for p in QWEN3_30B_A3B_2GPU_POINTS
@@ -141,8 +199,11 @@ def compute_presets() -> dict[str, ComputePreset]:
             source=(
                 f"public EAGLE-3 figures on Qwen3-30B-A3B ({REFERENCE}): {figures}; solved for "
                 f"draft {d * 1e3:.3f} ms/level, verify {base * 1e3:.3f} ms + {per_node * 1e6:.1f} us/node; "
-                "context term 0 (not identifiable)"
+                "context term 0 (not identifiable); "
+                f"pre_router_frac {pre:.3f} from the model's shape (attention + router weights over "
+                "those + the top-8 experts', decode memory-bound; sim/presets.py)"
             ),
+            pre_router_frac=pre,
         )
     }
 
@@ -210,6 +271,7 @@ def cost_from_preset(
         expert_bytes=int(expert_bytes),
         num_layers=int(num_layers),
         overlap_h2d=bool(overlap_h2d),
+        pre_router_frac=c.pre_router_frac,
         source=f"preset {compute_name}+{link_name}: compute: {c.source}; link: {lk.source}",
     )
 
