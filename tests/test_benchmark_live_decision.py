@@ -11,15 +11,18 @@ from bench_loader import load_benchmark
 def test_replay_makes_the_live_decisions(capsys):
     pytest.importorskip("live.assets")
     bench = load_benchmark("live_decision")
-    assert bench.main(["--num-prompts", "1", "--max-new-tokens", "10", "--repeats", "1"]) == 0
+    assert bench.main(["--num-prompts", "1", "--max-new-tokens", "10", "--repeats", "1", "--cold-gap-ms", "0.2"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["num_cycles"] >= 1 and summary["predictor"] == "union-size"
-    assert summary["same_decisions"] is True  # the replay times the decisions the live run made
+    assert summary["same_decisions"] is True  # both replays time the decisions the live run made
+    assert summary["cold_gap_ms"] == 0.2
     assert summary["questions_per_cycle"] >= 1.0
     for key in (
         "live_decision_s_per_cycle",
         "replay_decision_cpu_s_per_cycle",
         "replay_decision_s_per_cycle",
+        "cold_replay_decision_s_per_cycle",
+        "cold_replay_decision_cpu_s_per_cycle",
     ):
         assert summary[key] >= 0.0
 
@@ -28,4 +31,7 @@ def test_bad_flags_exit_2():
     bench = load_benchmark("live_decision")
     with pytest.raises(SystemExit) as err:
         bench.main(["--repeats", "0"])
+    assert err.value.code == 2
+    with pytest.raises(SystemExit) as err:
+        bench.main(["--cold-gap-ms", "-1"])
     assert err.value.code == 2
