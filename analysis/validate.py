@@ -61,7 +61,11 @@ they are held to, ``ok`` = every aim met, ``within_noise`` = every miss within t
 short headers, then a line mapping them to the fidelity.csv names) is followed by one line per
 cell that misses an aim (the figure and the measured noise it was held to), the per-policy table
 of where the error lives (``error_split.csv``), the wall time and machine load, the aims line
-(with whether the grid aims were met) and the grid's noise-floor line; the last stdout line is the
+(with whether the grid aims were met), the grid's noise-floor line (with the per-cycle error a
+bias-free model would show against the repeats' means: ``cycle_error_floor_*_pct``,
+:func:`analysis.fidelity.noise_floor_pct`) and the cells' live compute speed against the cost's
+fit runs (``live_compute_speed_pct`` per cell, :meth:`Validator.compute_speed_pct`; its range and
+its correlation with the throughput errors in the summary); the last stdout line is the
 JSON summary with the overall median and p90 per-cycle errors, ``aim_cycle_median`` /
 ``aim_cycle_p90``, ``repeats``, the pooled per-cycle noise (``noise_cycle_median_pct``,
 ``noise_cycle_p90_pct``), ``median_live_repeat_spread_pct`` / ``max_live_repeat_spread_pct``,
@@ -367,6 +371,8 @@ class Validator:
         self.per_cycle: list[pd.DataFrame] = []
         self.cost_splits: dict[float, dict[str, float]] = {}  # bandwidth -> CostFit.term_split()
         self.fits: dict[float, Any] = {}  # bandwidth -> the serial CostFit
+        self.fit_runs: dict[tuple[float, str], list[Path]] = {}  # (bandwidth, overlap) -> the cost's fit runs
+        self._cycles: dict[Path, pd.DataFrame] = {}  # run folder -> its cycles table (fit runs, read once)
         self.dense_path: Path | None = None
         self.acceptance: dict[str, Any] | None = None
         self.acceptance_path: Path | None = None
@@ -499,6 +505,7 @@ class Validator:
         )
         fit.model.save(path)
         self.fits[bandwidth] = fit
+        self.fit_runs[(bandwidth, "off")] = list(runs)
         self.cost_splits[bandwidth] = fit.term_split()
         (self.out / f"cost_{bandwidth:g}_report.json").write_text(
             json.dumps(fit.to_dict(), indent=2, default=float) + "\n"
@@ -527,6 +534,7 @@ class Validator:
             raise CalibrationDataError(str(exc)) from None
         overlap = fit_overlap_terms(fit, cycles, transfers)
         overlap.model.save(path)
+        self.fit_runs[(bandwidth, "on")] = list(runs)
         report = {
             "cost": overlap.model.to_dict(),
             "host_s_per_transfer": overlap.host_s_per_transfer,
@@ -657,7 +665,23 @@ class Validator:
         for column, value in reversed(cell.key().items()):
             errors.insert(0, column, value)
         self.per_cycle.append(errors)
+        row["live_compute_speed_pct"] = self.compute_speed_pct(cell, cycles)
         return row
+
+    def compute_speed_pct(self, cell: Cell, cycles: list[pd.DataFrame]) -> float:
+        """How much slower (+) or faster (-) the cell's live compute ran than the runs its cost was
+        fitted on, in % (:func:`analysis.fidelity.compute_speed` on their attention + router
+        time); NaN when the cost was given (``--cost``: no fit runs) or the runs lack
+        ``layer_pre_router_s``. The machine's speed drifting between runs shows here: the
+        simulator prices every cell at the fit runs' speed."""
+        from traces.reader import open_run
+
+        reference = []
+        for path in self.fit_runs.get((cell.bandwidth_gb_per_s, "off" if cell.overlap == "off" else "on"), []):
+            if path not in self._cycles:
+                self._cycles[path] = open_run(path).cycles
+            reference.append(self._cycles[path])
+        return (fidelity.compute_speed(reference, cycles) - 1.0) * 100.0
 
     def run(self, progress: bool = True) -> tuple[pd.DataFrame, dict[str, Any]]:
         """Run the whole grid; returns (fidelity table, summary)."""
@@ -730,6 +754,10 @@ class Validator:
             [d["cycle_error_pct"].to_numpy() for d in self.per_cycle],
             [d["cycle_noise_pct"].to_numpy() for d in self.per_cycle],
         )
+        summary.update(speed_summary(table))
+        noise = np.concatenate([d["cycle_noise_pct"].to_numpy(dtype=np.float64) for d in self.per_cycle] or [np.zeros(0)])
+        for name, q in (("median", 0.5), ("p90", 0.9)):  # what a model without bias would show
+            summary[f"cycle_error_floor_{name}_pct"] = fidelity.noise_floor_pct(noise, self.args.repeats, q)
         summary["repeats"] = self.args.repeats
         summary["calibration"] = getattr(self.args, "calibration", "grid")
         summary["level_trees"] = level_note or "recorded"
@@ -841,9 +869,49 @@ def targets_line(targets: fidelity.Targets | None = None, summary: dict[str, Any
     )
 
 
+def speed_summary(table: pd.DataFrame) -> dict[str, Any]:
+    """The cells' live compute speed against their cost's fit runs (``live_compute_speed_pct``,
+    :meth:`Validator.compute_speed_pct`) over the grid: ``num_cells_speed_measured``, the range
+    (``live_compute_speed_min_pct`` / ``_max_pct``), the median of its magnitude
+    (``live_compute_speed_abs_median_pct``) and its Pearson correlation with the cells' throughput
+    error (``speed_throughput_error_correlation``; NaN below 3 measured cells): near 1 when the
+    cells' errors follow the machine's speed in each cell's runs rather than the model."""
+    column = table["live_compute_speed_pct"] if "live_compute_speed_pct" in table.columns else pd.Series(dtype=float)
+    speed = pd.to_numeric(column, errors="coerce")
+    keep = speed.notna() & table.get("throughput_error_pct", pd.Series(np.nan, index=table.index)).notna()
+    corr = np.nan
+    if keep.sum() >= 3 and speed[keep].std() > 0:
+        corr = float(np.corrcoef(speed[keep], table.loc[keep, "throughput_error_pct"])[0, 1])
+    measured = speed.dropna()
+    return {
+        "num_cells_speed_measured": len(measured),
+        "live_compute_speed_min_pct": float(measured.min()) if len(measured) else np.nan,
+        "live_compute_speed_max_pct": float(measured.max()) if len(measured) else np.nan,
+        "live_compute_speed_abs_median_pct": float(measured.abs().median()) if len(measured) else np.nan,
+        "speed_throughput_error_correlation": corr,
+    }
+
+
+def speed_line(summary: dict[str, Any]) -> str:
+    """The cells' live compute speed against the cost's fit runs in one line (:func:`speed_summary`),
+    printed under the noise floor."""
+    n = summary.get("num_cells_speed_measured", 0)
+    if not n:
+        return "live compute speed vs the cost's fit runs: not measured (a given --cost, or runs without layer_pre_router_s)"
+    corr = summary.get("speed_throughput_error_correlation", np.nan)
+    corr_text = f"{corr:.2f}" if np.isfinite(corr) else "n/a"
+    return (
+        f"live compute speed vs the cost's fit runs (attention + router time; the simulator prices every cell "
+        f"at the fit runs' speed): {summary['live_compute_speed_min_pct']:+.0f} .. "
+        f"{summary['live_compute_speed_max_pct']:+.0f} % over {n} cells (median |.| "
+        f"{summary['live_compute_speed_abs_median_pct']:.0f} %); correlation with the throughput error {corr_text}"
+    )
+
+
 def missed_lines(table: pd.DataFrame) -> list[str]:
     """One line per cell that misses an aim, naming the cell, each missed figure and the measured
-    repeat noise it was held to (:func:`analysis.fidelity.missed_aims`)."""
+    repeat noise it was held to (:func:`analysis.fidelity.missed_aims`), then the cell's live
+    compute speed against the cost's fit runs when measured (:meth:`Validator.compute_speed_pct`)."""
     lines = []
     for _, row in table.iterrows():
         missed = fidelity.missed_aims(row)
@@ -854,6 +922,9 @@ def missed_lines(table: pd.DataFrame) -> list[str]:
                 row["bandwidth_gb_per_s"], int(row["cache_experts_per_layer"]), row["policy"],
                 overlap=row.get("overlap", "off"), prefetch=row.get("prefetch", "none"),
             ).name  # fmt: skip
+            speed = row.get("live_compute_speed_pct", np.nan)
+            if isinstance(speed, (int, float)) and np.isfinite(speed):
+                missed.append(f"its live compute ran {speed:+.0f} % vs the cost's fit runs")
             lines.append(f"  {name}: " + "; ".join(missed))
     return (
         ["missed aims (figure > the noise it is held to):", *lines]
@@ -876,7 +947,9 @@ def noise_line(summary: dict[str, Any], repeats: int) -> str:
         f"noise floor ({repeats} repeats per cell): live throughput spread median "
         f"{pct('median_live_repeat_spread_pct')} over cells (max {pct('max_live_repeat_spread_pct')}); "
         f"per-cycle cycle-time noise (CV across repeats, pooled) median {pct('noise_cycle_median_pct')}, "
-        f"p90 {pct('noise_cycle_p90_pct')}; within_noise = every missed timing target within it"
+        f"p90 {pct('noise_cycle_p90_pct')}; within_noise = every missed timing target within it; a model "
+        f"without bias would show per-cycle error median {pct('cycle_error_floor_median_pct')}, p90 "
+        f"{pct('cycle_error_floor_p90_pct')} against these {repeats}-repeat means (the noise of the mean alone)"
     )
 
 
@@ -1027,6 +1100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(targets_line(summary=summary))
     print(noise_line(summary, args.repeats))
+    print(speed_line(summary))
     summary.update(
         ran=True,
         repeats=args.repeats,

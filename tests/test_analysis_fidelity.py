@@ -155,6 +155,56 @@ def test_repeat_spread_pct() -> None:
     assert np.isnan(fidelity.repeat_spread_pct([10.0]))
 
 
+def test_noise_floor_is_the_half_normal_quantile_of_the_mean_of_the_repeats() -> None:
+    from scipy.special import ndtr
+
+    # one noise level: |N(0, s / sqrt(R))| has median 0.6745 s / sqrt(R) and p90 1.6449 s / sqrt(R)
+    noise = np.full(40, 12.0)
+    assert fidelity.noise_floor_pct(noise, 3, 0.5) == pytest.approx(0.67449 * 12 / np.sqrt(3), rel=1e-4)
+    assert fidelity.noise_floor_pct(noise, 4, 0.9) == pytest.approx(1.64485 * 12 / 2, rel=1e-4)
+    # a mixture: the returned value is where the pooled half-normal CDFs reach the quantile
+    mixed = np.array([2.0, 5.0, 30.0, np.nan])
+    x = fidelity.noise_floor_pct(mixed, 2, 0.9)
+    assert np.mean(2 * ndtr(x * np.sqrt(2) / mixed[:3]) - 1) == pytest.approx(0.9, abs=1e-7)
+    # cycles without noise count as exact; one repeat (or no noise at all) measures nothing
+    assert fidelity.noise_floor_pct(np.array([0.0, 0.0, 9.0]), 3, 0.5) == 0.0
+    assert np.isnan(fidelity.noise_floor_pct(noise, 1, 0.5))
+    assert np.isnan(fidelity.noise_floor_pct(np.full(3, np.nan), 3, 0.5))
+    with pytest.raises(ValueError, match="quantile"):
+        fidelity.noise_floor_pct(noise, 3, 1.0)
+
+
+def _pre_router_cycles(speed: float, nodes: list[int], seed: int) -> pd.DataFrame:
+    """Cycles whose attention + router time is ``speed * (2 ms + 0.3 ms/node + 1 us/token)``
+    split over 4 layers (the rest of each layer's compute 3x that, irrelevant to the gauge)."""
+    rng = np.random.default_rng(seed)
+    ctx = rng.integers(20, 200, size=len(nodes))
+    pre = speed * (2e-3 + 0.3e-3 * np.asarray(nodes) + 1e-6 * ctx)
+    return pd.DataFrame(
+        {
+            "num_nodes_verified": nodes,
+            "context_len": ctx,
+            "layer_pre_router_s": [[p / 4] * 4 for p in pre],
+            "layer_compute_s": [[p] * 4 for p in pre],
+        }
+    )
+
+
+def test_compute_speed_is_the_cells_attention_router_time_against_the_fit_runs() -> None:
+    reference = [_pre_router_cycles(1.0, [1] * 20, 0), _pre_router_cycles(1.0, [8] * 20, 1)]
+    # a cell of other tree sizes, its compute 30 % slower than the fit runs'
+    cell = [_pre_router_cycles(1.3, [2, 3, 4, 5] * 5, 2), _pre_router_cycles(1.3, [3] * 10, 3)]
+    assert fidelity.compute_speed(reference, cell) == pytest.approx(1.3, rel=1e-6)
+    assert fidelity.compute_speed(reference, reference) == pytest.approx(1.0)
+    # fit runs at two speeds: the cell is measured against their middle
+    mixed = [_pre_router_cycles(0.8, [1] * 20, 0), _pre_router_cycles(1.2, [1] * 20, 1), _pre_router_cycles(1.0, [8] * 21, 4)]
+    assert fidelity.compute_speed(mixed, [_pre_router_cycles(1.0, [1] * 9, 5)]) == pytest.approx(1.0, rel=0.05)
+    # traces without the column (recorded before it) measure nothing
+    old = [c.drop(columns=["layer_pre_router_s"]) for c in reference]
+    assert np.isnan(fidelity.compute_speed(old, cell)) and np.isnan(fidelity.compute_speed(reference, old))
+    assert np.isnan(fidelity.compute_speed([], cell))
+
+
 def _scaled(cycles: pd.DataFrame, factor: float) -> pd.DataFrame:
     out = cycles.copy()
     for col in ("draft_s", "verify_s", "h2d_s", "cycle_s"):

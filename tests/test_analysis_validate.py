@@ -76,7 +76,16 @@ def test_validate_tiny_grid(tiny_models, tmp_path, capsys) -> None:
         and summary["noise_cycle_p90_pct"] >= summary["noise_cycle_median_pct"]
     )
     assert summary["max_live_repeat_spread_pct"] == pytest.approx(table["live_repeat_spread_pct"].max())
-    assert lines[-3].startswith("targets") and lines[-2].startswith("noise floor (2 repeats per cell)")
+    assert lines[-4].startswith("targets") and lines[-3].startswith("noise floor (2 repeats per cell)")
+    assert lines[-2].startswith("live compute speed vs the cost's fit runs")
+    # what a bias-free model would show against the 2-repeat means, per cell and over the grid
+    floors = table[["cycle_error_floor_median_pct", "cycle_error_floor_p90_pct"]]
+    assert (floors["cycle_error_floor_median_pct"] > 0).all()
+    assert (floors["cycle_error_floor_median_pct"] <= floors["cycle_error_floor_p90_pct"]).all()
+    assert 0 < summary["cycle_error_floor_median_pct"] <= summary["cycle_error_floor_p90_pct"]
+    # each cell's live compute speed against the cost's fit runs (ar and topn are fit runs themselves)
+    assert table["live_compute_speed_pct"].notna().all() and summary["num_cells_speed_measured"] == 3
+    assert summary["live_compute_speed_min_pct"] <= summary["live_compute_speed_max_pct"]
     assert "within_noise" in lines[0].split()
     # the greedy outputs are the same whatever the policy, so the replay commits as many tokens
     assert (table["live_tokens_per_s"] > 0).all() and (table["sim_tokens_per_s"] > 0).all()
@@ -158,7 +167,8 @@ def test_validate_single_repeat_is_todays_run(tiny_models, tmp_path, capsys) -> 
     assert (table["aim_cycle_median"] == (table["cycle_error_median_pct"] <= 3.0)).all()
     assert summary["repeats"] == 1 and summary["noise_cycle_median_pct"] is None
     assert summary["max_live_repeat_spread_pct"] is None
-    assert lines[-2].startswith("noise floor: not measured")
+    assert lines[-3].startswith("noise floor: not measured")
+    assert lines[-2].startswith("live compute speed vs the cost's fit runs")
 
 
 def test_validate_bad_flags_exit_2(capsys) -> None:
@@ -245,7 +255,7 @@ def test_validate_summary_says_ran_and_whether_targets_were_met(tmp_path, capsys
     header = lines[0].split()
     assert header[-2:] == ["within_noise", "ok"] and "spread%" in header
     # within_noise reads the p90 noise too: printed (short headers, mapped on the line under the table)
-    assert "noise_med%" in header and "noise_p90%" in header and lines[-3].startswith("targets")
+    assert "noise_med%" in header and "noise_p90%" in header and lines[-4].startswith("targets")
     legend = lines[3]
     assert legend.startswith("columns (fidelity.csv names):")
     assert lines[4] == "missed aims (figure > the noise it is held to):"
@@ -254,10 +264,11 @@ def test_validate_summary_says_ran_and_whether_targets_were_met(tmp_path, capsys
         assert f"= {full}" in legend
     assert "nan" not in lines[1].split()[header.index("noise_p90%")]  # the rows carry the value
     for needle in ("median <= 3 % (met)", "p90 <= 8 % (met)", "repeat spread", "within 0.5 points", ">= 99%"):
-        assert needle in lines[-3]
-    assert lines[-2].startswith("noise floor (2 repeats per cell)")
+        assert needle in lines[-4]
+    assert lines[-3].startswith("noise floor (2 repeats per cell)")
     for needle in ("spread median 3 %", "(max 5.5 %)", "median 1.2 %", "p90 4.4 %"):
-        assert needle in lines[-2]
+        assert needle in lines[-3]
+    assert lines[-2].startswith("live compute speed vs the cost's fit runs: not measured")
     table["ok"] = table["within_noise"] = True
     for col in ("aim_throughput", "aim_cycle_median", "aim_hit_rate", "aim_same_subtree"):
         table[col] = True
@@ -265,7 +276,7 @@ def test_validate_summary_says_ran_and_whether_targets_were_met(tmp_path, capsys
     lines = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(lines[-1])
     assert summary["all_targets_met"] is True and summary["all_within_noise"] is True
-    assert summary["repeats"] == 1 and lines[-2].startswith("noise floor: not measured (--repeats 1)")
+    assert summary["repeats"] == 1 and lines[-3].startswith("noise floor: not measured (--repeats 1)")
 
 
 @pytest.mark.slow
