@@ -110,9 +110,9 @@ from specfit.cli import (
     print_summary,
     run_main,
 )
-from specfit.cost import CycleCostModel, no_pre_router_note
+from specfit.cost import CycleCostModel, no_pre_router_note, unpriced_next_layer_note
 from specfit.policies import TREE_POLICY_HELP
-from specfit.prefetch import PREFETCH_MODES
+from specfit.prefetch import PREFETCH_MODES, uses_next_layer
 from specfit.units import gb_per_s_to_bytes_per_s, us_to_s
 
 GRID_POLICIES = ("ar", "topn", "specfit")
@@ -987,6 +987,8 @@ def check_cost(args: Any, parser: ArgumentParser) -> CycleCostModel | None:
         )
     if "on" in args.overlap and (note := no_pre_router_note(args.cost)) is not None:
         print(f"warning: --cost {note}", file=sys.stderr)  # as sim.sweep and live.record say it
+    if any(uses_next_layer(mode) for mode in args.prefetch) and (note := unpriced_next_layer_note(cost, args.cost)):
+        print(f"warning: --cost {note}", file=sys.stderr)
     return cost
 
 

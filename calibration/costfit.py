@@ -564,6 +564,71 @@ def fit_pre_router_frac(cycles: pd.DataFrame, notes: list[str] | None = None) ->
     return float(np.clip(np.median(ratios), 0.0, 1.0))
 
 
+@dataclass(frozen=True)
+class NextLayerFit:
+    """Outcome of :func:`fit_next_layer_terms`.
+
+    Attributes:
+        cover_frac: ``CycleCostModel.next_layer_cover_frac`` (fraction in [0, 1]).
+        waste_per_miss: ``CycleCostModel.next_layer_waste_per_miss`` (copies per miss, >= 0).
+        num_cycles: cycles with prefetch counts used; num_misses, num_used, num_wasted: their
+            summed demand misses and used / wasted prefetches; notes: remarks.
+    """
+
+    cover_frac: float
+    waste_per_miss: float
+    num_cycles: int
+    num_misses: int
+    num_used: int
+    num_wasted: int
+    notes: tuple[str, ...] = ()
+
+
+def fit_next_layer_terms(cycles: pd.DataFrame) -> NextLayerFit:
+    """Next-layer prefetch's two cost terms from cycles recorded with it (``live.record --prefetch
+    next-layer``), from their prefetch counts (``num_prefetch_used``, ``num_prefetch_wasted``,
+    ``cache_misses``; ``specfit.prefetch.PrefetchLedger``).
+
+    A used prefetch is a miss the planner, which prices the cache as it stands when it chooses,
+    counted and the prefetch covered, so the planner's misses are ``M + U`` (``M`` the recorded
+    demand misses, ``U`` the used prefetches) and
+
+        next_layer_cover_frac      = sum U / (sum M + sum U)
+        next_layer_waste_per_miss  = sum W / (sum M + sum U)       (W: wasted, evicted unused)
+
+    ratios of the runs' totals (a prefetch is counted used or wasted in the cycle that uses or
+    evicts it, so per-cycle ratios would mix cycles; totals do not). Averaged over every layer,
+    the first included (it has no guess), as the cost model applies them. Cycles without counts
+    (null: recorded without prefetch accounting) are left out; with none left or no miss at all
+    both terms are 0 and a note says so.
+
+    Raises:
+        CalibrationDataError: a negative count (the run and column named).
+    """
+    notes: list[str] = []
+    columns = ("cache_misses", "num_prefetch_used", "num_prefetch_wasted")
+    if not len(cycles) or any(c not in cycles.columns for c in columns):
+        notes.append("next-layer prefetch terms set to 0: no cycle recorded prefetch counts")
+        return NextLayerFit(0.0, 0.0, 0, 0, 0, 0, tuple(notes))
+    table = cycles.dropna(subset=list(columns))
+    for column in columns:
+        bad = table[table[column].astype(np.int64) < 0]
+        if len(bad):
+            run = bad["run"].iloc[0] if "run" in bad.columns else "cycles"
+            raise CalibrationDataError(f"{run}: column {column!r} has a negative count ({int(bad[column].iloc[0])})")
+    misses, used, wasted = (int(table[c].astype(np.int64).sum()) for c in columns)
+    base = misses + used
+    if base == 0:
+        notes.append(f"next-layer prefetch terms set to 0: {len(table)} cycle(s) with prefetch counts and no miss")
+        return NextLayerFit(0.0, 0.0, len(table), misses, used, wasted, tuple(notes))
+    cover, waste = used / base, wasted / base
+    notes.append(
+        f"next-layer prefetch: {cover:.3f} of the planner's misses covered, {waste:.3f} wasted copies per "
+        f"miss ({used} used, {wasted} wasted, {misses} demand misses in {len(table)} cycles)"
+    )
+    return NextLayerFit(cover, waste, len(table), misses, used, wasted, tuple(notes))
+
+
 def fit_cost_model(
     cycles: pd.DataFrame,
     transfers: pd.DataFrame | None,
@@ -800,6 +865,8 @@ __all__ = [
     "CostFit",
     "FitOptions",
     "fit_pre_router_frac",
+    "NextLayerFit",
+    "fit_next_layer_terms",
     "copies_per_transfer",
     "host_s_per_transfer",
     "TermError",

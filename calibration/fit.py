@@ -3,7 +3,10 @@
 Writes, in the folder of ``--out``:
 
 - ``cost.json`` (the ``--out`` path): the fitted :class:`specfit.cost.CycleCostModel`, read by the
-  planner, the live engine and the simulator (``CycleCostModel.load``).
+  planner, the live engine and the simulator (``CycleCostModel.load``); with runs recorded with
+  ``live.record --prefetch next-layer`` among them, also next-layer prefetch's share and waste
+  from their prefetch counts (``calibration.costfit.fit_next_layer_terms``; ``next_layer_fit`` in
+  the report).
 - ``cost_fit_report.json``: per term (draft, verify, H2D per cycle and per transfer) and for
   whole cycles, median / p90 |% error| and R^2 on fit and held-out cycles, and the notes of the
   fit (:mod:`calibration.costfit`).
@@ -220,6 +223,20 @@ def _split_overlap_runs(loaded: LoadedRuns, cycles: Any, transfers: Any, args: A
     return cycles[pick].reset_index(drop=True), picked_transfers.reset_index(drop=True), labels
 
 
+def _next_layer_runs(loaded: LoadedRuns, cycles: Any) -> tuple[Any, list[str], list[str]]:
+    """``(cycles, labels, notes)`` of the policy runs recorded with ``live.record --prefetch
+    next-layer`` (manifest config ``prefetch``); runs with ``both`` only when none is there, said
+    in a note (their counts include the draft prefetch's)."""
+    modes = {label: m.config.get("prefetch") for label, m in zip(loaded.labels, loaded.manifests())}
+    present = set(cycles["run"].astype(str)) if len(cycles) and "run" in cycles.columns else set()
+    labels, notes = sorted(lbl for lbl in present if modes.get(lbl) == "next-layer"), []
+    if not labels:
+        labels = sorted(lbl for lbl in present if modes.get(lbl) == "both")
+        if labels:
+            notes.append("next-layer prefetch terms fitted on --prefetch both runs: their counts include the draft prefetch's")
+    return cycles[cycles["run"].isin(labels)].reset_index(drop=True) if labels else cycles.iloc[0:0], labels, notes
+
+
 def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
     """Run the whole calibration for parsed ``args``; returns the summary dict.
 
@@ -231,6 +248,7 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
         expected_model=args.model,
     )
     cycles, transfers, cost_labels = loaded.cost_fit_tables()
+    next_layer_cycles, next_layer_labels, next_layer_notes = _next_layer_runs(loaded, cycles)
     overlap_cycles, overlap_transfers, overlap_labels = _split_overlap_runs(loaded, cycles, transfers, args)
     if overlap_labels:
         cycles = cycles[~cycles["run"].isin(overlap_labels)].reset_index(drop=True)
@@ -296,10 +314,30 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
         from calibration.costfit import fit_overlap_terms
 
         overlap = fit_overlap_terms(fit, overlap_cycles, overlap_transfers)
-    (overlap.model if overlap is not None else fit.model).save(out)
+    model = overlap.model if overlap is not None else fit.model
+    next_layer = None
+    if next_layer_labels:  # next-layer prefetch's share and waste, from the runs that prefetched so
+        from dataclasses import replace
+
+        from calibration.costfit import fit_next_layer_terms
+
+        next_layer = fit_next_layer_terms(next_layer_cycles)
+        model = replace(model, next_layer_cover_frac=next_layer.cover_frac, next_layer_waste_per_miss=next_layer.waste_per_miss)
+    model.save(out)
     report = fit.to_dict()
+    report["cost"] = model.to_dict()
+    if next_layer is not None:
+        report["next_layer_fit"] = {
+            "runs": next_layer_labels,
+            "next_layer_cover_frac": next_layer.cover_frac,
+            "next_layer_waste_per_miss": next_layer.waste_per_miss,
+            "num_cycles": next_layer.num_cycles,
+            "num_misses": next_layer.num_misses,
+            "num_prefetch_used": next_layer.num_used,
+            "num_prefetch_wasted": next_layer.num_wasted,
+            "notes": next_layer_notes + list(next_layer.notes),
+        }
     if overlap is not None:
-        report["cost"] = overlap.model.to_dict()
         report["serial_cost"] = fit.model.to_dict()
         report["overlap_fit"] = {
             "runs": overlap_labels,
@@ -323,7 +361,10 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
         print()
         print("absolute % error per term (fit / held-out cycles; h2d_transfer per tensor copy):")
         print(errors.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    for note in fit.notes + (overlap.notes if overlap is not None else ()):
+    more = (overlap.notes if overlap is not None else ()) + (
+        tuple(next_layer_notes) + next_layer.notes if next_layer is not None else ()
+    )
+    for note in fit.notes + more:
         print(f"note: {note}")
     summary: dict[str, Any] = {
         "cost": str(out),
@@ -342,6 +383,8 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
         "compute_us_per_miss": s_to_us(fit.compute_s_per_miss),
         "h2d_identifiable": fit.h2d_identifiable,
     }
+    if next_layer is not None:
+        summary.update(next_layer_cover_frac=next_layer.cover_frac, next_layer_waste_per_miss=next_layer.waste_per_miss)
     if overlap is not None:
         summary.update(
             overlap_mode="on",

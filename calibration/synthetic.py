@@ -8,7 +8,11 @@ true misses) and a zero ``decision_s``, as the live engine logs its planner's vi
 Transfers are one row per missed expert with ``bytes = expert_bytes`` and their own noisy time,
 as the live engine records them; :func:`synthetic_size_sweep` gives copies of varied sizes (what
 ``calibration.h2d`` measures), the data that separate bandwidth from per-transfer latency.
-Fitting these tables must recover the model (``tests/test_calibration_fit.py``).
+With next-layer prefetch terms in the model (``next_layer_cover_frac``, ``next_layer_waste_per_miss``)
+each cycle also records prefetch counts drawn from them: of a layer's ``w`` drawn misses
+``Binomial(w, cover)`` were prefetched and used (the rest are its demand misses, ``layer_misses``),
+and ``Poisson(waste * w)`` wrong guesses were wasted. Fitting these tables must recover the
+model (``tests/test_calibration_fit.py``, ``tests/test_calibration_costfit.py``).
 """
 
 from __future__ import annotations
@@ -77,6 +81,17 @@ def synthetic_tables(
         nodes = 1 if levels == 0 else int(rng.integers(2, max_nodes + 1))
         ctx = int(prompt_lens[req] + positions[req])
         misses = rng.integers(0, max_misses_per_layer + 1, size=num_layers)
+        prefetch: dict[str, int] = {}
+        if model.next_layer_cover_frac > 0 or model.next_layer_waste_per_miss > 0:  # counts of a next-layer run
+            used = rng.binomial(misses, model.next_layer_cover_frac)
+            wasted = int(rng.poisson(model.next_layer_waste_per_miss * float(misses.sum())))
+            misses = misses - used  # the demand misses left
+            prefetch = {
+                "num_prefetch_issued": int(used.sum()) + wasted,
+                "num_prefetch_used": int(used.sum()),
+                "num_prefetch_wasted": wasted,
+                "prefetch_wasted_bytes": wasted * model.expert_bytes,
+            }
         layer_bytes = np.zeros(num_layers, dtype=np.int64)
         layer_s = np.zeros(num_layers)
         for layer in range(num_layers):
@@ -116,6 +131,7 @@ def synthetic_tables(
                 "predicted_expected_committed": None if policy == "ar" else float(num_accepted + 1),
                 "predicted_cycle_s": None if policy == "ar" else model.cycle_s(levels, nodes, ctx, misses),
                 "decision_s": None if policy == "ar" else 0.0,
+                **prefetch,
             }
         )
         positions[req] += num_accepted + 1

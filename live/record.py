@@ -615,6 +615,11 @@ def check_input_files(args: Any, parser: ArgumentParser) -> None:
             print(f"warning: --cost {note}; the planner prices cycles with that error", file=sys.stderr)
         if args.overlap == "on" and (note := no_pre_router_note(args.cost)) is not None:
             print(f"warning: --cost {note}", file=sys.stderr)
+        from specfit.cost import unpriced_next_layer_note
+        from specfit.prefetch import uses_next_layer
+
+        if uses_next_layer(args.prefetch) and (note := unpriced_next_layer_note(cost, args.cost)) is not None:
+            print(f"warning: --cost {note}", file=sys.stderr)
         layers = moe_layer_count(args.model)
         if layers is not None and cost.num_layers != layers:
             parser.fail(

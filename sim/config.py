@@ -10,7 +10,7 @@ import numpy as np
 
 from sim.engine import ENGINES
 from specfit.cost import CycleCostModel
-from specfit.prefetch import uses_draft
+from specfit.prefetch import uses_draft, uses_next_layer
 
 # CLI spellings -> specfit.policies names (issue 6: "autoregressive, top-N, SpecFit").
 POLICY_ALIASES = {
@@ -111,7 +111,8 @@ class SimConfig:
     Attributes:
         cost: the cycle cost model (bandwidth, expert bytes, compute costs); its ``num_layers``
             must equal the trace's. Its ``overlap_h2d`` is replaced by ``overlap`` and its
-            ``draft_prefetch`` by ``prefetch`` (draft or both).
+            ``draft_prefetch`` by ``prefetch`` (draft or both), its ``next_layer_prefetch`` by
+            ``prefetch`` (next-layer or both), as ``live.spec.session`` sets them.
         policy: tree policy (any spelling accepted by :func:`canonical_policy`); the
             :data:`ORACLE_VARIANTS` run SpecFit with the recorded acceptance and/or experts.
         cache_capacity_per_layer: experts the device caches per layer (count, >= 0).
@@ -211,9 +212,12 @@ class SimConfig:
         object.__setattr__(self, "overlap", overlap_mode(self.overlap, "SimConfig.overlap"))
         object.__setattr__(self, "prefetch", prefetch_mode(self.prefetch, "SimConfig.prefetch"))
         mode = "on" if self.overlap == "on" else "ideal"
-        wanted = (self.overlap != "off", mode, uses_draft(self.prefetch))
-        if (self.cost.overlap_h2d, self.cost.overlap_mode, self.cost.draft_prefetch) != wanted:
-            cost = dataclasses.replace(self.cost, overlap_h2d=wanted[0], overlap_mode=mode, draft_prefetch=wanted[2])
+        wanted = (self.overlap != "off", mode, uses_draft(self.prefetch), uses_next_layer(self.prefetch))
+        have = (self.cost.overlap_h2d, self.cost.overlap_mode, self.cost.draft_prefetch, self.cost.next_layer_prefetch)
+        if have != wanted:
+            cost = dataclasses.replace(
+                self.cost, overlap_h2d=wanted[0], overlap_mode=mode, draft_prefetch=wanted[2], next_layer_prefetch=wanted[3]
+            )
             object.__setattr__(self, "cost", cost)
 
     def to_dict(self) -> dict[str, Any]:

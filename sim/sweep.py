@@ -724,6 +724,13 @@ def _build_cells(
         if args.model_shape is None and args.expert_bytes is None:  # a real shape's trace: its own size
             args.model_shape = model.name
     cost, size_name = _resolve_cost(parser, args, model.num_layers)
+    from specfit.prefetch import uses_next_layer
+
+    if any(uses_next_layer(mode) for mode in prefetches):
+        from specfit.cost import unpriced_next_layer_note
+
+        if (note := unpriced_next_layer_note(cost, args.cost if cost_file else None)) is not None:
+            print(f"warning: --cost {note}", file=sys.stderr)
     args.bandwidth, bandwidth_line = _resolve_bandwidths(args, cost, cost_explicit)
     acceptance, acceptance_file = _resolve_acceptance(parser, args.acceptance, args.cost, trace_path)
     try:

@@ -10,6 +10,11 @@
     T_h2d    = sum over layers of misses_l * (expert_bytes / h2d_bytes_per_s + h2d_s_per_transfer)
     T_link   = expert_bytes / h2d_bytes_per_s + h2d_s_per_transfer - host_s_per_transfer
     T_pre    = pre_router_frac * T_verify / L     (a layer's attention + router, before its copies)
+  with next-layer prefetch (next_layer_prefetch; h = next_layer_cover_frac, x = next_layer_waste_per_miss,
+  c = T_verify / L), each layer's part above becomes
+    (1 + x) * host_s_per_transfer * m_l + max(c + (1 - h) T_link m_l, (1 + x) T_link m_l)     (no overlap)
+    (1 + x) * host_s_per_transfer * m_l + max(c, T_pre + (1 - h) T_link m_l, (1 + x) T_link m_l)
+                                        + late_call_s * (m_l > 0)                               ("on")
 
 This is the cost of the SpecFit paper's objective (arXiv 2610.15417, abstract: throughput =
 E[committed] / T_cycle with an expert-coverage H2D term), with a per-transfer latency term
@@ -34,9 +39,15 @@ exact value with prefetch and copies carried across cycles. With ``draft_prefetc
 ``--prefetch draft|both``) the planner prices a subtree's per-node predicted misses as the draft
 prefetch moves them (:meth:`CycleCostModel.prefetched_cycle_s`: placed before the forward,
 copied in layer order from then on, each layer's experts waiting only for their own copies), on
-the planner's own assumption that its predictions are right and fit the cache; next-layer
-prefetch is not priced (its guesses come from hidden states the planner does not have when it
-chooses). Realised cycles are priced with :meth:`CycleCostModel.cycle_s` of their demand misses. ``draft_base_s`` is what a drafting cycle pays
+the planner's own assumption that its predictions are right and fit the cache. Next-layer
+prefetch (``--prefetch next-layer|both``: layer l+1's router on layer l's input, its guesses
+enqueued one layer ahead) guesses from hidden states the planner does not have when it chooses,
+so it is priced by its measured effect (:meth:`CycleCostModel.cycle_s_layers`): a share ``h``
+of a layer's misses is copied a layer early and no longer waits for the router, the wrong
+guesses add ``x`` copies per miss to the link and the compute stream; both are fitted by
+``calibration.costfit.fit_next_layer_terms`` from a run's prefetch used/wasted counts and apply
+without overlap and in mode "on" (not to the bound "ideal", nor to the draft prefetch's
+pipeline, which already copies every predicted miss). Realised cycles are priced with :meth:`CycleCostModel.cycle_s` of their demand misses. ``draft_base_s`` is what a drafting cycle pays
 once whatever its depth (the draft model's catch-up forward over the tokens committed last cycle,
 launch overheads): measured live on the embedded default it is ~0.6 ms beside ~0.9 ms per level, so a
 per-level-only draft term mispredicts 1-level drafts by ~25 % and SpecFit's "draft at all?" question. Calibration fits the parameters and writes
@@ -59,9 +70,11 @@ import numpy as np
 from specfit.units import gb_per_s_to_bytes_per_s
 
 COST_MODEL_FORMAT = "specfit.CycleCostModel"
-COST_MODEL_VERSION = 4  # 2: draft_base_s (version 1 loads with 0); 3: host_s_per_transfer,
+COST_MODEL_VERSION = 5  # 2: draft_base_s (version 1 loads with 0); 3: host_s_per_transfer,
 # late_call_s (versions 1-2 load with 0: all of h2d_s_per_transfer is link time, no late calls);
-# 4: pre_router_frac (versions 1-3 load with 0: copies enqueued at the layer's start)
+# 4: pre_router_frac (versions 1-3 load with 0: copies enqueued at the layer's start);
+# 5: next_layer_cover_frac, next_layer_waste_per_miss (versions 1-4 load with 0: next-layer
+# prefetch not priced)
 COST_FIT_REPORT_NAME = "cost_fit_report.json"  # written by calibration.fit beside its cost.json
 
 
@@ -92,18 +105,63 @@ def _no_pre_router_text(where: str, version: int) -> str:
     )
 
 
-def no_pre_router_note(cost_path: str | Path) -> str | None:
-    """One line saying that the cost JSON at ``cost_path`` predates ``pre_router_frac`` (version
-    1-3: loaded as 0) when the file itself does not say overlap mode "on" (then :meth:`CycleCostModel.from_dict`
-    already warns), else None. For the tools that set overlap "on" after loading (``sim.sweep
-    --overlap on``, ``live.record --overlap on``). Never raises: an unreadable file gives None."""
+def _file_without(cost_path: str | Path, field: str, last_version: int) -> tuple[dict, int] | None:
+    """``(data, version)`` of the cost JSON at ``cost_path`` when it is a version up to
+    ``last_version`` without ``field`` (a file older than that field), else None (also for an
+    unreadable file or a bad version: loading reports those)."""
     try:
         data = json.loads(Path(cost_path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     version = data.get("version") if isinstance(data, dict) else None
-    if isinstance(version, bool) or not isinstance(version, int) or version > 3 or "pre_router_frac" in data:
+    if isinstance(version, bool) or not isinstance(version, int) or version > last_version or field in data:
         return None
+    return data, version
+
+
+def no_next_layer_note(cost_path: str | Path) -> str | None:
+    """One line saying that the cost JSON at ``cost_path`` predates the next-layer prefetch term
+    (version 1-4: ``next_layer_cover_frac`` and ``next_layer_waste_per_miss`` loaded as 0, so a
+    run with ``--prefetch next-layer|both`` is priced as if it prefetched nothing one layer ahead),
+    else None. For the tools that set the prefetch mode after loading (``sim.sweep``,
+    ``live.record``, ``analysis.validate``). Never raises: an unreadable file gives None."""
+    older = _file_without(cost_path, "next_layer_cover_frac", 4)
+    if older is None:
+        return None
+    version = older[1]
+    return (
+        f"{cost_path}: a version-{version} cost model has no next-layer prefetch share; it is taken as 0 "
+        "(the planner prices no next-layer prefetch). Refit with `python -m calibration.fit` on runs "
+        "recorded with --prefetch next-layer."
+    )
+
+
+def unpriced_next_layer_note(cost: CycleCostModel, cost_path: str | Path | None = None) -> str | None:
+    """One line saying that ``cost`` prices no next-layer prefetch although the run prefetches
+    one layer ahead (``--prefetch next-layer|both``), else None: a file older than the term
+    (:func:`no_next_layer_note`) or a model whose share and waste are 0 (a preset, or a fit
+    without ``--prefetch next-layer`` runs). For ``sim.sweep``, ``live.record`` and
+    ``analysis.validate`` to print as a warning. Never raises."""
+    if cost_path is not None and (note := no_next_layer_note(cost_path)) is not None:
+        return note
+    if cost.next_layer_cover_frac > 0.0 or cost.next_layer_waste_per_miss > 0.0:
+        return None
+    return (
+        f"{cost_path or cost.source}: no next-layer prefetch share (next_layer_cover_frac and "
+        "next_layer_waste_per_miss are 0), so the planner prices no next-layer prefetch; fit them with "
+        "`python -m calibration.fit` on runs recorded with --prefetch next-layer"
+    )
+
+
+def no_pre_router_note(cost_path: str | Path) -> str | None:
+    """One line saying that the cost JSON at ``cost_path`` predates ``pre_router_frac`` (version
+    1-3: loaded as 0) when the file itself does not say overlap mode "on" (then :meth:`CycleCostModel.from_dict`
+    already warns), else None. For the tools that set overlap "on" after loading (``sim.sweep
+    --overlap on``, ``live.record --overlap on``). Never raises: an unreadable file gives None."""
+    older = _file_without(cost_path, "pre_router_frac", 3)
+    if older is None:
+        return None
+    data, version = older
     if data.get("overlap_h2d") and data.get("overlap_mode") == "on":
         return None
     return _no_pre_router_text(str(cost_path), version)
@@ -121,11 +179,14 @@ FIELD_UNITS: dict[str, str] = {
     "host_s_per_transfer": "s/transfer",
     "late_call_s": "s",
     "pre_router_frac": "fraction",
+    "next_layer_cover_frac": "fraction",
+    "next_layer_waste_per_miss": "copies/miss",
     "expert_bytes": "bytes",
     "num_layers": "count",
     "overlap_h2d": "bool",
     "overlap_mode": "text",
     "draft_prefetch": "bool",
+    "next_layer_prefetch": "bool",
     "source": "text",
 }
 _FLOAT_FIELDS = (
@@ -139,6 +200,8 @@ _FLOAT_FIELDS = (
     "host_s_per_transfer",
     "late_call_s",
     "pre_router_frac",
+    "next_layer_cover_frac",
+    "next_layer_waste_per_miss",
 )
 
 
@@ -192,11 +255,22 @@ class CycleCostModel:
             the planner then prices a subtree whose per-node expert predictions it has as if its
             predicted misses were copied when it is chosen (:meth:`plan_cycle_s`); a run setting,
             like ``overlap_h2d`` (default False; optional in JSON).
+        next_layer_cover_frac: with next-layer prefetch, the share of a layer's demand misses (as
+            the planner counts them, against the cache it sees) whose copies the guess of the
+            layer before enqueued one layer ahead (fraction in [0, 1], default 0; averaged over
+            the layers, the first included, which has no guess). ``calibration.costfit`` fits it
+            from a run's prefetch counts (:func:`calibration.costfit.fit_next_layer_terms`).
+        next_layer_waste_per_miss: with next-layer prefetch, the copies of wrong guesses it adds to
+            the link per such demand miss (copies/miss, >= 0, default 0), fitted alike.
+        next_layer_prefetch: whether the run prefetches one layer ahead (``--prefetch
+            next-layer|both``): the cycle is then priced with the two terms above (see
+            :meth:`cycle_s_layers`); a run setting, like ``draft_prefetch`` (default False;
+            optional in JSON).
 
     Raises:
         ValueError: a negative or non-finite time, a non-positive bandwidth or layer count,
-            ``host_s_per_transfer > h2d_s_per_transfer``, ``pre_router_frac`` above 1; the
-            message names the field.
+            ``host_s_per_transfer > h2d_s_per_transfer``, ``pre_router_frac`` or
+            ``next_layer_cover_frac`` above 1; the message names the field.
     """
 
     draft_s_per_level: float
@@ -215,6 +289,9 @@ class CycleCostModel:
     late_call_s: float = 0.0
     pre_router_frac: float = 0.0
     draft_prefetch: bool = False
+    next_layer_cover_frac: float = 0.0
+    next_layer_waste_per_miss: float = 0.0
+    next_layer_prefetch: bool = False
 
     def __post_init__(self) -> None:
         for name in _FLOAT_FIELDS:
@@ -237,8 +314,9 @@ class CycleCostModel:
                 "CycleCostModel.host_s_per_transfer: expected <= h2d_s_per_transfer (it is the part of "
                 f"it spent on the compute stream), got {self.host_s_per_transfer!r} > {self.h2d_s_per_transfer!r}"
             )
-        if self.pre_router_frac > 1.0:
-            raise ValueError(f"CycleCostModel.pre_router_frac: expected a fraction in [0, 1], got {self.pre_router_frac!r}")
+        for name in ("pre_router_frac", "next_layer_cover_frac"):
+            if getattr(self, name) > 1.0:
+                raise ValueError(f"CycleCostModel.{name}: expected a fraction in [0, 1], got {getattr(self, name)!r}")
         for name, minimum in (("expert_bytes", 0), ("num_layers", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or int(value) != value or value < minimum:
@@ -247,9 +325,10 @@ class CycleCostModel:
         if not isinstance(self.overlap_h2d, (bool, np.bool_)):
             raise ValueError(f"CycleCostModel.overlap_h2d: expected true/false, got {self.overlap_h2d!r}")
         object.__setattr__(self, "overlap_h2d", bool(self.overlap_h2d))
-        if not isinstance(self.draft_prefetch, (bool, np.bool_)):
-            raise ValueError(f"CycleCostModel.draft_prefetch: expected true/false, got {self.draft_prefetch!r}")
-        object.__setattr__(self, "draft_prefetch", bool(self.draft_prefetch))
+        for name in ("draft_prefetch", "next_layer_prefetch"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"CycleCostModel.{name}: expected true/false, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, bool(getattr(self, name)))
         if self.overlap_mode not in ("on", "ideal"):
             raise ValueError(f"CycleCostModel.overlap_mode: expected 'on' or 'ideal', got {self.overlap_mode!r}")
         object.__setattr__(self, "source", str(self.source))
@@ -334,6 +413,36 @@ class CycleCostModel:
         """True for the live engine's overlap (``overlap_h2d`` and mode "on"): the per-layer form."""
         return self.overlap_h2d and self.overlap_mode == "on"
 
+    @property
+    def next_layer_priced(self) -> bool:
+        """True when cycles are priced with next-layer prefetch (:meth:`cycle_s_layers`):
+        ``next_layer_prefetch`` with a fitted share (``next_layer_cover_frac`` or
+        ``next_layer_waste_per_miss`` > 0), without overlap or in mode "on". Mode "ideal" is left
+        as it is: a bound that enqueues every demand copy when verification starts, which no
+        prefetch improves on (its waste is left out, as its placing is)."""
+        return (
+            self.next_layer_prefetch
+            and (self.next_layer_cover_frac > 0.0 or self.next_layer_waste_per_miss > 0.0)
+            and not (self.overlap_h2d and self.overlap_mode == "ideal")
+        )
+
+    @property
+    def per_layer_priced(self) -> bool:
+        """True when :meth:`cycle_s` prices each layer's misses (:meth:`cycle_s_layers`): overlap
+        mode "on" (:attr:`per_layer_overlap`) or next-layer prefetch (:attr:`next_layer_priced`)."""
+        return self.per_layer_overlap or self.next_layer_priced
+
+    @property
+    def next_layer_terms(self) -> tuple[float, float, float]:
+        """``(host, after, link)`` seconds per demand miss ``m`` the planner counts, with next-layer
+        prefetch covering ``h = next_layer_cover_frac`` of them and adding ``x =
+        next_layer_waste_per_miss`` wrong copies: placing every copy on the compute stream ``(1 +
+        x) * host_s_per_transfer``; the copies still enqueued after the layer's router ``(1 - h) *
+        T_link``; all of the layer's copies on the link ``(1 + x) * T_link``
+        (:attr:`link_s_per_transfer`)."""
+        x, link = self.next_layer_waste_per_miss, self.link_s_per_transfer
+        return (1.0 + x) * self.host_s_per_transfer, (1.0 - self.next_layer_cover_frac) * link, (1.0 + x) * link
+
     def overlap_on_total_s(self, verify_s: Any, total_misses: Any) -> Any:
         """Mode "on"'s verification time from the TOTAL misses (s; arrays broadcast):
         ``max(V + host * M, pre_router_frac * V + s_per_miss * M) + late_call_s * (M > 0)``
@@ -354,10 +463,13 @@ class CycleCostModel:
 
     def cycle_s_total(self, num_levels: Any, num_nodes: Any, context_len: Any, total_misses: Any) -> Any:
         """Cycle time from the TOTAL miss count over layers (s); arrays broadcast (vectorised
-        callers). Overlap mode "on" takes :meth:`overlap_on_total_s` (a lower bound on the
-        per-layer form), mode "ideal" and no overlap :meth:`combine_s`."""
+        callers). Next-layer prefetch priced takes :meth:`next_layer_total_s`, overlap mode "on"
+        :meth:`overlap_on_total_s` (lower bounds on the per-layer forms), mode "ideal" and no
+        overlap :meth:`combine_s`."""
         verify = self.verify_s_array(num_nodes, context_len)
-        if self.per_layer_overlap:
+        if self.next_layer_priced:
+            out = self.draft_s_array(num_levels) + self.next_layer_total_s(verify, total_misses)
+        elif self.per_layer_overlap:
             out = self.draft_s_array(num_levels) + self.overlap_on_total_s(verify, total_misses)
         else:
             h2d = self.s_per_miss * np.asarray(total_misses, dtype=np.float64)
@@ -374,17 +486,55 @@ class CycleCostModel:
         return float(out) if np.ndim(out) == 0 else out
 
     def cycle_s_layers(self, num_levels: Any, num_nodes: Any, context_len: Any, misses: Any) -> Any:
-        """Overlap mode "on"'s per-layer cycle time (s) for ``misses`` float[..., L] (rows
-        broadcast against ``num_levels`` / ``num_nodes``): ``draft + sum_l [host * m_l +
-        max(c, pre_router_frac * c + T_link * m_l) + late_call_s * (m_l > 0)]``, ``c = verify /
-        L``. The form :meth:`cycle_s` prices one subtree with; vectorised for the planner's
-        union-size prefixes."""
+        """The per-layer cycle time (s) for ``misses`` float[..., L] (rows broadcast against
+        ``num_levels`` / ``num_nodes``), ``c = verify / L``, ``p = pre_router_frac``. Overlap
+        mode "on": ``draft + sum_l [host * m_l + max(c, p c + T_link * m_l) + late_call_s * (m_l >
+        0)]``. The form :meth:`cycle_s` prices one subtree with; vectorised for the planner's
+        union-size prefixes.
+
+        With next-layer prefetch priced (:attr:`next_layer_priced`; ``host``, ``a`` (after the
+        router) and ``b`` (link) of :attr:`next_layer_terms`), a layer lasts
+        ``host * m_l + max(c, p c + a m_l, b m_l) + late_call_s * (m_l > 0)`` in mode "on" and
+        ``host * m_l + max(c + a m_l, b m_l)`` without overlap: the covered copies were enqueued
+        during the layer before (``live.offload``: layer l+1's router on layer l's input, the
+        copies behind layer l's demand copies, or at layer l's start without overlap;
+        ``sim.engine``), so only the rest waits for the router, while in steady state the link
+        still carries all ``(1 + x) m_l`` copies per layer (the ``b`` branch: a copy-bound link
+        gains nothing from prefetch and pays for its wrong guesses). An estimate on the planner's
+        assumption that layers alike follow each other (the guesses of layer l-1 fly during
+        layer l-1's compute, their window ``c``); the simulator replays the recorded guesses
+        exactly. With ``h = x = 0`` both forms are the ones without prefetch."""
         m = np.asarray(misses, dtype=np.float64)
         c = self.verify_s_array(num_nodes, context_len) / self.num_layers
         c = np.asarray(c)[..., None]
-        per_layer = np.maximum(c, self.pre_router_frac * c + m * self.link_s_per_transfer)
-        host = self.host_s_per_transfer * m.sum(axis=-1) + self.late_call_s * np.count_nonzero(m, axis=-1)
+        if self.next_layer_priced:
+            host_s, after_s, link_s = self.next_layer_terms
+            if self.overlap_h2d:  # mode "on" (next_layer_priced excludes "ideal")
+                per_layer = np.maximum(np.maximum(c, self.pre_router_frac * c + m * after_s), m * link_s)
+                host = host_s * m.sum(axis=-1) + self.late_call_s * np.count_nonzero(m, axis=-1)
+            else:
+                per_layer = np.maximum(c + m * after_s, m * link_s)
+                host = host_s * m.sum(axis=-1)
+        else:
+            per_layer = np.maximum(c, self.pre_router_frac * c + m * self.link_s_per_transfer)
+            host = self.host_s_per_transfer * m.sum(axis=-1) + self.late_call_s * np.count_nonzero(m, axis=-1)
         out = self.draft_s_array(num_levels) + per_layer.sum(axis=-1) + host
+        return float(out) if np.ndim(out) == 0 else out
+
+    def next_layer_total_s(self, verify_s: Any, total_misses: Any) -> Any:
+        """Verification time with next-layer prefetch priced, from the TOTAL misses ``M`` (s;
+        arrays broadcast): ``host * M + max(V, p V + a M, b M) + late_call_s * (M > 0)`` in mode
+        "on", ``host * M + max(V + a M, b M)`` without overlap (:attr:`next_layer_terms`). A LOWER
+        bound on :meth:`cycle_s_layers`' form for any split of ``M`` over the layers (a sum of
+        maxima is at least the maximum of the sums), as :meth:`overlap_on_total_s`."""
+        v = np.asarray(verify_s, dtype=np.float64)
+        m = np.asarray(total_misses, dtype=np.float64)
+        host_s, after_s, link_s = self.next_layer_terms
+        if self.overlap_h2d:
+            both = np.maximum(np.maximum(v, self.pre_router_frac * v + after_s * m), link_s * m)
+            out = host_s * m + both + self.late_call_s * (m > 0)
+        else:
+            out = host_s * m + np.maximum(v + after_s * m, link_s * m)
         return float(out) if np.ndim(out) == 0 else out
 
     def prefetched_total_s(self, verify_s: Any, total_misses: Any) -> Any:
@@ -408,9 +558,25 @@ class CycleCostModel:
         ``draft_prefetch`` at most :attr:`prefetch_tail_frac` (the prefetch pipeline hides the
         compute that precedes the last landing). More nodes never lower the misses' part, so
         ``least_verify_share * verify_s_per_node`` per node is a lower bound on the time they add:
-        SpecFit's ``stopping="bound"`` rule (``specfit.policies``) needs exactly that."""
+        SpecFit's ``stopping="bound"`` rule (``specfit.policies``) needs exactly that. With
+        next-layer prefetch priced it is 0: a layer whose link carries more than its compute
+        (``b m_l`` of :meth:`cycle_s_layers`) hides all of it."""
+        if self.next_layer_priced:
+            return 0.0
         share = 1.0 if not self.overlap_h2d else (self.pre_router_frac if self.overlap_mode == "on" else 0.0)
         return min(share, self.prefetch_tail_frac) if self.draft_prefetch else share
+
+    @property
+    def least_s_per_miss(self) -> float:
+        """Without overlap, the least seconds one more predicted miss adds to any cycle price of
+        this model, whatever the verified nodes add (a lower bound, with
+        :attr:`least_verify_share`, for SpecFit's ``stopping="bound"`` rule): :attr:`s_per_miss`;
+        with next-layer prefetch priced ``host + a`` of :attr:`next_layer_terms` (``max(c + a m,
+        b m)`` grows by at least ``min(a, b) = a`` per miss)."""
+        if self.next_layer_priced:
+            host_s, after_s, _ = self.next_layer_terms
+            return host_s + after_s
+        return self.s_per_miss
 
     @property
     def prefetch_tail_frac(self) -> float:
@@ -459,15 +625,17 @@ class CycleCostModel:
         return self.cycle_s(num_levels, num_nodes, context_len, misses_per_layer)
 
     def cycle_s(self, num_levels: int, num_nodes: int, context_len: int, misses_per_layer: Any) -> float:
-        """Predicted cycle time (s); see the module docstring for the three forms (with a scalar
-        miss total, mode "on" takes :meth:`overlap_on_total_s`, its lower bound)."""
-        misses = np.asarray(misses_per_layer) if self.per_layer_overlap else None  # the others need the total only
+        """Predicted cycle time (s); see the module docstring for the three forms and next-layer
+        prefetch's (with a scalar miss total, mode "on" and next-layer prefetch take their lower
+        bounds, :meth:`overlap_on_total_s` and :meth:`next_layer_total_s`)."""
+        misses = np.asarray(misses_per_layer) if self.per_layer_priced else None  # the others need the total only
         if misses is not None and misses.ndim == 1:
             self.h2d_s(misses)  # checks the counts
             return self.cycle_s_layers(num_levels, num_nodes, context_len, misses)
         if misses is not None:  # a scalar total
             self.h2d_s(misses)  # checks it
-            return float(self.draft_s(num_levels) + self.overlap_on_total_s(self.verify_s(num_nodes, context_len), float(misses)))
+            total = self.next_layer_total_s if self.next_layer_priced else self.overlap_on_total_s
+            return float(self.draft_s(num_levels) + total(self.verify_s(num_nodes, context_len), float(misses)))
         return self.combine_s(
             self.draft_s(num_levels), self.verify_s(num_nodes, context_len), self.h2d_s(misses_per_layer)
         )
@@ -559,9 +727,11 @@ class CycleCostModel:
         unknown = sorted(set(data) - set(names) - {"format", "version", "units"})
         if unknown:
             raise ValueError(f"{where}: unknown field(s) {unknown}; expected {names}")
-        optional = ("overlap_h2d", "source", "overlap_mode", "draft_prefetch") + (("draft_base_s",) if version == 1 else ())
+        optional = ("overlap_h2d", "source", "overlap_mode", "draft_prefetch", "next_layer_prefetch")
+        optional += ("draft_base_s",) if version == 1 else ()
         optional += ("host_s_per_transfer", "late_call_s") if version <= 2 else ()
         optional += ("pre_router_frac",) if version <= 3 else ()
+        optional += ("next_layer_cover_frac", "next_layer_waste_per_miss") if version <= 4 else ()
         missing = [n for n in names if n not in optional and n not in data]
         if missing:
             raise ValueError(f"{where}: missing field(s) {missing}")

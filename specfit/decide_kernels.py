@@ -135,7 +135,7 @@ def level_accept_probs(parents, depths, max_depth, probs, edge, knots_x, knots_y
 def union_cycle_s(params, num_levels, nodes, context_len, union_table, row, miss, total, scratch):
     """Predicted cycle time (s) of a union-size subtree of ``nodes`` nodes after ``num_levels``
     levels: its expected misses per layer are ``union_table[row] * miss``, ``total`` their sum
-    as the caller summed it. ``params`` float64[13] (:func:`specfit.planner.cost_params`):
+    as the caller summed it. ``params`` float64[17] (:func:`specfit.planner.cost_params`):
     ``draft_base_s, draft_s_per_level, verify_base_s, verify_s_per_node,
     verify_s_per_context_token, s_per_miss, overlap_h2d, per_layer (overlap mode "on"),
     link_s_per_transfer, host_s_per_transfer, pre_router_frac, late_call_s, num_layers``.
@@ -144,11 +144,32 @@ def union_cycle_s(params, num_levels, nodes, context_len, union_table, row, miss
     h2d)`` (``cost.combine_s``, ``h2d = total * s_per_miss``), or in mode "on"
     ``cost.cycle_s_layers``: ``draft + sum_l max(c, pre * c + m_l * link) + (host * sum_l m_l +
     late * #{m_l > 0})``, ``c = verify / L``, both sums as ``np.sum`` sums (:func:`numpy_sum`;
-    ``scratch`` float64[2, >= L] holds the terms).
+    ``scratch`` float64[2, >= L] holds the terms); with next-layer prefetch priced (``params[13]``,
+    its ``host, after, link`` in ``params[14:17]``) ``cost.cycle_s_layers``' next-layer form.
     """
     levels = float(num_levels)
     draft = params[0] + params[1] * levels if levels > 0 else 0.0  # cost.draft_s
     verify = params[2] + params[3] * nodes + params[4] * float(context_len)
+    if params[13] != 0.0:  # next-layer prefetch, per layer (np.maximum: NaN wins)
+        layers = miss.shape[0]
+        c = verify / params[12]
+        count = 0
+        for layer in range(layers):
+            m = union_table[row, layer] * miss[layer]
+            if params[6] != 0.0:  # mode "on": max(max(c, pre * c + m * after), m * link)
+                x = params[10] * c + m * params[15]
+                x = x if x > c or np.isnan(x) else c
+            else:  # max(c + m * after, m * link)
+                x = c + m * params[15]
+            y = m * params[16]
+            scratch[0, layer] = x if x > y or np.isnan(x) else y
+            scratch[1, layer] = m
+            if m != 0.0:
+                count += 1
+        host = params[14] * numpy_sum(scratch[1], 0, layers)
+        if params[6] != 0.0:
+            host = host + params[11] * float(count)
+        return draft + numpy_sum(scratch[0], 0, layers) + host
     if params[7] != 0.0:  # overlap mode "on", per layer
         layers = miss.shape[0]
         c = verify / params[12]

@@ -163,8 +163,8 @@ def _search_plan(
         exact = bool(upper <= lam)
     size = int(istate[2])
     nodes = np.sort(ids[state[9][:size]]) if size > 0 else seed
-    if cost.per_layer_overlap or cost.draft_prefetch:
-        # per-layer overlap (and the draft prefetch's pipeline) needs the misses of each layer: the chosen subtree is scored as every
+    if cost.per_layer_priced or cost.draft_prefetch:
+        # per-layer overlap (and next-layer prefetch's per-layer form) (and the draft prefetch's pipeline) needs the misses of each layer: the chosen subtree is scored as every
         # other policy's (cost.cycle_s); the search maximised its lower bound from the total
         # (cost.cycle_s_total), whose optimum ``upper`` bounds the per-layer optimum from above
         gain, cycle, per_layer = evaluate_nodes(ctx, nodes)
@@ -179,7 +179,7 @@ def _search_plan(
             cost.transfer_s(misses),
         )
     nodes.setflags(write=False)
-    per_layer = cost.per_layer_overlap or cost.draft_prefetch
+    per_layer = cost.per_layer_priced or cost.draft_prefetch
     tokens_per_s = gain / cycle
     return Plan(
         nodes=nodes,
@@ -204,7 +204,13 @@ def search_costs(cost, num_levels: int, context_len: int) -> np.ndarray:
     ``per_miss`` is the whole per-miss cost and the last three are 0; in mode "on" ``host``,
     ``pre`` and ``late`` are ``host_s_per_transfer``, ``pre_router_frac`` and ``late_call_s``. A
     draft-prefetching run (``cost.draft_prefetch``) takes the prefetch pipeline's bound:
-    ``per_miss`` the link's share, ``pre`` ``cost.prefetch_tail_frac``, ``late`` 0."""
+    ``per_miss`` the link's share, ``pre`` ``cost.prefetch_tail_frac``, ``late`` 0. With next-layer
+    prefetch priced (``cost.next_layer_priced``; ``host``, ``a``, ``b`` of
+    ``cost.next_layer_terms``) the totals form ``host M + max(V + a M, b M)`` without overlap is
+    exactly this form (``host + a``, ``pre`` 0, ``per_miss`` ``host + b``); mode "on"'s
+    ``host M + max(V, p V + a M, b M) + late`` has three branches, so the search takes one of
+    its two copy branches: ``p V + a M`` when it binds where a layer turns copy-bound (``b (1 -
+    p) <= a``), else ``b M`` (either gives a lower bound; the plan's gap certifies the rest)."""
     if cost.draft_prefetch:
         return np.array(
             [
@@ -217,6 +223,16 @@ def search_costs(cost, num_levels: int, context_len: int) -> np.ndarray:
                 cost.prefetch_tail_frac,
                 0.0,
             ]
+        )
+    if cost.next_layer_priced:
+        host, after, link = cost.next_layer_terms
+        if cost.overlap_h2d:  # mode "on"
+            keep = 1.0 if link * (1.0 - cost.pre_router_frac) <= after else 0.0
+            per_miss, pre, late = host + keep * after + (1.0 - keep) * link, keep * cost.pre_router_frac, cost.late_call_s
+        else:
+            per_miss, pre, late, host = host + link, 0.0, 0.0, host + after
+        return np.array(
+            [cost.draft_s(num_levels), cost.verify_s(0, context_len), cost.verify_s_per_node, per_miss, 1.0, host, pre, late]
         )
     on = cost.per_layer_overlap
     return np.array(
@@ -291,10 +307,11 @@ _COST_PARAMS: dict[int, tuple[object, np.ndarray]] = {}
 
 
 def cost_params(cost) -> np.ndarray:
-    """float64[13] the compiled union-size path takes (:func:`specfit.decide_kernels.union_cycle_s`):
+    """float64[17] the compiled union-size path takes (:func:`specfit.decide_kernels.union_cycle_s`):
     ``draft_base_s, draft_s_per_level, verify_base_s, verify_s_per_node, verify_s_per_context_token,
     s_per_miss, overlap_h2d, per_layer_overlap, link_s_per_transfer, host_s_per_transfer,
-    pre_router_frac, late_call_s, num_layers``; kept per cost model (immutable) object."""
+    pre_router_frac, late_call_s, num_layers, next_layer_priced`` and ``cost.next_layer_terms``
+    (``host, after, link``); kept per cost model (immutable) object."""
     memo = _COST_PARAMS.get(id(cost))
     if memo is not None and memo[0] is cost:
         return memo[1]
@@ -315,6 +332,8 @@ def cost_params(cost) -> np.ndarray:
             cost.pre_router_frac,
             cost.late_call_s,
             float(cost.num_layers),
+            1.0 if cost.next_layer_priced else 0.0,
+            *cost.next_layer_terms,
         ]
     )
     params.setflags(write=False)
@@ -508,7 +527,7 @@ def _plan_union_size_batch(contexts: list[PolicyContext], started: float) -> lis
     misses, total_misses = _union_misses(first.node_experts, first.cached_bits, width)
     sizes = np.arange(1, width + 1, dtype=np.float64)
     verify = cost.verify_s_array(sizes, first.context_len)
-    if cost.per_layer_overlap:  # overlap mode "on": each size's per-layer misses, as cost.cycle_s
+    if cost.per_layer_priced:  # overlap mode "on", next-layer prefetch: each size's per-layer misses, as cost.cycle_s
         levels = np.array([ctx.num_levels for ctx in contexts])
         cycle = np.asarray(cost.cycle_s_layers(levels[:, None], sizes[None, :], first.context_len, misses[None]))
     else:
@@ -613,7 +632,7 @@ def plan_brute_force(ctx: PolicyContext) -> Plan:
     for nodes in iter_closed_subtrees(ctx.tree.parents):
         count += 1
         gain = 1.0 + sum(float(p[v]) for v in nodes[1:])
-        if cost.per_layer_overlap or (cost.draft_prefetch and node_ints is not None):  # per layer
+        if cost.per_layer_priced or (cost.draft_prefetch and node_ints is not None):  # per layer
             _, cycle, _ = evaluate_nodes(ctx, np.asarray(nodes, dtype=np.int64))
             if gain / cycle > best_ratio:
                 best_ratio, best_nodes = gain / cycle, nodes
@@ -681,8 +700,8 @@ def plan_mincut(ctx: PolicyContext, max_iterations: int = 50) -> Plan:
         ValueError: ``overlap_h2d`` cost (not a closure problem) or union-size node experts.
     """
     started = time.perf_counter()
-    if ctx.cost.overlap_h2d or ctx.node_experts.is_union_size:
-        raise ValueError("plan_mincut: needs per-node expert sets and a cost without overlap_h2d")
+    if ctx.cost.overlap_h2d or ctx.cost.next_layer_priced or ctx.node_experts.is_union_size:
+        raise ValueError("plan_mincut: needs per-node expert sets and a cost without overlap_h2d or next-layer prefetch")
     from specfit.context import evaluate_nodes
 
     def ratio(nodes: list[int]) -> float:

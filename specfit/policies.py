@@ -141,8 +141,9 @@ def _max_level_mass(ctx: PolicyContext, topk: int | None) -> tuple[float, float]
 def _min_added_h2d_s(ctx: PolicyContext, max_new: int) -> np.ndarray:
     """float64[max_new]: least predicted transfer seconds that ``m`` = 1..max_new more nodes add.
 
-    Union-size mode without overlap: ``s_per_miss * min_{1<=n<=N} (F(n + m) - F(n))`` with
-    ``F(n) = sum_l expected_union_l(n) * miss_l``; zeros otherwise (see ``keep_drafting``).
+    Union-size mode without overlap: ``least_s_per_miss * min_{1<=n<=N} (F(n + m) - F(n))`` with
+    ``F(n) = sum_l expected_union_l(n) * miss_l`` (``cost.least_s_per_miss``: ``s_per_miss``, less
+    with next-layer prefetch priced); zeros otherwise (see ``keep_drafting``).
     """
     ne = ctx.node_experts
     if max_new <= 0 or not ne.is_union_size or ctx.cost.overlap_h2d:
@@ -152,7 +153,7 @@ def _min_added_h2d_s(ctx: PolicyContext, max_new: int) -> np.ndarray:
     total = ne.expected_union_table(size + max_new) @ miss  # total[i] = F(i + 1)
     grow = np.arange(size)[:, None] + np.arange(1, max_new + 1)[None, :]  # row n - 1, column m - 1: n + m - 1
     least = (total[grow] - total[:size, None]).min(axis=0)
-    return np.maximum(least, 0.0) * ctx.cost.s_per_miss
+    return np.maximum(least, 0.0) * ctx.cost.least_s_per_miss
 
 
 def _chain_gain(
@@ -559,7 +560,7 @@ class SpecFitPolicy(TreePolicy):
         predicted transfer time that ``m`` more nodes add to any subtree of the current tree. With
         a union-size prediction and no H2D overlap the predicted misses of a subtree depend only
         on its size ``n`` (``F(n) = sum_l u_l(n) * miss_l``), so
-        ``H(m) = s_per_miss * min_{1 <= n <= N} (F(n + m) - F(n))``; with per-node sets (oracle,
+        ``H(m) = cost.least_s_per_miss * min_{1 <= n <= N} (F(n + m) - F(n))``; with per-node sets (oracle,
         recent, token table) the next level's experts are unknown and ``H = 0``. Asked on the root
         alone (nothing drafted yet), the first level also pays ``draft_base_s`` (``b``; sunk once a
         level is drafted). Drafting stops when no ``(k, m)`` beats ``R*``:

@@ -1,5 +1,7 @@
 """Cost-model fitting recovers known parameters from noisy synthetic cycles (calibration.costfit)."""
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -302,3 +304,26 @@ def test_pre_router_fraction_is_fitted_from_the_recorded_split() -> None:
     assert fit_pre_router_frac(old) == 0.0
     half = cycles.assign(layer_pre_router_s=[None if k % 2 else v for k, v in enumerate(cycles["layer_pre_router_s"])])
     assert fit_pre_router_frac(half) == pytest.approx(0.35, rel=1e-9)
+
+
+def test_next_layer_terms_are_recovered_from_a_synthetic_runs_prefetch_counts() -> None:
+    """Issue 13: cycles drawn with a known next-layer share (each would-be miss prefetched and
+    used with probability 0.35, 0.2 wrong copies per miss) give it back from their counts."""
+    from calibration.costfit import fit_next_layer_terms
+
+    truth = dataclasses.replace(TRUTH, next_layer_cover_frac=0.35, next_layer_waste_per_miss=0.2)
+    cycles, _ = synthetic_tables(truth, num_cycles=400, noise_rel=0.01, seed=3)
+    fit = fit_next_layer_terms(cycles)
+    used, wasted, misses = (int(cycles[c].sum()) for c in ("num_prefetch_used", "num_prefetch_wasted", "cache_misses"))
+    assert fit.cover_frac == used / (used + misses) and fit.waste_per_miss == wasted / (used + misses)
+    assert fit.num_cycles == 400 and used + misses > 2000
+    assert fit.cover_frac == pytest.approx(0.35, abs=0.03) and fit.waste_per_miss == pytest.approx(0.2, abs=0.03)
+    assert "0.35" in fit.notes[0] or "covered" in fit.notes[0]
+    # without counts (a run recorded without prefetch) or without misses: 0, said in a note
+    plain, _ = synthetic_tables(TRUTH, num_cycles=20, noise_rel=0.01, seed=3)
+    none = fit_next_layer_terms(plain)
+    assert (none.cover_frac, none.waste_per_miss, none.num_cycles) == (0.0, 0.0, 0) and "no cycle recorded" in none.notes[0]
+    bad = cycles.copy()
+    bad.loc[0, "num_prefetch_used"] = -1
+    with pytest.raises(CalibrationDataError, match="num_prefetch_used.*negative"):
+        fit_next_layer_terms(bad)

@@ -303,3 +303,26 @@ def test_fit_cli_fits_overlap_terms_on_the_overlap_on_runs(runs, tmp_path, capsy
     assert report["overlap_fit"]["runs"] == [str(on)] and report["serial_cost"]["overlap_mode"] == "ideal"
     assert fit_cli.main([str(policy), str(on), "--out", str(out), "--overlap", "off"]) in (0, 1)
     assert "overlap_mode" not in _last_json(capsys)  # --overlap off: every run fitted together, as before
+
+
+def test_fit_cli_fits_next_layer_prefetch_terms_from_next_layer_runs(tmp_path, capsys) -> None:
+    """A run recorded with --prefetch next-layer (manifest config ``prefetch``) beside one without:
+    the cost JSON (version 5) carries the share and waste recovered from the first run's counts."""
+    truth = dataclasses.replace(TRUTH, next_layer_cover_frac=0.4, next_layer_waste_per_miss=0.1)
+    plain = write_synthetic_cycles_run(tmp_path / "plain", SHAPE, TRUTH, num_cycles=120, noise_rel=0.01, seed=5)
+    nxt = write_synthetic_cycles_run(
+        tmp_path / "next", SHAPE, truth, num_cycles=240, noise_rel=0.01, seed=6, config={"prefetch": "next-layer"}
+    )
+    out = tmp_path / "calib" / "cost.json"
+    rc = fit_cli.main([str(plain), str(nxt), "--out", str(out), "--h2d-latency-us", "40", "--model", "tiny-moe"])
+    printed = capsys.readouterr().out
+    summary = json.loads(printed.strip().splitlines()[-1])
+    assert rc in (0, 1), summary
+    model = CycleCostModel.load(out)
+    assert json.loads(out.read_text())["version"] == 5
+    assert model.next_layer_cover_frac == pytest.approx(0.4, abs=0.05)
+    assert model.next_layer_waste_per_miss == pytest.approx(0.1, abs=0.04)
+    assert summary["next_layer_cover_frac"] == model.next_layer_cover_frac
+    assert not model.next_layer_prefetch  # a run setting: live.record / sim.sweep --prefetch set it
+    report = json.loads((out.parent / "cost_fit_report.json").read_text())
+    assert report["next_layer_fit"]["runs"] == [str(nxt)] and "note: next-layer prefetch:" in printed

@@ -886,3 +886,30 @@ def test_a_draft_prefetch_that_issues_nothing_is_said(flags, said, tmp_path) -> 
     assert (note is None) == (said is None)
     if said is not None:
         assert said in note and "\n" not in note
+
+
+@pytest.mark.parametrize(("overlap", "prefetch"), [("off", "next-layer"), ("on", "both")])
+def test_live_and_sim_price_next_layer_prefetch_with_the_same_cost(tiny, tmp_path, capsys, overlap, prefetch):
+    """Issue 13: --prefetch next-layer|both sets the cost model's next_layer_prefetch on the live
+    side (the planner's cost, recorded in the manifest) exactly as sim.config does for the same
+    file and flags, so both price next-layer prefetch with the same fitted share."""
+    from sim.config import SimConfig
+    from specfit.cost import CycleCostModel
+
+    cost = CycleCostModel(
+        1e-3, 5e-3, 1e-4, 0.0, 1e9, 2e-5, 6144, 2, source="test", next_layer_cover_frac=0.5, next_layer_waste_per_miss=0.25
+    )  # the tiny model's sizes
+    cost_path = tmp_path / "cost.json"
+    cost.save(cost_path)
+    out = tmp_path / "run"
+    argv = _args(tiny, out, "--mode", "policy", "--policy", "specfit", "--num-prompts", "1", "--cost", str(cost_path))
+    assert main(argv + ["--overlap", overlap, "--prefetch", prefetch]) == 0
+    live = CycleCostModel.from_dict(open_run(out).manifest.config["cost_model"])
+    sim = SimConfig(cost=CycleCostModel.load(cost_path), policy="specfit", cache_capacity_per_layer=6,
+                    overlap=overlap, prefetch=prefetch).cost  # fmt: skip
+    assert live == sim and live.next_layer_prefetch and live.next_layer_priced
+    misses = np.array([2.0, 1.0])
+    unpriced = dataclasses.replace(live, next_layer_cover_frac=0.0, next_layer_waste_per_miss=0.0)
+    assert live.cycle_s(2, 5, 30, misses) == sim.cycle_s(2, 5, 30, misses)
+    if overlap == "off":  # half the copies a layer early: less of them after each router
+        assert live.cycle_s(2, 5, 30, misses) < unpriced.cycle_s(2, 5, 30, misses)

@@ -202,8 +202,8 @@ def test_cost_json_round_trip_and_errors(tmp_path) -> None:
     version_2 = dict(version_1, version=2)  # from version 2 the field is required
     with pytest.raises(ValueError, match="missing field.*draft_base_s"):
         CycleCostModel.from_dict(version_2)
-    with pytest.raises(ValueError, match="'version': expected 1..4.*got 5"):
-        CycleCostModel.from_dict(dict(cost.to_dict(), version=5))
+    with pytest.raises(ValueError, match="'version': expected 1..5.*got 6"):
+        CycleCostModel.from_dict(dict(cost.to_dict(), version=6))
     # version 2, before the compute stream's share of a miss and the late-expert call: both 0
     version_2 = {k: v for k, v in cost.to_dict().items() if k not in ("host_s_per_transfer", "late_call_s")}
     assert CycleCostModel.from_dict(dict(version_2, version=2)) == cost
@@ -228,6 +228,23 @@ def test_cost_json_round_trip_and_errors(tmp_path) -> None:
         CycleCostModel.from_dict(dict(version_3, version=4))
     with pytest.raises(ValueError, match="pre_router_frac: expected a fraction"):
         dataclasses.replace(cost, pre_router_frac=1.5)
+    # version 4, before next-layer prefetch's terms: both 0 (not priced), a note where it matters
+    from specfit.cost import no_next_layer_note
+
+    fitted = dataclasses.replace(cost, next_layer_cover_frac=0.4, next_layer_waste_per_miss=0.25, next_layer_prefetch=True)
+    assert CycleCostModel.from_dict(fitted.to_dict()) == fitted
+    names = ("next_layer_cover_frac", "next_layer_waste_per_miss", "next_layer_prefetch")
+    version_4 = {k: v for k, v in fitted.to_dict().items() if k not in names}
+    assert CycleCostModel.from_dict(dict(version_4, version=4)) == cost
+    (tmp_path / "v4old.json").write_text(json.dumps(dict(version_4, version=4)))
+    assert "version-4 cost model has no next-layer prefetch share" in no_next_layer_note(tmp_path / "v4old.json")
+    assert no_next_layer_note(tmp_path / "v4.json") is None and no_next_layer_note(tmp_path / "nope.json") is None
+    with pytest.raises(ValueError, match="missing field.*next_layer_cover_frac"):
+        CycleCostModel.from_dict(dict(version_4, version=5))
+    with pytest.raises(ValueError, match="next_layer_cover_frac: expected a fraction"):
+        dataclasses.replace(cost, next_layer_cover_frac=1.5)
+    with pytest.raises(ValueError, match="next_layer_waste_per_miss: expected a finite number >= 0"):
+        dataclasses.replace(cost, next_layer_waste_per_miss=-0.1)
     with pytest.raises(ValueError, match="host_s_per_transfer: expected <= h2d_s_per_transfer"):
         dataclasses.replace(cost, host_s_per_transfer=cost.h2d_s_per_transfer + 1e-6)
     data = cost.to_dict()

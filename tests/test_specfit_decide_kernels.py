@@ -97,7 +97,7 @@ def _reference_expected_rule(policy: SpecFitPolicy, ctx: PolicyContext, max_dept
     nodes = base.shape[0] + k
     ne = ctx.node_experts
     miss = ne.layer_miss_fraction(ctx.cached_bits)
-    if ctx.cost.per_layer_overlap:  # overlap mode "on": each chain's expected misses per layer
+    if ctx.cost.per_layer_priced:  # overlap mode "on", next-layer prefetch: each chain's expected misses per layer
         rows = (ne.expected_union_table(int(nodes[-1])) * miss)[nodes.astype(np.int64) - 1]
         cycle = ctx.cost.cycle_s_layers(ctx.num_levels + k, nodes, ctx.context_len, rows)
     else:
@@ -111,8 +111,9 @@ def _reference_expected_rule(policy: SpecFitPolicy, ctx: PolicyContext, max_dept
 
 def _random_union_problem(rng: np.random.Generator, max_layers: int, fixed_fraction: bool, overlap: str):
     """A union-size prediction, cost model (``overlap`` "off", "ideal" or "on", the live engine's
-    per-layer form with random compute-stream terms) and cache bitsets of random shape:
-    ``(ne, cost, cached)``."""
+    per-layer form with random compute-stream terms; "+next": next-layer prefetch priced with a
+    random share and waste) and cache bitsets of random shape: ``(ne, cost, cached)``."""
+    overlap, _, next_layer = overlap.partition("+")
     num_layers, num_experts = int(rng.integers(1, max_layers)), 64
     top = int(rng.integers(1, 40))
     union = np.cumsum(rng.random((num_layers, top + 1)) * 3, axis=1)
@@ -127,13 +128,15 @@ def _random_union_problem(rng: np.random.Generator, max_layers: int, fixed_fract
         draft_base_s=1e-3 * rng.random(), overlap_h2d=overlap != "off", overlap_mode="on" if overlap == "on" else "ideal",
         host_s_per_transfer=float(rng.choice([0.0, per_transfer_s * rng.random()])), pre_router_frac=float(rng.random()),
         late_call_s=float(rng.choice([0.0, 1e-4 * rng.random()])),
+        next_layer_prefetch=bool(next_layer), next_layer_cover_frac=float(rng.random()),
+        next_layer_waste_per_miss=float(rng.choice([0.0, 2.0 * rng.random()])),
     )  # fmt: skip
     cached = bitsets.pack(rng.integers(-1, num_experts, size=(num_layers, 20)), num_experts)
     return ne, cost, cached
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.integers(1, 40), st.sampled_from(["off", "ideal", "on"]), st.booleans())
+@given(st.integers(0, 2**32 - 1), st.integers(1, 40), st.sampled_from(["off", "ideal", "on", "off+next", "on+next"]), st.booleans())
 def test_compiled_expected_rule_equals_the_numpy_form(seed, n, overlap, fixed_fraction) -> None:
     rng = np.random.default_rng(seed)
     tree = _random_tree(rng, n)
@@ -197,7 +200,7 @@ def test_numpy_sum_is_numpys_pairwise_sum(seed, n) -> None:
     st.integers(0, 2**32 - 1),
     st.integers(1, 40),
     st.sampled_from(["none", "edge", "edge+runner", "path"]),
-    st.sampled_from(["off", "ideal", "on"]),
+    st.sampled_from(["off", "ideal", "on", "off+next", "on+next"]),
     st.booleans(),
 )
 def test_live_union_size_questions_equal_keep_drafting_and_select(seed, n, kind, overlap, guard) -> None:

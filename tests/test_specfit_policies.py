@@ -202,11 +202,21 @@ def test_stopping_rule_never_stops_before_a_better_tree(seed, n, cut_depth) -> N
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.integers(2, 13), st.integers(0, 4))
-def test_stopping_rule_with_union_size_prices_never_stops_too_early(seed, n, cut_depth) -> None:
-    """Union-size mode: the rule's H2D term (least predicted transfers of m more nodes) keeps it valid."""
+@given(st.integers(0, 2**32 - 1), st.integers(2, 13), st.integers(0, 4), st.booleans())
+def test_stopping_rule_with_union_size_prices_never_stops_too_early(seed, n, cut_depth, next_layer) -> None:
+    """Union-size mode: the rule's H2D term (least predicted transfers of m more nodes) keeps it
+    valid, with next-layer prefetch priced too (its least per-miss seconds, no verify share)."""
     rng = np.random.default_rng(seed)
     full = random_small_context(rng, n, sibling_mass=True)
+    if next_layer:
+        cost = dataclasses.replace(
+            full.cost,
+            next_layer_prefetch=True,
+            next_layer_cover_frac=float(rng.choice([1.0, rng.uniform(0, 1)])),
+            next_layer_waste_per_miss=float(rng.choice([0.0, rng.uniform(0, 2)])),
+            host_s_per_transfer=float(rng.uniform(0, 1)) * full.cost.h2d_s_per_transfer,
+        )
+        full = dataclasses.replace(full, cost=cost)
     tree, num_layers, num_experts = full.tree, full.cached_bits.shape[0], full.node_experts.num_experts
     steps = rng.uniform(0.0, 3.0, size=(num_layers, n + 1))
     steps[:, 0] = 0.0
@@ -413,16 +423,17 @@ def test_bound_rule_stays_a_bound_with_any_calibration_map(seed, n, cut_depth, y
     st.integers(0, 2**32 - 1),
     st.integers(2, 11),
     st.integers(0, 3),
-    st.sampled_from(["ideal", "on", "on+prefetch", "off+prefetch"]),
+    st.sampled_from(["ideal", "on", "on+prefetch", "off+prefetch", "off+next", "on+next", "on+prefetch+next"]),
     st.floats(0.0, 1.0),
 )
 def test_stopping_bound_holds_with_overlap_and_prefetch(seed, n, cut_depth, form, pre) -> None:
-    """With overlap or draft prefetch a copy-bound cycle hides part of an added node's verify
-    time, so the bound charges only ``cost.least_verify_share`` of it: a stop is never before a
-    deeper tree whose per-layer optimum (brute force, the exact price) beats the shallow one's."""
+    """With overlap, draft or next-layer prefetch a copy-bound cycle hides part of an added node's
+    verify time, so the bound charges only ``cost.least_verify_share`` of it: a stop is never
+    before a deeper tree whose per-layer optimum (brute force, the exact price) beats the
+    shallow one's."""
     rng = np.random.default_rng(seed)
     full = random_small_context(rng, n, sibling_mass=True)
-    overlap = form != "off+prefetch"
+    overlap = not form.startswith("off")
     per_transfer = float(rng.uniform(0, 2e-2))
     cost = dataclasses.replace(
         full.cost,
@@ -430,9 +441,12 @@ def test_stopping_bound_holds_with_overlap_and_prefetch(seed, n, cut_depth, form
         overlap_mode="ideal" if form == "ideal" else "on",
         pre_router_frac=pre,
         late_call_s=float(rng.uniform(0, 1e-4)),
-        draft_prefetch=form.endswith("prefetch"),
+        draft_prefetch="+prefetch" in form,
         h2d_s_per_transfer=per_transfer,  # copies that can outlast verification
         host_s_per_transfer=float(rng.uniform(0, 1)) * per_transfer,
+        next_layer_prefetch=form.endswith("+next"),
+        next_layer_cover_frac=float(rng.choice([1.0, rng.uniform(0, 1)])),
+        next_layer_waste_per_miss=float(rng.choice([0.0, rng.uniform(0, 2)])),
     )
     _assert_bound_stop_is_safe(dataclasses.replace(full, cost=cost), cut_depth, plan_brute_force)
 
@@ -443,6 +457,16 @@ def test_least_verify_share_per_cost_form() -> None:
     assert dataclasses.replace(cost, overlap_h2d=True, overlap_mode="on").least_verify_share == 0.4
     assert dataclasses.replace(cost, overlap_h2d=True, overlap_mode="ideal").least_verify_share == 0.0
     assert dataclasses.replace(cost, draft_prefetch=True).least_verify_share == pytest.approx(0.6 / 4)
+    # next-layer prefetch priced: a copy-bound link hides every layer's compute; each miss adds
+    # at least its placing and the link time of the share not prefetched
+    nxt = dataclasses.replace(
+        cost, next_layer_prefetch=True, next_layer_cover_frac=0.25, next_layer_waste_per_miss=0.5,
+        h2d_s_per_transfer=4.0, host_s_per_transfer=1.0,
+    )  # fmt: skip
+    assert nxt.least_verify_share == 0.0 and nxt.least_s_per_miss == pytest.approx(1.5 * 1.0 + 0.75 * 3.0)
+    assert dataclasses.replace(nxt, next_layer_prefetch=False).least_s_per_miss == nxt.s_per_miss == 4.0
+    ideal = dataclasses.replace(nxt, overlap_h2d=True, overlap_mode="ideal")  # the bound is not priced with it
+    assert not ideal.next_layer_priced and ideal.least_verify_share == 0.0
 
 
 @pytest.mark.parametrize("mode, pre", [("ideal", 0.0), ("on", 0.2)])

@@ -25,7 +25,7 @@ from live.spec.names import PLANNED_POLICIES
 from live.spec.recording import RunTotals, cycle_record, write_transfers, write_tree
 from live.spec.routing import RouterCapture
 from live.spec.verify import TreeVerifier
-from specfit.prefetch import uses_draft
+from specfit.prefetch import uses_draft, uses_next_layer
 
 REQUEST_TOTALS_NAME = "request_totals.json"
 """Per-request run totals beside the trace, so a --resume summary covers the whole run."""
@@ -377,8 +377,9 @@ class RecordSession:
             self.offload.reset_stats()
         if config.overlap == "on":  # the planner prices copies as this engine overlaps them
             cost = dataclasses.replace(cost, overlap_h2d=True, overlap_mode="on")
-        if uses_draft(config.prefetch) != cost.draft_prefetch:  # ... and as it prefetches them
-            cost = dataclasses.replace(cost, draft_prefetch=uses_draft(config.prefetch))
+        prefetch = (uses_draft(config.prefetch), uses_next_layer(config.prefetch))
+        if prefetch != (cost.draft_prefetch, cost.next_layer_prefetch):  # ... and as it prefetches them
+            cost = dataclasses.replace(cost, draft_prefetch=prefetch[0], next_layer_prefetch=prefetch[1])
         self.cost = cost
         calibration = None
         if config.acceptance is not None:
