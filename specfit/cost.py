@@ -47,7 +47,7 @@ of a layer's misses is copied a layer early and no longer waits for the router, 
 guesses add ``x`` copies per miss to the link and the compute stream; both are fitted by
 ``calibration.costfit.fit_next_layer_terms`` from a run's prefetch used/wasted counts and apply
 without overlap and in mode "on" (not to the bound "ideal", nor to the draft prefetch's
-pipeline, which already copies every predicted miss). Realised cycles are priced with :meth:`CycleCostModel.cycle_s` of their demand misses. ``draft_base_s`` is what a drafting cycle pays
+pipeline, which already copies every predicted miss). Realised cycles are priced with :meth:`CycleCostModel.realised_cycle_s` of their demand misses. ``draft_base_s`` is what a drafting cycle pays
 once whatever its depth (the draft model's catch-up forward over the tokens committed last cycle,
 launch overheads): measured live on the embedded default it is ~0.6 ms beside ~0.9 ms per level, so a
 per-level-only draft term mispredicts 1-level drafts by ~25 % and SpecFit's "draft at all?" question. Calibration fits the parameters and writes
@@ -639,6 +639,20 @@ class CycleCostModel:
         return self.combine_s(
             self.draft_s(num_levels), self.verify_s(num_nodes, context_len), self.h2d_s(misses_per_layer)
         )
+
+    def realised_cycle_s(self, num_levels: int, num_nodes: int, context_len: int, demand_misses_per_layer: Any) -> float:
+        """A realised cycle's price (s) from its DEMAND misses (int[L], those its cache access
+        still missed after any prefetch): :meth:`cycle_s`. With next-layer prefetch priced the
+        formula counts the misses against the cache before the guesses (what the planner and the
+        root's counterfactual see), of which the guesses leave ``1 - next_layer_cover_frac`` as
+        demand misses, so those are scaled back by ``1 / (1 - h)`` first (``h < 1``; with ``h =
+        1`` they are priced as they are). What ``SpecFitPolicy.observe_cycle`` prices live and
+        simulated cycles with, so both sides' guards see the same seconds."""
+        h = self.next_layer_cover_frac
+        if self.next_layer_priced and h < 1.0:
+            misses = np.asarray(demand_misses_per_layer, dtype=np.float64) / (1.0 - h)
+            return self.cycle_s(num_levels, num_nodes, context_len, misses)
+        return self.cycle_s(num_levels, num_nodes, context_len, demand_misses_per_layer)
 
     # ---- helpers -----------------------------------------------------------------------------
     def with_bandwidth(self, bytes_per_s: float) -> CycleCostModel:

@@ -836,6 +836,9 @@ def test_sweep_replays_next_layer_prefetch_on_a_dense_trace_with_guesses(dense_r
     assert sorted(results["prefetch"].unique()) == ["both", "next-layer", "none"]
     by_mode = results.groupby("prefetch")["prefetch_bytes"].sum()
     assert by_mode["none"] == 0 and by_mode["next-layer"] > 0
+    # the preset prices no next-layer prefetch (no fitted share): one warning line says so
+    said = [line for line in capsys.readouterr().err.splitlines() if "no next-layer prefetch share" in line]
+    assert len(said) == 1 and said[0].startswith("warning: --cost ")
 
 
 def test_decoding_runs_with_the_loaded_objects_frozen_out_of_gc(tiny, tmp_path, capsys, monkeypatch):

@@ -14,7 +14,7 @@ from specfit.context import PolicyContext
 from specfit.cost import CycleCostModel
 from specfit.node_experts import NodeExperts
 from specfit.planner import plan_brute_force, plan_exact
-from specfit.policies import TREE_POLICIES, make_tree_policy, top_n_nodes
+from specfit.policies import TREE_POLICIES, SpecFitPolicy, make_tree_policy, top_n_nodes
 from specfit.synthetic import random_small_context
 from specfit.tree import DraftTree
 
@@ -481,3 +481,22 @@ def test_stopping_bound_continues_when_copies_hide_the_next_node(mode, pre) -> N
     shallow = _cut(full, 1)
     assert plan_brute_force(full).predicted_tokens_per_s > plan_brute_force(shallow).predicted_tokens_per_s
     assert make_tree_policy("specfit", stopping="bound").keep_drafting(shallow, max_depth=2) is True
+
+
+def test_realised_cycles_are_priced_at_the_misses_before_the_guesses() -> None:
+    """With next-layer prefetch priced, a realised cycle's demand misses are what the guesses
+    left, (1 - h) of the misses the formula counts (and the root's counterfactual sees): the
+    guard's price scales them back, the same call live and in the simulator."""
+    cost = CycleCostModel(
+        1e-3, 5e-3, 1e-4, 0.0, 1e9, 2e-5, 6144, 2,
+        next_layer_prefetch=True, next_layer_cover_frac=0.5, next_layer_waste_per_miss=0.25,
+    )  # fmt: skip
+    demand = np.array([1, 2])
+    assert cost.realised_cycle_s(2, 5, 30, demand) == cost.cycle_s(2, 5, 30, np.array([2.0, 4.0]))
+    for same in (dataclasses.replace(cost, next_layer_prefetch=False), dataclasses.replace(cost, next_layer_cover_frac=1.0)):
+        assert same.realised_cycle_s(2, 5, 30, demand) == same.cycle_s(2, 5, 30, demand)
+    policy = SpecFitPolicy()
+    policy.observe_cycle(cost, 3, 2, 5, 30, demand, np.array([0, 1]))
+    tokens, seconds, _, root_s = policy.guard.arms["spec"][0]
+    assert (tokens, seconds) == (3.0, cost.realised_cycle_s(2, 5, 30, demand))
+    assert root_s == cost.cycle_s(0, 1, 30, np.array([0, 1]))
