@@ -181,8 +181,9 @@ def path_accept_probs(tree: DraftTree, calibration: AcceptanceCalibration | None
     probabilities already satisfy it (a softmax over distinct tokens) and are left as they are.
     ``SpecFitPolicy``'s ``stopping="bound"`` rule relies on this (each level adds at most the
     mass of the level above). With a map the level-by-level pass runs compiled
-    (:func:`specfit.decide_kernels.level_accept_probs`: the same operations in the same order,
-    so the same values bit for bit; the live planner calls this after every draft level).
+    (:func:`specfit.decide_kernels.level_accept_probs`: the numpy pass's operations in the same
+    order; its ``exp`` is libm's, ``math.exp``, the values of ``np.exp`` wherever numpy calls libm,
+    which is everywhere but its AVX-512 loops; the live planner's questions run the same code).
     """
     parents, depths = tree.parents, tree.depths
     if parents.shape[0] == 1:
@@ -204,7 +205,7 @@ def path_accept_probs(tree: DraftTree, calibration: AcceptanceCalibration | None
         parents,
         depths,
         int(tree.max_depth),
-        np.exp(tree.draft_logprobs if edge else tree.path_logprobs),
+        tree.draft_logprobs if edge else tree.path_logprobs,  # exp taken there (libm's, as math.exp)
         edge,
         calibration.knots_x,
         calibration.knots_y,

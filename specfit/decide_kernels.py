@@ -75,14 +75,16 @@ def _interp(x, xp, fp):
 
 
 @njit(cache=True, error_model="numpy")
-def level_accept_probs(parents, depths, max_depth, probs, edge, knots_x, knots_y, runner_x, runner_y,
+def level_accept_probs(parents, depths, max_depth, logprobs, edge, knots_x, knots_y, runner_x, runner_y,
                        draft_logprobs):  # fmt: skip
     """P(v) of :func:`specfit.acceptance.path_accept_probs` with a calibration map: float64[N].
 
     Args:
         parents, depths: int64[N] of the tree (``max_depth`` its largest depth).
-        probs: float64[N] draft probabilities, each node's own (``edge`` True: the edge map) or
-            its path's (``edge`` False: the path map), clipped to [0, 1] here.
+        logprobs: float64[N] draft log-probabilities, each node's own (``edge`` True: the edge
+            map) or its path's (``edge`` False: the path map); their ``exp`` (libm's, as
+            ``math.exp``: the same values as ``np.exp`` where numpy calls libm, i.e. without
+            AVX-512) is clipped to [0, 1] here.
         knots_x, knots_y: the map (``np.interp`` knots, as ``AcceptanceCalibration.apply``).
         runner_x, runner_y: the runner-up map, taken by every child that is not its parent's most
             probable one (highest ``draft_logprobs``, ties: lowest id, as
@@ -103,7 +105,7 @@ def level_accept_probs(parents, depths, max_depth, probs, edge, knots_x, knots_y
             if par >= 0 and (top[par] < 0 or draft_logprobs[v] > draft_logprobs[top[par]]):
                 top[par] = v
     for v in range(n):
-        q = _clip01(probs[v])  # np.clip(probs, 0, 1), NaN kept
+        q = _clip01(np.exp(logprobs[v]))  # np.clip(exp, 0, 1), NaN kept
         if use_runner and (parents[v] < 0 or top[parents[v]] != v):
             x = _interp(q, runner_x, runner_y)
         else:
@@ -420,38 +422,91 @@ def union_size_plan_rule(p, parents, depths, union_table, miss, params, context_
     return ids, cycle_s, expected, misses, ok, keep
 
 
-@njit(cache=True, error_model="numpy")
-def union_size_question(parents, depths, probs, calibrated, edge, knots_x, knots_y, runner_x, runner_y,
-                        draft_logprobs, union_table, miss, params, context_len, num_levels, root_alpha,
-                        max_depth, ask):  # fmt: skip
-    """The live planner's stopping question in one call: ``(p, nodes, cycle_s, expected, misses, ok, keep)``.
+@njit(cache=True, inline="always")
+def _clean_fraction(x):
+    """A miss fraction as ``UnionSizePredictor`` takes an observed one: 1 where not finite,
+    else clipped to [0, 1] (``np.where(np.isfinite(x), x.clip(0, 1), 1.0)``; a clean value is kept)."""
+    if not np.isfinite(x):
+        return 1.0
+    return _clip01(x)
 
-    ``p`` float64[N] is :func:`specfit.acceptance.path_accept_probs` of the tree: with
-    ``calibrated``, :func:`level_accept_probs` of ``probs`` (``exp`` of the draft log-probs for
-    an edge map, of the path log-probs for a path map) and the map's knots; without, ``probs``
-    (``exp`` of the path log-probs) clipped to [0, 1], ``P(root) = 1`` and each node clamped to
-    its parent's value (``min``, in id order). The rest is :func:`union_size_plan_rule` of ``p``.
+
+#: Layout of :func:`union_size_question`'s per-run array (:func:`question_constants`): flags and
+#: counts first, then the cost parameters, then the calibration's knots.
+_Q_CALIBRATED, _Q_EDGE, _Q_MAX_DEPTH, _Q_NUM_KNOTS, _Q_NUM_RUNNER, _Q_PARAMS = 0, 1, 2, 3, 4, 5
+_Q_KNOTS = _Q_PARAMS + 13
+
+
+def question_constants(params, calibrated, edge, max_depth, knots_x, knots_y, runner_x, runner_y):
+    """float64[18 + 2 K + 2 R]: what every question of a run shares, in ONE array for
+    :func:`union_size_question` (each argument of a compiled call costs its unboxing; issue 14):
+    ``calibrated``, ``edge`` (0/1), ``max_depth``, ``K``, ``R``, the 13 cost parameters
+    (:func:`specfit.planner.cost_params`), then ``knots_x, knots_y`` (K each) and the runner-up
+    map's ``runner_x, runner_y`` (R each, R = 0: none)."""
+    head = [float(bool(calibrated)), float(bool(edge)), float(max_depth), float(len(knots_x)), float(len(runner_x))]
+    return np.concatenate((np.array(head), params, knots_x, knots_y, runner_x, runner_y)).astype(np.float64)
+
+
+@njit(cache=True, error_model="numpy")
+def union_size_question(parents, depths, values, draft_logprobs, run, union_table, miss, context_len, num_levels,
+                        root_alpha, ask):  # fmt: skip
+    """The live planner's stopping question in one call:
+    ``(p, nodes, cycle_s, expected, misses, ok, keep, depth1_max)``.
+
+    ``run`` is :func:`question_constants`' array. ``p`` float64[N] is
+    :func:`specfit.acceptance.path_accept_probs` of the tree: calibrated, :func:`level_accept_probs`
+    of ``values`` (the draft log-probs for an edge map, the path log-probs for a path map; ``exp``
+    taken there) and the map's knots; without a calibration, ``values`` are the path
+    probabilities (``np.exp`` of the path log-probs, as ``path_accept_probs`` takes it) clipped to
+    [0, 1], ``P(root) = 1`` and each node clamped to its parent's value (``min``, in id order).
+    ``miss`` float64[L] are the miss fractions, cleaned as ``UnionSizePredictor`` cleans an
+    observed one (:func:`_clean_fraction`; clean values pass unchanged). The rest is
+    :func:`union_size_plan_rule` of ``p`` (``max_depth`` from ``run``). ``depth1_max`` is the
+    largest P at depth 1 (``np.max``'s: NaN if any is NaN), -1 when the tree is the root alone.
     """
     n = parents.shape[0]
+    num_knots = int(run[_Q_NUM_KNOTS])
+    num_runner = int(run[_Q_NUM_RUNNER])
+    params = run[_Q_PARAMS:_Q_KNOTS]
+    at = _Q_KNOTS
+    knots_x = run[at : at + num_knots]
+    knots_y = run[at + num_knots : at + 2 * num_knots]
+    runner_x = run[at + 2 * num_knots : at + 2 * num_knots + num_runner]
+    runner_y = run[at + 2 * num_knots + num_runner : at + 2 * num_knots + 2 * num_runner]
+    clean = np.empty(miss.shape[0])
+    for layer in range(miss.shape[0]):
+        clean[layer] = _clean_fraction(miss[layer])
+    depth = 0
+    for v in range(n):
+        if depths[v] > depth:
+            depth = depths[v]
     if n == 1:
         p = np.ones(1)
-    elif calibrated:
-        depth = 0
-        for v in range(n):
-            if depths[v] > depth:
-                depth = depths[v]
+    elif run[_Q_CALIBRATED] != 0.0:
         p = level_accept_probs(
-            parents, depths, depth, probs, edge, knots_x, knots_y, runner_x, runner_y, draft_logprobs
+            parents, depths, depth, values, run[_Q_EDGE] != 0.0, knots_x, knots_y, runner_x, runner_y, draft_logprobs
         )
     else:
         p = np.empty(n)
         for v in range(n):
-            p[v] = _clip01(probs[v])
+            p[v] = _clip01(values[v])
         p[0] = 1.0
         for v in range(1, n):  # min(p[v], p[parent]) as Python's min: the first unless the second is less
             if p[parents[v]] < p[v]:
                 p[v] = p[parents[v]]
+    depth1_max = -1.0
+    if depth >= 1:
+        depth1_max = -np.inf
+        for v in range(n):
+            if depths[v] == 1:
+                x = p[v]
+                if np.isnan(x):
+                    depth1_max = x
+                    break
+                if x >= depth1_max:
+                    depth1_max = x
     ids, cycle_s, expected, misses, ok, keep = union_size_plan_rule(
-        p, parents, depths, union_table, miss, params, context_len, num_levels, root_alpha, max_depth, ask
-    )
-    return p, ids, cycle_s, expected, misses, ok, keep
+        p, parents, depths, union_table, clean, params, context_len, num_levels, root_alpha,
+        int(run[_Q_MAX_DEPTH]), ask,
+    )  # fmt: skip
+    return p, ids, cycle_s, expected, misses, ok, keep, depth1_max

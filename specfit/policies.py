@@ -466,10 +466,14 @@ class SpecFitPolicy(TreePolicy):
     def select(self, ctx: PolicyContext) -> Plan:
         """The exact optimum (see :mod:`specfit.planner`); a drafted tree also updates the root estimate."""
         if ctx.tree.max_depth >= 1:
-            observed = float(ctx.accept_probs[ctx.tree.depths == 1].max())  # the nodes at depth 1
-            w = self.root_alpha_weight
-            self.root_alpha = (1.0 - w) * self.root_alpha + w * min(max(observed, 0.0), 1.0)
+            self.observe_root(float(ctx.accept_probs[ctx.tree.depths == 1].max()))  # the nodes at depth 1
         return self.plan(ctx)
+
+    def observe_root(self, observed: float) -> None:
+        """Move the root estimate ``root_alpha`` towards ``observed``, the largest P at depth 1 of
+        a drafted tree (clipped to [0, 1]), by ``root_alpha_weight``."""
+        w = self.root_alpha_weight
+        self.root_alpha = (1.0 - w) * self.root_alpha + w * min(max(observed, 0.0), 1.0)
 
     def union_size_questions(self, cost, calibration, max_depth: int, max_nodes: int) -> UnionSizeQuestions:
         """SpecFit's stopping questions under a union-size prediction, one compiled call each
@@ -601,17 +605,24 @@ class UnionSizeQuestions:
     """SpecFit's expected-rule stopping questions under a union-size prediction, each one compiled
     call on the drafter's own arrays (the live planner's decide path, issue 14).
 
-    What every question shares is gathered once per run (the cost terms, the calibration's knots)
-    and once per cycle in :meth:`begin` (the expected union sizes and miss fractions); :meth:`ask`
-    then runs :func:`specfit.decide_kernels.union_size_question`, which computes the tree's
-    acceptance (:func:`specfit.acceptance.path_accept_probs`' compiled pass), the union-size plan
-    and the expected rule (:func:`specfit.decide_kernels.union_size_plan_rule`: the code
-    :meth:`SpecFitPolicy.keep_drafting_expected` runs on a :class:`PolicyContext`, as in the
-    simulator) in one call: no context, tree conversion or plan object per question. Answers,
-    plans and the policy's state (``root_alpha``, the guard) are those of
-    ``policy.keep_drafting(ctx, max_depth)`` on the context of the same tree, bit for bit
-    (``tests/test_specfit_decide_kernels.py``). :meth:`context` builds that context, its plan
-    remembered by the planner, for the selection that ends the cycle.
+    What every question shares is gathered once per run into one array (the cost terms, the
+    calibration's knots: :func:`specfit.decide_kernels.question_constants`) and once per cycle
+    in :meth:`begin` (the expected union sizes and miss fractions); :meth:`ask` then runs
+    :func:`specfit.decide_kernels.union_size_question`, which computes the tree's acceptance
+    (:func:`specfit.acceptance.path_accept_probs`' compiled pass, ``exp`` included), the
+    union-size plan and the expected rule (:func:`specfit.decide_kernels.union_size_plan_rule`:
+    the code :meth:`SpecFitPolicy.keep_drafting_expected` runs on a :class:`PolicyContext`, as in
+    the simulator) in one call: no numpy call, context, tree conversion or plan object per
+    question. :meth:`select` ends the cycle as ``policy.select`` does on the context of the last
+    tree, from the last answer. Answers, plans and the policy's state (``root_alpha``, the guard)
+    are those of ``policy.keep_drafting(ctx, max_depth)`` and ``policy.select(ctx)`` on the
+    context of the same tree, bit for bit (``tests/test_specfit_decide_kernels.py``).
+    :meth:`context` builds that context, its plan remembered by the planner.
+
+    The cold-page cost (issue 14): on the build machine code and data untouched for ~1 ms (a
+    model forward between two questions) run several times slower on their next use, per
+    distinct page, so each numpy call, Python object or compiled argument a question touches
+    costs tens of microseconds live; hence one array of constants and no numpy call per question.
 
     Build with :meth:`SpecFitPolicy.union_size_questions`.
     """
@@ -621,8 +632,7 @@ class UnionSizeQuestions:
         from specfit.planner import cost_params
 
         self.policy, self.cost, self.max_depth, self.max_nodes = policy, cost, int(max_depth), int(max_nodes)
-        self.params = cost_params(cost)
-        decide_kernels()  # numba loads the kernels now, not in the first question
+        kernels = decide_kernels()  # numba loads the kernels now, not in the first question
         self.calibrated = calibration is not None
         self.edge = not self.calibrated or calibration.scope == "edge"
         knots = (_NO_VALUES,) * 4
@@ -631,9 +641,10 @@ class UnionSizeQuestions:
             if runner[0] is None or not self.edge:
                 runner = (_NO_VALUES, _NO_VALUES)
             knots = (calibration.knots_x, calibration.knots_y, *runner)
-        self.knots = knots
+        self.run = kernels.question_constants(cost_params(cost), self.calibrated, self.edge, self.max_depth, *knots)
         self.node_experts = self.cached_bits = self.table = self.miss = None
         self.context_len = 0
+        self.observed = False  # the miss fractions are an observed one, cleaned in the kernel
         self.last: tuple | None = None  # (tree, levels, answer) of the last question
         self._warm_up()
 
@@ -653,12 +664,18 @@ class UnionSizeQuestions:
             self._answer(t, 1, True)
         self.table = self.miss = self.last = None
 
-    def begin(self, node_experts, cached_bits: np.ndarray, context_len: int) -> UnionSizeQuestions:
+    def begin(
+        self, node_experts, cached_bits: np.ndarray, context_len: int, observed: np.ndarray | None = None
+    ) -> UnionSizeQuestions:
         """Start a cycle: ``node_experts`` (a union-size prediction), ``cached_bits`` uint64[L, W]
-        (the cache as the planner sees it), ``context_len`` (tokens). Returns ``self``.
+        (the cache as the planner sees it), ``context_len`` (tokens). ``observed``: float64[L],
+        the cache's observed miss fraction per layer, to use instead of ``node_experts``' (what
+        :class:`specfit.predictors.UnionSizePredictor` without a fixed fraction would have put
+        there: non-finite values count as 1, the rest clipped to [0, 1], done in the compiled
+        question), so a cycle needs no new prediction. Returns ``self``.
 
         Raises:
-            ValueError: ``node_experts`` without union sizes.
+            ValueError: ``node_experts`` without union sizes, or ``observed`` not float[L].
         """
         from specfit.planner import union_table
 
@@ -666,7 +683,24 @@ class UnionSizeQuestions:
             raise ValueError("UnionSizeQuestions.begin: node_experts is not a union-size prediction")
         self.node_experts, self.cached_bits, self.context_len = node_experts, cached_bits, int(context_len)
         self.table = union_table(node_experts, self.max_nodes + self.max_depth)
-        self.miss = np.array(node_experts.layer_miss_fraction(cached_bits), dtype=np.float64)  # own, writable
+        self.observed = observed is not None
+        if observed is None:
+            self.miss = np.array(node_experts.layer_miss_fraction(cached_bits), dtype=np.float64)  # own, writable
+        elif (  # the engine's own float64[L] copy: taken as it is (one compiled signature)
+            type(observed) is np.ndarray
+            and observed.dtype == np.float64
+            and observed.shape == (node_experts.union_size.shape[0],)
+            and observed.flags.writeable
+            and observed.flags.c_contiguous
+        ):
+            self.miss = observed
+        else:
+            self.miss = np.array(observed, dtype=np.float64)
+            if self.miss.shape != (node_experts.union_size.shape[0],):
+                raise ValueError(
+                    f"UnionSizeQuestions.begin: observed miss fraction: expected float[{node_experts.union_size.shape[0]}], "
+                    f"got shape {self.miss.shape}"
+                )
         self.last = None
         return self
 
@@ -676,13 +710,24 @@ class UnionSizeQuestions:
             from specfit.planner import union_table
 
             self.table = union_table(self.node_experts, parents.shape[0] + self.max_depth)
+        if not self.calibrated:  # path_accept_probs' own np.exp: the simulator's values everywhere
+            values = np.exp(tree.path_logprobs)
+        else:
+            values = tree.draft_logprobs if self.edge else tree.path_logprobs
         answer = decide_kernels().union_size_question(
-            parents, tree.depths, np.exp(tree.draft_logprobs if self.calibrated and self.edge else tree.path_logprobs),
-            self.calibrated, self.edge, *self.knots, tree.draft_logprobs, self.table, self.miss, self.params,
-            self.context_len, levels, self.policy.root_alpha, self.max_depth, ask,
+            parents, tree.depths, values, tree.draft_logprobs, self.run, self.table, self.miss, self.context_len,
+            levels, self.policy.root_alpha, ask,
         )  # fmt: skip
         self.last = (tree, levels, answer)
         return answer
+
+    def _answer_for(self, tree, levels: int) -> tuple:
+        """The last question's answer when it was about ``tree`` after ``levels``, else a new one
+        (without the rule)."""
+        last = self.last
+        if last is not None and last[0] is tree and last[1] == levels:
+            return last[2]
+        return self._answer(tree, levels, False)
 
     def ask(self, tree, levels: int) -> bool:
         """``policy.keep_drafting(ctx, max_depth)`` for the context of ``tree`` (a
@@ -706,6 +751,23 @@ class UnionSizeQuestions:
             policy.root_alpha += policy.reprobe_rate * (1.0 - policy.root_alpha)
         return False
 
+    def select(self, tree, levels: int) -> Plan:
+        """``policy.select(ctx)`` for the context of ``tree`` after ``levels`` levels (what
+        :meth:`context` would build), without building it: the plan from the last answer when it
+        was about this tree (else one compiled call), and a drafted tree's largest depth-1 P
+        moves the root estimate (:meth:`SpecFitPolicy.observe_root`).
+
+        Raises:
+            ValueError: the cost model makes a cycle take 0 s.
+        """
+        from specfit.planner import union_size_plan
+
+        started = time.perf_counter()
+        answer = self._answer_for(tree, levels)
+        if answer[7] != -1.0:  # a drafted tree (NaN too: np.max's NaN moves it as select does)
+            self.policy.observe_root(answer[7])
+        return union_size_plan(answer[1:], answer[0].shape[0], started)
+
     def context(self, tree, draft_tree, levels: int) -> PolicyContext:
         """The :class:`PolicyContext` of ``tree`` (``draft_tree``: it as a ``DraftTree``) after
         ``levels`` levels, its plan remembered by the planner (``select`` then returns it without
@@ -716,17 +778,24 @@ class UnionSizeQuestions:
             ValueError: the cost model makes a cycle take 0 s.
         """
         from specfit import planner
+        from specfit.node_experts import NodeExperts
+        from specfit.predictors import clean_miss_fraction
 
         started = time.perf_counter()
-        last = self.last
-        answer = last[2] if last is not None and last[0] is tree and last[1] == levels else None
-        if answer is None:
-            answer = self._answer(tree, levels, False)
+        answer = self._answer_for(tree, levels)
         p = answer[0]
+        node_experts = self.node_experts
+        if self.observed:  # what the predictor would have handed over for this cycle
+            node_experts = NodeExperts.trusted(
+                node_experts.num_experts,
+                union_size=node_experts.union_size,
+                miss_fraction=clean_miss_fraction(self.miss),
+                source=node_experts.source,
+            )
         ctx = PolicyContext.trusted(  # from checked parts: the drafter's tree, the kernel's P
             tree=draft_tree,
             accept_probs=p,
-            node_experts=self.node_experts,
+            node_experts=node_experts,
             cached_bits=self.cached_bits,
             cost=self.cost,
             context_len=self.context_len,

@@ -238,6 +238,13 @@ class TokenTablePredictor(Predictor):
         return NodeExperts(ctx.num_experts, bits=bits, source=self.name)
 
 
+def clean_miss_fraction(observed: np.ndarray) -> np.ndarray:
+    """float64[L] an observed miss fraction per layer made usable: 1 where not finite (NaN before
+    a layer's first access), the rest clipped to [0, 1] (``specfit.decide_kernels`` repeats this
+    element by element inside the live planner's compiled question)."""
+    return np.where(np.isfinite(observed), observed.clip(0.0, 1.0), 1.0)  # the method: no np.clip wrapper
+
+
 class UnionSizePredictor(Predictor):
     """No per-node sets: the expected distinct experts per layer as a function of node count.
 
@@ -278,7 +285,7 @@ class UnionSizePredictor(Predictor):
                 raise ValueError(
                     f"PredictContext.miss_fraction: expected float[{ctx.num_layers}], got shape {observed.shape}"
                 )
-            frac = np.where(np.isfinite(observed), observed.clip(0.0, 1.0), 1.0)  # the method: no np.clip wrapper
+            frac = clean_miss_fraction(observed)
         shape = (int(ctx.num_experts), int(ctx.num_layers))
         if self._checked != shape:
             out = NodeExperts(

@@ -106,6 +106,7 @@ class PlannedChooser:
         self.drafter, self.shape, self.cost = drafter, shape, cost
         self.num_experts, self.calibration, self.window = int(num_experts), calibration, int(window)
         self._questions = None  # SpecFit's expected rule on union sizes: one compiled call per question
+        self._union_template = None  # a validated union-size prediction: its sizes serve every cycle
         if self.union_size is not None and getattr(self.policy, "stopping", None) == "expected":
             self._questions = self.policy.union_size_questions(cost, calibration, shape.depth, shape.max_nodes)
 
@@ -226,13 +227,15 @@ class PlannedChooser:
         asked_s = 0.0
         last_asked: list[Any] = [None, -1, None]  # (tree, levels, context) of the last question
         root = TokenTree.root_only(int(state.committed[-1]))
-        root_tree = root.to_draft_tree()
         questions = None
         if self._questions is not None:
             # SpecFit's questions of this cycle, one compiled call each on the drafter's arrays
             start = time.perf_counter()
-            node_experts = cycle["node_experts"] = self._predict(root_tree, state, None)
-            questions = self._questions.begin(node_experts, cycle["cached_bits"], state.context_len)
+            observed = state.miss_fraction if self.union_size.miss_fraction is None else None
+            if observed is None or self._union_template is None:
+                # the predictor validates its sizes (first cycle) or has no observation to price
+                self._union_template = self._predict(root.to_draft_tree(), state, None)
+            questions = self._questions.begin(self._union_template, cycle["cached_bits"], state.context_len, observed)
             asked_s += time.perf_counter() - start
 
         def keep_drafting(tree: TokenTree, levels: int) -> bool:
@@ -247,30 +250,31 @@ class PlannedChooser:
             asked_s += time.perf_counter() - start
             return keep
 
-        def final_context(tree: TokenTree, levels: int) -> Any:
-            # the rule's last context when drafting stopped on its "no" (same tree, same levels):
-            # the planner remembers its plan per context, so the selection is not searched twice
+        def select(tree: TokenTree, levels: int) -> tuple[Any, Any]:
+            # (plan, predicted per-node bits): the rule's last context when drafting stopped on its
+            # "no" (same tree, same levels), so the selection is not searched twice; SpecFit's
+            # compiled questions select from their last answer, with no context at all
             if questions is not None:
-                return questions.context(tree, root_tree if tree is root else tree.to_draft_tree(), levels)
+                return questions.select(tree, levels), None
             if last_asked[0] is tree and last_asked[1] == levels:
-                return last_asked[2]
-            return self._context(tree, levels, state, recent_bits, cycle)
+                ctx = last_asked[2]
+            else:
+                ctx = self._context(tree, levels, state, recent_bits, cycle)
+            return self.policy.select(ctx), ctx.node_experts.bits
 
         ask = keep_drafting if hasattr(self.policy, "keep_drafting") else None
         if ask is not None and not ask(root, 0):
             # the rule, asked on the root alone, says no level can pay: verify the root, draft nothing
             start = time.perf_counter()
-            ctx = final_context(root, 0)  # the root's context, just asked
-            plan = self.policy.select(ctx)
+            plan, bits = select(root, 0)  # the root's plan, just asked
             plan = plan.replaced(decision_s=time.perf_counter() - start + asked_s)
-            return Choice(DraftResult(root, 0, 0.0), np.zeros(1, np.int64), plan, ctx.node_experts.bits)
+            return Choice(DraftResult(root, 0, 0.0), np.zeros(1, np.int64), plan, bits)
         asked_before_s = asked_s  # the level-0 question ran before grow: not inside its draft_s
         draft = self.drafter.grow(state.committed, self.shape, ask)
         asked_in_grow_s = asked_s - asked_before_s
         start = time.perf_counter()
-        ctx = final_context(draft.tree, draft.num_levels)
-        plan = self.policy.select(ctx)
+        plan, bits = select(draft.tree, draft.num_levels)
         decision_s = time.perf_counter() - start + asked_s
         plan = plan.replaced(decision_s=decision_s)
         draft = dataclasses.replace(draft, draft_s=max(draft.draft_s - asked_in_grow_s, 0.0))
-        return Choice(draft, np.asarray(plan.nodes, dtype=np.int64), plan, ctx.node_experts.bits)
+        return Choice(draft, np.asarray(plan.nodes, dtype=np.int64), plan, bits)
