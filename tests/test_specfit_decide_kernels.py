@@ -10,11 +10,14 @@ replaced, written out as the reference, on random trees, maps, cost models and c
 * ``numpy_sum``: numpy's pairwise summation, bit for bit;
 * the live planner's one-call questions (``SpecFitPolicy.union_size_questions``) against
   ``keep_drafting`` and ``select`` on the contexts of the same level trees (answers, root
-  estimate, the selected plan and P, bit for bit);
+  estimate, the selected plan and P, bit for bit), also on an observed miss fraction the
+  compiled question cleans itself (NaN, out of [0, 1]);
 * ``TokenTree.to_draft_tree`` shares the drafter's arrays instead of copying them.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from hypothesis import given, settings
@@ -28,7 +31,14 @@ from specfit.decide_kernels import numpy_sum
 from specfit.node_experts import NodeExperts
 from specfit.planner import _plan_union_size_batch, plan_exact
 from specfit.policies import SpecFitPolicy, _chain_gain
+from specfit.predictors import clean_miss_fraction
 from specfit.tree import DraftTree
+
+
+def _exp(x: np.ndarray) -> np.ndarray:
+    """libm's exp element by element (``math.exp``), what the compiled pass takes: ``np.exp`` gives
+    the same values except in numpy's AVX-512 loops."""
+    return np.array([math.exp(v) for v in x], dtype=np.float64)
 
 
 def _reference_accept(tree: DraftTree, calibration: AcceptanceCalibration) -> np.ndarray:
@@ -37,9 +47,9 @@ def _reference_accept(tree: DraftTree, calibration: AcceptanceCalibration) -> np
     p = np.ones(tree.num_nodes, dtype=np.float64)
     if calibration.scope == "edge":
         top = top_child_mask(parents, tree.draft_logprobs)
-        edge = np.clip(calibration.apply_edges(np.exp(tree.draft_logprobs), top), 0.0, 1.0)
+        edge = np.clip(calibration.apply_edges(_exp(tree.draft_logprobs), top), 0.0, 1.0)
     else:
-        mapped = np.clip(calibration.apply(np.exp(tree.path_logprobs)), 0.0, 1.0)
+        mapped = np.clip(calibration.apply(_exp(tree.path_logprobs)), 0.0, 1.0)
     for d in range(1, int(tree.max_depth) + 1):
         level = np.flatnonzero(depths == d)
         above = p[parents[level]]
@@ -202,8 +212,9 @@ def test_numpy_sum_is_numpys_pairwise_sum(seed, n) -> None:
     st.sampled_from(["none", "edge", "edge+runner", "path"]),
     st.sampled_from(["off", "ideal", "on", "off+next", "on+next"]),
     st.booleans(),
+    st.booleans(),
 )
-def test_live_union_size_questions_equal_keep_drafting_and_select(seed, n, kind, overlap, guard) -> None:
+def test_live_union_size_questions_equal_keep_drafting_and_select(seed, n, kind, overlap, guard, observed) -> None:
     rng = np.random.default_rng(seed)
     tree = _random_tree(rng, n)
     calibration = None
@@ -225,7 +236,14 @@ def test_live_union_size_questions_equal_keep_drafting_and_select(seed, n, kind,
             fast.observe(*args)
     questions = fast.union_size_questions(cost, calibration, max_depth, 3)  # 3 nodes: it grows its table
     questions.begin(NodeExperts(ne.num_experts, union_size=ne.union_size), cached, 0)  # an earlier cycle's
-    questions.begin(ne, cached, context_len)
+    if observed:  # the engine's observed miss fraction (NaN before a layer's first access, any float)
+        raw = rng.choice([np.nan, np.inf, -0.5, 0.0, 0.3, 1.0, 1.7], size=ne.union_size.shape[0])
+        raw[rng.random(raw.shape[0]) < 0.5] = rng.random()
+        template = NodeExperts(ne.num_experts, union_size=ne.union_size, miss_fraction=rng.random(raw.shape[0]))
+        questions.begin(template, cached, context_len, raw)  # the kernel cleans it as the predictor would
+        ne = NodeExperts(ne.num_experts, union_size=ne.union_size, miss_fraction=clean_miss_fraction(raw))
+    else:
+        questions.begin(ne, cached, context_len)
     ctx = sub = None
     for levels in range(int(tree.max_depth) + 1):  # as the live drafter: a new tree object per level
         sub = tree.subtree(np.flatnonzero(tree.depths <= levels))
@@ -236,14 +254,16 @@ def test_live_union_size_questions_equal_keep_drafting_and_select(seed, n, kind,
         if not want:
             break
     want_plan = reference.select(ctx)
-    fast_ctx = questions.context(sub, sub, ctx.num_levels)
-    got_plan = fast.select(fast_ctx)
-    assert fast_ctx.accept_probs.tobytes() == ctx.accept_probs.tobytes()
+    got_plan = questions.select(sub, ctx.num_levels)  # from the last answer, no context built
     assert fast.root_alpha == reference.root_alpha
     assert got_plan.nodes.tolist() == want_plan.nodes.tolist()
     scored = make_plan(ctx, want_plan.nodes, "specfit", 0.0, 1)  # the numpy scores (evaluate_nodes)
     for name in ("expected_committed", "predicted_cycle_s", "predicted_tokens_per_s", "predicted_misses"):
         assert getattr(got_plan, name) == getattr(want_plan, name) == getattr(scored, name)
+    fast_ctx = questions.context(sub, sub, ctx.num_levels)  # the context, its plan remembered
+    assert fast_ctx.accept_probs.tobytes() == ctx.accept_probs.tobytes()
+    assert fast_ctx.node_experts.layer_miss_fraction(cached).tobytes() == ne.layer_miss_fraction(cached).tobytes()
+    assert plan_exact(fast_ctx).nodes.tolist() == want_plan.nodes.tolist()
     other = questions.context(tree, tree, int(tree.max_depth))  # a tree not asked about: planned here
     assert plan_exact(other).nodes.tolist() == plan_exact(
         PolicyContext(tree, path_accept_probs(tree, calibration), ne, cached, cost, context_len, int(tree.max_depth))
