@@ -433,17 +433,17 @@ def _clean_fraction(x):
 
 #: Layout of :func:`union_size_question`'s per-run array (:func:`question_constants`): flags and
 #: counts first, then the cost parameters, then the calibration's knots.
-_Q_CALIBRATED, _Q_EDGE, _Q_MAX_DEPTH, _Q_NUM_KNOTS, _Q_NUM_RUNNER, _Q_PARAMS = 0, 1, 2, 3, 4, 5
-_Q_KNOTS = _Q_PARAMS + 13
+_Q_CALIBRATED, _Q_EDGE, _Q_MAX_DEPTH, _Q_NUM_KNOTS, _Q_NUM_RUNNER, _Q_NUM_PARAMS, _Q_PARAMS = 0, 1, 2, 3, 4, 5, 6
 
 
 def question_constants(params, calibrated, edge, max_depth, knots_x, knots_y, runner_x, runner_y):
-    """float64[18 + 2 K + 2 R]: what every question of a run shares, in ONE array for
+    """float64[6 + P + 2 K + 2 R]: what every question of a run shares, in ONE array for
     :func:`union_size_question` (each argument of a compiled call costs its unboxing; issue 14):
-    ``calibrated``, ``edge`` (0/1), ``max_depth``, ``K``, ``R``, the 13 cost parameters
+    ``calibrated``, ``edge`` (0/1), ``max_depth``, ``K``, ``R``, ``P``, the ``P`` cost parameters
     (:func:`specfit.planner.cost_params`), then ``knots_x, knots_y`` (K each) and the runner-up
     map's ``runner_x, runner_y`` (R each, R = 0: none)."""
-    head = [float(bool(calibrated)), float(bool(edge)), float(max_depth), float(len(knots_x)), float(len(runner_x))]
+    head = [float(bool(calibrated)), float(bool(edge)), float(max_depth)]
+    head += [float(len(knots_x)), float(len(runner_x)), float(len(params))]
     return np.concatenate((np.array(head), params, knots_x, knots_y, runner_x, runner_y)).astype(np.float64)
 
 
@@ -467,8 +467,8 @@ def union_size_question(parents, depths, values, draft_logprobs, run, union_tabl
     n = parents.shape[0]
     num_knots = int(run[_Q_NUM_KNOTS])
     num_runner = int(run[_Q_NUM_RUNNER])
-    params = run[_Q_PARAMS:_Q_KNOTS]
-    at = _Q_KNOTS
+    at = _Q_PARAMS + int(run[_Q_NUM_PARAMS])
+    params = run[_Q_PARAMS:at]
     knots_x = run[at : at + num_knots]
     knots_y = run[at + num_knots : at + 2 * num_knots]
     runner_x = run[at + 2 * num_knots : at + 2 * num_knots + num_runner]
