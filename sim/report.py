@@ -33,8 +33,9 @@ NOISE_REL = 0.02
 """The sweep's seed-to-seed noise on SpecFit's tokens/s (relative), the tolerance of the SpecFit
 check: measured on calibrated Qwen3-30B-A3B synthetic traces (1 request x 96 positions, seeds 0-2,
 2/16/64 GB/s, caches 1/16 and 1/2, overlap off and on), the relative standard deviation over seeds
-of a cell's tokens/s is at most 0.7% for SpecFit (0.5% autoregressive; 10-14% top-N and chain,
-whose acceptance differs from trace to trace), so 2% is about three standard deviations. A SpecFit
+of a cell's tokens/s is at most 0.6% for SpecFit (0.6% autoregressive; 10-14% top-N and chain,
+whose acceptance differs from trace to trace; re-measured 2026-12-01, the command in the README), so
+2% is more than three standard deviations. A SpecFit
 row below the best baseline by less than this is marked ``~`` (within noise), by more ``!``."""
 CHECK_NOTE = (
     f"! = SpecFit below max(autoregressive, chain, top-N, cascade) of those run in this cell by more than "

@@ -1,9 +1,9 @@
 """Lost rows: a deleted, emptied or replaced part is reported by the reader, naming the run, the
 table and what is missing (part numbering, ``manifest.table_counts``, cross-table consistency).
 
-The shipped sample (``traces/samples/default``, dense): 24 requests of 48 generated tokens, one
-cycle per token (cycles in one part), 5 ``nodes`` parts (the last one holds requests 21-23 from
-position 16 on), 37 ``transfers`` parts. Its manifest records ``table_counts``; the ``sample``
+The shipped sample (``traces/samples/default``, dense, format v2): 24 requests of 48 generated
+tokens, one cycle per token (cycles in one part), 5 ``nodes`` parts (the last one holds requests
+20-23 whole), 25 ``transfers`` parts. Its manifest records ``table_counts``; the ``sample``
 fixture drops them, as in a trace written before they existed, so the checks that need no
 manifest field (part numbering, cross-table consistency) are exercised on their own.
 """
@@ -59,11 +59,11 @@ def test_the_sample_validates_with_and_without_table_counts(sample, tmp_path):
     assert run.manifest.table_counts is None and not run.manifest.resumed_at
     assert run.num_rows("cycles") == 1152 and len(run.request_ids) == 24
     shipped = open_run(SAMPLE)
-    assert shipped.manifest.table_counts["nodes"] == {"parts": 5, "rows": 36864}
-    assert shipped.manifest.table_counts["transfers"] == {"parts": 37, "rows": 301334}
+    assert shipped.manifest.table_counts["nodes"] == {"parts": 5, "rows": 41259}
+    assert shipped.manifest.table_counts["transfers"] == {"parts": 25, "rows": 323724}
     copy = Path(shutil.copytree(SAMPLE, tmp_path / "shipped"))
-    (copy / "transfers" / "part-00036.parquet").unlink()  # the last part: only table_counts tells
-    _expect(copy, "transfers", r"part-00036\.parquet missing: manifest\.table_counts records 37 parts, found 36")
+    (copy / "transfers" / "part-00024.parquet").unlink()  # the last part: only table_counts tells
+    _expect(copy, "transfers", r"part-00024\.parquet missing: manifest\.table_counts records 25 parts, found 24")
 
 
 def test_deleted_middle_part_is_named_even_without_validation(sample, capsys):
@@ -90,8 +90,8 @@ def test_deleted_first_parts_are_named(sample):
 
 def test_deleted_last_nodes_part_leaves_cycles_without_trees(sample):
     (sample / "nodes" / "part-00004.parquet").unlink()
-    err = _expect(sample, "nodes", r"request 21 positions 16-47 have cycles but no tree")
-    assert "128 of 1152 cycles" in str(err) and "2 more requests" in str(err)
+    err = _expect(sample, "nodes", r"request 20 positions 0-47 have cycles but no tree")
+    assert "192 of 1152 cycles" in str(err) and "3 more requests" in str(err)
 
 
 def test_cycles_cut_off_at_the_end_of_a_request(sample):
