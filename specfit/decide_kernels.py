@@ -448,10 +448,12 @@ def question_constants(params, calibrated, edge, max_depth, knots_x, knots_y, ru
 
 
 @njit(cache=True, error_model="numpy")
-def union_size_question(parents, depths, values, draft_logprobs, run, union_table, miss, context_len, num_levels,
-                        root_alpha, ask):  # fmt: skip
+def union_size_question(parents, depths, values, draft_logprobs, run, union_table, miss, out, context_len,
+                        num_levels, root_alpha, ask):  # fmt: skip
     """The live planner's stopping question in one call:
-    ``(p, nodes, cycle_s, expected, misses, ok, keep, depth1_max)``.
+    ``(ok, keep, cycle_s, expected, misses, depth1_max, k)``, with ``p`` in ``out[:N]`` and the
+    plan's ``k`` nodes (sorted ids, as floats) in ``out[N:N + k]`` (``out`` float64[>= 2 N]:
+    scalars come back without a new array to box per question; issue 14).
 
     ``run`` is :func:`question_constants`' array. ``p`` float64[N] is
     :func:`specfit.acceptance.path_accept_probs` of the tree: calibrated, :func:`level_accept_probs`
@@ -509,4 +511,9 @@ def union_size_question(parents, depths, values, draft_logprobs, run, union_tabl
         p, parents, depths, union_table, clean, params, context_len, num_levels, root_alpha,
         int(run[_Q_MAX_DEPTH]), ask,
     )  # fmt: skip
-    return p, ids, cycle_s, expected, misses, ok, keep, depth1_max
+    for v in range(n):
+        out[v] = p[v]
+    k = ids.shape[0]
+    for i in range(k):
+        out[n + i] = ids[i]
+    return ok, keep, cycle_s, expected, misses, depth1_max, k

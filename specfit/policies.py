@@ -207,6 +207,9 @@ def root_layer_misses(cached_bits: np.ndarray, root_expert_ids: np.ndarray) -> n
     return (valid & (cached == 0)).sum(axis=1).astype(np.int64)
 
 
+_ROOT_S = itemgetter(3)  # a guard sample's root-alone price
+
+
 class ThroughputGuard:
     """Online guard: draft only while drafting cycles realise more tokens/s than non-drafting ones.
 
@@ -326,9 +329,9 @@ class ThroughputGuard:
         """Counterfactual tokens/s of the root alone over the drafting arm's cycles (one token per
         cycle at its ``root_s``); NaN when empty or when a cycle lacks its root price."""
         cycles = self.arms["spec"]
-        if not cycles or any(c[3] is None for c in cycles):
+        if not cycles or None in map(_ROOT_S, cycles):  # C-level passes: asked once per cycle, live too
             return float("nan")
-        return len(cycles) / sum(c[3] for c in cycles)
+        return len(cycles) / sum(map(_ROOT_S, cycles))
 
     def reference_rate(self) -> float:
         """The rate drafting must match: the non-drafting arm's cycles pooled with the drafting
@@ -339,7 +342,7 @@ class ThroughputGuard:
             return root
         spec, ar = self.arms["spec"], self.arms["ar"]
         tokens = len(spec) + sum(map(itemgetter(0), ar))
-        return tokens / (sum(c[3] for c in spec) + sum(map(itemgetter(1), ar)))
+        return tokens / (sum(map(_ROOT_S, spec)) + sum(map(itemgetter(1), ar)))
 
     def allows_drafting(self) -> bool:
         """Asked once per cycle on the root alone: False = do not draft this cycle."""
@@ -599,6 +602,7 @@ class SpecFitPolicy(TreePolicy):
 
 
 _TREE_ARRAYS = ("token_ids", "parents", "depths", "draft_logprobs", "path_logprobs")
+_FLOAT64 = np.dtype(np.float64)
 
 
 class UnionSizeQuestions:
@@ -643,6 +647,7 @@ class UnionSizeQuestions:
             knots = (calibration.knots_x, calibration.knots_y, *runner)
         self.run = kernels.question_constants(cost_params(cost), self.calibrated, self.edge, self.max_depth, *knots)
         self.node_experts = self.cached_bits = self.table = self.miss = None
+        self.out = np.empty(2 * (self.max_nodes + self.max_depth))  # the last answer's P and plan nodes
         self.context_len = 0
         self.observed = False  # the miss fractions are an observed one, cleaned in the kernel
         self.last: tuple | None = None  # (tree, levels, answer) of the last question
@@ -686,40 +691,47 @@ class UnionSizeQuestions:
         self.observed = observed is not None
         if observed is None:
             self.miss = np.array(node_experts.layer_miss_fraction(cached_bits), dtype=np.float64)  # own, writable
-        elif (  # the engine's own float64[L] copy: taken as it is (one compiled signature)
-            type(observed) is np.ndarray
-            and observed.dtype == np.float64
-            and observed.shape == (node_experts.union_size.shape[0],)
-            and observed.flags.writeable
-            and observed.flags.c_contiguous
-        ):
-            self.miss = observed
-        else:
-            self.miss = np.array(observed, dtype=np.float64)
-            if self.miss.shape != (node_experts.union_size.shape[0],):
+        else:  # the engine's own float64[L] copy is taken as it is (no numpy call)
+            miss = observed
+            if type(miss) is not np.ndarray or miss.dtype is not _FLOAT64:
+                miss = np.array(observed, dtype=np.float64)
+            if miss.shape != (node_experts.union_size.shape[0],):
                 raise ValueError(
                     f"UnionSizeQuestions.begin: observed miss fraction: expected float[{node_experts.union_size.shape[0]}], "
-                    f"got shape {self.miss.shape}"
+                    f"got shape {miss.shape}"
                 )
+            self.miss = miss
         self.last = None
         return self
 
     def _answer(self, tree, levels: int, ask: bool) -> tuple:
+        """``(ok, keep, cycle_s, expected, misses, depth1_max, k)`` of the compiled question; P
+        and the plan's nodes in ``self.out`` until the next question (:meth:`_plan_nodes`)."""
         parents = tree.parents
-        if parents.shape[0] + self.max_depth > self.table.shape[0]:  # a tree larger than announced
+        n = parents.shape[0]
+        if n + self.max_depth > self.table.shape[0] or 2 * n > self.out.shape[0]:  # larger than announced
             from specfit.planner import union_table
 
-            self.table = union_table(self.node_experts, parents.shape[0] + self.max_depth)
+            self.table = union_table(self.node_experts, n + self.max_depth)
+            self.out = np.empty(2 * (n + self.max_depth))
         if not self.calibrated:  # path_accept_probs' own np.exp: the simulator's values everywhere
             values = np.exp(tree.path_logprobs)
         else:
             values = tree.draft_logprobs if self.edge else tree.path_logprobs
         answer = decide_kernels().union_size_question(
-            parents, tree.depths, values, tree.draft_logprobs, self.run, self.table, self.miss, self.context_len,
-            levels, self.policy.root_alpha, ask,
+            parents, tree.depths, values, tree.draft_logprobs, self.run, self.table, self.miss, self.out,
+            self.context_len, levels, self.policy.root_alpha, ask,
         )  # fmt: skip
         self.last = (tree, levels, answer)
         return answer
+
+    def _plan(self, tree, answer: tuple, started: float) -> Plan:
+        """The :class:`Plan` of ``answer`` (the last one: its nodes are in ``self.out``) on ``tree``."""
+        from specfit.planner import union_size_plan
+
+        n = tree.parents.shape[0]
+        nodes = self.out[n : n + answer[6]].astype(np.int64)
+        return union_size_plan((nodes, answer[2], answer[3], answer[4], answer[0]), n, started)
 
     def _answer_for(self, tree, levels: int) -> tuple:
         """The last question's answer when it was about ``tree`` after ``levels``, else a new one
@@ -743,9 +755,9 @@ class UnionSizeQuestions:
         if root_alone and policy.guard is not None and not policy.guard.allows_drafting():
             return False
         answer = self._answer(tree, levels, True)
-        if not answer[5]:
+        if not answer[0]:
             raise ValueError("cost model: a cycle time of 0 s makes the throughput unbounded")
-        if answer[6]:
+        if answer[1]:
             return True
         if root_alone and self.max_depth > 0:  # the rule's "no" on the root alone
             policy.root_alpha += policy.reprobe_rate * (1.0 - policy.root_alpha)
@@ -760,13 +772,11 @@ class UnionSizeQuestions:
         Raises:
             ValueError: the cost model makes a cycle take 0 s.
         """
-        from specfit.planner import union_size_plan
-
         started = time.perf_counter()
         answer = self._answer_for(tree, levels)
-        if answer[7] != -1.0:  # a drafted tree (NaN too: np.max's NaN moves it as select does)
-            self.policy.observe_root(answer[7])
-        return union_size_plan(answer[1:], answer[0].shape[0], started)
+        if answer[5] != -1.0:  # a drafted tree (NaN too: np.max's NaN moves it as select does)
+            self.policy.observe_root(answer[5])
+        return self._plan(tree, answer, started)
 
     def context(self, tree, draft_tree, levels: int) -> PolicyContext:
         """The :class:`PolicyContext` of ``tree`` (``draft_tree``: it as a ``DraftTree``) after
@@ -783,7 +793,7 @@ class UnionSizeQuestions:
 
         started = time.perf_counter()
         answer = self._answer_for(tree, levels)
-        p = answer[0]
+        p = self.out[: tree.parents.shape[0]].copy()
         node_experts = self.node_experts
         if self.observed:  # what the predictor would have handed over for this cycle
             node_experts = NodeExperts.trusted(
@@ -801,7 +811,7 @@ class UnionSizeQuestions:
             context_len=self.context_len,
             num_levels=levels,
         )
-        planner.remember(ctx, planner.union_size_plan(answer[1:], p.shape[0], started))
+        planner.remember(ctx, self._plan(tree, answer, started))
         return ctx
 
 
