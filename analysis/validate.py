@@ -26,7 +26,10 @@ predictor, which names no experts with ``union-size``; next-layer: the guesses t
 recorded); their prefetch issued/used/wasted counts do not depend on timing, so every repeat's
 per-cycle counts must equal the simulator's (``prefetch_counts_identical``, also part of ``ok`` and
 ``within_noise``; totals in ``live_prefetch_*`` / ``sim_prefetch_*``). The cost model is fitted on
-the runs without overlap and without prefetch.
+the runs without overlap and without prefetch; next-layer prefetch's share and waste
+(``calibration.costfit.fit_next_layer_terms``) on the cost-free policies' ``next-layer`` cells
+(else ``both``) of the same bandwidth, so the planned cells with next-layer prefetch price it
+(grid calibration, no ``--cost``; inert in the other cells).
 
 The noise floor: decisions are deterministic (same inputs, same cost JSON), so the repeats of a
 cell verify the same subtrees cycle by cycle (``repeat_same_subtree_fraction`` checks it) and
@@ -565,6 +568,28 @@ class Validator:
         except CalibrationDataError as exc:
             raise ValidationError(f"bandwidth {bw:g} GB/s: overlap cost fit failed: {exc}") from None
 
+    def _with_next_layer(
+        self, cost: CycleCostModel, path: Path, live_paths: dict[Cell, list[Path]]
+    ) -> tuple[CycleCostModel, Path]:
+        """``cost`` (saved at ``path``) with next-layer prefetch's share and waste fitted on the
+        cost-free cells' runs with ``--prefetch next-layer`` (else ``both``) in ``live_paths``
+        (``calibration.costfit.fit_next_layer_terms``), saved again; as it is with ``--cost`` or
+        without such runs."""
+        runs = [p for c, paths in live_paths.items() if c.prefetch == "next-layer" for p in paths]
+        runs = runs or [p for c, paths in live_paths.items() if c.prefetch == "both" for p in paths]
+        if self.args.cost is not None or not runs:
+            return cost, path
+        from calibration.costfit import fit_next_layer_terms
+        from calibration.runs import load_runs
+
+        try:
+            fit = fit_next_layer_terms(load_runs(runs).cycles)
+        except ValueError as exc:
+            raise ValidationError(f"next-layer prefetch terms: {exc}") from None
+        cost = dataclasses.replace(cost, next_layer_cover_frac=fit.cover_frac, next_layer_waste_per_miss=fit.waste_per_miss)
+        cost.save(path)
+        return cost, path
+
     def _planned_cells(self, bw: float, caches: list[int]) -> list[Cell]:
         """The grid's cells of the planned (cost-using) policies at one bandwidth."""
         return [
@@ -733,7 +758,7 @@ class Validator:
                     } or self.run_repeats([Cell(bw, caches[0], p) for p in COST_FREE_POLICIES], None)
                     fit_runs = [path for paths in fit_paths.values() for path in paths]
                     cost, cost_path = self._fit_serial(bw, fit_runs, caches[0], model)
-                costs = {"off": (cost, cost_path)}
+                costs = {"off": self._with_next_layer(cost, cost_path, live_paths)}
                 if any(o != "off" for o in overlaps):  # priced as the engine overlaps (per layer)
                     overlap_runs = [
                         p
@@ -741,7 +766,7 @@ class Validator:
                         if c.overlap != "off" and c.prefetch == "none"
                         for p in paths
                     ] or [p for c, paths in live_paths.items() if c.overlap != "off" for p in paths]
-                    costs["on"] = self._fit_overlap(bw, cost, overlap_runs)
+                    costs["on"] = self._with_next_layer(*self._fit_overlap(bw, cost, overlap_runs), live_paths)
                 planned = self._planned_cells(bw, caches)
                 live_paths.update(self.run_repeats(planned, {o: path for o, (_, path) in costs.items()}))
             for cell, paths in live_paths.items():
@@ -987,7 +1012,8 @@ def check_cost(args: Any, parser: ArgumentParser) -> CycleCostModel | None:
         )
     if "on" in args.overlap and (note := no_pre_router_note(args.cost)) is not None:
         print(f"warning: --cost {note}", file=sys.stderr)  # as sim.sweep and live.record say it
-    if any(uses_next_layer(mode) for mode in args.prefetch) and (note := unpriced_next_layer_note(cost, args.cost)):
+    prefetches = getattr(args, "prefetch", ["none"])
+    if any(uses_next_layer(mode) for mode in prefetches) and (note := unpriced_next_layer_note(cost, args.cost)):
         print(f"warning: --cost {note}", file=sys.stderr)
     return cost
 

@@ -298,6 +298,19 @@ def test_validate_prefetch_cells_count_identically_live_and_simulated(tiny_model
         assert (table[f"live_prefetch_{name}"] == table[f"sim_prefetch_{name}"]).all()
     nl = table[table["prefetch"] == "next-layer"]
     assert (nl["live_prefetch_issued"] > 0).all() and (nl["live_prefetch_used"] > 0).all()
+    # next-layer prefetch priced in the planned cells: its share fitted on the topn next-layer run,
+    # the same cost on the live side (the manifest's planner cost) and the simulated one
+    from specfit.cost import CycleCostModel
+    from traces.reader import open_run
+
+    cost = CycleCostModel.load(next(p for p in out.glob("cost_*.json") if p.stem.count("_") == 1))
+    assert 0 < cost.next_layer_cover_frac <= 1 and not cost.next_layer_prefetch
+    topn = open_run(next((out / "live").glob("*topn-pf-next-layer/r1"))).cycles
+    used, misses = int(topn["num_prefetch_used"].sum()), int(topn["cache_misses"].sum())
+    assert cost.next_layer_cover_frac == pytest.approx(used / (used + misses))
+    run = next(p for p in (out / "live").glob("*specfit-pf-next-layer/r1"))
+    planner = CycleCostModel.from_dict(open_run(run).manifest.config["cost_model"])
+    assert planner.next_layer_priced and planner.next_layer_cover_frac == cost.next_layer_cover_frac
     assert (table[table["prefetch"] == "none"]["live_prefetch_issued"] == 0).all()
     assert (out / "live" / "bw1-c4-topn-pf-next-layer" / "r1" / "manifest.json").is_file()
 
