@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from sim.engine import CyclePlan, FastEngine, LinkSpec, SimPyEngine, make_engine
@@ -423,3 +424,36 @@ def test_cost_models_draft_prefetch_pipeline_equals_the_simulated_cycle(mode) ->
         for engine in (FastEngine(LinkSpec(0, link_ns), 4), SimPyEngine(LinkSpec(0, link_ns), 4)):
             simulated = engine.run_cycle(plan).cycle_ns * 1e-9
             assert simulated == pytest.approx(cost.prefetched_cycle_s(0, 1, 0, misses), rel=1e-9)
+
+
+@pytest.mark.parametrize(("mode", "wire_ns", "pre_ns"), [("off", 100, 0), ("on", 100, 300), ("on", 300, 300)])
+def test_next_layer_price_against_the_simulated_cycle(mode, wire_ns, pre_ns) -> None:
+    """The cost model's next-layer term (``cycle_s_layers`` with the share and waste fitted from
+    the cycle's own counts) against the engine's timeline of next-layer prefetch: 4 layers of 1 us
+    compute, 4 misses each; layers 1-3 had 2 of them and 1 wrong guess copied during the layer
+    before (layer 0 has no guess). Fitted share 6/16, waste 3/16. Without overlap, while the
+    guesses fit their one-layer window, the price is the simulated cycle exactly (the averaged
+    share spreads layer 0's uncovered misses over the layers); with overlap and compute-bound
+    layers too; link-bound, it is the link's work, short of the simulated cycle by the first
+    router's 300 ns (no copy can start before it)."""
+    from calibration.costfit import fit_next_layer_terms
+    from specfit.cost import CycleCostModel
+
+    demand = ((0, 1, 2, 3),) + ((2, 3),) * 3  # layers 1-3: experts 0, 1 prefetched (hits in flight)
+    hits = ((),) + ((0, 1),) * 3
+    next_layer = ((0, 1, 9),) * 3 + ((),)  # layer l's guesses for layer l+1: 2 used, 1 wasted (9)
+    plan = CyclePlan(0, 0, (1000,) * 4, hits=hits, demand=demand, next_layer=next_layer, overlap=mode,
+                     layer_pre_router_ns=(pre_ns,) * 4)  # fmt: skip
+    counts = pd.DataFrame({"cache_misses": [10], "num_prefetch_used": [6], "num_prefetch_wasted": [3]})
+    fit = fit_next_layer_terms(counts)
+    assert (fit.cover_frac, fit.waste_per_miss) == (6 / 16, 3 / 16)
+    cost = CycleCostModel(
+        0.0, 4000e-9, 0.0, 0.0, 1e9, 0.0, wire_ns, 4, overlap_h2d=mode == "on", overlap_mode="on",
+        pre_router_frac=pre_ns / 1000, next_layer_prefetch=True, next_layer_cover_frac=fit.cover_frac,
+        next_layer_waste_per_miss=fit.waste_per_miss,
+    )  # fmt: skip
+    price_ns = cost.cycle_s_layers(0, 1, 0, np.full(4, 4.0)) * 1e9
+    for engine in (FastEngine(LinkSpec(0, wire_ns), 4), SimPyEngine(LinkSpec(0, wire_ns), 4)):
+        simulated_ns = engine.run_cycle(plan).cycle_ns
+        gap_ns = pre_ns if wire_ns == 300 else 0
+        assert price_ns == pytest.approx(simulated_ns - gap_ns, abs=1e-6), engine
