@@ -503,7 +503,9 @@ class CycleCostModel:
         gains nothing from prefetch and pays for its wrong guesses). An estimate on the planner's
         assumption that layers alike follow each other (the guesses of layer l-1 fly during
         layer l-1's compute, their window ``c``); the simulator replays the recorded guesses
-        exactly. With ``h = x = 0`` both forms are the ones without prefetch."""
+        exactly. On a hand-built cycle (``tests/test_sim_engine.py``) it is the engine's timeline
+        exactly while the guesses fit their window; link-bound it is the link's work, short by the
+        first router's time. With ``h = x = 0`` both forms are the ones without prefetch."""
         m = np.asarray(misses, dtype=np.float64)
         c = self.verify_s_array(num_nodes, context_len) / self.num_layers
         c = np.asarray(c)[..., None]
