@@ -432,61 +432,67 @@ def _clean_fraction(x):
 
 
 #: Layout of :func:`union_size_question`'s per-run array (:func:`question_constants`): flags and
-#: counts first, then the cost parameters, then the calibration's knots.
+#: counts first, then the cost parameters, the calibration's knots and the answer's room.
 _Q_CALIBRATED, _Q_EDGE, _Q_MAX_DEPTH, _Q_NUM_KNOTS, _Q_NUM_RUNNER, _Q_NUM_PARAMS, _Q_PARAMS = 0, 1, 2, 3, 4, 5, 6
 
 
-def question_constants(params, calibrated, edge, max_depth, knots_x, knots_y, runner_x, runner_y):
-    """float64[6 + P + 2 K + 2 R]: what every question of a run shares, in ONE array for
-    :func:`union_size_question` (each argument of a compiled call costs its unboxing; issue 14):
-    ``calibrated``, ``edge`` (0/1), ``max_depth``, ``K``, ``R``, ``P``, the ``P`` cost parameters
-    (:func:`specfit.planner.cost_params`), then ``knots_x, knots_y`` (K each) and the runner-up
-    map's ``runner_x, runner_y`` (R each, R = 0: none)."""
+def question_constants(params, calibrated, edge, max_depth, knots_x, knots_y, runner_x, runner_y, room):
+    """``(work float64[6 + P + 2 K + 2 R + room], answer_at)``: what every question of a run shares
+    and where it answers, in ONE array for :func:`union_size_question` (each argument of a
+    compiled call costs its unboxing; issue 14): ``calibrated``, ``edge`` (0/1), ``max_depth``,
+    ``K``, ``R``, ``P``, the ``P`` cost parameters (:func:`specfit.planner.cost_params`), then
+    ``knots_x, knots_y`` (K each), the runner-up map's ``runner_x, runner_y`` (R each, R = 0:
+    none), then ``room`` values from ``answer_at`` on for the answer (at least twice the nodes)."""
     head = [float(bool(calibrated)), float(bool(edge)), float(max_depth)]
     head += [float(len(knots_x)), float(len(runner_x)), float(len(params))]
-    return np.concatenate((np.array(head), params, knots_x, knots_y, runner_x, runner_y)).astype(np.float64)
+    work = np.concatenate((np.array(head), params, knots_x, knots_y, runner_x, runner_y, np.zeros(int(room))))
+    return work.astype(np.float64), work.shape[0] - int(room)
 
 
 @njit(cache=True, error_model="numpy")
-def union_size_question(parents, depths, values, draft_logprobs, run, union_table, miss, out, context_len,
-                        num_levels, root_alpha, ask):  # fmt: skip
+def union_size_question(parents, values, work, union_table, miss, context_len, num_levels, root_alpha, ask):
     """The live planner's stopping question in one call:
-    ``(ok, keep, cycle_s, expected, misses, depth1_max, k)``, with ``p`` in ``out[:N]`` and the
-    plan's ``k`` nodes (sorted ids, as floats) in ``out[N:N + k]`` (``out`` float64[>= 2 N]:
-    scalars come back without a new array to box per question; issue 14).
+    ``(ok, keep, cycle_s, expected, misses, depth1_max, k)``, with ``p`` in ``work[a:a + N]`` and
+    the plan's ``k`` nodes (sorted ids, as floats) in ``work[a + N:a + N + k]`` (``a``: the
+    ``answer_at`` of :func:`question_constants`, which made ``work``; scalars come back without a
+    new array to box per question; issue 14).
 
-    ``run`` is :func:`question_constants`' array. ``p`` float64[N] is
+    ``parents`` int64[N] (parents before children; depths follow from them). ``p`` float64[N] is
     :func:`specfit.acceptance.path_accept_probs` of the tree: calibrated, :func:`level_accept_probs`
-    of ``values`` (the draft log-probs for an edge map, the path log-probs for a path map; ``exp``
-    taken there) and the map's knots; without a calibration, ``values`` are the path
-    probabilities (``np.exp`` of the path log-probs, as ``path_accept_probs`` takes it) clipped to
-    [0, 1], ``P(root) = 1`` and each node clamped to its parent's value (``min``, in id order).
-    ``miss`` float64[L] are the miss fractions, cleaned as ``UnionSizePredictor`` cleans an
-    observed one (:func:`_clean_fraction`; clean values pass unchanged). The rest is
-    :func:`union_size_plan_rule` of ``p`` (``max_depth`` from ``run``). ``depth1_max`` is the
-    largest P at depth 1 (``np.max``'s: NaN if any is NaN), -1 when the tree is the root alone.
+    of ``values`` (the draft log-probs for an edge map, also the runner-up map's ranking, the
+    path log-probs for a path map; ``exp`` taken there) and the map's knots; without a
+    calibration, ``values`` are the path probabilities (``np.exp`` of the path log-probs, as
+    ``path_accept_probs`` takes it) clipped to [0, 1], ``P(root) = 1`` and each node clamped to
+    its parent's value (``min``, in id order). ``miss`` float64[L] are the miss fractions,
+    cleaned as ``UnionSizePredictor`` cleans an observed one (:func:`_clean_fraction`; clean
+    values pass unchanged). The rest is :func:`union_size_plan_rule` of ``p`` (``max_depth`` from
+    ``work``). ``depth1_max`` is the largest P at depth 1 (``np.max``'s: NaN if any is NaN), -1
+    when the tree is the root alone.
     """
     n = parents.shape[0]
-    num_knots = int(run[_Q_NUM_KNOTS])
-    num_runner = int(run[_Q_NUM_RUNNER])
-    at = _Q_PARAMS + int(run[_Q_NUM_PARAMS])
-    params = run[_Q_PARAMS:at]
-    knots_x = run[at : at + num_knots]
-    knots_y = run[at + num_knots : at + 2 * num_knots]
-    runner_x = run[at + 2 * num_knots : at + 2 * num_knots + num_runner]
-    runner_y = run[at + 2 * num_knots + num_runner : at + 2 * num_knots + 2 * num_runner]
+    num_knots = int(work[_Q_NUM_KNOTS])
+    num_runner = int(work[_Q_NUM_RUNNER])
+    at = _Q_PARAMS + int(work[_Q_NUM_PARAMS])
+    params = work[_Q_PARAMS:at]
+    knots_x = work[at : at + num_knots]
+    knots_y = work[at + num_knots : at + 2 * num_knots]
+    runner_x = work[at + 2 * num_knots : at + 2 * num_knots + num_runner]
+    runner_y = work[at + 2 * num_knots + num_runner : at + 2 * num_knots + 2 * num_runner]
+    answer_at = at + 2 * num_knots + 2 * num_runner
     clean = np.empty(miss.shape[0])
     for layer in range(miss.shape[0]):
         clean[layer] = _clean_fraction(miss[layer])
+    depths = np.zeros(n, np.int64)
     depth = 0
-    for v in range(n):
+    for v in range(1, n):
+        depths[v] = depths[parents[v]] + 1
         if depths[v] > depth:
             depth = depths[v]
     if n == 1:
         p = np.ones(1)
-    elif run[_Q_CALIBRATED] != 0.0:
+    elif work[_Q_CALIBRATED] != 0.0:
         p = level_accept_probs(
-            parents, depths, depth, values, run[_Q_EDGE] != 0.0, knots_x, knots_y, runner_x, runner_y, draft_logprobs
+            parents, depths, depth, values, work[_Q_EDGE] != 0.0, knots_x, knots_y, runner_x, runner_y, values
         )
     else:
         p = np.empty(n)
@@ -509,11 +515,11 @@ def union_size_question(parents, depths, values, draft_logprobs, run, union_tabl
                     depth1_max = x
     ids, cycle_s, expected, misses, ok, keep = union_size_plan_rule(
         p, parents, depths, union_table, clean, params, context_len, num_levels, root_alpha,
-        int(run[_Q_MAX_DEPTH]), ask,
+        int(work[_Q_MAX_DEPTH]), ask,
     )  # fmt: skip
     for v in range(n):
-        out[v] = p[v]
+        work[answer_at + v] = p[v]
     k = ids.shape[0]
     for i in range(k):
-        out[n + i] = ids[i]
+        work[answer_at + n + i] = ids[i]
     return ok, keep, cycle_s, expected, misses, depth1_max, k

@@ -645,9 +645,10 @@ class UnionSizeQuestions:
             if runner[0] is None or not self.edge:
                 runner = (_NO_VALUES, _NO_VALUES)
             knots = (calibration.knots_x, calibration.knots_y, *runner)
-        self.run = kernels.question_constants(cost_params(cost), self.calibrated, self.edge, self.max_depth, *knots)
+        self.work, self.answer_at = kernels.question_constants(  # the last answer's P and nodes at answer_at
+            cost_params(cost), self.calibrated, self.edge, self.max_depth, *knots, 2 * (self.max_nodes + self.max_depth)
+        )
         self.node_experts = self.cached_bits = self.table = self.miss = None
-        self.out = np.empty(2 * (self.max_nodes + self.max_depth))  # the last answer's P and plan nodes
         self.context_len = 0
         self.observed = False  # the miss fractions are an observed one, cleaned in the kernel
         self.last: tuple | None = None  # (tree, levels, answer) of the last question
@@ -706,31 +707,31 @@ class UnionSizeQuestions:
 
     def _answer(self, tree, levels: int, ask: bool) -> tuple:
         """``(ok, keep, cycle_s, expected, misses, depth1_max, k)`` of the compiled question; P
-        and the plan's nodes in ``self.out`` until the next question (:meth:`_plan_nodes`)."""
+        and the plan's nodes in ``self.work`` from ``answer_at`` on until the next question."""
         parents = tree.parents
         n = parents.shape[0]
-        if n + self.max_depth > self.table.shape[0] or 2 * n > self.out.shape[0]:  # larger than announced
-            from specfit.planner import union_table
+        if n + self.max_depth > self.table.shape[0] or 2 * n > self.work.shape[0] - self.answer_at:
+            from specfit.planner import union_table  # a tree larger than announced
 
             self.table = union_table(self.node_experts, n + self.max_depth)
-            self.out = np.empty(2 * (n + self.max_depth))
+            self.work = np.concatenate((self.work[: self.answer_at], np.zeros(2 * (n + self.max_depth))))
         if not self.calibrated:  # path_accept_probs' own np.exp: the simulator's values everywhere
             values = np.exp(tree.path_logprobs)
         else:
             values = tree.draft_logprobs if self.edge else tree.path_logprobs
         answer = decide_kernels().union_size_question(
-            parents, tree.depths, values, tree.draft_logprobs, self.run, self.table, self.miss, self.out,
-            self.context_len, levels, self.policy.root_alpha, ask,
-        )  # fmt: skip
+            parents, values, self.work, self.table, self.miss, self.context_len, levels, self.policy.root_alpha, ask
+        )
         self.last = (tree, levels, answer)
         return answer
 
     def _plan(self, tree, answer: tuple, started: float) -> Plan:
-        """The :class:`Plan` of ``answer`` (the last one: its nodes are in ``self.out``) on ``tree``."""
+        """The :class:`Plan` of ``answer`` (the last one: its nodes are in ``self.work``) on ``tree``."""
         from specfit.planner import union_size_plan
 
         n = tree.parents.shape[0]
-        nodes = self.out[n : n + answer[6]].astype(np.int64)
+        at = self.answer_at + n
+        nodes = self.work[at : at + answer[6]].astype(np.int64)
         return union_size_plan((nodes, answer[2], answer[3], answer[4], answer[0]), n, started)
 
     def _answer_for(self, tree, levels: int) -> tuple:
@@ -793,7 +794,7 @@ class UnionSizeQuestions:
 
         started = time.perf_counter()
         answer = self._answer_for(tree, levels)
-        p = self.out[: tree.parents.shape[0]].copy()
+        p = self.work[self.answer_at : self.answer_at + tree.parents.shape[0]].copy()
         node_experts = self.node_experts
         if self.observed:  # what the predictor would have handed over for this cycle
             node_experts = NodeExperts.trusted(
