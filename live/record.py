@@ -27,6 +27,11 @@ line cover the whole run: each finished request's totals are kept beside the tra
 requests to those of earlier calls (``summary_covers`` says "whole run", or which share when some
 requests were recorded without per-request totals); ``num_requests_recorded`` counts every
 request of the run. Resuming a complete run prints "already complete" and exits 0.
+
+The summary also carries a machine-speed gauge independent of the decoding (``live.speed_probe``):
+``speed_probe_s``, the seconds of a fixed small torch workload timed a few times before the first
+request and after each request (outside every timed cycle), and their median
+``speed_probe_median_s`` (this call's probes; docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -734,6 +739,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else f"{covered} of {recorded} recorded requests (the others were recorded without per-request totals)",
         "num_requests_recorded": _recorded_requests(config.out),
         **({"resumed": True, **session.resume_info} if config.resume else {}),
+        **session.speed_probe.summary(),  # this call's probes (live.speed_probe)
     }
     session.write_summary(summary, asdict(config))
     session.print_table(summary, stream=sys.stdout)

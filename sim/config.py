@@ -145,6 +145,11 @@ class SimConfig:
         acceptance: ``specfit.acceptance.AcceptanceCalibration.to_dict()`` (e.g. the
             ``acceptance.json`` of ``calibration.fit``) mapping draft path probability to
             acceptance for the planner, or ``None``: draft path probabilities as they are.
+        compute_speed: how long the machine's compute takes relative to ``cost``'s (1.2 = 20 %
+            slower; finite, > 0; default 1): the replay times every cycle with
+            ``cost.with_compute_speed(compute_speed)`` while its planner keeps pricing with
+            ``cost``, as a live planner keeps its cost file while the machine's speed drifts
+            (``analysis.validate`` sets it from the runs' speed probe).
 
     Raises:
         ValueError: a bad field, naming it.
@@ -168,6 +173,7 @@ class SimConfig:
     record_cycles: bool = True
     acceptance: dict[str, Any] | None = None
     expert_budget: int | None = None
+    compute_speed: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.cost, CycleCostModel):
@@ -194,6 +200,10 @@ class SimConfig:
             raise ValueError(
                 f"SimConfig.decision_s: expected a finite number >= 0 (s), got {self.decision_s!r}"
             )
+        speed = self.compute_speed
+        if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not (0 < speed < float("inf")):
+            raise ValueError(f"SimConfig.compute_speed: expected a finite number > 0, got {speed!r}")
+        object.__setattr__(self, "compute_speed", float(speed))
         if self.acceptance is not None:
             from specfit.acceptance import AcceptanceCalibration
 

@@ -339,10 +339,12 @@ class _Replayer:
             )
         self.path_ok = self.arrays.path_accepted()
         self.trees: list[_TreeData | None] = _TREES.setdefault(trace_run, [None] * self.arrays.num_trees)
-        self.link = link_from_cost(self.cost, config.link_concurrency)
+        # the cost the cycles are timed with: the planner's, at the machine's compute speed
+        self.timed = self.cost if config.compute_speed == 1.0 else self.cost.with_compute_speed(config.compute_speed)
+        self.link = link_from_cost(self.timed, config.link_concurrency)
         # the compute stream's share of each miss and, with overlap, each late-expert kernel call
-        self._host_ns = s_to_ns(self.cost.host_s_per_transfer)
-        self._late_call_ns = s_to_ns(self.cost.late_call_s)
+        self._host_ns = s_to_ns(self.timed.host_s_per_transfer)
+        self._late_call_ns = s_to_ns(self.timed.late_call_s)
         self.expert_bytes = int(self.cost.expert_bytes)
         self.calibration = None
         self._accept_key = ""  # names the acceptance map in the per-tree memo (_TreeData.accept)
@@ -490,7 +492,7 @@ class _Replayer:
         part of each computed before the layer's router (``cost.pre_router_frac``, rounded to
         the nanosecond; empty when 0), after which the layer's demand copies are enqueued."""
         compute = split_ns(verify_ns, self.num_layers)
-        frac = self.cost.pre_router_frac
+        frac = self.timed.pre_router_frac
         return compute, tuple(min(round(frac * c), c) for c in compute) if frac else ()
 
     def _access(self, mask: np.ndarray) -> Any:
@@ -756,7 +758,7 @@ class _Replayer:
         num_hits, num_misses = stats.hits - hits_before, stats.misses - misses_before
         hits, demand = _MaskRows(access.hits), _MaskRows(access.misses)
         self._ledger_accessed(access)
-        verify_ns = s_to_ns(self.cost.verify_s(len(nodes), dense.context_len))
+        verify_ns = s_to_ns(self.timed.verify_s(len(nodes), dense.context_len))
         split = self._splits.get(verify_ns)
         if split is None:
             if len(self._splits) >= 4096:  # bounded: context-dependent verify times vary
@@ -765,7 +767,7 @@ class _Replayer:
         layer_compute, layer_pre_router = split
         draft_ns = self._draft_ns.get(levels)
         if draft_ns is None:
-            draft_ns = self._draft_ns[levels] = s_to_ns(self.cost.draft_s(levels))
+            draft_ns = self._draft_ns[levels] = s_to_ns(self.timed.draft_s(levels))
         timing = engine.run_cycle(
             CyclePlan.build(
                 draft_ns=draft_ns,

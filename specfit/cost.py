@@ -189,6 +189,15 @@ FIELD_UNITS: dict[str, str] = {
     "next_layer_prefetch": "bool",
     "source": "text",
 }
+# the compute terms (s) that CycleCostModel.with_compute_speed scales besides host_s_per_transfer
+COMPUTE_FIELDS = (
+    "draft_s_per_level",
+    "draft_base_s",
+    "verify_base_s",
+    "verify_s_per_node",
+    "verify_s_per_context_token",
+    "late_call_s",
+)
 _FLOAT_FIELDS = (
     "draft_s_per_level",
     "draft_base_s",
@@ -660,6 +669,33 @@ class CycleCostModel:
     def with_bandwidth(self, bytes_per_s: float) -> CycleCostModel:
         """Copy with ``h2d_bytes_per_s`` replaced."""
         return dataclasses.replace(self, h2d_bytes_per_s=bytes_per_s)
+
+    def with_compute_speed(self, factor: float) -> CycleCostModel:
+        """Copy priced for a machine whose compute takes ``factor`` times as long (1.2 = 20 %
+        slower; dimensionless, finite, > 0): every compute term is multiplied by ``factor`` --
+        ``draft_s_per_level``, ``draft_base_s``, ``verify_base_s``, ``verify_s_per_node``,
+        ``verify_s_per_context_token``, ``late_call_s`` and the compute stream's share of each
+        miss ``host_s_per_transfer`` (which ``h2d_s_per_transfer`` contains, so it grows by the
+        same seconds) -- while the link's wire time (``h2d_bytes_per_s``, the link's share of
+        ``h2d_s_per_transfer``: :attr:`link_s_per_transfer`) and every other field stay as they
+        are. ``analysis.validate`` prices each cell at its runs' measured machine speed with it
+        (the speed probe of ``live.record``; README, validate).
+
+        Raises:
+            ValueError: ``factor`` not a finite number > 0.
+        """
+        if isinstance(factor, bool) or not isinstance(factor, (int, float, np.floating, np.integer)):
+            raise ValueError(f"compute speed factor: expected a finite number > 0, got {factor!r}")
+        k = float(factor)
+        if not (math.isfinite(k) and k > 0):
+            raise ValueError(f"compute speed factor: expected a finite number > 0, got {factor!r}")
+        host = self.host_s_per_transfer * k
+        return dataclasses.replace(
+            self,
+            **{name: getattr(self, name) * k for name in COMPUTE_FIELDS},
+            host_s_per_transfer=host,
+            h2d_s_per_transfer=(self.h2d_s_per_transfer - self.host_s_per_transfer) + host,
+        )
 
     def with_expert_bytes(self, num_bytes: int) -> CycleCostModel:
         """Copy with ``expert_bytes`` replaced."""

@@ -916,3 +916,43 @@ def test_live_and_sim_price_next_layer_prefetch_with_the_same_cost(tiny, tmp_pat
     assert live.cycle_s(2, 5, 30, misses) == sim.cycle_s(2, 5, 30, misses)
     if overlap == "off":  # half the copies a layer early: less of them after each router
         assert live.cycle_s(2, 5, 30, misses) < unpriced.cycle_s(2, 5, 30, misses)
+
+
+def test_speed_probe_runs_between_requests_never_inside_a_cycle(tiny, tmp_path, capsys, monkeypatch):
+    """The machine-speed probe (live.speed_probe) is timed before the first request and after
+    each request, never between two cycles of a request, and lands in summary.json; the cycle
+    table keeps exactly the schema's columns."""
+    import live.speed_probe as speed_probe
+    from traces.schema import CycleRecord
+    from traces.writer import TraceWriter
+
+    events: list[str] = []
+    fake_s = iter(np.arange(1, 100) * 1e-3)  # distinct fake seconds, in call order
+    monkeypatch.setattr(speed_probe, "probe_once", lambda x, w: (events.append("probe"), float(next(fake_s)))[1])
+    for name in ("add_cycle", "add_request"):
+        real = getattr(TraceWriter, name)
+
+        def logged(self, *a, _real=real, _name=name, **k):
+            events.append(_name)
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(TraceWriter, name, logged)
+    out = tmp_path / "probe"
+    assert main(_args(tiny, out, "--mode", "policy", "--policy", "topn")) == 0
+    line = _last_json(capsys)
+    per_point = speed_probe.PROBES_PER_POINT
+    # probes, then per request: its cycles, the request row, probes
+    text = " ".join(events)
+    assert text.startswith(" ".join(["probe"] * per_point) + " add_cycle")
+    for request_block in text.split("add_request")[:-1]:
+        cycles_then_probes = request_block.split()
+        first_cycle = cycles_then_probes.index("add_cycle")
+        assert set(cycles_then_probes[first_cycle:]) == {"add_cycle"}  # no probe among a request's cycles
+    assert text.endswith("add_request " + " ".join(["probe"] * per_point))
+    recorded = json.loads((out / "summary.json").read_text())["summary"]
+    expected = [float(s) for s in np.arange(1, 1 + per_point * 4) * 1e-3]  # before + after each of 3 requests
+    assert recorded["speed_probe_s"] == pytest.approx(expected)
+    assert recorded["speed_probe_median_s"] == pytest.approx(float(np.median(expected)))
+    assert line["speed_probe_median_s"] == pytest.approx(float(np.median(expected)))
+    run = open_run(out)
+    assert list(run.cycles.columns) == [f.name for f in dataclasses.fields(CycleRecord)]

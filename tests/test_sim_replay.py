@@ -270,3 +270,23 @@ def test_planner_time_is_charged_to_drafting_policies_only(run) -> None:
             assert extra_s == 0.0 and slow.cycles and all(c.decision_s == 0.0 for c in slow.cycles)
         else:
             assert extra_s == pytest.approx(2e-3 * slow.totals.num_cycles, rel=1e-6)
+
+
+def test_compute_speed_times_cycles_slower_but_keeps_the_planner(run) -> None:
+    """SimConfig.compute_speed: cycles timed with cost.with_compute_speed, the planner's decisions
+    and predictions (priced with the unscaled cost) unchanged."""
+    cost = _cost(host_s_per_transfer=4e-6)
+    base = SimConfig(cost=cost, policy="specfit", predictor="oracle", cache_capacity_per_layer=6)
+    slow = dataclasses.replace(base, compute_speed=1.5)
+    assert SimConfig.from_dict(slow.to_dict()) == slow
+    a, b = replay_policy(run, base), replay_policy(run, slow)
+    assert [c.verified_nodes for c in a.cycles] == [c.verified_nodes for c in b.cycles]
+    assert [c.predicted_cycle_s for c in a.cycles] == [c.predicted_cycle_s for c in b.cycles]
+    timed = cost.with_compute_speed(1.5)
+    for c in b.cycles:
+        formula = timed.cycle_s(c.num_draft_levels, c.num_nodes_verified, c.context_len, c.layer_misses)
+        assert c.cycle_s == pytest.approx(formula, abs=(sum(c.layer_misses) + 3) * 1e-9)
+    assert b.totals.tokens_per_s < a.totals.tokens_per_s
+    for bad in (0.0, -1.0, float("inf"), True):
+        with pytest.raises(ValueError, match="compute_speed"):
+            dataclasses.replace(base, compute_speed=bad)

@@ -316,3 +316,30 @@ def test_top_child_mask_and_runner_up_map() -> None:
         AcceptanceCalibration(
             [0.0, 1.0], [0.0, 1.0], runner_up_knots_x=[0.0, 1.0], runner_up_knots_y=[0.0, 1.0]
         )
+
+
+def test_with_compute_speed_scales_exactly_the_compute_terms():
+    """CycleCostModel.with_compute_speed: every compute term times the factor, the link's wire
+    time (bandwidth, the link's share of the per-transfer latency) and the rest unchanged."""
+    from specfit.cost import COMPUTE_FIELDS
+
+    cost = CycleCostModel(
+        draft_s_per_level=2e-3, draft_base_s=1e-3, verify_base_s=10e-3, verify_s_per_node=0.5e-3,
+        verify_s_per_context_token=1e-6, h2d_bytes_per_s=2e9, h2d_s_per_transfer=50e-6,
+        expert_bytes=4096, num_layers=4, overlap_h2d=True, overlap_mode="on", host_s_per_transfer=30e-6,
+        late_call_s=5e-6, pre_router_frac=0.3, next_layer_cover_frac=0.4, next_layer_waste_per_miss=0.2,
+    )  # fmt: skip
+    scaled = cost.with_compute_speed(1.5)
+    for f in dataclasses.fields(cost):
+        before, after = getattr(cost, f.name), getattr(scaled, f.name)
+        if f.name in (*COMPUTE_FIELDS, "host_s_per_transfer"):
+            assert after == pytest.approx(1.5 * before, rel=1e-12), f.name
+        elif f.name == "h2d_s_per_transfer":  # the link's 20 us stay, the host's 30 us grow to 45
+            assert after == pytest.approx(20e-6 + 45e-6, rel=1e-12)
+        else:
+            assert after == before, f.name
+    assert scaled.link_s_per_transfer == pytest.approx(cost.link_s_per_transfer, rel=1e-12)
+    assert scaled.verify_s(5, 100) == pytest.approx(1.5 * cost.verify_s(5, 100), rel=1e-12)
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "2"):
+        with pytest.raises(ValueError, match="compute speed"):
+            cost.with_compute_speed(bad)

@@ -671,7 +671,14 @@ class RecordSession:
         # cycles' own young objects; unfreeze after, so the models can be freed.
         gc.collect()
         gc.freeze()
+        # the machine-speed gauge (live.speed_probe): before the first request and after each
+        # one, never inside a cycle, so no recorded timing includes it
+        from live.speed_probe import SpeedProbe
+
+        self.speed_probe = SpeedProbe(device=str(config.device))
         try:
+            if todo:
+                self.speed_probe.measure()
             per_request = {k: v for k, v in self._load_request_totals().items() if k in done}
             for request_id in todo:
 
@@ -701,6 +708,7 @@ class RecordSession:
                 per_request[request_id] = RunTotals()
                 per_request[request_id].add(result)
                 self._save_request_totals(per_request)
+                self.speed_probe.measure()
             self.writer.close(complete=True)
         except BaseException:
             self.writer.close(complete=False)
