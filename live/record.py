@@ -65,7 +65,7 @@ from specfit.cli import (
 )
 from specfit.policies import STOPPING_RULES, TREE_POLICY_HELP
 from specfit.predictors import PREDICTOR_HELP
-from specfit.prefetch import PREFETCH_MODES, uses_draft
+from specfit.prefetch import PREFETCH_MODES, uses_draft, uses_next_layer
 
 
 @dataclass(frozen=True)
@@ -298,6 +298,26 @@ def draft_prefetch_note(config: RecordConfig) -> str | None:
         return None
     suffix = "; next-layer prefetch runs" if config.prefetch == "both" else ""
     return f"draft prefetch issues nothing in this run: {reason}{suffix}"
+
+
+def quick_cost_next_layer_note(config: RecordConfig) -> str | None:
+    """Why the planner of this run prices no next-layer prefetch (one line), or None.
+
+    Without ``--cost`` a planned policy (:data:`live.spec.names.PLANNED_POLICIES`) prices cycles
+    with the session's quick cost estimate (``live.spec.costs.estimate_cost_model``), which times
+    compute and the link but has no next-layer prefetch share (``next_layer_cover_frac`` and
+    ``next_layer_waste_per_miss`` are 0: they are fitted from a run's prefetch counts), so with
+    ``--prefetch next-layer|both`` the planner prices the copies as if nothing were prefetched one
+    layer ahead; ``--cost`` files are checked by :func:`check_input_files`
+    (``specfit.cost.unpriced_next_layer_note``), the same words as ``sim.sweep``'s warning.
+    """
+    if config.cost is not None or not uses_next_layer(config.prefetch) or config.policy not in PLANNED_POLICIES:
+        return None
+    return (
+        "the quick cost estimate (no --cost) has no next-layer prefetch share (next_layer_cover_frac and "
+        "next_layer_waste_per_miss are 0), so the planner prices no next-layer prefetch; fit them with "
+        "`python -m calibration.fit` on runs recorded with --prefetch next-layer and pass its cost.json as --cost"
+    )
 
 
 def resolve_predictor(predictor: str, tables: str | None, model: str) -> tuple[str, str | None]:
@@ -684,6 +704,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = resolve_config(args, parser, explicit_flags(argv))
     parser.ensure_out_dir("--out", config.out)  # before the model loads
     if (note := draft_prefetch_note(config)) is not None:
+        print(f"warning: --prefetch {config.prefetch}: {note}", file=sys.stderr)
+    if (note := quick_cost_next_layer_note(config)) is not None:
         print(f"warning: --prefetch {config.prefetch}: {note}", file=sys.stderr)
     head = {"run_dir": str(Path(config.out)), "mode": config.mode, "policy": config.policy}
     if config.resume:

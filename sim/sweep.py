@@ -25,6 +25,7 @@ row, column ``stopping``), so sweeps with different rules never reuse each other
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import multiprocessing
@@ -693,6 +694,99 @@ def _resolve_prefetch(parser: ArgumentParser, items: list[str], trace_run: Any, 
     return modes
 
 
+PILOT_POLICIES = ("ar", "topn")
+"""The policies whose replays estimate next-layer prefetch's share (:func:`pilot_next_layer_share`)."""
+
+
+def pilot_next_layer_share(cell: CellSpec, policies: Sequence[str] = PILOT_POLICIES) -> Any:
+    """Next-layer prefetch's share and waste on ``cell``'s trace at its cache, estimated from
+    pilot replays: ``calibration.costfit.fit_next_layer_terms`` (a ``NextLayerFit``) on the
+    pooled cycles of ``policies`` replayed with ``--prefetch next-layer``.
+
+    Why these pilots, and once per cache: the used/wasted/demand-miss counts depend on the
+    verified trees, the cache (size and policy) and the recorded guesses, never on timing (the
+    prefetch ledger is driven by the cache's accesses, so bandwidth and overlap do not change
+    them), so one estimate serves every bandwidth and overlap of a cache size. The autoregressive
+    root alone and the full top-N tree ask no planner, so their counts do not depend on the
+    price they feed (SpecFit's own trees would: a share fitted on them changes them), and they
+    bracket the subtrees SpecFit prices, from its root alone to its whole tree; their cycles are
+    pooled as ratios of totals, exactly as ``analysis.validate``'s grid calibration fits the
+    share on its ar/topn next-layer cells. The other cell fields (trace, cache policy, request
+    and position limits, seed) are ``cell``'s; overlap "off" (the counts are the same).
+
+    Args:
+        cell: a cell of the sweep (its policy, bandwidth, overlap and prefetch are not used).
+        policies: pilot policies (canonical names), default :data:`PILOT_POLICIES`.
+
+    Returns:
+        ``calibration.costfit.NextLayerFit`` (``cover_frac`` h, ``waste_per_miss`` x, counts).
+
+    Raises:
+        ReplayError / ValueError: from the replays (a trace without next-layer guesses).
+    """
+    import pandas as pd
+
+    from calibration.costfit import fit_next_layer_terms
+    from sim.cells import _open_trace
+    from sim.replay import replay_policy
+
+    run = _open_trace(cell.trace_path)  # the process's decoded trace: forked workers inherit it
+    columns = ("cache_misses", "num_prefetch_used", "num_prefetch_wasted")
+    frames = []
+    for policy in policies:
+        pilot = dataclasses.replace(
+            cell, policy=policy, overlap="off", prefetch="next-layer", policy_options=None, expert_budget=None
+        )
+        result = replay_policy(run, pilot.sim_config(record_cycles=True))
+        rows = {c: [getattr(r, c) for r in result.cycles] for c in columns}
+        frames.append(pd.DataFrame({"run": f"pilot-{policy}", **rows}))
+    return fit_next_layer_terms(pd.concat(frames, ignore_index=True))
+
+
+def _price_next_layer(
+    cells: list[CellSpec], cost: Any, cost_file: str | None
+) -> tuple[list[CellSpec], str | None]:
+    """Cells whose next-layer prefetch the sweep prices, and the header line saying how.
+
+    A cost with its own share (``next_layer_cover_frac`` or ``next_layer_waste_per_miss`` > 0,
+    e.g. ``calibration.fit`` on runs recorded with ``--prefetch next-layer``) keeps it. One
+    without (a preset, the default, an older or next-layer-free fit) would price none, so the
+    cells with ``--prefetch next-layer|both`` get the share :func:`pilot_next_layer_share`
+    estimates per cache size and cache policy (their cost dicts, and so their ids, change; the
+    other cells keep theirs). Returns ``(cells, None)`` when no cell prefetches one layer ahead.
+    """
+    from specfit.prefetch import uses_next_layer
+
+    if not any(uses_next_layer(c.prefetch) for c in cells):
+        return cells, None
+    if cost.next_layer_cover_frac > 0.0 or cost.next_layer_waste_per_miss > 0.0:  # versions 1-4 load 0
+        return cells, (
+            f"next-layer prefetch: priced with the cost's own share {cost.next_layer_cover_frac:.3f} of the "
+            f"planner's misses covered, {cost.next_layer_waste_per_miss:.3f} wasted copies per miss "
+            f"({cost_file or cost.source})"
+        )
+    fits: dict[tuple[int, str], Any] = {}
+    priced = []
+    for cell in cells:
+        if uses_next_layer(cell.prefetch):
+            key = (cell.cache_experts_per_layer, cell.cache_policy)
+            if key not in fits:
+                fits[key] = pilot_next_layer_share(cell)
+            share = {"next_layer_cover_frac": fits[key].cover_frac, "next_layer_waste_per_miss": fits[key].waste_per_miss}
+            cell = dataclasses.replace(cell, cost={**cell.cost, **share})
+        priced.append(cell)
+    per_cache = "; ".join(
+        f"cache {size} {policy}: {fit.cover_frac:.3f} covered, {fit.waste_per_miss:.3f} wasted/miss "
+        f"({fit.num_used} used, {fit.num_wasted} wasted, {fit.num_misses} demand misses)"
+        for (size, policy), fit in fits.items()
+    )
+    return priced, (
+        f"next-layer prefetch: {cost_file or cost.source.split(':')[0]} has no share, so it is estimated from "
+        f"this trace by pilot replays of {' and '.join(PILOT_POLICIES)} with --prefetch next-layer "
+        f"(calibration.costfit.fit_next_layer_terms on their pooled counts): {per_cache}"
+    )
+
+
 def _build_cells(
     parser: ArgumentParser, args: Any, policies: list[str], cost_explicit: bool = True
 ) -> tuple[list[CellSpec], list[str], Path]:
@@ -724,13 +818,6 @@ def _build_cells(
         if args.model_shape is None and args.expert_bytes is None:  # a real shape's trace: its own size
             args.model_shape = model.name
     cost, size_name = _resolve_cost(parser, args, model.num_layers)
-    from specfit.prefetch import uses_next_layer
-
-    if any(uses_next_layer(mode) for mode in prefetches):
-        from specfit.cost import unpriced_next_layer_note
-
-        if (note := unpriced_next_layer_note(cost, args.cost if cost_file else None)) is not None:
-            print(f"warning: --cost {note}", file=sys.stderr)
     args.bandwidth, bandwidth_line = _resolve_bandwidths(args, cost, cost_explicit)
     acceptance, acceptance_file = _resolve_acceptance(parser, args.acceptance, args.cost, trace_path)
     try:
@@ -759,6 +846,7 @@ def _build_cells(
         policy_options={"specfit": {"stopping": args.stopping}},
         budget=args.expert_budget,
     )
+    cells, next_layer_line = _price_next_layer(cells, cost, args.cost if cost_file else None)
     if acceptance is None:
         accept = "draft path probabilities (uncalibrated)"
     else:
@@ -782,6 +870,8 @@ def _build_cells(
         )
         + (f"; SpecFit stopping rule {args.stopping} (--stopping)" if "specfit" in policies else ""),
     ]
+    if next_layer_line is not None:
+        header.append(next_layer_line)
     from sim.replay import level_tree_note
 
     note = level_tree_note(trace_run)  # a format-v1 dense trace: said, not refused

@@ -836,9 +836,11 @@ def test_sweep_replays_next_layer_prefetch_on_a_dense_trace_with_guesses(dense_r
     assert sorted(results["prefetch"].unique()) == ["both", "next-layer", "none"]
     by_mode = results.groupby("prefetch")["prefetch_bytes"].sum()
     assert by_mode["none"] == 0 and by_mode["next-layer"] > 0
-    # the preset prices no next-layer prefetch (no fitted share): one warning line says so
-    said = [line for line in capsys.readouterr().err.splitlines() if "no next-layer prefetch share" in line]
-    assert len(said) == 1 and said[0].startswith("warning: --cost ")
+    # the preset has no next-layer share: the sweep estimates it from pilot replays and says so
+    out, err = capsys.readouterr()
+    assert "no next-layer prefetch share" not in err
+    said = [line for line in out.splitlines() if line.startswith("next-layer prefetch:")]
+    assert len(said) == 1 and "pilot replays of ar and topn" in said[0] and "cache 6 lru:" in said[0]
 
 
 def test_decoding_runs_with_the_loaded_objects_frozen_out_of_gc(tiny, tmp_path, capsys, monkeypatch):
@@ -889,6 +891,33 @@ def test_a_draft_prefetch_that_issues_nothing_is_said(flags, said, tmp_path) -> 
     assert (note is None) == (said is None)
     if said is not None:
         assert said in note and "\n" not in note
+
+
+@pytest.mark.parametrize(
+    ("flags", "warned"),
+    [
+        (["--mode", "policy", "--policy", "specfit", "--prefetch", "next-layer"], True),
+        (["--mode", "policy", "--policy", "topn", "--prefetch", "both"], True),
+        (["--mode", "policy", "--policy", "specfit", "--prefetch", "draft"], False),
+        (["--mode", "policy", "--policy", "ar", "--prefetch", "next-layer"], False),  # no planner
+        (["--mode", "dense", "--prefetch", "next-layer"], False),
+        (["--mode", "policy", "--policy", "specfit", "--prefetch", "next-layer", "--cost", "c.json"], False),
+    ],
+)
+def test_the_quick_cost_estimate_without_a_next_layer_share_is_said(flags, warned, tmp_path) -> None:
+    """live.record without --cost prices a planned policy's cycles with its quick estimate, which has
+    no next-layer share: with --prefetch next-layer|both one line says so (a --cost file is checked
+    by check_input_files, as sim.sweep does)."""
+    from live.record import build_parser, explicit_flags, quick_cost_next_layer_note, resolve_config
+    from specfit.cost import CycleCostModel
+
+    CycleCostModel(1e-3, 5e-3, 1e-4, 0.0, 1e9, 2e-5, 98304, 6, source="test").save(tmp_path / "c.json")
+    flags = [str(tmp_path / f) if f == "c.json" else f for f in flags]
+    parser, argv = build_parser(), [*flags, "--out", str(tmp_path / "run")]
+    note = quick_cost_next_layer_note(resolve_config(parser.parse_args(argv), parser, explicit_flags(argv)))
+    assert (note is not None) == warned
+    if warned:
+        assert "no next-layer prefetch share" in note and "--cost" in note and "\n" not in note
 
 
 @pytest.mark.parametrize(("overlap", "prefetch"), [("off", "next-layer"), ("on", "both")])

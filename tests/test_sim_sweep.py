@@ -575,3 +575,92 @@ def test_synthetic_real_shape_trace_is_priced_at_its_own_expert_size(tmp_path, m
     assert "mixtral-8x7b expert size" in out
     assert main([*base, "--out", "qwen", "--model-shape", "qwen3-30b-a3b"]) == 0
     assert _last_json(capsys.readouterr().out)["expert_bytes"] == 9_437_184
+
+
+SAMPLE = str(Path(__file__).resolve().parents[1] / "traces" / "samples" / "default")
+TINY_REPLAY = ["--max-requests", "1", "--max-positions", "6"]
+
+
+def _sample_sweep(tmp_path, *extra: str) -> list[str]:
+    argv = ["--trace", SAMPLE, "--bandwidth", "4", "--cache", "8", "--policy", "ar,specfit", *TINY_REPLAY]
+    return [*argv, "--no-progress", "--no-figures", "--jobs", "1", "--out", str(tmp_path / "sweep"), *extra]
+
+
+def _sweep_cells(out: Path) -> list[dict]:
+    return json.loads((out / "sweep.json").read_text())["cells"]
+
+
+def test_pilot_share_is_fit_next_layer_terms_of_the_ar_and_topn_counts(tmp_path) -> None:
+    """Issue 13 item 3: the share a cost without one gets is calibration.costfit's fit on the
+    pooled used/wasted/demand-miss counts of ar and topn replayed with --prefetch next-layer at the
+    cell's cache, and those counts do not depend on the bandwidth or the overlap (one pilot per cache)."""
+    import dataclasses
+
+    from calibration.costfit import fit_next_layer_terms
+    from sim.sweep import pilot_next_layer_share
+
+    cost = cost_from_preset("qwen3-30b-a3b-2gpu", expert_bytes=9_437_184, num_layers=6)
+    (cell,) = make_cells(
+        trace_path=SAMPLE, cost=cost, bandwidths_gb_per_s=[4], caches=[(8, 0.125)], policies=["specfit"],
+        overlaps=["on"], prefetches=["both"], max_requests=1, max_positions=6,
+    )  # fmt: skip
+    fit = pilot_next_layer_share(cell)
+    counts = {"cache_misses": [], "num_prefetch_used": [], "num_prefetch_wasted": []}
+    run = open_run(SAMPLE)
+    for policy in ("ar", "topn"):
+        for bandwidth, overlap in ((4.0, "off"), (64.0, "on")):  # timing never changes the counts
+            other = dataclasses.replace(cell, policy=policy, policy_options=None, bandwidth_gb_per_s=bandwidth)
+            config = dataclasses.replace(other, overlap=overlap, prefetch="next-layer").sim_config(record_cycles=True)
+            cycles = replay_policy(run, config).cycles
+            per_policy = {name: [getattr(c, name) for c in cycles] for name in counts}
+            if overlap == "off":
+                for name in counts:
+                    counts[name] += per_policy[name]
+            else:
+                assert per_policy == {name: values[-len(cycles):] for name, values in counts.items()}
+    expected = fit_next_layer_terms(pd.DataFrame(counts))
+    assert (fit.cover_frac, fit.waste_per_miss) == (expected.cover_frac, expected.waste_per_miss)
+    assert fit.num_used > 0 and fit.num_misses > 0 and 0.0 < fit.cover_frac < 1.0
+    used, misses = sum(counts["num_prefetch_used"]), sum(counts["cache_misses"])
+    assert fit.cover_frac == pytest.approx(used / (used + misses))
+
+
+def test_sweep_prices_next_layer_prefetch_with_the_pilot_share_and_says_so(tmp_path, capsys) -> None:
+    """A preset has no next-layer share: the next-layer cells' cost carries the pilot's share, the
+    header says the values and where they came from, no warning is printed, and the cells
+    without next-layer prefetch keep the preset's cost (and their ids)."""
+    from sim.sweep import pilot_next_layer_share
+
+    assert main(_sample_sweep(tmp_path, "--prefetch", "none,next-layer")) == 0
+    out, err = capsys.readouterr()
+    assert "no next-layer prefetch share" not in err
+    cells = {c["prefetch"]: c for c in _sweep_cells(tmp_path / "sweep") if c["policy"] == "specfit"}
+    fit = pilot_next_layer_share(CellSpec(**{k: v for k, v in cells["none"].items() if k != "cell_id"}))
+    share = (cells["next-layer"]["cost"]["next_layer_cover_frac"], cells["next-layer"]["cost"]["next_layer_waste_per_miss"])
+    assert share == (fit.cover_frac, fit.waste_per_miss) and fit.cover_frac > 0
+    assert cells["none"]["cost"]["next_layer_cover_frac"] == 0.0
+    line = next(h for h in out.splitlines() if h.startswith("next-layer prefetch:"))
+    assert "pilot replays of ar and topn" in line and "has no share" in line
+    assert f"cache 8 lru: {fit.cover_frac:.3f} covered, {fit.waste_per_miss:.3f} wasted/miss" in line
+    assert f"{fit.num_used} used, {fit.num_wasted} wasted, {fit.num_misses} demand misses" in line
+    results = pd.read_csv(tmp_path / "sweep" / "results.csv")
+    assert len(results) == 4 and results["tokens_per_s"].gt(0).all()
+
+
+def test_a_cost_file_with_its_own_next_layer_share_keeps_it(tmp_path, capsys) -> None:
+    """A fitted cost JSON with a next-layer share prices the next-layer cells with that share (no
+    pilot), and the header says so."""
+    import dataclasses
+
+    cost = cost_from_preset("qwen3-30b-a3b-2gpu", expert_bytes=9_437_184, num_layers=6)
+    cost = dataclasses.replace(cost, next_layer_cover_frac=0.3, next_layer_waste_per_miss=0.125)
+    cost.save(tmp_path / "cost.json")
+    argv = _sample_sweep(tmp_path, "--prefetch", "next-layer", "--cost", str(tmp_path / "cost.json"))
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "no next-layer prefetch share" not in err
+    line = next(h for h in out.splitlines() if h.startswith("next-layer prefetch:"))
+    assert "own share 0.300" in line and "0.125 wasted" in line and str(tmp_path / "cost.json") in line
+    assert "pilot" not in line
+    for cell in _sweep_cells(tmp_path / "sweep"):
+        assert (cell["cost"]["next_layer_cover_frac"], cell["cost"]["next_layer_waste_per_miss"]) == (0.3, 0.125)
