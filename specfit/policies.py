@@ -27,7 +27,14 @@ import numpy as np
 
 from specfit.context import Plan, PolicyContext, layer_misses, make_plan
 from specfit.cost import CycleCostModel
-from specfit.planner import decide_kernels, plan_exact, plan_union_size
+from specfit.planner import (
+    cost_params,
+    decide_kernels,
+    plan_exact,
+    plan_union_size,
+    union_size_plan,
+    union_table,
+)
 
 TREE_POLICIES: tuple[str, ...] = ("ar", "chain", "topn", "specfit", "cascade")
 #: One line per tree policy for ``--help``.
@@ -633,7 +640,6 @@ class UnionSizeQuestions:
 
     def __init__(self, policy, cost, calibration, max_depth: int, max_nodes: int) -> None:
         from specfit.acceptance import _NO_VALUES
-        from specfit.planner import cost_params
 
         self.policy, self.cost, self.max_depth, self.max_nodes = policy, cost, int(max_depth), int(max_nodes)
         kernels = decide_kernels()  # numba loads the kernels now, not in the first question
@@ -683,12 +689,11 @@ class UnionSizeQuestions:
         Raises:
             ValueError: ``node_experts`` without union sizes, or ``observed`` not float[L].
         """
-        from specfit.planner import union_table
-
         if not node_experts.is_union_size:
             raise ValueError("UnionSizeQuestions.begin: node_experts is not a union-size prediction")
+        if node_experts is not self.node_experts or self.table is None:  # the same sizes: the same table
+            self.table = union_table(node_experts, self.max_nodes + self.max_depth)
         self.node_experts, self.cached_bits, self.context_len = node_experts, cached_bits, int(context_len)
-        self.table = union_table(node_experts, self.max_nodes + self.max_depth)
         self.observed = observed is not None
         if observed is None:
             self.miss = np.array(node_experts.layer_miss_fraction(cached_bits), dtype=np.float64)  # own, writable
@@ -711,8 +716,6 @@ class UnionSizeQuestions:
         parents = tree.parents
         n = parents.shape[0]
         if n + self.max_depth > self.table.shape[0] or 2 * n > self.work.shape[0] - self.answer_at:
-            from specfit.planner import union_table  # a tree larger than announced
-
             self.table = union_table(self.node_experts, n + self.max_depth)
             self.work = np.concatenate((self.work[: self.answer_at], np.zeros(2 * (n + self.max_depth))))
         if not self.calibrated:  # path_accept_probs' own np.exp: the simulator's values everywhere
@@ -727,8 +730,6 @@ class UnionSizeQuestions:
 
     def _plan(self, tree, answer: tuple, started: float) -> Plan:
         """The :class:`Plan` of ``answer`` (the last one: its nodes are in ``self.work``) on ``tree``."""
-        from specfit.planner import union_size_plan
-
         n = tree.parents.shape[0]
         at = self.answer_at + n
         nodes = self.work[at : at + answer[6]].astype(np.int64)

@@ -29,6 +29,7 @@ from live.spec.draft import Drafter, DraftResult, TreeShape
 from live.spec.engine import Choice, ChooseState
 from live.spec.names import LIVE_PREDICTORS, PLANNED_POLICIES
 from live.spec.tree import TokenTree
+from specfit import bitsets  # per cycle: an import inside choose runs importlib's fromlist code
 from specfit.acceptance import path_accept_probs  # per question: not imported inside the hot path
 from specfit.context import PolicyContext
 
@@ -207,8 +208,6 @@ class PlannedChooser:
 
     def choose(self, state: ChooseState) -> Choice:
         """Draft (asking the planner after each level when it can stop drafting) and select the subtree."""
-        from specfit import bitsets
-
         recent_bits = None
         if self.union_size is None:  # the union-size prediction needs no per-token sets
             recent_bits = (
