@@ -86,6 +86,10 @@ SHORT_COLUMNS = {
     "within_noise": "within_noise",
     "ok": "ok",
     "cycle_error_signed_median_pct": "err_signed_med%",
+    "probe_speed_index": "probe_x",
+    "norm_throughput_error_pct": "n_tput_err%",
+    "norm_cycle_error_median_pct": "n_err_med%",
+    "norm_within_noise": "n_within",
     **{f"split_{t}_pct": f"d_{t}%" for t in ("draft", "decision", "verify", "h2d", "cache", "overlap")},
 }
 
@@ -568,6 +572,26 @@ def compute_speed(reference: Sequence[pd.DataFrame], cycles: Sequence[pd.DataFra
     if not (np.all(ref_pred > 0) and np.all(pred > 0)):
         return float("nan")
     return float(np.median(y / pred) / np.median(ref_y / ref_pred))
+
+
+def probe_speed_index(reference: Sequence[np.ndarray], runs: Sequence[np.ndarray]) -> float:
+    """How long the speed probe took in ``runs`` relative to the ``reference`` runs (the cost
+    model's fit runs): the median of the runs' pooled probe seconds over the same median of the
+    reference's (1.2 = the machine ran 20 % slower; dimensionless), NaN when either side has no
+    probe (runs recorded before ``live.speed_probe``, or a given ``--cost``: no fit runs).
+
+    Each array holds one run's ``speed_probe_s`` (``live.record``'s summary: seconds of a fixed
+    torch workload timed before the first request and after each, outside the cycles), so this
+    gauges the machine's speed independently of the decoding being compared;
+    ``analysis.validate`` times the simulator's cycles with ``CycleCostModel.with_compute_speed``
+    of it (``sim.config.SimConfig.compute_speed``).
+    """
+    ref = np.concatenate([np.asarray(r, dtype=np.float64).ravel() for r in reference] or [np.zeros(0)])
+    own = np.concatenate([np.asarray(r, dtype=np.float64).ravel() for r in runs] or [np.zeros(0)])
+    ref, own = ref[np.isfinite(ref) & (ref > 0)], own[np.isfinite(own) & (own > 0)]
+    if not len(ref) or not len(own):
+        return float("nan")
+    return float(np.median(own) / np.median(ref))
 
 
 def compare_cell(

@@ -68,7 +68,16 @@ of where the error lives (``error_split.csv``), the wall time and machine load, 
 bias-free model would show against the repeats' means: ``cycle_error_floor_*_pct``,
 :func:`analysis.fidelity.noise_floor_pct`) and the cells' live compute speed against the cost's
 fit runs (``live_compute_speed_pct`` per cell, :meth:`Validator.compute_speed_pct`; its range and
-its correlation with the throughput errors in the summary); the last stdout line is the
+its correlation with the throughput errors in the summary), then the speed probe's line
+(:func:`probe_line`): each cell's ``probe_speed_index`` (its runs' ``live.record`` speed-probe
+median over the cost's fit runs', a gauge independent of the decoding), the cell replayed once
+more with its cycles timed at that speed (``sim.config.SimConfig.compute_speed``; the planner
+prices with the cost as live) giving ``norm_throughput_error_pct``,
+``norm_cycle_error_median_pct`` / ``_p90_pct`` and ``norm_within_noise`` beside the raw ones,
+the correlation of the probe with the runs' attention + router speed (per run in
+``speed_runs.csv``) and the cells within noise raw and normalised; raw stays the headline unless
+that correlation is strong (:data:`PROBE_TRACKS_R`). The fit runs are not normalised before
+fitting (the cost is fitted at their pooled speed, the reference of the index). The last stdout line is the
 JSON summary with the overall median and p90 per-cycle errors, ``aim_cycle_median`` /
 ``aim_cycle_p90``, ``repeats``, the pooled per-cycle noise (``noise_cycle_median_pct``,
 ``noise_cycle_p90_pct``), ``median_live_repeat_spread_pct`` / ``max_live_repeat_spread_pct``,
@@ -149,6 +158,10 @@ PRINTED_COLUMNS = (
     "prefetch_counts_identical",
     "within_noise",
     "ok",
+    "probe_speed_index",
+    "norm_throughput_error_pct",
+    "norm_cycle_error_median_pct",
+    "norm_within_noise",
 )
 # the per-(policy, bandwidth) table of where the error lives (analysis.fidelity.by_policy)
 SPLIT_PRINTED = (
@@ -376,6 +389,7 @@ class Validator:
         self.fits: dict[float, Any] = {}  # bandwidth -> the serial CostFit
         self.fit_runs: dict[tuple[float, str], list[Path]] = {}  # (bandwidth, overlap) -> the cost's fit runs
         self._cycles: dict[Path, pd.DataFrame] = {}  # run folder -> its cycles table (fit runs, read once)
+        self.speed_runs: list[dict[str, Any]] = []  # per live run: probe index and attention + router speed
         self.dense_path: Path | None = None
         self.acceptance: dict[str, Any] | None = None
         self.acceptance_path: Path | None = None
@@ -626,8 +640,11 @@ class Validator:
         cells = [*free, *self._planned_cells(bw, caches)]
         return self.run_repeats(cells, {o: path for o, (_, path) in costs.items()}), costs
 
-    def replay(self, dense: Any, cell: Cell, cost: CycleCostModel, decision_s: float) -> Any:
-        """Replay one cell on the dense trace."""
+    def replay(
+        self, dense: Any, cell: Cell, cost: CycleCostModel, decision_s: float, compute_speed: float = 1.0
+    ) -> Any:
+        """Replay one cell on the dense trace (its cycles timed at ``compute_speed`` x the cost's
+        compute, its planner pricing with ``cost``: ``sim.config.SimConfig.compute_speed``)."""
         from sim.config import SimConfig
         from sim.replay import replay_policy
 
@@ -643,6 +660,7 @@ class Validator:
             seed=self.args.seed,
             record_cycles=True,
             acceptance=self.acceptance,
+            compute_speed=compute_speed,
         )
         try:
             return replay_policy(dense, config)
@@ -661,7 +679,8 @@ class Validator:
         runs = [open_run(p) for p in live_paths]
         cycles, transfers = [r.cycles for r in runs], [r.transfers for r in runs]
         decision = pd.concat([pd.to_numeric(c["decision_s"], errors="coerce") for c in cycles]).fillna(0.0)
-        result = self.replay(dense, cell, cost, float(decision.mean()) if len(decision) else 0.0)
+        decision_s = float(decision.mean()) if len(decision) else 0.0
+        result = self.replay(dense, cell, cost, decision_s)
         sim_cycles = pd.DataFrame([dataclasses.asdict(r) for r in result.cycles])
         try:
             row = fidelity.compare_cell(
@@ -691,7 +710,14 @@ class Validator:
             errors.insert(0, column, value)
         self.per_cycle.append(errors)
         row["live_compute_speed_pct"] = self.compute_speed_pct(cell, cycles)
+        row.update(self.normalised(dense, cell, live_paths, cycles, transfers, cost, decision_s))
+        if not row["prefetch_counts_identical"]:
+            row["norm_within_noise"] = False
         return row
+
+    def _fit_run_paths(self, cell: Cell) -> list[Path]:
+        """The runs the cell's cost was fitted on (empty with ``--cost``)."""
+        return self.fit_runs.get((cell.bandwidth_gb_per_s, "off" if cell.overlap == "off" else "on"), [])
 
     def compute_speed_pct(self, cell: Cell, cycles: list[pd.DataFrame]) -> float:
         """How much slower (+) or faster (-) the cell's live compute ran than the runs its cost was
@@ -702,11 +728,64 @@ class Validator:
         from traces.reader import open_run
 
         reference = []
-        for path in self.fit_runs.get((cell.bandwidth_gb_per_s, "off" if cell.overlap == "off" else "on"), []):
+        for path in self._fit_run_paths(cell):
             if path not in self._cycles:
                 self._cycles[path] = open_run(path).cycles
             reference.append(self._cycles[path])
         return (fidelity.compute_speed(reference, cycles) - 1.0) * 100.0
+
+    def normalised(
+        self,
+        dense: Any,
+        cell: Cell,
+        live_paths: list[Path],
+        cycles: list[pd.DataFrame],
+        transfers: list[pd.DataFrame],
+        cost: CycleCostModel,
+        decision_s: float,
+    ) -> dict[str, Any]:
+        """The cell's figures at its runs' measured machine speed: ``probe_speed_index`` (its
+        runs' speed-probe median over the cost's fit runs', :func:`analysis.fidelity.probe_speed_index`),
+        and, the cell replayed with its cycles timed at that index (the planner pricing with the
+        cost as live: :attr:`sim.config.SimConfig.compute_speed`) and the per-cycle errors taken
+        against ``cost.with_compute_speed(index)``, ``norm_sim_tokens_per_s``,
+        ``norm_throughput_error_pct``, ``norm_cycle_error_median_pct``, ``norm_cycle_error_p90_pct``
+        and ``norm_within_noise`` (held to the same repeat noise as the raw figures). NaN (and
+        ``norm_within_noise`` None) when a side has no probe. Each run's probe index and its
+        attention + router speed (:func:`analysis.fidelity.compute_speed`) go to ``speed_runs``,
+        whose correlation says whether the probe tracks the compute at all.
+
+        Raises:
+            ValidationError: the replay failed.
+        """
+        reference = [speed_probe_s(p) for p in self._fit_run_paths(cell)]
+        own = [speed_probe_s(p) for p in live_paths]
+        index = fidelity.probe_speed_index(reference, own)
+        ref_cycles = [self._cycles[p] for p in self._fit_run_paths(cell) if p in self._cycles]
+        for repeat, (probe, run_cycles) in enumerate(zip(own, cycles), start=1):
+            self.speed_runs.append(
+                {
+                    **cell.key(),
+                    "repeat": repeat,
+                    "probe_speed_index": fidelity.probe_speed_index(reference, [probe]),
+                    "compute_speed": fidelity.compute_speed(ref_cycles, [run_cycles]),
+                }
+            )
+        out: dict[str, Any] = {"probe_speed_index": index}
+        names = ("sim_tokens_per_s", "throughput_error_pct", "cycle_error_median_pct", "cycle_error_p90_pct")
+        if not np.isfinite(index):
+            return {**out, **{f"norm_{n}": np.nan for n in names}, "norm_within_noise": None}
+        result = self.replay(dense, cell, cost, decision_s, compute_speed=index)
+        sim_cycles = pd.DataFrame([dataclasses.asdict(r) for r in result.cycles])
+        split = {k: v * index for k, v in self.cost_splits.get(cell.bandwidth_gb_per_s, {}).items()}
+        try:
+            norm = fidelity.compare_cell(
+                cell.key(), cycles, transfers, result.totals.to_dict(), sim_cycles,
+                cost.with_compute_speed(index), cost_split=split,
+            )  # fmt: skip
+        except ValueError as exc:
+            raise ValidationError(f"cell {cell.name}: cannot compare the live runs: {exc}") from None
+        return {**out, **{f"norm_{n}": norm[n] for n in names}, "norm_within_noise": bool(norm["within_noise"])}
 
     def run(self, progress: bool = True) -> tuple[pd.DataFrame, dict[str, Any]]:
         """Run the whole grid; returns (fidelity table, summary)."""
@@ -780,6 +859,7 @@ class Validator:
             [d["cycle_noise_pct"].to_numpy() for d in self.per_cycle],
         )
         summary.update(speed_summary(table))
+        summary.update(probe_summary(table, pd.DataFrame(self.speed_runs)))
         noise = np.concatenate([d["cycle_noise_pct"].to_numpy(dtype=np.float64) for d in self.per_cycle] or [np.zeros(0)])
         for name, q in (("median", 0.5), ("p90", 0.9)):  # what a model without bias would show
             summary[f"cycle_error_floor_{name}_pct"] = fidelity.noise_floor_pct(noise, self.args.repeats, q)
@@ -933,6 +1013,91 @@ def speed_line(summary: dict[str, Any]) -> str:
     )
 
 
+# |Pearson r| from which the probe counts as tracking the runs' compute speed (probe_line)
+PROBE_TRACKS_R = 0.7
+
+
+def speed_probe_s(run_dir: Path) -> np.ndarray:
+    """float64[P]: the speed probe's seconds of one live run (``summary.json``'s ``speed_probe_s``,
+    written by ``live.record``: :mod:`live.speed_probe`); empty when the run has none (recorded
+    before the probe existed) or its summary is unreadable."""
+    try:
+        values = json.loads((Path(run_dir) / "summary.json").read_text())["summary"].get("speed_probe_s") or []
+        return np.asarray(values, dtype=np.float64).ravel()
+    except (OSError, ValueError, KeyError, TypeError):
+        return np.zeros(0)
+
+
+def _pearson(x: pd.Series, y: pd.Series) -> float:
+    """Pearson r of the pairs where both are finite; NaN below 3 pairs or without spread."""
+    x, y = pd.to_numeric(x, errors="coerce"), pd.to_numeric(y, errors="coerce")
+    keep = np.isfinite(x) & np.isfinite(y)
+    if keep.sum() < 3 or x[keep].std() == 0 or y[keep].std() == 0:
+        return np.nan
+    return float(np.corrcoef(x[keep], y[keep])[0, 1])
+
+
+def probe_summary(table: pd.DataFrame, runs: pd.DataFrame) -> dict[str, Any]:
+    """The speed probe over the grid (:meth:`Validator.normalised`): ``num_cells_probe_measured``,
+    the cells' ``probe_speed_index`` range (``probe_speed_index_min`` / ``_max``), the Pearson
+    correlation of the probe index with the runs' attention + router speed per run
+    (``probe_compute_speed_correlation_runs``, over ``num_runs_probe_compared`` runs) and per cell
+    (``probe_compute_speed_correlation_cells``, against ``1 + live_compute_speed_pct / 100``), its
+    correlation with the cells' raw throughput error (``probe_throughput_error_correlation``),
+    and the cells within their noise raw and speed-normalised (``num_cells_within_noise`` as
+    measured, ``num_cells_within_noise_normalised``; ``probe_tracks_compute``: the per-run
+    correlation is at least :data:`PROBE_TRACKS_R`, without which the normalised figures mean
+    nothing)."""
+    col = table.get("probe_speed_index", pd.Series(np.nan, index=table.index, dtype=float))
+    index = pd.to_numeric(col, errors="coerce")
+    measured = index.dropna()
+    compute = 1.0 + pd.to_numeric(table.get("live_compute_speed_pct", pd.Series(np.nan, index=table.index)), errors="coerce") / 100.0
+    r_runs = _pearson(runs["probe_speed_index"], runs["compute_speed"]) if len(runs) else np.nan
+    compared = int((np.isfinite(pd.to_numeric(runs.get("probe_speed_index", pd.Series(dtype=float)), errors="coerce"))
+                    & np.isfinite(pd.to_numeric(runs.get("compute_speed", pd.Series(dtype=float)), errors="coerce"))).sum())
+    norm = table.get("norm_within_noise", pd.Series(None, index=table.index, dtype=object))
+    return {
+        "num_cells_probe_measured": len(measured),
+        "probe_speed_index_min": float(measured.min()) if len(measured) else np.nan,
+        "probe_speed_index_max": float(measured.max()) if len(measured) else np.nan,
+        "num_runs_probe_compared": compared,
+        "probe_compute_speed_correlation_runs": r_runs,
+        "probe_compute_speed_correlation_cells": _pearson(index, compute),
+        "probe_throughput_error_correlation": _pearson(index, table.get("throughput_error_pct", pd.Series(np.nan, index=table.index))),
+        "num_cells_within_noise_normalised": int((norm == True).sum()),  # noqa: E712 - None = not measured
+        "probe_tracks_compute": bool(np.isfinite(r_runs) and r_runs >= PROBE_TRACKS_R),
+    }
+
+
+def probe_line(summary: dict[str, Any], num_cells: int) -> str:
+    """The speed probe's verdict in one line (:func:`probe_summary`), printed under the speed line:
+    the index range, its correlation with the runs' compute speed, and the cells within noise raw
+    and speed-normalised (raw stays the headline unless the probe tracks the compute)."""
+    n = summary.get("num_cells_probe_measured", 0)
+    if not n:
+        return "speed probe: not measured (a given --cost, or runs recorded before live.speed_probe); raw figures only"
+
+    def r(key: str) -> str:
+        value = summary.get(key, np.nan)
+        return f"{value:.2f}" if isinstance(value, (int, float)) and np.isfinite(value) else "n/a"
+
+    verdict = (
+        "it tracks the compute, so the normalised figures separate the machine's drift from model error"
+        if summary.get("probe_tracks_compute")
+        else f"it does NOT track the compute (r < {PROBE_TRACKS_R:g}), so the normalised figures mean little: raw is the headline"
+    )
+    return (
+        f"speed probe (index = the cell's runs' probe median / the cost's fit runs'): "
+        f"{summary['probe_speed_index_min']:.2f} .. {summary['probe_speed_index_max']:.2f} over {n} cells; "
+        f"correlation with the runs' attention + router speed {r('probe_compute_speed_correlation_runs')} over "
+        f"{summary.get('num_runs_probe_compared', 0)} runs ({r('probe_compute_speed_correlation_cells')} over cells), "
+        f"with the raw throughput error {r('probe_throughput_error_correlation')}; within noise: raw "
+        f"{summary.get('num_cells_within_noise', 0)} of {num_cells}, speed-normalised (simulator timed at each "
+        f"cell's index, planner unchanged) {summary.get('num_cells_within_noise_normalised', 0)} of {num_cells}; "
+        + verdict
+    )
+
+
 def missed_lines(table: pd.DataFrame) -> list[str]:
     """One line per cell that misses an aim, naming the cell, each missed figure and the measured
     repeat noise it was held to (:func:`analysis.fidelity.missed_aims`), then the cell's live
@@ -950,6 +1115,13 @@ def missed_lines(table: pd.DataFrame) -> list[str]:
             speed = row.get("live_compute_speed_pct", np.nan)
             if isinstance(speed, (int, float)) and np.isfinite(speed):
                 missed.append(f"its live compute ran {speed:+.0f} % vs the cost's fit runs")
+            index = row.get("probe_speed_index", np.nan)
+            if isinstance(index, (int, float)) and np.isfinite(index):
+                missed.append(
+                    f"speed probe x{index:.2f}: normalised throughput error {row['norm_throughput_error_pct']:+.1f} %, "
+                    f"per-cycle median {row['norm_cycle_error_median_pct']:.1f} %, "
+                    f"{'within' if row.get('norm_within_noise') else 'not within'} noise"
+                )
             lines.append(f"  {name}: " + "; ".join(missed))
     return (
         ["missed aims (figure > the noise it is held to):", *lines]
@@ -1104,6 +1276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cpu_count=os.cpu_count(),
     )
     figs = write_outputs(out, table, summary, validator.per_cycle)
+    pd.DataFrame(validator.speed_runs).to_csv(out / "speed_runs.csv", index=False)
     printed, legend = fidelity.short_table(table, PRINTED_COLUMNS)
     with pd.option_context("display.width", 250, "display.max_columns", 30):
         print(printed.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
@@ -1129,6 +1302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(targets_line(summary=summary))
     print(noise_line(summary, args.repeats))
     print(speed_line(summary))
+    print(probe_line(summary, len(table)))
     summary.update(
         ran=True,
         repeats=args.repeats,

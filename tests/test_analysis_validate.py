@@ -76,8 +76,9 @@ def test_validate_tiny_grid(tiny_models, tmp_path, capsys) -> None:
         and summary["noise_cycle_p90_pct"] >= summary["noise_cycle_median_pct"]
     )
     assert summary["max_live_repeat_spread_pct"] == pytest.approx(table["live_repeat_spread_pct"].max())
-    assert lines[-4].startswith("targets") and lines[-3].startswith("noise floor (2 repeats per cell)")
-    assert lines[-2].startswith("live compute speed vs the cost's fit runs")
+    assert lines[-5].startswith("targets") and lines[-4].startswith("noise floor (2 repeats per cell)")
+    assert lines[-3].startswith("live compute speed vs the cost's fit runs")
+    assert lines[-2].startswith("speed probe (index = ")
     # what a bias-free model would show against the 2-repeat means, per cell and over the grid
     floors = table[["cycle_error_floor_median_pct", "cycle_error_floor_p90_pct"]]
     assert (floors["cycle_error_floor_median_pct"] > 0).all()
@@ -139,10 +140,14 @@ def test_validate_tiny_grid(tiny_models, tmp_path, capsys) -> None:
 
 
 @pytest.mark.slow
-def test_validate_single_repeat_is_todays_run(tiny_models, tmp_path, capsys) -> None:
+def test_validate_single_repeat_is_todays_run(tiny_models, tmp_path, capsys, monkeypatch) -> None:
     """``--repeats 1``: one run per cell under r1, no noise measured, within_noise == ok; with
     ``--overlap off,on`` a cell of each (the on cells recorded with live.record --overlap on and
-    replayed with the simulator's per-layer overlap); the sim-vs-live per-cycle statistics."""
+    replayed with the simulator's per-layer overlap); the sim-vs-live per-cycle statistics; the
+    speed-normalised columns with a faked speed probe (no wall clock)."""
+    import live.speed_probe
+
+    monkeypatch.setattr(live.speed_probe, "probe_once", lambda x, w: 1e-3)  # every run at one speed
     out = tmp_path / "val1"
     argv = _tiny_argv(tiny_models, out, num_prompts=1, repeats=1) + ["--policies", "ar,topn"]
     assert validate.main(argv + ["--overlap", "off,on"]) == 0
@@ -167,8 +172,45 @@ def test_validate_single_repeat_is_todays_run(tiny_models, tmp_path, capsys) -> 
     assert (table["aim_cycle_median"] == (table["cycle_error_median_pct"] <= 3.0)).all()
     assert summary["repeats"] == 1 and summary["noise_cycle_median_pct"] is None
     assert summary["max_live_repeat_spread_pct"] is None
-    assert lines[-3].startswith("noise floor: not measured")
-    assert lines[-2].startswith("live compute speed vs the cost's fit runs")
+    assert lines[-4].startswith("noise floor: not measured")
+    assert lines[-3].startswith("live compute speed vs the cost's fit runs")
+    _check_speed_normalised(out, argv + ["--overlap", "off,on"], lines)
+
+
+def _check_speed_normalised(out, argv, lines) -> None:
+    """The speed probe's columns: every run probed at the same (faked) speed gives index 1 and
+    normalised figures equal to the raw ones; a run whose probe took twice as long moves its cell's
+    index (and its fit group's reference median) by exactly that, and slows its simulated cycles."""
+    table = pd.read_csv(out / "fidelity.csv")
+    assert (table["probe_speed_index"] == 1.0).all()
+    for raw in ("sim_tokens_per_s", "throughput_error_pct", "cycle_error_median_pct", "cycle_error_p90_pct"):
+        assert list(table[f"norm_{raw}"]) == pytest.approx(list(table[raw]), rel=1e-12), raw
+    assert (table["norm_within_noise"] == table["within_noise"]).all()
+    assert lines[-2].startswith("speed probe (index = the cell's runs' probe median / the cost's fit runs'): 1.00 .. 1.00")
+    runs = pd.read_csv(out / "speed_runs.csv")  # one row per live run of a cell
+    assert len(runs) == len(table) and (runs["probe_speed_index"] == 1.0).all()
+    assert runs["compute_speed"].notna().all()
+    # topn with overlap ran "twice as slow" by its probe: the overlap fit group (ar and topn,
+    # overlap on, one run each, equally many probes) pools to a median of 1.5 ms
+    summary_path = out / "live" / "bw1-c4-topn-ovl" / "r1" / "summary.json"
+    recorded = json.loads(summary_path.read_text())
+    recorded["summary"]["speed_probe_s"] = [2e-3] * len(recorded["summary"]["speed_probe_s"])
+    summary_path.write_text(json.dumps(recorded))
+    assert validate.main(argv) == 0
+    again = pd.read_csv(out / "fidelity.csv").set_index(["policy", "overlap"])
+    assert again.loc[("topn", "on"), "probe_speed_index"] == pytest.approx(2.0 / 1.5)
+    assert again.loc[("ar", "on"), "probe_speed_index"] == pytest.approx(1.0 / 1.5)
+    assert (again.xs("off", level="overlap")["probe_speed_index"] == 1.0).all()
+    slow, fast = again.loc[("topn", "on")], again.loc[("ar", "on")]
+    assert slow["norm_sim_tokens_per_s"] < slow["sim_tokens_per_s"]
+    assert fast["norm_sim_tokens_per_s"] > fast["sim_tokens_per_s"]
+    for row in (slow, fast):
+        err = 100.0 * (row["norm_sim_tokens_per_s"] - row["live_tokens_per_s"]) / row["live_tokens_per_s"]
+        assert row["norm_throughput_error_pct"] == pytest.approx(err)
+    summary = json.loads((out / "fidelity.json").read_text())
+    assert summary["num_cells_probe_measured"] == 4
+    assert summary["probe_speed_index_max"] == pytest.approx(2.0 / 1.5)
+    assert 0 <= summary["num_cells_within_noise_normalised"] <= 4
 
 
 def test_validate_bad_flags_exit_2(capsys) -> None:
@@ -255,7 +297,7 @@ def test_validate_summary_says_ran_and_whether_targets_were_met(tmp_path, capsys
     header = lines[0].split()
     assert header[-2:] == ["within_noise", "ok"] and "spread%" in header
     # within_noise reads the p90 noise too: printed (short headers, mapped on the line under the table)
-    assert "noise_med%" in header and "noise_p90%" in header and lines[-4].startswith("targets")
+    assert "noise_med%" in header and "noise_p90%" in header and lines[-5].startswith("targets")
     legend = lines[3]
     assert legend.startswith("columns (fidelity.csv names):")
     assert lines[4] == "missed aims (figure > the noise it is held to):"
@@ -264,11 +306,12 @@ def test_validate_summary_says_ran_and_whether_targets_were_met(tmp_path, capsys
         assert f"= {full}" in legend
     assert "nan" not in lines[1].split()[header.index("noise_p90%")]  # the rows carry the value
     for needle in ("median <= 3 % (met)", "p90 <= 8 % (met)", "repeat spread", "within 0.5 points", ">= 99%"):
-        assert needle in lines[-4]
-    assert lines[-3].startswith("noise floor (2 repeats per cell)")
+        assert needle in lines[-5]
+    assert lines[-4].startswith("noise floor (2 repeats per cell)")
     for needle in ("spread median 3 %", "(max 5.5 %)", "median 1.2 %", "p90 4.4 %"):
-        assert needle in lines[-3]
-    assert lines[-2].startswith("live compute speed vs the cost's fit runs: not measured")
+        assert needle in lines[-4]
+    assert lines[-3].startswith("live compute speed vs the cost's fit runs: not measured")
+    assert lines[-2].startswith("speed probe: not measured")
     table["ok"] = table["within_noise"] = True
     for col in ("aim_throughput", "aim_cycle_median", "aim_hit_rate", "aim_same_subtree"):
         table[col] = True
@@ -276,7 +319,7 @@ def test_validate_summary_says_ran_and_whether_targets_were_met(tmp_path, capsys
     lines = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(lines[-1])
     assert summary["all_targets_met"] is True and summary["all_within_noise"] is True
-    assert summary["repeats"] == 1 and lines[-3].startswith("noise floor: not measured (--repeats 1)")
+    assert summary["repeats"] == 1 and lines[-4].startswith("noise floor: not measured (--repeats 1)")
 
 
 @pytest.mark.slow
