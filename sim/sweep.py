@@ -751,7 +751,7 @@ def pilot_next_layer_share(cell: CellSpec, policies: Sequence[str] = PILOT_POLIC
 
 
 def _price_next_layer(
-    cells: list[CellSpec], cost: Any, cost_file: str | None
+    cells: list[CellSpec], cost: Any, cost_file: str | None, progress: bool = False
 ) -> tuple[list[CellSpec], str | None]:
     """Cells whose next-layer prefetch the sweep prices, and the header line saying how.
 
@@ -761,6 +761,7 @@ def _price_next_layer(
     cells with ``--prefetch next-layer|both`` get the share :func:`pilot_next_layer_share`
     estimates per cache size and cache policy (their cost dicts, and so their ids, change; the
     other cells keep theirs). Returns ``(cells, None)`` when no cell prefetches one layer ahead.
+    ``progress``: a bar over the pilots (stderr).
     """
     from specfit.prefetch import uses_next_layer
 
@@ -772,13 +773,15 @@ def _price_next_layer(
             f"planner's misses covered, {cost.next_layer_waste_per_miss:.3f} wasted copies per miss "
             f"({cost_file or cost.source})"
         )
-    fits: dict[tuple[int, str], Any] = {}
+    from tqdm import tqdm
+
+    pilots = {(c.cache_experts_per_layer, c.cache_policy): c for c in cells if uses_next_layer(c.prefetch)}
+    bar = tqdm(pilots.items(), desc="next-layer share pilots", unit="cache", disable=not progress)
+    fits = {key: pilot_next_layer_share(cell) for key, cell in bar}
     priced = []
     for cell in cells:
         if uses_next_layer(cell.prefetch):
             key = (cell.cache_experts_per_layer, cell.cache_policy)
-            if key not in fits:
-                fits[key] = pilot_next_layer_share(cell)
             share = {"next_layer_cover_frac": fits[key].cover_frac, "next_layer_waste_per_miss": fits[key].waste_per_miss}
             cell = dataclasses.replace(cell, cost={**cell.cost, **share})
         priced.append(cell)
@@ -853,7 +856,9 @@ def _build_cells(
         policy_options={"specfit": {"stopping": args.stopping}},
         budget=args.expert_budget,
     )
-    cells, next_layer_line = _price_next_layer(cells, cost, args.cost if cost_file else None)
+    cells, next_layer_line = _price_next_layer(
+        cells, cost, args.cost if cost_file else None, progress=not args.no_progress
+    )
     if acceptance is None:
         accept = "draft path probabilities (uncalibrated)"
     else:

@@ -577,12 +577,33 @@ def test_synthetic_real_shape_trace_is_priced_at_its_own_expert_size(tmp_path, m
     assert _last_json(capsys.readouterr().out)["expert_bytes"] == 9_437_184
 
 
-SAMPLE = str(Path(__file__).resolve().parents[1] / "traces" / "samples" / "default")
-TINY_REPLAY = ["--max-requests", "1", "--max-positions", "6"]
+@pytest.fixture(scope="module")
+def guessed(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A hand-made dense trace WITH next-layer guesses (synthetic traces carry none): one request,
+    8 positions of 6-node trees, 3 layers x 8 experts, top-2 (``test_traces_helpers``)."""
+    from test_traces_helpers import random_routing, small_manifest, tree_rows
+
+    from traces.writer import TraceWriter
+
+    rng = np.random.default_rng(3)
+
+    def guesses(rows: int) -> np.ndarray:  # a router's top-2 of 8 per layer l+1, distinct ids
+        return np.stack([[rng.permutation(8)[:2] for _ in range(2)] for _ in range(rows)])
+
+    path = tmp_path_factory.mktemp("guessed") / "hand"
+    generated = rng.integers(0, 100, size=10)
+    with TraceWriter(path, small_manifest("dense")) as writer:
+        writer.add_prefill(0, *random_routing(rng, 4), guesses(4))
+        for pos in range(8):
+            rows = tree_rows(rng, pos, generated)
+            ids, weights = random_routing(rng, 6)
+            writer.add_tree(0, pos, 4 + pos, expert_ids=ids, router_weights=weights, next_layer_expert_ids=guesses(6), **rows)
+        writer.add_request(0, rng.integers(0, 100, size=4), generated[:8], "hand-made")
+    return str(path)
 
 
-def _sample_sweep(tmp_path, *extra: str) -> list[str]:
-    argv = ["--trace", SAMPLE, "--bandwidth", "4", "--cache", "8", "--policy", "ar,specfit", *TINY_REPLAY]
+def _guessed_sweep(trace: str, tmp_path, *extra: str) -> list[str]:
+    argv = ["--trace", trace, "--bandwidth", "4", "--cache", "2", "--policy", "ar,specfit"]
     return [*argv, "--no-progress", "--no-figures", "--jobs", "1", "--out", str(tmp_path / "sweep"), *extra]
 
 
@@ -590,7 +611,7 @@ def _sweep_cells(out: Path) -> list[dict]:
     return json.loads((out / "sweep.json").read_text())["cells"]
 
 
-def test_pilot_share_is_fit_next_layer_terms_of_the_ar_and_topn_counts(tmp_path) -> None:
+def test_pilot_share_is_fit_next_layer_terms_of_the_ar_and_topn_counts(guessed: str) -> None:
     """Issue 13 item 3: the share a cost without one gets is calibration.costfit's fit on the
     pooled used/wasted/demand-miss counts of ar and topn replayed with --prefetch next-layer at the
     cell's cache, and those counts do not depend on the bandwidth or the overlap (one pilot per cache)."""
@@ -599,14 +620,14 @@ def test_pilot_share_is_fit_next_layer_terms_of_the_ar_and_topn_counts(tmp_path)
     from calibration.costfit import fit_next_layer_terms
     from sim.sweep import pilot_next_layer_share
 
-    cost = cost_from_preset("qwen3-30b-a3b-2gpu", expert_bytes=9_437_184, num_layers=6)
+    cost = cost_from_preset("qwen3-30b-a3b-2gpu", expert_bytes=9_437_184, num_layers=3)
     (cell,) = make_cells(
-        trace_path=SAMPLE, cost=cost, bandwidths_gb_per_s=[4], caches=[(8, 0.125)], policies=["specfit"],
-        overlaps=["on"], prefetches=["both"], max_requests=1, max_positions=6,
+        trace_path=guessed, cost=cost, bandwidths_gb_per_s=[4], caches=[(2, 0.25)], policies=["specfit"],
+        overlaps=["on"], prefetches=["both"],
     )  # fmt: skip
     fit = pilot_next_layer_share(cell)
     counts = {"cache_misses": [], "num_prefetch_used": [], "num_prefetch_wasted": []}
-    run = open_run(SAMPLE)
+    run = open_run(guessed)
     for policy in ("ar", "topn"):
         for bandwidth, overlap in ((4.0, "off"), (64.0, "on")):  # timing never changes the counts
             other = dataclasses.replace(cell, policy=policy, policy_options=None, bandwidth_gb_per_s=bandwidth)
@@ -620,18 +641,18 @@ def test_pilot_share_is_fit_next_layer_terms_of_the_ar_and_topn_counts(tmp_path)
                 assert per_policy == {name: values[-len(cycles):] for name, values in counts.items()}
     expected = fit_next_layer_terms(pd.DataFrame(counts))
     assert (fit.cover_frac, fit.waste_per_miss) == (expected.cover_frac, expected.waste_per_miss)
-    assert fit.num_used > 0 and fit.num_misses > 0 and 0.0 < fit.cover_frac < 1.0
+    assert fit.num_used > 0 and fit.num_wasted > 0 and fit.num_misses > 0 and 0.0 < fit.cover_frac < 1.0
     used, misses = sum(counts["num_prefetch_used"]), sum(counts["cache_misses"])
     assert fit.cover_frac == pytest.approx(used / (used + misses))
 
 
-def test_sweep_prices_next_layer_prefetch_with_the_pilot_share_and_says_so(tmp_path, capsys) -> None:
+def test_sweep_prices_next_layer_prefetch_with_the_pilot_share_and_says_so(guessed: str, tmp_path, capsys) -> None:
     """A preset has no next-layer share: the next-layer cells' cost carries the pilot's share, the
     header says the values and where they came from, no warning is printed, and the cells
     without next-layer prefetch keep the preset's cost (and their ids)."""
     from sim.sweep import pilot_next_layer_share
 
-    assert main(_sample_sweep(tmp_path, "--prefetch", "none,next-layer")) == 0
+    assert main(_guessed_sweep(guessed, tmp_path, "--prefetch", "none,next-layer")) == 0
     out, err = capsys.readouterr()
     assert "no next-layer prefetch share" not in err
     cells = {c["prefetch"]: c for c in _sweep_cells(tmp_path / "sweep") if c["policy"] == "specfit"}
@@ -641,21 +662,21 @@ def test_sweep_prices_next_layer_prefetch_with_the_pilot_share_and_says_so(tmp_p
     assert cells["none"]["cost"]["next_layer_cover_frac"] == 0.0
     line = next(h for h in out.splitlines() if h.startswith("next-layer prefetch:"))
     assert "pilot replays of ar and topn" in line and "has no share" in line
-    assert f"cache 8 lru: {fit.cover_frac:.3f} covered, {fit.waste_per_miss:.3f} wasted/miss" in line
+    assert f"cache 2 lru: {fit.cover_frac:.3f} covered, {fit.waste_per_miss:.3f} wasted/miss" in line
     assert f"{fit.num_used} used, {fit.num_wasted} wasted, {fit.num_misses} demand misses" in line
     results = pd.read_csv(tmp_path / "sweep" / "results.csv")
     assert len(results) == 4 and results["tokens_per_s"].gt(0).all()
 
 
-def test_a_cost_file_with_its_own_next_layer_share_keeps_it(tmp_path, capsys) -> None:
+def test_a_cost_file_with_its_own_next_layer_share_keeps_it(guessed: str, tmp_path, capsys) -> None:
     """A fitted cost JSON with a next-layer share prices the next-layer cells with that share (no
     pilot), and the header says so."""
     import dataclasses
 
-    cost = cost_from_preset("qwen3-30b-a3b-2gpu", expert_bytes=9_437_184, num_layers=6)
+    cost = cost_from_preset("qwen3-30b-a3b-2gpu", expert_bytes=9_437_184, num_layers=3)
     cost = dataclasses.replace(cost, next_layer_cover_frac=0.3, next_layer_waste_per_miss=0.125)
     cost.save(tmp_path / "cost.json")
-    argv = _sample_sweep(tmp_path, "--prefetch", "next-layer", "--cost", str(tmp_path / "cost.json"))
+    argv = _guessed_sweep(guessed, tmp_path, "--prefetch", "next-layer", "--cost", str(tmp_path / "cost.json"))
     assert main(argv) == 0
     out, err = capsys.readouterr()
     assert "no next-layer prefetch share" not in err
