@@ -596,8 +596,8 @@ def fit_next_layer_terms(cycles: pd.DataFrame) -> NextLayerFit:
         next_layer_cover_frac      = sum U / (sum M + sum U)
         next_layer_waste_per_miss  = sum W / (sum M + sum U)       (W: wasted, evicted unused)
 
-    ratios of the runs' totals (a prefetch is counted used or wasted in the cycle that uses or
-    evicts it, so per-cycle ratios would mix cycles; totals do not). Averaged over every layer,
+    ratios of the runs' totals (:func:`specfit.prefetch.next_layer_share`, which ``sim.sweep``'s
+    pilot replays use too). Averaged over every layer,
     the first included (it has no guess), as the cost model applies them. Cycles without counts
     (null: recorded without prefetch accounting) are left out; with none left or no miss at all
     both terms are 0 and a note says so.
@@ -616,12 +616,14 @@ def fit_next_layer_terms(cycles: pd.DataFrame) -> NextLayerFit:
         if len(bad):
             run = bad["run"].iloc[0] if "run" in bad.columns else "cycles"
             raise CalibrationDataError(f"{run}: column {column!r} has a negative count ({int(bad[column].iloc[0])})")
-    misses, used, wasted = (int(table[c].astype(np.int64).sum()) for c in columns)
-    base = misses + used
-    if base == 0:
+    from specfit.prefetch import next_layer_share
+
+    share = next_layer_share(*(int(table[c].astype(np.int64).sum()) for c in columns))
+    misses, used, wasted = share.num_misses, share.num_used, share.num_wasted
+    if misses + used == 0:
         notes.append(f"next-layer prefetch terms set to 0: {len(table)} cycle(s) with prefetch counts and no miss")
         return NextLayerFit(0.0, 0.0, len(table), misses, used, wasted, tuple(notes))
-    cover, waste = used / base, wasted / base
+    cover, waste = share.cover_frac, share.waste_per_miss
     notes.append(
         f"next-layer prefetch: {cover:.3f} of the planner's misses covered, {waste:.3f} wasted copies per "
         f"miss ({used} used, {wasted} wasted, {misses} demand misses in {len(table)} cycles)"

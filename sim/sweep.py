@@ -705,8 +705,9 @@ PILOT_POLICIES = ("ar", "topn")
 
 def pilot_next_layer_share(cell: CellSpec, policies: Sequence[str] = PILOT_POLICIES) -> Any:
     """Next-layer prefetch's share and waste on ``cell``'s trace at its cache, estimated from
-    pilot replays: ``calibration.costfit.fit_next_layer_terms`` (a ``NextLayerFit``) on the
-    pooled cycles of ``policies`` replayed with ``--prefetch next-layer``.
+    pilot replays: :func:`specfit.prefetch.next_layer_share` (the ratios
+    ``calibration.costfit.fit_next_layer_terms`` fits from recorded runs) on the pooled counts of
+    the cycles of ``policies`` replayed with ``--prefetch next-layer``.
 
     Why these pilots, and once per cache: the used/wasted/demand-miss counts depend on the
     verified trees, the cache (size and policy) and the recorded guesses, never on timing (the
@@ -726,28 +727,28 @@ def pilot_next_layer_share(cell: CellSpec, policies: Sequence[str] = PILOT_POLIC
         policies: pilot policies (canonical names), default :data:`PILOT_POLICIES`.
 
     Returns:
-        ``calibration.costfit.NextLayerFit`` (``cover_frac`` h, ``waste_per_miss`` x, counts).
+        ``specfit.prefetch.NextLayerShare`` (``cover_frac`` h, ``waste_per_miss`` x, counts).
 
     Raises:
         ReplayError / ValueError: from the replays (a trace without next-layer guesses).
     """
-    import pandas as pd
-
-    from calibration.costfit import fit_next_layer_terms
     from sim.cells import _open_trace
     from sim.replay import replay_policy
+    from specfit.prefetch import next_layer_share
 
     run = _open_trace(cell.trace_path)  # the process's decoded trace: forked workers inherit it
     columns = ("cache_misses", "num_prefetch_used", "num_prefetch_wasted")
-    frames = []
+    totals = dict.fromkeys(columns, 0)
     for policy in policies:
         pilot = dataclasses.replace(
             cell, policy=policy, overlap="off", prefetch="next-layer", policy_options=None, expert_budget=None
         )
-        result = replay_policy(run, pilot.sim_config(record_cycles=True))
-        rows = {c: [getattr(r, c) for r in result.cycles] for c in columns}
-        frames.append(pd.DataFrame({"run": f"pilot-{policy}", **rows}))
-    return fit_next_layer_terms(pd.concat(frames, ignore_index=True))
+        for record in replay_policy(run, pilot.sim_config(record_cycles=True)).cycles:
+            values = [getattr(record, c) for c in columns]
+            if None not in values:  # a cycle without prefetch accounting counts for nothing
+                for column, value in zip(columns, values):
+                    totals[column] += int(value)
+    return next_layer_share(*(totals[c] for c in columns))
 
 
 def _price_next_layer(
@@ -793,7 +794,7 @@ def _price_next_layer(
     return priced, (
         f"next-layer prefetch: {cost_file or cost.source.split(':')[0]} has no share, so it is estimated from "
         f"this trace by pilot replays of {' and '.join(PILOT_POLICIES)} with --prefetch next-layer "
-        f"(calibration.costfit.fit_next_layer_terms on their pooled counts): {per_cache}"
+        f"(specfit.prefetch.next_layer_share on their pooled counts): {per_cache}"
     )
 
 

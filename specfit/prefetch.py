@@ -22,6 +22,8 @@ both prefetch the same experts at the same points and count them the same way.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from specfit import bitsets
@@ -29,6 +31,47 @@ from specfit import bitsets
 PREFETCH_MODES = ("none", "draft", "next-layer", "both")
 """``--prefetch`` of ``live.record``, ``sim.sweep`` and ``analysis.validate``: ``both`` = draft
 and next-layer."""
+
+
+@dataclass(frozen=True)
+class NextLayerShare:
+    """Next-layer prefetch's two cost terms and the counts they come from (:func:`next_layer_share`).
+
+    Attributes:
+        cover_frac: ``CycleCostModel.next_layer_cover_frac`` (fraction in [0, 1]).
+        waste_per_miss: ``CycleCostModel.next_layer_waste_per_miss`` (copies per miss, >= 0).
+        num_misses, num_used, num_wasted: summed demand misses, used and wasted prefetches (counts).
+    """
+
+    cover_frac: float
+    waste_per_miss: float
+    num_misses: int
+    num_used: int
+    num_wasted: int
+
+
+def next_layer_share(num_misses: int, num_used: int, num_wasted: int) -> NextLayerShare:
+    """Next-layer prefetch's share of the planner's misses and its waste, from cycles' summed
+    counts (:class:`PrefetchLedger`: ``M`` demand misses, ``U`` used and ``W`` wasted prefetches).
+
+    A used prefetch is a miss the planner (which prices the cache as it stands when it chooses)
+    counted and the prefetch covered, so the planner's misses are ``M + U`` and
+    ``cover_frac = U / (M + U)``, ``waste_per_miss = W / (M + U)``: ratios of totals (a prefetch
+    is counted in the cycle that uses or evicts it, so per-cycle ratios would mix cycles). Both 0
+    when ``M + U`` is 0. What ``calibration.costfit.fit_next_layer_terms`` fits from recorded
+    runs and ``sim.sweep`` estimates from pilot replays; ``specfit.cost.CycleCostModel`` prices it.
+
+    Raises:
+        ValueError: a negative count (named).
+    """
+    counts = {"num_misses": int(num_misses), "num_used": int(num_used), "num_wasted": int(num_wasted)}
+    for name, value in counts.items():
+        if value < 0:
+            raise ValueError(f"next_layer_share: {name} must be >= 0, got {value}")
+    base = counts["num_misses"] + counts["num_used"]
+    if base == 0:
+        return NextLayerShare(0.0, 0.0, **counts)
+    return NextLayerShare(counts["num_used"] / base, counts["num_wasted"] / base, **counts)
 
 
 def uses_draft(mode: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from specfit import bitsets
 from specfit.cache import make_expert_cache
@@ -51,3 +52,16 @@ def test_next_layer_choice_ranks_guesses_by_tokens_then_id_capped_at_capacity():
     assert next_layer_choice(np.zeros((0, 2), dtype=np.int64), 8, 4).tolist() == []
     assert [uses_draft(m) for m in ("none", "draft", "next-layer", "both")] == [False, True, False, True]
     assert [uses_next_layer(m) for m in ("none", "draft", "next-layer", "both")] == [False, False, True, True]
+
+
+def test_next_layer_share_is_the_ratio_of_totals_and_refuses_negative_counts() -> None:
+    """The share the planner prices next-layer prefetch with: U / (M + U) covered, W / (M + U)
+    wasted per miss; 0 and 0 without any miss; a negative count is named."""
+    from specfit.prefetch import next_layer_share
+
+    share = next_layer_share(num_misses=30, num_used=10, num_wasted=4)
+    assert (share.cover_frac, share.waste_per_miss) == (0.25, 0.1)
+    assert (share.num_misses, share.num_used, share.num_wasted) == (30, 10, 4)
+    assert (next_layer_share(0, 0, 7).cover_frac, next_layer_share(0, 0, 7).waste_per_miss) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="num_wasted"):
+        next_layer_share(1, 1, -1)
