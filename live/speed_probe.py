@@ -21,7 +21,7 @@ from typing import Any
 
 PROBE_SIZE = 128  # matrix side (elements)
 PROBE_CHAIN = 8  # matrix products per probe (count)
-PROBES_PER_POINT = 3  # probes at each point: before the first request, after each request (count)
+PROBES_PER_POINT = 16  # probes at each point: before the first request, after each request (count)
 
 
 def probe_inputs(device: str = "cpu") -> tuple[Any, Any]:
