@@ -42,14 +42,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks._threads import add_threads_flag, apply_threads  # noqa: E402
-from specfit.cli import (  # noqa: E402
-    ArgumentParser,
-    comma_list,
-    gb_per_s,
-    non_negative_float,
-    positive_int,
-    print_summary,
-)
+from specfit.cli import ArgumentParser, comma_list, gb_per_s, non_negative_float, positive_int, print_summary  # noqa: E402
 
 COLUMNS = ("layer_misses", "layer_compute_s", "layer_pre_router_s", "layer_stall_s")
 
