@@ -393,9 +393,9 @@ def union_size_plan_rule(p, parents, depths, union_table, miss, params, context_
     Args:
         p: float64[N] path acceptance; parents, depths: int64[N] of the tree.
         union_table: float64[>= N + max_depth, L] expected union sizes; miss: float64[L] miss fractions.
-        params: float64[7]: ``draft_base_s, draft_s_per_level, verify_base_s, verify_s_per_node,
-            verify_s_per_context_token, s_per_miss, overlap_h2d (0 or 1)``; the context term is
-            ``params[4] * context_len`` (as ``cost.verify_s``).
+        params: float64[17] of :func:`specfit.planner.cost_params` (the cost terms, overlap
+            form and next-layer terms, in its order); the context term is ``params[4] *
+            context_len`` (as ``cost.verify_s``).
         context_len, num_levels, max_depth: counts (int).
     """
     n = p.shape[0]
