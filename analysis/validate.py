@@ -983,10 +983,7 @@ def speed_summary(table: pd.DataFrame) -> dict[str, Any]:
     cells' errors follow the machine's speed in each cell's runs rather than the model."""
     column = table["live_compute_speed_pct"] if "live_compute_speed_pct" in table.columns else pd.Series(dtype=float)
     speed = pd.to_numeric(column, errors="coerce")
-    keep = speed.notna() & table.get("throughput_error_pct", pd.Series(np.nan, index=table.index)).notna()
-    corr = np.nan
-    if keep.sum() >= 3 and speed[keep].std() > 0:
-        corr = float(np.corrcoef(speed[keep], table.loc[keep, "throughput_error_pct"])[0, 1])
+    corr = _pearson(speed, table.get("throughput_error_pct", pd.Series(np.nan, index=table.index)))
     measured = speed.dropna()
     return {
         "num_cells_speed_measured": len(measured),

@@ -605,8 +605,10 @@ def fit_next_layer_terms(cycles: pd.DataFrame) -> NextLayerFit:
     Raises:
         CalibrationDataError: a negative count (the run and column named).
     """
+    from specfit.prefetch import PREFETCH_COUNT_COLUMNS, next_layer_share
+
     notes: list[str] = []
-    columns = ("cache_misses", "num_prefetch_used", "num_prefetch_wasted")
+    columns = PREFETCH_COUNT_COLUMNS
     if not len(cycles) or any(c not in cycles.columns for c in columns):
         notes.append("next-layer prefetch terms set to 0: no cycle recorded prefetch counts")
         return NextLayerFit(0.0, 0.0, 0, 0, 0, 0, tuple(notes))
@@ -616,8 +618,6 @@ def fit_next_layer_terms(cycles: pd.DataFrame) -> NextLayerFit:
         if len(bad):
             run = bad["run"].iloc[0] if "run" in bad.columns else "cycles"
             raise CalibrationDataError(f"{run}: column {column!r} has a negative count ({int(bad[column].iloc[0])})")
-    from specfit.prefetch import next_layer_share
-
     share = next_layer_share(*(int(table[c].astype(np.int64).sum()) for c in columns))
     misses, used, wasted = share.num_misses, share.num_used, share.num_wasted
     if misses + used == 0:

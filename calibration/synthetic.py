@@ -82,7 +82,7 @@ def synthetic_tables(
         ctx = int(prompt_lens[req] + positions[req])
         misses = rng.integers(0, max_misses_per_layer + 1, size=num_layers)
         prefetch: dict[str, int] = {}
-        if model.next_layer_cover_frac > 0 or model.next_layer_waste_per_miss > 0:  # counts of a next-layer run
+        if model.has_next_layer_share:  # counts of a next-layer run
             used = rng.binomial(misses, model.next_layer_cover_frac)
             wasted = int(rng.poisson(model.next_layer_waste_per_miss * float(misses.sum())))
             misses = misses - used  # the demand misses left

@@ -68,13 +68,13 @@ class SpeedProbe:
 
     device: str = "cpu"
     seconds: list[float] = field(default_factory=list)
-    _inputs: tuple[Any, Any] | None = None
+    _inputs: tuple[Any, Any] | None = field(default=None, init=False, repr=False)  # built on first use
 
-    def measure(self, times: int = PROBES_PER_POINT) -> None:
-        """Time the workload ``times`` times and keep the timings."""
+    def measure(self, num_probes: int = PROBES_PER_POINT) -> None:
+        """Time the workload ``num_probes`` (count) times and keep the timings (s)."""
         if self._inputs is None:
             self._inputs = probe_inputs(self.device)
-        self.seconds.extend(probe_once(*self._inputs) for _ in range(times))
+        self.seconds.extend(probe_once(*self._inputs) for _ in range(num_probes))
 
     def summary(self) -> dict[str, Any]:
         """``speed_probe_s`` (list of s), ``speed_probe_median_s`` (s; NaN without timings) and

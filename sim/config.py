@@ -145,8 +145,8 @@ class SimConfig:
         acceptance: ``specfit.acceptance.AcceptanceCalibration.to_dict()`` (e.g. the
             ``acceptance.json`` of ``calibration.fit``) mapping draft path probability to
             acceptance for the planner, or ``None``: draft path probabilities as they are.
-        compute_speed: how long the machine's compute takes relative to ``cost``'s (1.2 = 20 %
-            slower; finite, > 0; default 1): the replay times every cycle with
+        compute_speed: a dimensionless time factor: how long the machine's compute takes
+            relative to ``cost``'s (1.2 = 20 % slower; finite, > 0; default 1): the replay times every cycle with
             ``cost.with_compute_speed(compute_speed)`` while its planner keeps pricing with
             ``cost``, as a live planner keeps its cost file while the machine's speed drifts
             (``analysis.validate`` sets it from the runs' speed probe).

@@ -734,10 +734,10 @@ def pilot_next_layer_share(cell: CellSpec, policies: Sequence[str] = PILOT_POLIC
     """
     from sim.cells import _open_trace
     from sim.replay import replay_policy
-    from specfit.prefetch import next_layer_share
+    from specfit.prefetch import PREFETCH_COUNT_COLUMNS, next_layer_share
 
     run = _open_trace(cell.trace_path)  # the process's decoded trace: forked workers inherit it
-    columns = ("cache_misses", "num_prefetch_used", "num_prefetch_wasted")
+    columns = PREFETCH_COUNT_COLUMNS
     totals = dict.fromkeys(columns, 0)
     for policy in policies:
         pilot = dataclasses.replace(
@@ -768,7 +768,7 @@ def _price_next_layer(
 
     if not any(uses_next_layer(c.prefetch) for c in cells):
         return cells, None
-    if cost.next_layer_cover_frac > 0.0 or cost.next_layer_waste_per_miss > 0.0:  # versions 1-4 load 0
+    if cost.has_next_layer_share:  # versions 1-4 load without one
         return cells, (
             f"next-layer prefetch: priced with the cost's own share {cost.next_layer_cover_frac:.3f} of the "
             f"planner's misses covered, {cost.next_layer_waste_per_miss:.3f} wasted copies per miss "

@@ -123,8 +123,8 @@ def no_next_layer_note(cost_path: str | Path) -> str | None:
     """One line saying that the cost JSON at ``cost_path`` predates the next-layer prefetch term
     (version 1-4: ``next_layer_cover_frac`` and ``next_layer_waste_per_miss`` loaded as 0, so a
     run with ``--prefetch next-layer|both`` is priced as if it prefetched nothing one layer ahead),
-    else None. For the tools that set the prefetch mode after loading (``sim.sweep``,
-    ``live.record``, ``analysis.validate``). Never raises: an unreadable file gives None."""
+    else None. What :func:`unpriced_next_layer_note` says first for such a file. Never raises: an
+    unreadable file gives None."""
     older = _file_without(cost_path, "next_layer_cover_frac", 4)
     if older is None:
         return None
@@ -144,7 +144,7 @@ def unpriced_next_layer_note(cost: CycleCostModel, cost_path: str | Path | None 
     ``analysis.validate`` to print as a warning. Never raises."""
     if cost_path is not None and (note := no_next_layer_note(cost_path)) is not None:
         return note
-    if cost.next_layer_cover_frac > 0.0 or cost.next_layer_waste_per_miss > 0.0:
+    if cost.has_next_layer_share:
         return None
     return (
         f"{cost_path or cost.source}: no next-layer prefetch share (next_layer_cover_frac and "
@@ -423,6 +423,12 @@ class CycleCostModel:
         return self.overlap_h2d and self.overlap_mode == "on"
 
     @property
+    def has_next_layer_share(self) -> bool:
+        """True when a next-layer prefetch share was fitted (``next_layer_cover_frac`` or
+        ``next_layer_waste_per_miss`` > 0); versions 1-4 and presets load without one."""
+        return self.next_layer_cover_frac > 0.0 or self.next_layer_waste_per_miss > 0.0
+
+    @property
     def next_layer_priced(self) -> bool:
         """True when cycles are priced with next-layer prefetch (:meth:`cycle_s_layers`):
         ``next_layer_prefetch`` with a fitted share (``next_layer_cover_frac`` or
@@ -431,7 +437,7 @@ class CycleCostModel:
         prefetch improves on (its waste is left out, as its placing is)."""
         return (
             self.next_layer_prefetch
-            and (self.next_layer_cover_frac > 0.0 or self.next_layer_waste_per_miss > 0.0)
+            and self.has_next_layer_share
             and not (self.overlap_h2d and self.overlap_mode == "ideal")
         )
 

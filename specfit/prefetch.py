@@ -33,6 +33,11 @@ PREFETCH_MODES = ("none", "draft", "next-layer", "both")
 and next-layer."""
 
 
+PREFETCH_COUNT_COLUMNS = ("cache_misses", "num_prefetch_used", "num_prefetch_wasted")
+"""The cycles' columns :func:`next_layer_share` takes, in its argument order (counts per cycle:
+demand misses, used and wasted prefetches)."""
+
+
 @dataclass(frozen=True)
 class NextLayerShare:
     """Next-layer prefetch's two cost terms and the counts they come from (:func:`next_layer_share`).

@@ -26,6 +26,7 @@ def _cycles() -> pd.DataFrame:
 def test_run_steps_hand_computed() -> None:
     bench = load_benchmark("wait_step")
     out = bench.run_steps(_cycles())
+    # arithmetic on the hand-made seconds of _cycles() (nothing is timed here):
     # layers 1..2 without misses: experts 1.0, 1.2, 1.0, 0.8 ms -> mean 1.0; one miss: 1.5; three: 1.9
     assert out["step_1_ms"] == pytest.approx(0.5)
     assert out["step_3_ms"] == pytest.approx(0.9)
