@@ -59,6 +59,7 @@ from calibration.checks import (
 from calibration.link import LinkFit, fit_link
 from calibration.lsq import fit_non_negative
 from specfit.cost import CycleCostModel
+from specfit.prefetch import PREFETCH_COUNT_COLUMNS, NextLayerShare, next_layer_share
 
 VERIFY_TARGETS = ("residual", "verify_s")
 WEIGHTINGS = ("relative", "absolute")
@@ -565,22 +566,16 @@ def fit_pre_router_frac(cycles: pd.DataFrame, notes: list[str] | None = None) ->
 
 
 @dataclass(frozen=True)
-class NextLayerFit:
-    """Outcome of :func:`fit_next_layer_terms`.
+class NextLayerFit(NextLayerShare):
+    """Outcome of :func:`fit_next_layer_terms`: the share :class:`specfit.prefetch.NextLayerShare`
+    (``cover_frac``, ``waste_per_miss`` and the summed counts) and
 
     Attributes:
-        cover_frac: ``CycleCostModel.next_layer_cover_frac`` (fraction in [0, 1]).
-        waste_per_miss: ``CycleCostModel.next_layer_waste_per_miss`` (copies per miss, >= 0).
-        num_cycles: cycles with prefetch counts used; num_misses, num_used, num_wasted: their
-            summed demand misses and used / wasted prefetches; notes: remarks.
+        num_cycles: cycles with prefetch counts used (count).
+        notes: remarks.
     """
 
-    cover_frac: float
-    waste_per_miss: float
-    num_cycles: int
-    num_misses: int
-    num_used: int
-    num_wasted: int
+    num_cycles: int = 0
     notes: tuple[str, ...] = ()
 
 
@@ -605,13 +600,11 @@ def fit_next_layer_terms(cycles: pd.DataFrame) -> NextLayerFit:
     Raises:
         CalibrationDataError: a negative count (the run and column named).
     """
-    from specfit.prefetch import PREFETCH_COUNT_COLUMNS, next_layer_share
-
     notes: list[str] = []
     columns = PREFETCH_COUNT_COLUMNS
     if not len(cycles) or any(c not in cycles.columns for c in columns):
         notes.append("next-layer prefetch terms set to 0: no cycle recorded prefetch counts")
-        return NextLayerFit(0.0, 0.0, 0, 0, 0, 0, tuple(notes))
+        return NextLayerFit(0.0, 0.0, 0, 0, 0, num_cycles=0, notes=tuple(notes))
     table = cycles.dropna(subset=list(columns))
     for column in columns:
         bad = table[table[column].astype(np.int64) < 0]
@@ -622,13 +615,13 @@ def fit_next_layer_terms(cycles: pd.DataFrame) -> NextLayerFit:
     misses, used, wasted = share.num_misses, share.num_used, share.num_wasted
     if misses + used == 0:
         notes.append(f"next-layer prefetch terms set to 0: {len(table)} cycle(s) with prefetch counts and no miss")
-        return NextLayerFit(0.0, 0.0, len(table), misses, used, wasted, tuple(notes))
+        return NextLayerFit(0.0, 0.0, misses, used, wasted, num_cycles=len(table), notes=tuple(notes))
     cover, waste = share.cover_frac, share.waste_per_miss
     notes.append(
         f"next-layer prefetch: {cover:.3f} of the planner's misses covered, {waste:.3f} wasted copies per "
         f"miss ({used} used, {wasted} wasted, {misses} demand misses in {len(table)} cycles)"
     )
-    return NextLayerFit(cover, waste, len(table), misses, used, wasted, tuple(notes))
+    return NextLayerFit(cover, waste, misses, used, wasted, num_cycles=len(table), notes=tuple(notes))
 
 
 def fit_cost_model(

@@ -209,13 +209,21 @@ def _overlap(flag: str, loaded: LoadedRuns) -> bool:
     return any(bool(m.config.get("overlap_h2d", False)) for m in loaded.manifests())
 
 
+def _runs_with(loaded: LoadedRuns, cycles: Any, key: str, value: str) -> list[str]:
+    """Sorted labels of the runs in ``cycles`` (column ``run``) whose manifest config ``key`` is
+    ``value`` (``live.record``'s ``--overlap`` / ``--prefetch``)."""
+    if not len(cycles) or "run" not in cycles.columns:
+        return []
+    present = set(cycles["run"].astype(str))
+    return sorted(lbl for lbl, m in zip(loaded.labels, loaded.manifests()) if lbl in present and m.config.get(key) == value)
+
+
 def _split_overlap_runs(loaded: LoadedRuns, cycles: Any, transfers: Any, args: Any) -> tuple[Any, Any, list[str]]:
     """``(cycles, transfers, labels)`` of the policy runs recorded with ``live.record --overlap
     on`` (manifest config ``overlap``), when overlap-off runs are there too and ``--overlap`` is
     not ``off``; else empty tables and ``[]`` (every run fitted as before)."""
-    on = {lbl for lbl, m in zip(loaded.labels, loaded.manifests()) if m.config.get("overlap") == "on"}
-    labels = sorted(on & set(cycles["run"].astype(str))) if len(cycles) and "run" in cycles.columns else []
-    serial = set(cycles["run"].astype(str)) - on if len(cycles) and "run" in cycles.columns else set()
+    labels = _runs_with(loaded, cycles, "overlap", "on")
+    serial = set(cycles["run"].astype(str)) - set(labels) if labels else set()
     if args.overlap == "off" or not labels or not serial:
         return cycles.iloc[0:0], transfers.iloc[0:0], []
     pick = cycles["run"].isin(labels)
@@ -227,11 +235,9 @@ def _next_layer_runs(loaded: LoadedRuns, cycles: Any) -> tuple[Any, list[str], l
     """``(cycles, labels, notes)`` of the policy runs recorded with ``live.record --prefetch
     next-layer`` (manifest config ``prefetch``); runs with ``both`` only when none is there, said
     in a note (their counts include the draft prefetch's)."""
-    modes = {label: m.config.get("prefetch") for label, m in zip(loaded.labels, loaded.manifests())}
-    present = set(cycles["run"].astype(str)) if len(cycles) and "run" in cycles.columns else set()
-    labels, notes = sorted(lbl for lbl in present if modes.get(lbl) == "next-layer"), []
+    labels, notes = _runs_with(loaded, cycles, "prefetch", "next-layer"), []
     if not labels:
-        labels = sorted(lbl for lbl in present if modes.get(lbl) == "both")
+        labels = _runs_with(loaded, cycles, "prefetch", "both")
         if labels:
             notes.append("next-layer prefetch terms fitted on --prefetch both runs: their counts include the draft prefetch's")
     return cycles[cycles["run"].isin(labels)].reset_index(drop=True) if labels else cycles.iloc[0:0], labels, notes

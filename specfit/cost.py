@@ -341,6 +341,13 @@ class CycleCostModel:
         if self.overlap_mode not in ("on", "ideal"):
             raise ValueError(f"CycleCostModel.overlap_mode: expected 'on' or 'ideal', got {self.overlap_mode!r}")
         object.__setattr__(self, "source", str(self.source))
+        # derived once (the fields are frozen): read by every pricing call
+        on = self.overlap_h2d and self.overlap_mode == "on"
+        nl = self.next_layer_prefetch and self.has_next_layer_share and not (self.overlap_h2d and not on)
+        x, link = self.next_layer_waste_per_miss, self.link_s_per_transfer
+        terms = (1.0 + x) * self.host_s_per_transfer, (1.0 - self.next_layer_cover_frac) * link, (1.0 + x) * link
+        plain = self.host_s_per_transfer, link, link  # h = x = 0
+        object.__setattr__(self, "_derived", (on, nl, on or nl, terms, terms if nl else plain))
 
     # ---- the formula -------------------------------------------------------------------------
     @property
@@ -420,7 +427,7 @@ class CycleCostModel:
     @property
     def per_layer_overlap(self) -> bool:
         """True for the live engine's overlap (``overlap_h2d`` and mode "on"): the per-layer form."""
-        return self.overlap_h2d and self.overlap_mode == "on"
+        return self._derived[0]
 
     @property
     def has_next_layer_share(self) -> bool:
@@ -434,29 +441,26 @@ class CycleCostModel:
         ``next_layer_prefetch`` with a fitted share (``next_layer_cover_frac`` or
         ``next_layer_waste_per_miss`` > 0), without overlap or in mode "on". Mode "ideal" is left
         as it is: a bound that enqueues every demand copy when verification starts, which no
-        prefetch improves on (its waste is left out, as its placing is)."""
-        return (
-            self.next_layer_prefetch
-            and self.has_next_layer_share
-            and not (self.overlap_h2d and self.overlap_mode == "ideal")
-        )
+        prefetch improves on (its waste is left out, as its placing is). Set once per model."""
+        return self._derived[1]
 
     @property
     def per_layer_priced(self) -> bool:
         """True when :meth:`cycle_s` prices each layer's misses (:meth:`cycle_s_layers`): overlap
         mode "on" (:attr:`per_layer_overlap`) or next-layer prefetch (:attr:`next_layer_priced`)."""
-        return self.per_layer_overlap or self.next_layer_priced
+        return self._derived[2]
 
     @property
-    def next_layer_terms(self) -> tuple[float, float, float]:
+    def next_layer_s_per_miss(self) -> tuple[float, float, float]:
         """``(host, after, link)`` seconds per demand miss ``m`` the planner counts, with next-layer
         prefetch covering ``h = next_layer_cover_frac`` of them and adding ``x =
         next_layer_waste_per_miss`` wrong copies: placing every copy on the compute stream ``(1 +
         x) * host_s_per_transfer``; the copies still enqueued after the layer's router ``(1 - h) *
         T_link``; all of the layer's copies on the link ``(1 + x) * T_link``
-        (:attr:`link_s_per_transfer`)."""
-        x, link = self.next_layer_waste_per_miss, self.link_s_per_transfer
-        return (1.0 + x) * self.host_s_per_transfer, (1.0 - self.next_layer_cover_frac) * link, (1.0 + x) * link
+        (:attr:`link_s_per_transfer`). With ``h = x = 0`` (no next-layer prefetch priced) they
+        are mode "on"'s ``(host_s_per_transfer, T_link, T_link)``, so one per-layer form prices
+        both (:meth:`cycle_s_layers`). Set once per model."""
+        return self._derived[3]
 
     def overlap_on_total_s(self, verify_s: Any, total_misses: Any) -> Any:
         """Mode "on"'s verification time from the TOTAL misses (s; arrays broadcast):
@@ -508,7 +512,7 @@ class CycleCostModel:
         union-size prefixes.
 
         With next-layer prefetch priced (:attr:`next_layer_priced`; ``host``, ``a`` (after the
-        router) and ``b`` (link) of :attr:`next_layer_terms`), a layer lasts
+        router) and ``b`` (link) of :attr:`next_layer_s_per_miss`), a layer lasts
         ``host * m_l + max(c, p c + a m_l, b m_l) + late_call_s * (m_l > 0)`` in mode "on" and
         ``host * m_l + max(c + a m_l, b m_l)`` without overlap: the covered copies were enqueued
         during the layer before (``live.offload``: layer l+1's router on layer l's input, the
@@ -524,29 +528,35 @@ class CycleCostModel:
         m = np.asarray(misses, dtype=np.float64)
         c = self.verify_s_array(num_nodes, context_len) / self.num_layers
         c = np.asarray(c)[..., None]
-        if self.next_layer_priced:
-            host_s, after_s, link_s = self.next_layer_terms
-            if self.overlap_h2d:  # mode "on" (next_layer_priced excludes "ideal")
-                per_layer = np.maximum(np.maximum(c, self.pre_router_frac * c + m * after_s), m * link_s)
-                host = host_s * m.sum(axis=-1) + self.late_call_s * np.count_nonzero(m, axis=-1)
-            else:
-                per_layer = np.maximum(c + m * after_s, m * link_s)
-                host = host_s * m.sum(axis=-1)
+        # mode "on" without next-layer prefetch is the same form with h = x = 0 (next_layer_s_per_miss:
+        # max(c, p c + T m, T m) = max(c, p c + T m), bit for bit)
+        host_s, after_s, link_s = self.per_layer_s_per_miss
+        if self.overlap_h2d:  # mode "on" (next_layer_priced excludes "ideal"; cycle_s sends "ideal" elsewhere)
+            per_layer = np.maximum(np.maximum(c, self.pre_router_frac * c + m * after_s), m * link_s)
+            host = host_s * m.sum(axis=-1) + self.late_call_s * np.count_nonzero(m, axis=-1)
         else:
-            per_layer = np.maximum(c, self.pre_router_frac * c + m * self.link_s_per_transfer)
-            host = self.host_s_per_transfer * m.sum(axis=-1) + self.late_call_s * np.count_nonzero(m, axis=-1)
+            per_layer = np.maximum(c + m * after_s, m * link_s)
+            host = host_s * m.sum(axis=-1)
         out = self.draft_s_array(num_levels) + per_layer.sum(axis=-1) + host
         return float(out) if np.ndim(out) == 0 else out
+
+    @property
+    def per_layer_s_per_miss(self) -> tuple[float, float, float]:
+        """The ``(host, after, link)`` seconds per miss :meth:`cycle_s_layers` prices with:
+        :attr:`next_layer_s_per_miss` when :attr:`next_layer_priced`, else its ``h = x = 0``
+        values ``(host_s_per_transfer, T_link, T_link)`` (mode "on" without next-layer prefetch).
+        Set once per model."""
+        return self._derived[4]
 
     def next_layer_total_s(self, verify_s: Any, total_misses: Any) -> Any:
         """Verification time with next-layer prefetch priced, from the TOTAL misses ``M`` (s;
         arrays broadcast): ``host * M + max(V, p V + a M, b M) + late_call_s * (M > 0)`` in mode
-        "on", ``host * M + max(V + a M, b M)`` without overlap (:attr:`next_layer_terms`). A LOWER
+        "on", ``host * M + max(V + a M, b M)`` without overlap (:attr:`next_layer_s_per_miss`). A LOWER
         bound on :meth:`cycle_s_layers`' form for any split of ``M`` over the layers (a sum of
         maxima is at least the maximum of the sums), as :meth:`overlap_on_total_s`."""
         v = np.asarray(verify_s, dtype=np.float64)
         m = np.asarray(total_misses, dtype=np.float64)
-        host_s, after_s, link_s = self.next_layer_terms
+        host_s, after_s, link_s = self.next_layer_s_per_miss
         if self.overlap_h2d:
             both = np.maximum(np.maximum(v, self.pre_router_frac * v + after_s * m), link_s * m)
             out = host_s * m + both + self.late_call_s * (m > 0)
@@ -588,10 +598,10 @@ class CycleCostModel:
         """Without overlap, the least seconds one more predicted miss adds to any cycle price of
         this model, whatever the verified nodes add (a lower bound, with
         :attr:`least_verify_share`, for SpecFit's ``stopping="bound"`` rule): :attr:`s_per_miss`;
-        with next-layer prefetch priced ``host + a`` of :attr:`next_layer_terms` (``max(c + a m,
+        with next-layer prefetch priced ``host + a`` of :attr:`next_layer_s_per_miss` (``max(c + a m,
         b m)`` grows by at least ``min(a, b) = a`` per miss)."""
         if self.next_layer_priced:
-            host_s, after_s, _ = self.next_layer_terms
+            host_s, after_s, _ = self.next_layer_s_per_miss
             return host_s + after_s
         return self.s_per_miss
 

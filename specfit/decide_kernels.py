@@ -144,19 +144,21 @@ def union_cycle_s(params, num_levels, nodes, context_len, union_table, row, miss
 
     The cost model's operations in its order: ``draft + verify + h2d`` or ``draft + max(verify,
     h2d)`` (``cost.combine_s``, ``h2d = total * s_per_miss``), or in mode "on"
-    ``cost.cycle_s_layers``: ``draft + sum_l max(c, pre * c + m_l * link) + (host * sum_l m_l +
-    late * #{m_l > 0})``, ``c = verify / L``, both sums as ``np.sum`` sums (:func:`numpy_sum`;
-    ``scratch`` float64[2, >= L] holds the terms); with next-layer prefetch priced (``params[13]``,
-    its ``host, after, link`` in ``params[14:17]``) ``cost.cycle_s_layers``' next-layer form.
+    ``cost.cycle_s_layers``: ``draft + sum_l max(c, pre * c + m_l * after, m_l * link) + (host *
+    sum_l m_l + late * #{m_l > 0})``, ``c = verify / L``, both sums as ``np.sum`` sums (:func:`numpy_sum`;
+    ``scratch`` float64[2, >= L] holds the terms), one form for both per-layer cases (next-layer
+    prefetch priced, ``params[13]``, or mode "on", ``params[7]``) with ``host, after, link`` of
+    ``params[14:17]`` (``cost.per_layer_s_per_miss``: ``after = link = T_link`` without next-layer
+    prefetch, where ``max(c, pre * c + m * link, m * link) = max(c, pre * c + m * link)``).
     """
     levels = float(num_levels)
     draft = params[0] + params[1] * levels if levels > 0 else 0.0  # cost.draft_s
     verify = params[2] + params[3] * nodes + params[4] * float(context_len)
-    if params[13] != 0.0:  # next-layer prefetch, per layer (np.maximum: NaN wins)
+    if params[13] != 0.0 or params[7] != 0.0:  # next-layer prefetch or overlap mode "on", per layer
         layers = miss.shape[0]
         c = verify / params[12]
         count = 0
-        for layer in range(layers):
+        for layer in range(layers):  # np.maximum: NaN wins
             m = union_table[row, layer] * miss[layer]
             if params[6] != 0.0:  # mode "on": max(max(c, pre * c + m * after), m * link)
                 x = params[10] * c + m * params[15]
@@ -171,19 +173,6 @@ def union_cycle_s(params, num_levels, nodes, context_len, union_table, row, miss
         host = params[14] * numpy_sum(scratch[1], 0, layers)
         if params[6] != 0.0:
             host = host + params[11] * float(count)
-        return draft + numpy_sum(scratch[0], 0, layers) + host
-    if params[7] != 0.0:  # overlap mode "on", per layer
-        layers = miss.shape[0]
-        c = verify / params[12]
-        count = 0
-        for layer in range(layers):
-            m = union_table[row, layer] * miss[layer]
-            x = params[10] * c + m * params[8]
-            scratch[0, layer] = x if x > c or np.isnan(x) else c  # np.maximum (NaN wins)
-            scratch[1, layer] = m
-            if m != 0.0:
-                count += 1
-        host = params[9] * numpy_sum(scratch[1], 0, layers) + params[11] * float(count)
         return draft + numpy_sum(scratch[0], 0, layers) + host
     h2d = total * params[5]
     if params[6] != 0.0:

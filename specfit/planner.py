@@ -206,7 +206,7 @@ def search_costs(cost, num_levels: int, context_len: int) -> np.ndarray:
     draft-prefetching run (``cost.draft_prefetch``) takes the prefetch pipeline's bound:
     ``per_miss`` the link's share, ``pre`` ``cost.prefetch_tail_frac``, ``late`` 0. With next-layer
     prefetch priced (``cost.next_layer_priced``; ``host``, ``a``, ``b`` of
-    ``cost.next_layer_terms``) the totals form ``host M + max(V + a M, b M)`` without overlap is
+    ``cost.next_layer_s_per_miss``) the totals form ``host M + max(V + a M, b M)`` without overlap is
     exactly this form (``host + a``, ``pre`` 0, ``per_miss`` ``host + b``); mode "on"'s
     ``host M + max(V, p V + a M, b M) + late`` has three branches, so the search takes one of
     its two copy branches: ``p V + a M`` when it binds where a layer turns copy-bound (``b (1 -
@@ -225,7 +225,7 @@ def search_costs(cost, num_levels: int, context_len: int) -> np.ndarray:
             ]
         )
     if cost.next_layer_priced:
-        host, after, link = cost.next_layer_terms
+        host, after, link = cost.next_layer_s_per_miss
         if cost.overlap_h2d:  # mode "on"
             keep = 1.0 if link * (1.0 - cost.pre_router_frac) <= after else 0.0
             per_miss, pre, late = host + keep * after + (1.0 - keep) * link, keep * cost.pre_router_frac, cost.late_call_s
@@ -310,8 +310,9 @@ def cost_params(cost) -> np.ndarray:
     """float64[17] the compiled union-size path takes (:func:`specfit.decide_kernels.union_cycle_s`):
     ``draft_base_s, draft_s_per_level, verify_base_s, verify_s_per_node, verify_s_per_context_token,
     s_per_miss, overlap_h2d, per_layer_overlap, link_s_per_transfer, host_s_per_transfer,
-    pre_router_frac, late_call_s, num_layers, next_layer_priced`` and ``cost.next_layer_terms``
-    (``host, after, link``); kept per cost model (immutable) object."""
+    pre_router_frac, late_call_s, num_layers, next_layer_priced`` and ``cost.per_layer_s_per_miss``
+    (``host, after, link``: next-layer prefetch's, or mode "on"'s without it); kept per cost model
+    (immutable) object."""
     memo = _COST_PARAMS.get(id(cost))
     if memo is not None and memo[0] is cost:
         return memo[1]
@@ -333,7 +334,7 @@ def cost_params(cost) -> np.ndarray:
             cost.late_call_s,
             float(cost.num_layers),
             1.0 if cost.next_layer_priced else 0.0,
-            *cost.next_layer_terms,
+            *cost.per_layer_s_per_miss,
         ]
     )
     params.setflags(write=False)
