@@ -1,5 +1,5 @@
-"""The shipped sample dense trace (traces/samples/default): valid, dense, format v2 (level trees), made from
-the current embedded weights."""
+"""The shipped sample dense trace (traces/samples/default): valid, dense, format v3 (level trees, compact
+transfers), made from the current embedded weights."""
 
 from __future__ import annotations
 
@@ -26,14 +26,15 @@ def test_sample_is_a_complete_dense_trace(sample):
     generated = sum(len(g) for g in sample.requests["generated_token_ids"])
     assert len(trees) == generated  # one tree per committed position
     assert all(t.accepted[0] and t.target_tokens.min() >= 0 for t in trees)
-    # format v2: the replay asks the stopping rule on the recorded level trees (no approximation),
-    # and next-layer prefetch has the recorded guesses to replay
-    assert sample.manifest.format_version == 2 and sample.has_level_trees
+    # level trees (format v2 on): the replay asks the stopping rule on the recorded level trees (no
+    # approximation), and next-layer prefetch has the recorded guesses to replay
+    assert sample.manifest.format_version == 3 and sample.has_level_trees
     assert all(t.next_layer_expert_ids is not None for t in trees)
-    # format v2 (issue 13): 7.7 MB, of which transfers 5.1 MB (per-copy H2D time plus the copy's
-    # enqueued/started/landed instants, ~3.6 MB of them), nodes 2.3 MB (the union of the level
-    # trees, 35.8 nodes per tree, with last_level and the next-layer guesses); v1 was 2.8 MB
-    assert sum(p.stat().st_size for p in SAMPLE.rglob("*") if p.is_file()) < 8.0e6
+    # format v3: 3.84 MB (v2: 7.72 MB; v1: 2.8 MB, without level trees, next-layer guesses and copy
+    # instants): transfers 1.58 MB (a serial batch's later starts, its enqueue instant and each
+    # h2d_s = landed - started are rebuilt by the reader: traces/compact.py), nodes 1.89 MB, cycles
+    # 0.26 MB (float columns BYTE_STREAM_SPLIT-encoded); every value equal to the v2 recording's
+    assert sum(p.stat().st_size for p in SAMPLE.rglob("*") if p.is_file()) < 4.0e6
 
 
 def test_sample_matches_the_embedded_weights(sample):

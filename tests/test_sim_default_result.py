@@ -13,7 +13,7 @@ def test_specfit_beats_baselines_on_the_shipped_sample(tmp_path, capsys) -> None
     assert rc == 0
     printed = capsys.readouterr().out
     assert "acceptance calibration.fit traces/samples/default" in printed
-    # the sample is format v2: the stopping rule is asked on its recorded level trees (issue 13)
+    # the sample has level trees (format v2 on): the stopping rule is asked on its recorded level trees (issue 13)
     assert "level trees approximated" not in printed
     df = pd.read_csv(out / "results.csv")
     assert len(df) == 12

@@ -13,6 +13,7 @@ from test_traces_helpers import edit_part, first_part, random_routing, set_value
 
 from traces.errors import TraceError
 from traces.reader import open_run
+from traces.schema import FORMAT_VERSION
 from traces.writer import TraceWriter
 
 # tree_rows' tree: parents [-1, 0, 0, 1, 1, 2], depths [0, 1, 1, 2, 2, 2]; 3 levels drafted, node 2
@@ -32,7 +33,7 @@ def _write(run_dir, last_level, manifest=None) -> None:
 def test_last_level_round_trips_and_gives_each_level_tree(tmp_path):
     _write(tmp_path / "run", LAST_LEVEL)
     run = open_run(tmp_path / "run")
-    assert run.has_level_trees and run.manifest.format_version == 2
+    assert run.has_level_trees and run.manifest.format_version == FORMAT_VERSION  # 2 on
     (tree,) = list(run.iter_trees())
     np.testing.assert_array_equal(tree.last_level, LAST_LEVEL)
     np.testing.assert_array_equal(run.node_arrays().select(np.array([0])).last_level, LAST_LEVEL)
@@ -42,7 +43,7 @@ def test_last_level_round_trips_and_gives_each_level_tree(tmp_path):
     from traces.stats import summarize
 
     assert summarize(run)["num_pushed_out_nodes"] == 2  # nodes 2 and 5
-    assert summarize(run)["format_version"] == 2
+    assert summarize(run)["format_version"] == FORMAT_VERSION
 
 
 @pytest.mark.parametrize(

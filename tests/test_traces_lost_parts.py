@@ -1,7 +1,7 @@
 """Lost rows: a deleted, emptied or replaced part is reported by the reader, naming the run, the
 table and what is missing (part numbering, ``manifest.table_counts``, cross-table consistency).
 
-The shipped sample (``traces/samples/default``, dense, format v2): 24 requests of 48 generated
+The shipped sample (``traces/samples/default``, dense, format v3): 24 requests of 48 generated
 tokens, one cycle per token (cycles in one part), 5 ``nodes`` parts (the last one holds requests
 20-23 whole), 25 ``transfers`` parts. Its manifest records ``table_counts``; the ``sample``
 fixture drops them, as in a trace written before they existed, so the checks that need no

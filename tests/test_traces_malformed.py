@@ -176,13 +176,13 @@ def test_duplicate_tree_in_another_part(run_dir):
 def test_wrong_manifest_version(run_dir):
     path = run_dir / "manifest.json"
     data = json.loads(path.read_text())
-    data["format_version"] = 3
+    data["format_version"] = 4
     path.write_text(json.dumps(data))
     _expect(
         run_dir,
         "manifest",
         None,
-        "manifest.format_version: this reader supports versions \\[1, 2\\], got 3",
+        "manifest.format_version: this reader supports versions \\[1, 2, 3\\], got 4",
         "manifest.json",
     )
 
@@ -190,9 +190,9 @@ def test_wrong_manifest_version(run_dir):
 def test_wrong_part_version(run_dir):
     part = first_part(run_dir, "transfers")
     table = pq.read_table(part)
-    table = table.replace_schema_metadata({b"specfit_trace_format_version": b"3"})
+    table = table.replace_schema_metadata({b"specfit_trace_format_version": b"4"})
     pq.write_table(table, part)
-    _expect(run_dir, "transfers", None, "written by trace format version 3, this reader supports versions \\[1, 2\\]")
+    _expect(run_dir, "transfers", None, "written by trace format version 4, this reader supports versions \\[1, 2, 3\\]")
 
 
 def test_missing_manifest(run_dir):

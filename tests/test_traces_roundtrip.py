@@ -62,7 +62,7 @@ def test_small_run_round_trips_every_table(tmp_path):
 def test_manifest_json_round_trip_and_complete_flag(tmp_path):
     run_dir = write_small_run(tmp_path / "run")
     data = json.loads((run_dir / "manifest.json").read_text())
-    assert data["format"] == "specfit-trace" and data["format_version"] == 2
+    assert data["format"] == "specfit-trace" and data["format_version"] == 3
     assert data["complete"] is True
     assert data["hardware"]["emulated_bandwidth_bytes_per_s"] == 16e9
     assert data["run"]["tree_policy"] == "specfit" and data["run"]["cache_capacity_per_layer"] == 4

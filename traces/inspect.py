@@ -35,7 +35,7 @@ def _fmt(value: Any) -> str:
 _ROWS = (
     ("complete", "manifest complete flag"),
     ("mode", "run mode"),
-    ("format_version", "trace format version (2: per-level trees)"),
+    ("format_version", "trace format version (2 on: level trees; 3: compact transfers)"),
     ("model", "target model"),
     ("num_requests", "requests (finished)"),
     ("num_unfinished_requests", "requests without a requests row"),

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from traces import validate as V
+from traces.compact import unpack_transfers
 from traces.errors import TraceError
 from traces.schema import (
     KIND_BOOL,
@@ -126,8 +127,9 @@ def read_part(path: str | os.PathLike[str], table: str, manifest: Manifest) -> p
     Checks: the file is a readable Parquet file; its format-version metadata (if any) is
     :data:`SUPPORTED_FORMAT_VERSIONS`; required columns exist, with types of the right kind; no nulls
     outside nullable columns; expert id / router weight lists hold ``L*K`` values, ids in
-    ``0..E-1`` (distinct per layer) and weights finite ``>= 0``. Values are then cast to the
-    writer's schema (:func:`traces.schema.arrow_schema`); extra columns are dropped.
+    ``0..E-1`` (distinct per layer) and weights finite ``>= 0``. A format-v3 ``transfers`` part's
+    left-out values are rebuilt first (:func:`traces.compact.unpack_transfers`). Values are then
+    cast to the writer's schema (:func:`traces.schema.arrow_schema`); extra columns are dropped.
 
     Raises:
         TraceError: naming the file, the table and (for value errors) the row.
@@ -148,6 +150,9 @@ def read_part(path: str | os.PathLike[str], table: str, manifest: Manifest) -> p
             f"written by trace format version {version.decode(errors='replace')}, "
             f"this reader supports versions {list(SUPPORTED_FORMAT_VERSIONS)}",
         )
+    written_by = int(version) if version is not None else manifest.format_version
+    if table == "transfers" and written_by >= 3:
+        data = unpack_transfers(data)
     schema = arrow_schema(table, manifest.model)
     model = manifest.model
     slots = model.num_layers * model.top_k

@@ -1,7 +1,9 @@
-"""Trace format v2: the manifest, the cycle record and the column specs of every table.
+"""Trace format v3: the manifest, the cycle record and the column specs of every table.
 
-Version 2 adds the optional ``nodes`` column ``last_level`` (dense trees are the union of the
-draft's per-level trees); version-1 runs, which lack it, still read (``SUPPORTED_FORMAT_VERSIONS``).
+Version 2 added the optional ``nodes`` column ``last_level`` (dense trees are the union of the
+draft's per-level trees); version 3 stores ``transfers`` in a compact, lossless form
+(:mod:`traces.compact`: per-copy values the reader rebuilds bit for bit are left out). Version-1
+and -2 runs still read (``SUPPORTED_FORMAT_VERSIONS``).
 
 One run directory holds ``manifest.json`` and one folder per table (``requests``, ``prefill``,
 ``nodes``, ``cycles``, ``transfers``), each a sequence of Parquet part files. The column specs
@@ -30,8 +32,8 @@ from typing import Any
 import pyarrow as pa
 
 FORMAT_NAME = "specfit-trace"
-FORMAT_VERSION = 2
-SUPPORTED_FORMAT_VERSIONS = (1, 2)  # what the reader accepts; the writer writes FORMAT_VERSION
+FORMAT_VERSION = 3
+SUPPORTED_FORMAT_VERSIONS = (1, 2, 3)  # what the reader accepts; the writer writes FORMAT_VERSION
 MANIFEST_FILE = "manifest.json"
 TABLE_NAMES = ("requests", "prefill", "nodes", "cycles", "transfers")
 RUN_MODES = ("dense", "policy")

@@ -176,7 +176,7 @@ def summarize(run: TraceRun, union_sizes: Sequence[int] = DEFAULT_UNION_SIZES) -
     (``{n: distinct experts per layer}``), ``num_cycles``, ``cycle_tau`` (mean committed per
     executed cycle), ``cache_hit_rate``, ``h2d_bytes`` (sum over cycles), ``num_transfers``,
     ``transfer_bytes``, ``bytes_on_disk`` (all files of the run), ``complete``,
-    ``format_version`` (the manifest's trace format version: 2 records per-level trees),
+    ``format_version`` (the manifest's trace format version: from 2 per-level trees are recorded),
     ``next_layer_guess_recall`` (:func:`next_layer_guess_recall`; NaN when the trace does not
     carry the next-layer guesses, which ``sim.sweep --prefetch next-layer`` then refuses),
     ``num_pushed_out_nodes`` (dense-tree nodes a later draft level pushed out of the tree, held

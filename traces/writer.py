@@ -1,4 +1,4 @@
-"""Streaming writer of trace format v1 (see docs/trace-format.md).
+"""Streaming writer of trace format v3 (see docs/trace-format.md).
 
 Rows are buffered per table and written as complete Parquet part files
 (``<table>/part-00000.parquet``, ...): each part is written to a hidden ``.tmp`` file and then
@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from traces import validate as V
+from traces.compact import pack_transfers
 from traces.schema import (
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -61,6 +62,17 @@ def _as_float_array(name: str, values: Any, shape: tuple[int, ...] | None = None
     if shape is not None and arr.shape != shape:
         raise ValueError(f"{name}: expected shape {shape}, got {arr.shape}")
     return arr
+
+
+def write_table_part(
+    run_dir: Path, table: str, index: int, data: pa.Table, *, compression_level: int = ZSTD_LEVEL, fsync: bool = False
+) -> None:
+    """Atomically write part ``index`` of ``table`` in the current format: ``transfers`` in its
+    compact form (:func:`traces.compact.pack_transfers`), every part with
+    :func:`traces.storage.write_part`'s compression and encodings."""
+    if table == "transfers":
+        data = pack_transfers(data)
+    write_part(part_path(run_dir, table, index), data, compression_level=compression_level, fsync=fsync)
 
 
 class TraceWriter:
@@ -177,7 +189,7 @@ class TraceWriter:
             self._next_part[table] = parts[-1][0] + 1 if parts else 0
             if table == "requests":
                 continue
-            for _, path in parts:
+            for index, path in parts:
                 part = read_part(path, table, stored)
                 mask = pc.is_in(part.column("request_id"), value_set=keep)
                 num_kept = pc.sum(mask).as_py() or 0
@@ -189,9 +201,7 @@ class TraceWriter:
                 self.dropped_rows[table] += part.num_rows - num_kept
                 # a part left with no rows is kept as an empty part (not deleted), so part numbers
                 # stay gap-free and the reader can tell a lost part from a dropped one
-                write_part(
-                    path, part.filter(mask), compression_level=self.compression_level, fsync=self.fsync
-                )
+                self._write_part(table, index, part.filter(mask))
         return stored.replace(
             complete=False, resumed_at=(*stored.resumed_at, utc_now_iso()), table_counts=None
         )
@@ -207,9 +217,13 @@ class TraceWriter:
             for table in TABLE_NAMES:
                 present = {index for index, _ in list_parts(self.run_dir, table)}
                 for index in sorted(set(range(max(present, default=-1))) - present):
-                    empty = arrow_schema(table, stored.model).empty_table()
-                    write_part(part_path(self.run_dir, table, index), empty, fsync=self.fsync)
+                    self._write_part(table, index, arrow_schema(table, stored.model).empty_table())
         check_part_files(self.run_dir, stored)
+
+    def _write_part(self, table: str, index: int, data: pa.Table) -> None:
+        write_table_part(
+            self.run_dir, table, index, data, compression_level=self.compression_level, fsync=self.fsync
+        )
 
     def _remember_keys(self, table: str, part: pa.Table) -> None:
         second = {"nodes": "position", "cycles": "cycle_index"}.get(table)
@@ -585,12 +599,7 @@ class TraceWriter:
         else:
             index = self._next_part[table] - 1
             data = pa.concat_tables([tail, new])
-        write_part(
-            part_path(self.run_dir, table, index),
-            data,
-            compression_level=self.compression_level,
-            fsync=self.fsync,
-        )
+        self._write_part(table, index, data)
         if tail is None:
             self._next_part[table] = index + 1
             self._parts_on_disk[table] += 1
