@@ -761,12 +761,19 @@ def _price_next_layer(
     without (a preset, the default, an older or next-layer-free fit) would price none, so the
     cells with ``--prefetch next-layer|both`` get the share :func:`pilot_next_layer_share`
     estimates per cache size and cache policy (their cost dicts, and so their ids, change; the
-    other cells keep theirs). Returns ``(cells, None)`` when no cell prefetches one layer ahead.
-    ``progress``: a bar over the pilots (stderr).
+    other cells keep theirs). Cells with ``--overlap ideal`` are left out: the bound
+    ``max(T_verify, T_h2d)`` prices no share (``CycleCostModel.next_layer_priced``), so no pilot
+    runs for them and the line says so. Returns ``(cells, None)`` when no cell prefetches one layer
+    ahead. ``progress``: a bar over the pilots (stderr).
     """
     from specfit.prefetch import uses_next_layer
 
-    if not any(uses_next_layer(c.prefetch) for c in cells):
+    def prices_share(cell: CellSpec) -> bool:
+        return uses_next_layer(cell.prefetch) and cell.overlap != "ideal"
+
+    if not any(prices_share(c) for c in cells):
+        if any(uses_next_layer(c.prefetch) for c in cells):
+            return cells, "next-layer prefetch: no share priced (--overlap ideal is a bound that prices none)"
         return cells, None
     if cost.has_next_layer_share:  # versions 1-4 load without one
         return cells, (
@@ -776,12 +783,12 @@ def _price_next_layer(
         )
     from tqdm import tqdm
 
-    pilots = {(c.cache_experts_per_layer, c.cache_policy): c for c in cells if uses_next_layer(c.prefetch)}
+    pilots = {(c.cache_experts_per_layer, c.cache_policy): c for c in cells if prices_share(c)}
     bar = tqdm(pilots.items(), desc="next-layer share pilots", unit="cache", disable=not progress)
     fits = {key: pilot_next_layer_share(cell) for key, cell in bar}
     priced = []
     for cell in cells:
-        if uses_next_layer(cell.prefetch):
+        if prices_share(cell):
             key = (cell.cache_experts_per_layer, cell.cache_policy)
             share = {"next_layer_cover_frac": fits[key].cover_frac, "next_layer_waste_per_miss": fits[key].waste_per_miss}
             cell = dataclasses.replace(cell, cost={**cell.cost, **share})

@@ -53,6 +53,7 @@ INSPECT, REPORT, VALIDATE, SYNTH, TRAIN = (
     "traces.synthetic",
     "live.train_default",
 )
+TVALIDATE, REWRITE, CLI = "traces.validate", "traces.rewrite", "specfit.cli"
 
 CASES = [
     # live.record: flags, checked before any model load
@@ -191,6 +192,16 @@ CASES = [
     C("inspect-corrupt-part", INSPECT, "{corrupt_part} --validate", "part-00000.parquet"),
     C("inspect-orphan-row", INSPECT, "{orphan} --validate", "part-00000.parquet", "row 3"),
     C("inspect-union-sizes-zero", INSPECT, "{trace} --union-sizes 0,4", "--union-sizes"),
+    # traces.validate, traces.rewrite
+    C("trace-validate-no-run", TVALIDATE, [], "run_dir", "required"),
+    C("trace-validate-missing", TVALIDATE, "{root}/no-run", "run_dir", "no-run"),
+    C("trace-validate-corrupt-part", TVALIDATE, "{corrupt_part}", "run_dir", "part-00000.parquet"),
+    C("trace-validate-orphan-row", TVALIDATE, "{orphan}", "run_dir", "part-00000.parquet", "row 3"),
+    C("rewrite-no-out", REWRITE, "{trace}", "--out", "required"),
+    C("rewrite-corrupt-part", REWRITE, "{corrupt_part} --out {root}/rw", "run_dir", "part-00000.parquet"),
+    C("rewrite-out-not-empty", REWRITE, "{trace} --out {existing}", "--out", "not empty"),
+    # specfit.cli: the shared helpers, not a tool
+    C("specfit-cli-is-not-a-tool", CLI, [], "not a tool", "python -m live.record"),
     # analysis.report
     C("report-missing-input", REPORT, "{root}/no-dir --out {root}/rep", "DIR", "no-dir"),
     C("report-unrecognised-folder", REPORT, "{empty} --out {root}/rep", "DIR", "manifest.json"),
@@ -359,7 +370,9 @@ def test_bad_input(case: Case, ws: dict[str, str], capsys, monkeypatch) -> None:
 
 def test_the_table_covers_every_cli_and_is_large() -> None:
     assert len(CASES) >= 60 and len({c.id for c in CASES}) == len(CASES)
-    assert {c.cli for c in CASES} == {REC, SWEEP, FIT, H2D, INSPECT, REPORT, VALIDATE, SYNTH, TRAIN}
+    assert {c.cli for c in CASES} == {
+        REC, SWEEP, FIT, H2D, INSPECT, REPORT, VALIDATE, SYNTH, TRAIN, TVALIDATE, REWRITE, CLI
+    }
 
 
 @pytest.mark.parametrize(
@@ -368,8 +381,10 @@ def test_the_table_covers_every_cli_and_is_large() -> None:
         (INSPECT, ["{root}/no-run"], "run_dir: "),
         (FIT, ["{policy}", "--h2d-table", "{bad_json}", "--out", "{root}/cal/cost.json"], "--h2d-table: "),
         (REPORT, ["{sweep_corrupt}", "--out", "{root}/rep"], "results.parquet"),
+        (TVALIDATE, [], "run_dir"),
+        (CLI, [], "not a tool"),
     ],
-    ids=["argparse-path", "input-error-path", "read-table-path"],
+    ids=["argparse-path", "input-error-path", "read-table-path", "trace-validate-no-args", "specfit-cli-no-args"],
 )
 def test_bad_input_through_python_m(cli: str, argv: list[str], needle: str, ws: dict[str, str]) -> None:
     """The same contract through ``python -m`` (a real process): exit 2, one stderr line naming the

@@ -685,3 +685,15 @@ def test_a_cost_file_with_its_own_next_layer_share_keeps_it(guessed: str, tmp_pa
     assert "pilot" not in line
     for cell in _sweep_cells(tmp_path / "sweep"):
         assert (cell["cost"]["next_layer_cover_frac"], cell["cost"]["next_layer_waste_per_miss"]) == (0.3, 0.125)
+
+
+def test_overlap_ideal_runs_no_pilot_and_says_no_share_is_priced(guessed: str, tmp_path, capsys) -> None:
+    """--overlap ideal is a bound that prices no next-layer share: no pilot replay runs for its
+    cells, their cost keeps the preset's zero share, and the header does not print a pilot share."""
+    argv = _guessed_sweep(guessed, tmp_path, "--prefetch", "next-layer", "--overlap", "ideal")
+    assert main(argv) == 0
+    out, _ = capsys.readouterr()
+    line = next(h for h in out.splitlines() if h.startswith("next-layer prefetch:"))
+    assert "no share priced" in line and "--overlap ideal" in line and "pilot" not in line
+    for cell in _sweep_cells(tmp_path / "sweep"):
+        assert cell["overlap"] == "ideal" and cell["cost"]["next_layer_cover_frac"] == 0.0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+from pathlib import Path
 
 import pytest
 
@@ -159,3 +161,47 @@ def test_parser_error_is_one_line_without_usage(capsys) -> None:
     captured = capsys.readouterr()
     assert captured.err.splitlines() == ["python -m t: error: argument --jobs: invalid int value: 'many'"]
     assert '"exit_code": 2' in captured.out
+
+
+def test_tools_lists_every_python_m_tool() -> None:
+    """specfit.cli.TOOLS (what ``python -m specfit.cli`` names) is every module that runs a ``main``."""
+    from specfit.cli import TOOLS
+
+    root = Path(__file__).resolve().parents[1]
+    found = set()
+    for package in ("live", "specfit", "traces", "calibration", "sim", "analysis"):
+        for path in (root / package).rglob("*.py"):
+            if re.search(r'^if __name__ == "__main__":\n(?:    .*\n|\n)*?    run_main\(main\)', path.read_text(), flags=re.M):
+                found.add(".".join(path.relative_to(root).with_suffix("").parts))
+    assert set(TOOLS) == found - {"specfit.cli"}
+
+
+@pytest.mark.parametrize(
+    ("marked", "code", "teardown"),
+    [(True, 143, False), (True, 130, False), (True, 0, True), (False, 143, True)],
+)
+def test_run_main_skips_teardown_only_after_a_signal_of_a_marked_cli(marked: bool, code: int, teardown: bool) -> None:
+    """A CLI marked with exits_at_once_after_signal (live.record) leaves with os._exit after an
+    interrupted run (exit 130/143), its output flushed; every other exit runs the interpreter's
+    teardown (atexit) as usual."""
+    import subprocess
+    import sys
+
+    program = (
+        "import atexit\n"
+        "from specfit.cli import exits_at_once_after_signal, run_main\n"
+        "atexit.register(lambda: print('teardown ran'))\n"
+        f"def main(argv):\n    print('saved', end='')\n    return {code}\n"
+        f"run_main(exits_at_once_after_signal(main) if {marked} else main)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == code, proc.stderr
+    assert proc.stdout.startswith("saved") and ("teardown ran" in proc.stdout) == teardown
+
+
+def test_live_record_is_marked_to_exit_at_once_after_a_signal() -> None:
+    import ast
+
+    source = (Path(__file__).resolve().parents[1] / "live" / "record.py").read_text()
+    (main,) = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+    assert [d.id for d in main.decorator_list] == ["exits_at_once_after_signal", "cli_main"]

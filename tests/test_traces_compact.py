@@ -168,6 +168,6 @@ def test_rewrite_cli_refuses_a_used_out_dir_and_a_missing_run(tmp_path, capsys):
     assert "--out:" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         rewrite_main([str(tmp_path / "nothing"), "--out", str(tmp_path / "new")])
-    assert exc.value.code == 2 and "RUN_DIR:" in capsys.readouterr().err
+    assert exc.value.code == 2 and "run_dir:" in capsys.readouterr().err
     assert rewrite_main([str(run_dir), "--out", str(tmp_path / "new")]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["format_version"] == FORMAT_VERSION

@@ -105,3 +105,18 @@ def test_help_lists_flags_with_defaults(capsys):
     text = capsys.readouterr().out
     assert "--expert-locality" in text and "(default: the shape's calibration" in text
     assert "--union-sizes" in text and "(default: 1,2,4,8,16,32,64,128)" in text
+
+
+def test_validate_cli_checks_a_run_and_reports_its_rows(tmp_path, capsys):
+    from test_traces_helpers import write_small_run
+
+    from traces.validate import main
+
+    run_dir = write_small_run(tmp_path / "run", num_requests=2, positions=3)
+    assert main([str(run_dir)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "valid, trace format v3, complete" in out[0]
+    summary = json.loads(out[-1])
+    assert summary["ok"] and summary["rows"] == {
+        "requests": 2, "prefill": 8, "nodes": 36, "cycles": 6, "transfers": 12
+    }

@@ -71,13 +71,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = ArgumentParser(
         prog="python -m traces.rewrite", description=__doc__.splitlines()[0].split(": ", 1)[1]
     )
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory to read")
+    parser.add_argument("run_dir", help="the trace run directory to read (holds manifest.json)")
     parser.add_argument("--out", required=True, help="the new run directory (absent or empty)")
     args = parser.parse_args(argv)
     try:
         manifest = rewrite_run(args.run_dir, args.out)
     except TraceError as exc:
-        raise InputError("RUN_DIR", str(exc)) from None
+        raise InputError("run_dir", str(exc)) from None
     except FileExistsError as exc:
         raise InputError("--out", str(exc)) from None
     before, after = _bytes_on_disk(Path(args.run_dir)), _bytes_on_disk(Path(args.out))
