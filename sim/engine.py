@@ -60,9 +60,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate, repeat
-from operator import add, sub
 
+import numpy as np
 import simpy
 
 ENGINES = ("auto", "fast", "simpy")
@@ -122,7 +121,7 @@ class CyclePlan:
             enqueued (``CycleCostModel.host_s_per_transfer``), >= 0.
         late_call_ns: with overlap, compute-stream time of each kernel call on late experts
             (``CycleCostModel.late_call_s``), >= 0.
-        demand_counts: optional ``L`` ints, ``len(demand[l])``: when given, :class:`FastEngine`
+        demand_counts: optional ``L`` ints (a sequence or an int array), ``len(demand[l])``: when given, :class:`FastEngine`
             reads a layer's demand ids only to record copies (``record_copies``), so ``demand``
             may build them lazily (the simulator passes rows of its miss mask).
         next_layer: empty, or per layer ``l`` the experts of layer ``l+1`` copied by the
@@ -245,9 +244,10 @@ class CycleTiming:
         )
 
 
-def _check_plan(plan: CyclePlan, checked_compute: object = None) -> None:
-    """Raise ValueError on a malformed plan; ``checked_compute``: a ``layer_compute_ns`` tuple
-    that already passed (the simulator hands the same memoised tuple to many cycles)."""
+def _check_plan(plan: CyclePlan, checked: tuple = (None, None)) -> None:
+    """Raise ValueError on a malformed plan; ``checked``: a ``(layer_compute_ns,
+    layer_pre_router_ns)`` pair of tuples that already passed (the simulator hands the same
+    memoised pair to many cycles), whose per-layer checks are skipped."""
     n = plan.num_layers
     counts = plan.demand_counts
     if len(plan.hits) != n or len(plan.demand) != n or (counts is not None and len(counts) != n):
@@ -255,7 +255,8 @@ def _check_plan(plan: CyclePlan, checked_compute: object = None) -> None:
             f"CyclePlan: hits ({len(plan.hits)}) and demand ({len(plan.demand)}) need one entry per "
             f"layer ({n})"
         )
-    compute = () if plan.layer_compute_ns is checked_compute else plan.layer_compute_ns
+    known = plan.layer_compute_ns is checked[0] and plan.layer_pre_router_ns is checked[1]
+    compute = () if known else plan.layer_compute_ns
     if min(plan.draft_ns, plan.decision_ns, plan.host_ns_per_transfer, plan.late_call_ns, *compute, 0) < 0:
         raise ValueError("CyclePlan: durations must be >= 0 ns")
     if len(plan.next_layer) not in (0, n) or (n and len(plan.next_layer) and len(plan.next_layer[-1])):
@@ -264,13 +265,26 @@ def _check_plan(plan: CyclePlan, checked_compute: object = None) -> None:
             f"got {len(plan.next_layer)}"
         )
     pre = plan.layer_pre_router_ns
-    if len(pre) not in (0, n) or any(not 0 <= p <= c for p, c in zip(pre, plan.layer_compute_ns)):
+    if len(pre) not in (0, n) or (not known and any(not 0 <= p <= c for p, c in zip(pre, plan.layer_compute_ns))):
         raise ValueError(
             f"CyclePlan.layer_pre_router_ns: expected no entry or one per layer ({n}), each in "
             f"[0, layer_compute_ns]; got {list(pre)}"
         )
     if plan.overlap_mode not in OVERLAP_MODES:
         raise ValueError(f"CyclePlan.overlap: expected one of {list(OVERLAP_MODES)}, got {plan.overlap!r}")
+
+
+_KERNELS: list = []  # sim.engine_kernels once imported
+
+
+def _engine_kernels():
+    """:mod:`sim.engine_kernels`, imported on first use (numba loads then, not when ``sim`` is
+    imported) and kept: the fast engine times most simulated cycles with it."""
+    if not _KERNELS:
+        from sim import engine_kernels
+
+        _KERNELS.append(engine_kernels)
+    return _KERNELS[0]
 
 
 class _EngineBase:
@@ -318,16 +332,17 @@ class FastEngine(_EngineBase):
         self.record_copies = False
         self.vectorised = True  # use _idle_link_cycle where it applies (False: always the loop)
         self._transfer_ns = link.transfer_ns  # the link is frozen: its copy time once
-        self._compute_ints: tuple[object, list[int]] = (None, [])  # layer_compute_ns -> its ints
-        self._checked_compute: object = None  # the last layer_compute_ns tuple _check_plan passed
+        # (layer_compute_ns, layer_pre_router_ns) tuples -> their int64 arrays (_idle_link_cycle)
+        self._layer_arrays: tuple = (None, None)
+        self._checked: tuple = (None, None)  # the last (compute, pre-router) tuples _check_plan passed
 
     def run_cycle(self, plan: CyclePlan) -> CycleTiming:
         """Place ``plan`` on the clock starting now; advance the clock to the cycle's end."""
-        _check_plan(plan, self._checked_compute)
+        _check_plan(plan, self._checked)
         if plan.num_layers != self.num_layers:
             raise ValueError(f"CyclePlan: {plan.num_layers} layers, engine has {self.num_layers}")
-        if type(plan.layer_compute_ns) is tuple:  # immutable: checked once while it is the same object
-            self._checked_compute = plan.layer_compute_ns
+        if type(plan.layer_compute_ns) is tuple and type(plan.layer_pre_router_ns) is tuple:
+            self._checked = (plan.layer_compute_ns, plan.layer_pre_router_ns)  # immutable: checked once
         t_ns = self._transfer_ns
         start = self.now_ns
         self._purge(start)
@@ -393,6 +408,8 @@ class FastEngine(_EngineBase):
         counts = plan.demand_counts
         if counts is None:
             counts = [len(experts) for experts in demand]
+        elif type(counts) is np.ndarray:  # Python ints on the clock
+            counts = counts.tolist()
         if mode == "ideal":
             for layer, n in enumerate(counts):
                 if n:
@@ -517,51 +534,23 @@ class FastEngine(_EngineBase):
         prefetch (draft or next-layer) or recorded copies; ``tests/test_sim_engine.py`` checks it
         against the loop.
         """
-        t_ns = self._transfer_ns
-        compute = plan.layer_compute_ns
-        if compute is not self._compute_ints[0]:  # memo: the simulator reuses each compute tuple
-            ints = list(map(int, compute))
-            if type(compute) is not tuple:  # mutable: not remembered
-                compute = ints
-            else:
-                self._compute_ints = (compute, ints)
-        if compute is self._compute_ints[0]:
-            compute = self._compute_ints[1]
-        copy = [n * t_ns for n in counts]
-        pre = plan.layer_pre_router_ns
-        if plan.overlap_mode == "off" and not pre:  # the layer computes once its last copy has landed
-            per_miss = host_ns + t_ns  # placing and copying one miss: n h + n t = n (h + t), exact
-            duration = map(add, [n * per_miss for n in counts], compute)
-            ends = list(accumulate(duration, initial=verify_start))
-            del ends[0]
-            starts = list(map(sub, ends, compute))
-            waits = [0] * len(ends)
-            landed = starts
-        elif plan.overlap_mode == "off":  # the layer's experts compute once its last copy has landed
-            pre = list(map(int, pre))
-            place = [n * host_ns for n in counts] if host_ns else [0] * len(counts)
-            duration = map(add, map(add, place, copy), compute)
-            ends = list(accumulate(duration, initial=verify_start))
-            # its attention and router first: the wait is inside the layer's span
-            starts, ends = ends[:-1], ends[1:]
-            waits = list(map(add, place, copy))
-            landed = list(map(add, map(add, map(add, starts, pre), place), copy))
-        else:  # resident experts compute at once; the layer ends when its last copy has landed
-            pre = list(map(int, pre))
-            place = [n * host_ns for n in counts] if host_ns else [0] * len(counts)
-            after = list(map(add, pre, copy)) if pre else copy  # the copies start after the router
-            duration = list(map(add, place, map(max, compute, after)))
-            ends = list(accumulate(duration, initial=verify_start))
-            starts, ends = ends[:-1], ends[1:]
-            waits = list(map(add, place, map(max, map(sub, after, compute), repeat(0))))
-            landed = list(map(add, map(add, starts, place), after))
-        link_free = self._link_free_ns
-        for layer in range(len(counts) - 1, -1, -1):  # the link is busy until the last copy lands
-            if counts[layer]:
-                link_free = landed[layer]
-                break
-        end = ends[-1] if ends else verify_start
-        return self._finish((start, draft_end, verify_start, end), link_free, starts, ends, copy, sum(counts), waits)
+        kernels = _engine_kernels()
+        compute, pre = plan.layer_compute_ns, plan.layer_pre_router_ns
+        memo = self._layer_arrays
+        if compute is not memo[0] or pre is not memo[1]:  # the simulator reuses each (compute, pre) pair
+            arrays = (np.asarray(compute, dtype=np.int64), np.asarray(pre, dtype=np.int64).reshape(-1))
+            if type(compute) is tuple and type(pre) is tuple:  # immutable: remembered
+                self._layer_arrays = (compute, pre, *arrays)
+        else:
+            arrays = memo[2:]
+        counts = counts if type(counts) is np.ndarray else np.asarray(counts, dtype=np.int64)
+        out = np.empty((4, len(counts)), dtype=np.int64)
+        end, landed, num_transfers = kernels.idle_link_layers(
+            plan.overlap_mode == "on", counts.astype(np.int64, copy=False), *arrays, host_ns, self._transfer_ns, verify_start, out
+        )
+        starts, ends, waits, copy = out.tolist()
+        link_free = self._link_free_ns if landed < 0 else landed
+        return self._finish((start, draft_end, verify_start, end), link_free, starts, ends, copy, num_transfers, waits)
 
 
 class SimPyEngine(_EngineBase):

@@ -779,7 +779,7 @@ class _Replayer:
                 overlap=cfg.overlap,  # "off" | "on" | "ideal"
                 host_ns_per_transfer=self._host_ns,
                 late_call_ns=self._late_call_ns,
-                demand_counts=access.num_misses.tolist(),
+                demand_counts=access.num_misses,
                 next_layer=next_layer,
                 layer_pre_router_ns=layer_pre_router,
             )

@@ -483,7 +483,10 @@ class ExpertCache:
             shape = need.shape
             hit, miss, evicted = np.empty(shape, bool), np.empty(shape, bool), np.empty(shape, bool)
             counts = np.empty((3, self.num_layers), dtype=np.int64)
-            bits = np.empty((self.num_layers, self._words), dtype=np.uint64)
+            bits = self._bits  # the sets before this access, updated where they change
+            bits_valid = bits is not None
+            if bits is None:
+                bits = np.empty((self.num_layers, self._words), dtype=np.uint64)
             base = self._next_stamp
             self._next_stamp += 2 * self.num_experts
             stats = self.stats
@@ -505,6 +508,7 @@ class ExpertCache:
                 stats._layer_counts,
                 stats._layer_miss_ema,
                 MISS_EMA_WEIGHT,
+                bits_valid,
             )
             self._clock = int(clock)
             stats.hits += int(hits)

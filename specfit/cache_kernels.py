@@ -35,6 +35,7 @@ def access_layers(
     stats,
     ema,
     weight,
+    bits_valid,
 ):
     """One access at every layer (``ExpertCache._apply(slice(None), need, True)``), in place.
 
@@ -48,10 +49,12 @@ def access_layers(
         clock: LFU clock before the access.
         hit, miss, evicted: bool[L, E] outputs (zeroed here). counts: int64[3, L] outputs
             (hits, misses, evictions per layer). bits: uint64[L, W] output, the cached experts
-            after the access as bitsets (``ExpertCache.cached_bits``).
+            after the access as bitsets (``ExpertCache.cached_bits``); with ``bits_valid`` it
+            holds the sets before the access and only the layers whose set changes are rebuilt.
         stats: int64[3, L] running hits, misses, evictions per layer (``CacheStats``; updated).
         ema: float64[L] per-layer moving average of the miss fraction (NaN before a layer's first
             access; updated as ``CacheStats.record``: ``old + weight * (frac - old)``).
+        bits_valid: whether ``bits`` holds the cached sets before the access.
 
     Returns:
         ``(clock, hits, misses, evictions)``: the LFU clock after the access (``clock`` plus the
@@ -72,25 +75,28 @@ def access_layers(
                     freq[layer, e] += 1
     cand = np.empty(num_experts, np.int64)
     keys = np.empty(num_experts, np.int64)
+    missed = np.empty(num_experts, np.int64)  # this layer's misses, ascending
+    hit[:, :] = False
+    miss[:, :] = False
+    evicted[:, :] = False
     total_hit = 0
     total_miss = 0
     total_evicted = 0
     for layer in range(num_layers):
-        # one branch-free pass: hits and misses, and the hits' new stamps (a hit is needed, so
-        # never an eviction candidate: its stamp is no victim key)
+        # the needed experts only (a forward pass needs a few of E): hits are refreshed (a hit is
+        # needed, so never an eviction candidate: its stamp is no victim key), misses listed
         num_hit = 0
         num_miss = 0
         for e in range(num_experts):
-            wanted = need[layer, e]
-            old = stamp[layer, e]
-            held = old >= 0
-            is_hit = wanted & held
-            hit[layer, e] = is_hit
-            miss[layer, e] = wanted & ~held
-            evicted[layer, e] = False
-            num_hit += is_hit
-            num_miss += wanted & ~held
-            stamp[layer, e] = base + e if is_hit else old
+            if need[layer, e]:
+                if stamp[layer, e] >= 0:
+                    hit[layer, e] = True
+                    stamp[layer, e] = base + e
+                    num_hit += 1
+                else:
+                    miss[layer, e] = True
+                    missed[num_miss] = e
+                    num_miss += 1
         cached = count[layer]
         kept_count = 0
         num_evicted = 0
@@ -135,19 +141,18 @@ def access_layers(
                 e = cand[i]
                 evicted[layer, e] = True
                 stamp[layer, e] = -1
-        # the first kept_count misses in ascending id are inserted; then the cached set as bitsets
-        kept = 0
-        e = 0
-        while kept < kept_count:
-            if miss[layer, e]:
-                stamp[layer, e] = base + num_experts + e
-                kept += 1
-            e += 1
-        for w in range(bits.shape[1]):
-            word = np.uint64(0)
-            for b in range(min(64, num_experts - w * 64)):
-                word |= np.uint64(stamp[layer, w * 64 + b] >= 0) << np.uint64(b)
-            bits[layer, w] = word
+        # the first kept_count misses in ascending id are inserted
+        for i in range(kept_count):
+            e = missed[i]
+            stamp[layer, e] = base + num_experts + e
+        # the cached set as bitsets: rebuilt for a layer whose set changed (or all, when ``bits``
+        # does not hold the sets before the access: ``bits_valid`` false)
+        if not bits_valid or kept_count > 0 or num_evicted > 0:
+            for w in range(bits.shape[1]):
+                word = np.uint64(0)
+                for b in range(min(64, num_experts - w * 64)):
+                    word |= np.uint64(stamp[layer, w * 64 + b] >= 0) << np.uint64(b)
+                bits[layer, w] = word
         count[layer] = cached + kept_count - num_evicted
         counts[0, layer] = num_hit
         counts[1, layer] = num_miss
