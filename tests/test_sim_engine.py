@@ -222,7 +222,7 @@ def test_cost_model_overlap_on_equals_the_simulated_cycle_on_an_idle_link() -> N
     for engine in (FastEngine(link, 3), SimPyEngine(link, 3)):
         assert engine.run_cycle(plan).cycle_ns == 1_500_000
     assert cost.cycle_s(1, 1, 0, misses) == pytest.approx(1.5e-3, rel=1e-12)
-    ideal = CycleCostModel(**{**cost.__dict__, "overlap_mode": "ideal"})
+    ideal = dataclasses.replace(cost, overlap_mode="ideal")
     assert ideal.cycle_s(1, 1, 0, misses) == pytest.approx(1e-4 + 1.2e-3, rel=1e-12)
     loaded = CycleCostModel.from_dict(cost.to_dict())
     assert loaded == cost
