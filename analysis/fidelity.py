@@ -546,6 +546,42 @@ def _pre_router_per_cycle(tables: Sequence[pd.DataFrame]) -> tuple[np.ndarray, n
     return np.array(design, dtype=np.float64).reshape(-1, 3), np.array(seconds, dtype=np.float64)
 
 
+@dataclass(frozen=True)
+class ComputeSpeedReference:
+    """The attention + router line of a cost's fit runs (:func:`compute_speed`), fitted once:
+    ``coef`` float64[3] (s; base, per node verified, per context token) and ``median_ratio``
+    (the fit runs' median measured / predicted, dimensionless)."""
+
+    coef: np.ndarray
+    median_ratio: float
+
+    @classmethod
+    def fit(cls, reference: Sequence[pd.DataFrame]) -> ComputeSpeedReference | None:
+        """The line fitted to ``reference``'s cycles (non-negative least squares,
+        :func:`calibration.lsq.fit_non_negative`); None below 3 cycles with
+        ``layer_pre_router_s`` or when a prediction is not positive."""
+        from calibration.lsq import fit_non_negative
+
+        ref_x, ref_y = _pre_router_per_cycle(reference)
+        if len(ref_y) < 3:
+            return None
+        fit = fit_non_negative(ref_x, ref_y, ("base_s", "s_per_node", "s_per_context_token"))
+        coef = np.asarray(fit.coef, dtype=np.float64)
+        ref_pred = ref_x @ coef
+        if not np.all(ref_pred > 0):
+            return None
+        return cls(coef, float(np.median(ref_y / ref_pred)))
+
+    def speed(self, cycles: Sequence[pd.DataFrame]) -> float:
+        """The median over ``cycles`` of measured / predicted attention + router seconds, over the
+        reference's (1.2 = 20 % slower); NaN without such cycles or with a non-positive prediction."""
+        x, y = _pre_router_per_cycle(cycles)
+        pred = x @ self.coef
+        if not len(y) or not np.all(pred > 0):
+            return float("nan")
+        return float(np.median(y / pred) / self.median_ratio)
+
+
 def compute_speed(reference: Sequence[pd.DataFrame], cycles: Sequence[pd.DataFrame]) -> float:
     """How long the live compute of ``cycles`` took relative to the ``reference`` runs' (the cost
     model's fit runs): 1.2 = 20 % slower, NaN when either side lacks ``layer_pre_router_s``.
@@ -553,25 +589,16 @@ def compute_speed(reference: Sequence[pd.DataFrame], cycles: Sequence[pd.DataFra
     Measured on each cycle's attention + router time (``layer_pre_router_s`` summed over layers,
     recorded live by ``live.offload``): compute that runs before the layer's copies are asked for,
     so its length depends on the tree and the context only, not on the policy's misses. A line
-    ``a + b * nodes + c * context`` is fitted to the reference cycles (non-negative least squares,
-    :func:`calibration.lsq.fit_non_negative`); the speed is the median over ``cycles`` of measured /
-    predicted divided by the same median over the reference cycles. On the embedded default this
-    tracks the whole compute: per-run draft seconds per level (no link at all) correlate 0.97 with
-    it (README, fidelity). ``analysis.validate`` uses it to separate the machine's speed drift
-    between runs from model error (``CycleCostModel.with_compute_speed``).
+    ``a + b * nodes + c * context`` is fitted to the reference cycles (:class:`ComputeSpeedReference`,
+    which callers comparing many cells against one reference fit once); the speed is the median
+    over ``cycles`` of measured / predicted divided by the same median over the reference cycles.
+    On the embedded default this tracks the whole compute: per-run draft seconds per level (no
+    link at all) correlate 0.97 with it (README, fidelity). ``analysis.validate`` uses it to
+    separate the machine's speed drift between runs from model error (a diagnostic: the cell's own
+    cycles never set the simulator's speed).
     """
-    from calibration.lsq import fit_non_negative
-
-    ref_x, ref_y = _pre_router_per_cycle(reference)
-    x, y = _pre_router_per_cycle(cycles)
-    if len(ref_y) < 3 or not len(y):
-        return float("nan")
-    fit = fit_non_negative(ref_x, ref_y, ("base_s", "s_per_node", "s_per_context_token"))
-    coef = np.asarray(fit.coef, dtype=np.float64)
-    ref_pred, pred = ref_x @ coef, x @ coef
-    if not (np.all(ref_pred > 0) and np.all(pred > 0)):
-        return float("nan")
-    return float(np.median(y / pred) / np.median(ref_y / ref_pred))
+    ref = ComputeSpeedReference.fit(reference)
+    return ref.speed(cycles) if ref is not None else float("nan")
 
 
 def probe_speed_index(reference: Sequence[np.ndarray], runs: Sequence[np.ndarray]) -> float:
@@ -721,15 +748,59 @@ def compare_cell(
     row["ok"] = bool(
         row["aim_throughput"] and row["aim_cycle_median"] and row["aim_hit_rate"] and row["aim_same_subtree"]
     )
-    row["within_noise"] = bool(
-        abs(tp_err) <= _floor(t.throughput_pct, spread)
-        and row["cycle_error_median_pct"] <= _floor(t.cycle_median_pct, row["cycle_noise_median_pct"])
-        and row["cycle_error_p90_pct"] <= _floor(t.cycle_p90_pct, row["cycle_noise_p90_pct"])
-        and abs(hit_diff) <= t.hit_rate_points
-        and (not compared or row["same_subtree_fraction"] >= t.same_subtree_fraction)
-    )
+    row["within_noise"] = within_noise(row, t)
     row["off_terms"] = ";".join(off)
     return row
+
+
+def within_noise(row: dict[str, Any], targets: Targets | None = None) -> bool:
+    """Whether every missed fixed target of ``targets`` (throughput, per-cycle median and p90) is
+    within the cell's measured noise floor and the hit-rate and same-subtree targets are met, from
+    a :func:`compare_cell` row's ``throughput_error_pct``, ``live_repeat_spread_pct``,
+    ``cycle_error_{median,p90}_pct``, ``cycle_noise_{median,p90}_pct``, ``hit_rate_diff_points``,
+    ``num_decisions_compared`` and ``same_subtree_fraction`` (NaN noise: the fixed target)."""
+    t = targets or Targets()
+    return bool(
+        abs(row["throughput_error_pct"]) <= _floor(t.throughput_pct, row["live_repeat_spread_pct"])
+        and row["cycle_error_median_pct"] <= _floor(t.cycle_median_pct, row["cycle_noise_median_pct"])
+        and row["cycle_error_p90_pct"] <= _floor(t.cycle_p90_pct, row["cycle_noise_p90_pct"])
+        and abs(row["hit_rate_diff_points"]) <= t.hit_rate_points
+        and (not row["num_decisions_compared"] or row["same_subtree_fraction"] >= t.same_subtree_fraction)
+    )
+
+
+def rescored(
+    row: dict[str, Any],
+    sim_totals: dict[str, Any],
+    cost: CycleCostModel,
+    mean_cycles: pd.DataFrame,
+    targets: Targets | None = None,
+) -> dict[str, Any]:
+    """The figures of a :func:`compare_cell` ``row`` that change when the simulator and the cost
+    model are re-timed (``analysis.validate``'s speed-normalised replay: the same decisions, so
+    hit rate and same subtree stay the row's), without comparing the cell again.
+
+    Args:
+        row: the cell's :func:`compare_cell` row (its live figures and measured noise are kept).
+        sim_totals: ``ReplayTotals.to_dict()`` of the re-timed replay (``tokens_per_s``).
+        cost: the re-timed cost model (e.g. ``CycleCostModel.with_compute_speed``).
+        mean_cycles: the per-cycle mean over repeats (:func:`mean_repeat_cycles`), as
+            :func:`compare_cell` took its per-cycle errors against.
+
+    Returns:
+        ``sim_tokens_per_s``, ``throughput_error_pct``, ``cycle_error_median_pct``,
+        ``cycle_error_p90_pct`` and ``within_noise`` (:func:`within_noise`, same noise floor).
+    """
+    sim_tps = float(sim_totals["tokens_per_s"])
+    abs_err = np.abs(cycle_errors(cost, mean_cycles))
+    out = {
+        "sim_tokens_per_s": sim_tps,
+        "throughput_error_pct": float(metrics.percentage_error([sim_tps], [row["live_tokens_per_s"]])[0]),
+        "cycle_error_median_pct": float(np.median(abs_err)) if abs_err.size else np.nan,
+        "cycle_error_p90_pct": float(np.percentile(abs_err, 90)) if abs_err.size else np.nan,
+    }
+    out["within_noise"] = within_noise({**row, **out}, targets)
+    return out
 
 
 def overall(

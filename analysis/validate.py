@@ -122,7 +122,7 @@ from specfit.cli import (
     print_summary,
     run_main,
 )
-from specfit.cost import CycleCostModel, no_pre_router_note, unpriced_next_layer_note
+from specfit.cost import CycleCostModel, cost_file_warnings
 from specfit.policies import TREE_POLICY_HELP
 from specfit.prefetch import PREFETCH_MODES, uses_next_layer
 from specfit.units import gb_per_s_to_bytes_per_s, us_to_s
@@ -340,8 +340,9 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-def _live_record(argv: list[str], log: Path) -> None:
-    """Run ``live.record.main(argv)`` in this process, its stdout into ``log``.
+def live_record(argv: list[str], log: Path) -> None:
+    """Run ``live.record.main(argv)`` in this process, its stdout into ``log`` (also used by
+    ``benchmarks/wait_step.py``).
 
     Raises:
         ValidationError: non-zero exit or an exception inside the live engine (the command is named).
@@ -389,6 +390,7 @@ class Validator:
         self.fits: dict[float, Any] = {}  # bandwidth -> the serial CostFit
         self.fit_runs: dict[tuple[float, str], list[Path]] = {}  # (bandwidth, overlap) -> the cost's fit runs
         self._cycles: dict[Path, pd.DataFrame] = {}  # run folder -> its cycles table (fit runs, read once)
+        self._speed_refs: dict[tuple[Path, ...], Any] = {}  # fit runs -> their attention + router line
         self.speed_runs: list[dict[str, Any]] = []  # per live run: probe index and attention + router speed
         self.dense_path: Path | None = None
         self.acceptance: dict[str, Any] | None = None
@@ -443,7 +445,7 @@ class Validator:
         argv = [*self._common(), "--mode", "dense", "--out", str(path)]
         started = _started(path)
         if started is None or not started:
-            _live_record(argv + (["--resume"] if started is False else []), self.out / "logs" / "dense.log")
+            live_record(argv + (["--resume"] if started is False else []), self.out / "logs" / "dense.log")
         return path
 
     def run_live(self, cell: Cell, cost_path: Path | None, repeat: int = 1) -> Path:
@@ -472,7 +474,7 @@ class Validator:
             argv += ["--cost", str(cost_path)]
         if started is False:  # an interrupted earlier call: finish it
             argv.append("--resume")
-        _live_record(argv, self.out / "logs" / f"{cell.name}-r{repeat}.log")
+        live_record(argv, self.out / "logs" / f"{cell.name}-r{repeat}.log")
         return path
 
     def run_repeats(
@@ -692,7 +694,8 @@ class Validator:
                 cost,
                 cost_split=self.cost_splits.get(cell.bandwidth_gb_per_s),
             )
-            errors = fidelity.cycle_error_table(cost, fidelity.match_repeats(cycles))
+            match = fidelity.match_repeats(cycles)
+            errors = fidelity.cycle_error_table(cost, match)
         except ValueError as exc:
             raise ValidationError(f"cell {cell.name}: cannot compare the live runs: {exc}") from None
         row.update(prefetch_counts(cycles, sim_cycles))
@@ -710,7 +713,7 @@ class Validator:
             errors.insert(0, column, value)
         self.per_cycle.append(errors)
         row["live_compute_speed_pct"] = self.compute_speed_pct(cell, cycles)
-        row.update(self.normalised(dense, cell, live_paths, cycles, transfers, cost, decision_s))
+        row.update(self.normalised(dense, cell, live_paths, cycles, row, fidelity.mean_repeat_cycles(match), cost, decision_s))
         if not row["prefetch_counts_identical"]:
             row["norm_within_noise"] = False
         return row
@@ -719,20 +722,29 @@ class Validator:
         """The runs the cell's cost was fitted on (empty with ``--cost``)."""
         return self.fit_runs.get((cell.bandwidth_gb_per_s, "off" if cell.overlap == "off" else "on"), [])
 
+    def _speed_reference(self, cell: Cell) -> fidelity.ComputeSpeedReference | None:
+        """The attention + router line of the cell's cost's fit runs
+        (:class:`analysis.fidelity.ComputeSpeedReference`), fitted once per set of fit runs; None
+        with ``--cost`` (no fit runs) or runs without ``layer_pre_router_s``."""
+        from traces.reader import open_run
+
+        paths = tuple(self._fit_run_paths(cell))
+        if paths not in self._speed_refs:
+            for path in paths:
+                if path not in self._cycles:
+                    self._cycles[path] = open_run(path).cycles
+            self._speed_refs[paths] = fidelity.ComputeSpeedReference.fit([self._cycles[p] for p in paths])
+        return self._speed_refs[paths]
+
     def compute_speed_pct(self, cell: Cell, cycles: list[pd.DataFrame]) -> float:
         """How much slower (+) or faster (-) the cell's live compute ran than the runs its cost was
         fitted on, in % (:func:`analysis.fidelity.compute_speed` on their attention + router
         time); NaN when the cost was given (``--cost``: no fit runs) or the runs lack
         ``layer_pre_router_s``. The machine's speed drifting between runs shows here: the
-        simulator prices every cell at the fit runs' speed."""
-        from traces.reader import open_run
-
-        reference = []
-        for path in self._fit_run_paths(cell):
-            if path not in self._cycles:
-                self._cycles[path] = open_run(path).cycles
-            reference.append(self._cycles[path])
-        return (fidelity.compute_speed(reference, cycles) - 1.0) * 100.0
+        simulator prices every cell at the fit runs' speed. A diagnostic only: the cell's own
+        cycles never set the simulator's speed (the speed probe's index does, :meth:`normalised`)."""
+        ref = self._speed_reference(cell)
+        return (ref.speed(cycles) - 1.0) * 100.0 if ref is not None else float("nan")
 
     def normalised(
         self,
@@ -740,7 +752,8 @@ class Validator:
         cell: Cell,
         live_paths: list[Path],
         cycles: list[pd.DataFrame],
-        transfers: list[pd.DataFrame],
+        row: dict[str, Any],
+        mean_cycles: pd.DataFrame,
         cost: CycleCostModel,
         decision_s: float,
     ) -> dict[str, Any]:
@@ -748,27 +761,34 @@ class Validator:
         runs' speed-probe median over the cost's fit runs', :func:`analysis.fidelity.probe_speed_index`),
         and, the cell replayed with its cycles timed at that index (the planner pricing with the
         cost as live: :attr:`sim.config.SimConfig.compute_speed`) and the per-cycle errors taken
-        against ``cost.with_compute_speed(index)``, ``norm_sim_tokens_per_s``,
-        ``norm_throughput_error_pct``, ``norm_cycle_error_median_pct``, ``norm_cycle_error_p90_pct``
-        and ``norm_within_noise`` (held to the same repeat noise as the raw figures). NaN (and
-        ``norm_within_noise`` None) when a side has no probe. Each run's probe index and its
-        attention + router speed (:func:`analysis.fidelity.compute_speed`) go to ``speed_runs``,
-        whose correlation says whether the probe tracks the compute at all.
+        against ``cost.with_compute_speed(index)`` (:func:`analysis.fidelity.rescored` of the raw
+        ``row``), ``norm_sim_tokens_per_s``, ``norm_throughput_error_pct``,
+        ``norm_cycle_error_median_pct``, ``norm_cycle_error_p90_pct`` and ``norm_within_noise``
+        (held to the same repeat noise as the raw figures). NaN (and ``norm_within_noise`` None)
+        when a side has no probe. Each run's probe index, its matrix-chain probe index
+        (``chain_probe_speed_index``, the previous gauge, recorded beside it) and its attention +
+        router speed (:func:`analysis.fidelity.compute_speed`) go to ``speed_runs``, whose
+        correlations say whether each gauge tracks the compute at all.
 
         Raises:
             ValidationError: the replay failed.
         """
-        reference = [speed_probe_s(p) for p in self._fit_run_paths(cell)]
+        fit_paths = self._fit_run_paths(cell)
+        reference = [speed_probe_s(p) for p in fit_paths]
+        chain_reference = [speed_probe_s(p, CHAIN_PROBE_KEY) for p in fit_paths]
         own = [speed_probe_s(p) for p in live_paths]
         index = fidelity.probe_speed_index(reference, own)
-        ref_cycles = [self._cycles[p] for p in self._fit_run_paths(cell) if p in self._cycles]
-        for repeat, (probe, run_cycles) in enumerate(zip(own, cycles), start=1):
+        speed_ref = self._speed_reference(cell)
+        for repeat, (path, probe, run_cycles) in enumerate(zip(live_paths, own, cycles), start=1):
             self.speed_runs.append(
                 {
                     **cell.key(),
                     "repeat": repeat,
                     "probe_speed_index": fidelity.probe_speed_index(reference, [probe]),
-                    "compute_speed": fidelity.compute_speed(ref_cycles, [run_cycles]),
+                    "chain_probe_speed_index": fidelity.probe_speed_index(
+                        chain_reference, [speed_probe_s(path, CHAIN_PROBE_KEY)]
+                    ),
+                    "compute_speed": speed_ref.speed([run_cycles]) if speed_ref is not None else np.nan,
                 }
             )
         out: dict[str, Any] = {"probe_speed_index": index}
@@ -776,16 +796,8 @@ class Validator:
         if not np.isfinite(index):
             return {**out, **{f"norm_{n}": np.nan for n in names}, "norm_within_noise": None}
         result = self.replay(dense, cell, cost, decision_s, compute_speed=index)
-        sim_cycles = pd.DataFrame([dataclasses.asdict(r) for r in result.cycles])
-        split = {k: v * index for k, v in self.cost_splits.get(cell.bandwidth_gb_per_s, {}).items()}
-        try:
-            norm = fidelity.compare_cell(
-                cell.key(), cycles, transfers, result.totals.to_dict(), sim_cycles,
-                cost.with_compute_speed(index), cost_split=split,
-            )  # fmt: skip
-        except ValueError as exc:
-            raise ValidationError(f"cell {cell.name}: cannot compare the live runs: {exc}") from None
-        return {**out, **{f"norm_{n}": norm[n] for n in names}, "norm_within_noise": bool(norm["within_noise"])}
+        norm = fidelity.rescored(row, result.totals.to_dict(), cost.with_compute_speed(index), mean_cycles)
+        return {**out, **{f"norm_{n}": norm[n] for n in names}, "norm_within_noise": norm["within_noise"]}
 
     def run(self, progress: bool = True) -> tuple[pd.DataFrame, dict[str, Any]]:
         """Run the whole grid; returns (fidelity table, summary)."""
@@ -1014,12 +1026,16 @@ def speed_line(summary: dict[str, Any]) -> str:
 PROBE_TRACKS_R = 0.7
 
 
-def speed_probe_s(run_dir: Path) -> np.ndarray:
-    """float64[P]: the speed probe's seconds of one live run (``summary.json``'s ``speed_probe_s``,
-    written by ``live.record``: :mod:`live.speed_probe`); empty when the run has none (recorded
-    before the probe existed) or its summary is unreadable."""
+CHAIN_PROBE_KEY = "speed_probe_chain_s"  # the matrix-chain gauge live.record times beside the model's own
+
+
+def speed_probe_s(run_dir: Path, key: str = "speed_probe_s") -> np.ndarray:
+    """float64[P]: a speed probe's seconds of one live run (``summary.json``'s ``key``, written by
+    ``live.record``: :mod:`live.speed_probe`; ``speed_probe_s`` the gauge validate normalises with,
+    :data:`CHAIN_PROBE_KEY` the matrix chain timed beside it); empty when the run has none
+    (recorded before that probe existed) or its summary is unreadable."""
     try:
-        values = json.loads((Path(run_dir) / "summary.json").read_text())["summary"].get("speed_probe_s") or []
+        values = json.loads((Path(run_dir) / "summary.json").read_text())["summary"].get(key) or []
         return np.asarray(values, dtype=np.float64).ravel()
     except (OSError, ValueError, KeyError, TypeError):
         return np.zeros(0)
@@ -1040,7 +1056,8 @@ def probe_summary(table: pd.DataFrame, runs: pd.DataFrame) -> dict[str, Any]:
     correlation of the probe index with the runs' attention + router speed per run
     (``probe_compute_speed_correlation_runs``, over ``num_runs_probe_compared`` runs) and per cell
     (``probe_compute_speed_correlation_cells``, against ``1 + live_compute_speed_pct / 100``), its
-    correlation with the cells' raw throughput error (``probe_throughput_error_correlation``),
+    correlation with the cells' raw throughput error (``probe_throughput_error_correlation``), the
+    matrix-chain gauge's per-run correlation in the same runs (``chain_probe_compute_speed_correlation_runs``),
     and the cells within their noise raw and speed-normalised (``num_cells_within_noise`` as
     measured, ``num_cells_within_noise_normalised``; ``probe_tracks_compute``: the per-run
     correlation is at least :data:`PROBE_TRACKS_R`, without which the normalised figures mean
@@ -1050,6 +1067,8 @@ def probe_summary(table: pd.DataFrame, runs: pd.DataFrame) -> dict[str, Any]:
     measured = index.dropna()
     compute = 1.0 + pd.to_numeric(table.get("live_compute_speed_pct", pd.Series(np.nan, index=table.index)), errors="coerce") / 100.0
     r_runs = _pearson(runs["probe_speed_index"], runs["compute_speed"]) if len(runs) else np.nan
+    chain = runs.get("chain_probe_speed_index") if len(runs) else None
+    r_chain = _pearson(chain, runs["compute_speed"]) if chain is not None else np.nan
     compared = int((np.isfinite(pd.to_numeric(runs.get("probe_speed_index", pd.Series(dtype=float)), errors="coerce"))
                     & np.isfinite(pd.to_numeric(runs.get("compute_speed", pd.Series(dtype=float)), errors="coerce"))).sum())
     norm = table.get("norm_within_noise", pd.Series(None, index=table.index, dtype=object))
@@ -1059,6 +1078,7 @@ def probe_summary(table: pd.DataFrame, runs: pd.DataFrame) -> dict[str, Any]:
         "probe_speed_index_max": float(measured.max()) if len(measured) else np.nan,
         "num_runs_probe_compared": compared,
         "probe_compute_speed_correlation_runs": r_runs,
+        "chain_probe_compute_speed_correlation_runs": r_chain,
         "probe_compute_speed_correlation_cells": _pearson(index, compute),
         "probe_throughput_error_correlation": _pearson(index, table.get("throughput_error_pct", pd.Series(np.nan, index=table.index))),
         "num_cells_within_noise_normalised": int((norm == True).sum()),  # noqa: E712 - None = not measured
@@ -1087,7 +1107,8 @@ def probe_line(summary: dict[str, Any], num_cells: int) -> str:
         f"speed probe (index = the cell's runs' probe median / the cost's fit runs'): "
         f"{summary['probe_speed_index_min']:.2f} .. {summary['probe_speed_index_max']:.2f} over {n} cells; "
         f"correlation with the runs' attention + router speed {r('probe_compute_speed_correlation_runs')} over "
-        f"{summary.get('num_runs_probe_compared', 0)} runs ({r('probe_compute_speed_correlation_cells')} over cells), "
+        f"{summary.get('num_runs_probe_compared', 0)} runs ({r('probe_compute_speed_correlation_cells')} over cells; "
+        f"the matrix-chain gauge in the same runs {r('chain_probe_compute_speed_correlation_runs')}), "
         f"with the raw throughput error {r('probe_throughput_error_correlation')}; within noise: raw "
         f"{summary.get('num_cells_within_noise', 0)} of {num_cells}, speed-normalised (simulator timed at each "
         f"cell's index, planner unchanged) {summary.get('num_cells_within_noise_normalised', 0)} of {num_cells}; "
@@ -1179,10 +1200,13 @@ def check_cost(args: Any, parser: ArgumentParser) -> CycleCostModel | None:
             f"{args.cost}: field 'num_layers' is {cost.num_layers} but the model {args.model!r} has "
             f"{layers} MoE layers (calibrate the cost on this model)",
         )
-    if "on" in args.overlap and (note := no_pre_router_note(args.cost)) is not None:
-        print(f"warning: --cost {note}", file=sys.stderr)  # as sim.sweep and live.record say it
-    prefetches = getattr(args, "prefetch", ["none"])
-    if any(uses_next_layer(mode) for mode in prefetches) and (note := unpriced_next_layer_note(cost, args.cost)):
+    for note in cost_file_warnings(  # as sim.sweep and live.record say it
+        args.cost,
+        cost,
+        overlap="on" in args.overlap,
+        next_layer=any(uses_next_layer(mode) for mode in getattr(args, "prefetch", ["none"])),
+        consequence="the planner and the simulator price cycles with that error",
+    ):
         print(f"warning: --cost {note}", file=sys.stderr)
     return cost
 

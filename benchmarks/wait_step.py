@@ -27,9 +27,6 @@ Complete runs under ``--out`` are reused. Usage::
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import io
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -111,19 +108,20 @@ def summarize(per_run: dict[float, list[dict[str, float]]]) -> dict[str, dict[st
 
 
 def _record(path: Path, bandwidth: float, args) -> None:
-    """Record one ``ar`` run at ``bandwidth`` into ``path`` (in this process; its stdout dropped)."""
-    from live.record import main as record_main
+    """Record one ``ar`` run at ``bandwidth`` into ``path`` (in this process:
+    ``analysis.validate.live_record``; its stdout into ``path``'s ``.log`` beside it).
+
+    Raises:
+        analysis.validate.ValidationError: the run failed or exited non-zero (command and log named).
+    """
+    from analysis.validate import live_record
 
     argv = ["--mode", "policy", "--policy", "ar", "--cache-experts", str(args.cache_experts)]
     argv += ["--num-prompts", str(args.num_prompts), "--bandwidth", f"{bandwidth:g}"]
     argv += ["--latency-us", f"{args.latency_us:g}", "--out", str(path), "--no-progress"]
     if args.threads is not None:
         argv += ["--threads", str(args.threads)]
-    with contextlib.redirect_stdout(io.StringIO()):
-        code = record_main(argv)
-    gc.collect()
-    if code != 0:
-        raise RuntimeError(f"live.record {' '.join(argv)} exited {code}")
+    live_record(argv, path.with_suffix(".log"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -634,14 +634,15 @@ def check_input_files(args: Any, parser: ArgumentParser) -> None:
             cost = CycleCostModel.load(args.cost)
         except (ValueError, TypeError, KeyError) as exc:
             parser.fail("--cost", f"{exc} (expected a CycleCostModel JSON, e.g. calibration.fit's cost.json)")
-        from specfit.cost import failed_fit_note, no_pre_router_note, unpriced_next_layer_note
+        from specfit.cost import cost_file_warnings
 
-        note = failed_fit_note(args.cost)
-        if note is not None:  # said, not refused: the planner will price cycles with that error
-            print(f"warning: --cost {note}; the planner prices cycles with that error", file=sys.stderr)
-        if args.overlap == "on" and (note := no_pre_router_note(args.cost)) is not None:
-            print(f"warning: --cost {note}", file=sys.stderr)
-        if uses_next_layer(args.prefetch) and (note := unpriced_next_layer_note(cost, args.cost)) is not None:
+        for note in cost_file_warnings(
+            args.cost,
+            cost,
+            overlap=args.overlap == "on",
+            next_layer=uses_next_layer(args.prefetch),
+            consequence="the planner prices cycles with that error",
+        ):
             print(f"warning: --cost {note}", file=sys.stderr)
         layers = moe_layer_count(args.model)
         if layers is not None and cost.num_layers != layers:

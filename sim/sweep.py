@@ -665,12 +665,13 @@ def _resolve_cost(parser: ArgumentParser, args: Any, num_layers: int) -> tuple[A
     except ValueError as exc:
         parser.fail("--cost", str(exc))
     if args.cost.endswith(".json") or Path(args.cost).is_file():
-        from specfit.cost import failed_fit_note, no_pre_router_note
+        from specfit.cost import cost_file_warnings
 
-        note = failed_fit_note(args.cost)
-        if note is not None:  # said, not refused: the user may want the sweep anyway
-            print(f"warning: --cost {note}; the simulated tokens/s carry that error", file=sys.stderr)
-        if True in OVERLAP_CHOICES[args.overlap] and (note := no_pre_router_note(args.cost)) is not None:
+        for note in cost_file_warnings(  # said, not refused: the user may want the sweep anyway
+            args.cost,
+            overlap=True in OVERLAP_CHOICES[args.overlap],
+            consequence="the simulated tokens/s carry that error",
+        ):
             print(f"warning: --cost {note}", file=sys.stderr)
     if size_name is None:
         size_name = "the cost file's" if args.cost.endswith(".json") else DEFAULT_MODEL_SHAPE

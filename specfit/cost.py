@@ -167,6 +167,31 @@ def no_pre_router_note(cost_path: str | Path) -> str | None:
     return _no_pre_router_text(str(cost_path), version)
 
 
+def cost_file_warnings(
+    cost_path: str | Path,
+    cost: CycleCostModel | None = None,
+    *,
+    overlap: bool = False,
+    next_layer: bool = False,
+    consequence: str = "",
+) -> list[str]:
+    """The warnings a tool that prices cycles with the cost JSON at ``cost_path`` prints (each as
+    ``warning: --cost <line>``; ``sim.sweep``, ``live.record``, ``analysis.validate``): the file
+    failed ``calibration.fit``'s verdict (:func:`failed_fit_note`, followed by ``; consequence``
+    when given), it predates ``pre_router_frac`` and the run overlaps (``overlap``;
+    :func:`no_pre_router_note`), ``cost`` prices no next-layer prefetch and the run prefetches one
+    layer ahead (``next_layer``; :func:`unpriced_next_layer_note`). Empty when none applies;
+    never raises."""
+    notes = []
+    if (note := failed_fit_note(cost_path)) is not None:  # said, not refused
+        notes.append(f"{note}; {consequence}" if consequence else note)
+    if overlap and (note := no_pre_router_note(cost_path)) is not None:
+        notes.append(note)
+    if next_layer and cost is not None and (note := unpriced_next_layer_note(cost, cost_path)) is not None:
+        notes.append(note)
+    return notes
+
+
 # field -> unit written beside it in JSON; load() rejects a file that states another unit.
 FIELD_UNITS: dict[str, str] = {
     "draft_s_per_level": "s/level",

@@ -148,6 +148,7 @@ def test_validate_single_repeat_is_todays_run(tiny_models, tmp_path, capsys, mon
     import live.speed_probe
 
     monkeypatch.setattr(live.speed_probe, "probe_once", lambda x, w: 1e-3)  # every run at one speed
+    monkeypatch.setattr(live.speed_probe, "probe_model_once", lambda inputs: 1e-3)  # both gauges
     out = tmp_path / "val1"
     argv = _tiny_argv(tiny_models, out, num_prompts=1, repeats=1) + ["--policies", "ar,topn"]
     assert validate.main(argv + ["--overlap", "off,on"]) == 0
@@ -189,6 +190,7 @@ def _check_speed_normalised(out, argv, lines) -> None:
     assert lines[-2].startswith("speed probe (index = the cell's runs' probe median / the cost's fit runs'): 1.00 .. 1.00")
     runs = pd.read_csv(out / "speed_runs.csv")  # one row per live run of a cell
     assert len(runs) == len(table) and (runs["probe_speed_index"] == 1.0).all()
+    assert (runs["chain_probe_speed_index"] == 1.0).all()  # the matrix chain, recorded beside it
     assert runs["compute_speed"].notna().all()
     # topn with overlap ran "twice as slow" by its probe: the overlap fit group (ar and topn,
     # overlap on, one run each, equally many probes) pools to a median of 1.5 ms
@@ -211,6 +213,7 @@ def _check_speed_normalised(out, argv, lines) -> None:
     assert summary["num_cells_probe_measured"] == 4
     assert summary["probe_speed_index_max"] == pytest.approx(2.0 / 1.5)
     assert 0 <= summary["num_cells_within_noise_normalised"] <= 4
+    assert "chain_probe_compute_speed_correlation_runs" in summary
 
 
 def test_validate_bad_flags_exit_2(capsys) -> None:
@@ -399,10 +402,10 @@ def test_in_process_live_runs_do_not_keep_their_models(tiny_models, tmp_path) ->
     target, draft, prompts = tiny_models
     argv = ["--model", str(target), "--draft", str(draft), "--prompts", str(prompts), "--num-prompts", "1"]
     argv += ["--max-new-tokens", "2", "--mode", "policy", "--policy", "ar", "--no-progress"]
-    validate._live_record(argv + ["--out", str(tmp_path / "a")], tmp_path / "a.log")
+    validate.live_record(argv + ["--out", str(tmp_path / "a")], tmp_path / "a.log")
     after_one = _tensor_bytes()
     for name in ("b", "c"):
-        validate._live_record(argv + ["--out", str(tmp_path / name)], tmp_path / f"{name}.log")
+        validate.live_record(argv + ["--out", str(tmp_path / name)], tmp_path / f"{name}.log")
     assert _tensor_bytes() <= after_one
 
 

@@ -948,16 +948,27 @@ def test_live_and_sim_price_next_layer_prefetch_with_the_same_cost(tiny, tmp_pat
 
 
 def test_speed_probe_runs_between_requests_never_inside_a_cycle(tiny, tmp_path, capsys, monkeypatch):
-    """The machine-speed probe (live.speed_probe) is timed before the first request and after
-    each request, never between two cycles of a request, and lands in summary.json; the cycle
-    table keeps exactly the schema's columns."""
+    """The machine-speed probes (live.speed_probe: the target's own attention + router, and the
+    matrix chain) are timed before the first request and after each request, never between two
+    cycles of a request, and land in summary.json; the cycle table keeps exactly the schema's
+    columns."""
     import live.speed_probe as speed_probe
     from traces.schema import CycleRecord
     from traces.writer import TraceWriter
 
     events: list[str] = []
-    fake_s = iter(np.arange(1, 100) * 1e-3)  # distinct fake seconds, in call order
+    fake_s = iter(np.arange(1, 1000) * 1e-3)  # distinct fake seconds, in call order
+    real_model_probe = speed_probe.probe_model_once
+    model_layers = []
+
+    def model_probe(inputs):
+        model_layers.append(len(inputs.layers))
+        real_model_probe(inputs)  # the real call runs on the tiny target (its timing is not kept)
+        events.append("model")
+        return float(next(fake_s))
+
     monkeypatch.setattr(speed_probe, "probe_once", lambda x, w: (events.append("probe"), float(next(fake_s)))[1])
+    monkeypatch.setattr(speed_probe, "probe_model_once", model_probe)
     for name in ("add_cycle", "add_request"):
         real = getattr(TraceWriter, name)
 
@@ -969,19 +980,30 @@ def test_speed_probe_runs_between_requests_never_inside_a_cycle(tiny, tmp_path, 
     out = tmp_path / "probe"
     assert main(_args(tiny, out, "--mode", "policy", "--policy", "topn")) == 0
     line = _last_json(capsys)
-    per_point = speed_probe.PROBES_PER_POINT
+    per_point, model_per_point = speed_probe.PROBES_PER_POINT, speed_probe.MODEL_PROBES_PER_POINT
+    assert set(model_layers) == {2}  # every MoE decoder layer of the tiny target (2)
+    # a point: the chain's probes with the model's spread evenly among them
+    assert per_point == 2 * model_per_point  # as shipped: every other chain probe follows a model probe
+    point = " ".join(["probe model probe"] * model_per_point)
     # probes, then per request: its cycles, the request row, probes
     text = " ".join(events)
-    assert text.startswith(" ".join(["probe"] * per_point) + " add_cycle")
+    assert text.startswith(point + " add_cycle")
     for request_block in text.split("add_request")[:-1]:
         cycles_then_probes = request_block.split()
         first_cycle = cycles_then_probes.index("add_cycle")
         assert set(cycles_then_probes[first_cycle:]) == {"add_cycle"}  # no probe among a request's cycles
-    assert text.endswith("add_request " + " ".join(["probe"] * per_point))
+    assert text.endswith("add_request " + point)
     recorded = json.loads((out / "summary.json").read_text())["summary"]
-    expected = [float(s) for s in np.arange(1, 1 + per_point * 4) * 1e-3]  # before + after each of 3 requests
-    assert recorded["speed_probe_s"] == pytest.approx(expected)
-    assert recorded["speed_probe_median_s"] == pytest.approx(float(np.median(expected)))
-    assert line["speed_probe_median_s"] == pytest.approx(float(np.median(expected)))
+    # 4 points (before + after each of 3 requests); fake seconds in call order, split per workload
+    taken = [e for e in events if e in ("model", "probe")]
+    seconds = np.arange(1, 1 + len(taken)) * 1e-3
+    model_s = [float(t) for t, e in zip(seconds, taken) if e == "model"]
+    chain_s = [float(t) for t, e in zip(seconds, taken) if e == "probe"]
+    assert len(model_s) == model_per_point * 4 and len(chain_s) == per_point * 4
+    assert recorded["speed_probe_s"] == pytest.approx(model_s)  # the gauge: the target's own compute
+    assert recorded["speed_probe_chain_s"] == pytest.approx(chain_s)
+    assert recorded["speed_probe_median_s"] == pytest.approx(float(np.median(model_s)))
+    assert line["speed_probe_median_s"] == pytest.approx(float(np.median(model_s)))
+    assert recorded["speed_probe_workload"].startswith("the target's own attention + router")
     run = open_run(out)
     assert list(run.cycles.columns) == [f.name for f in dataclasses.fields(CycleRecord)]

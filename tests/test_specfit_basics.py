@@ -224,6 +224,17 @@ def test_cost_json_round_trip_and_errors(tmp_path) -> None:
     assert no_pre_router_note(tmp_path / "v3on.json") is None  # from_dict already warns
     cost.save(tmp_path / "v4.json")
     assert no_pre_router_note(tmp_path / "v4.json") is None and no_pre_router_note(tmp_path / "nope.json") is None
+    # the three CLIs' --cost warnings come from one function: each note only where it applies
+    from specfit.cost import COST_FIT_REPORT_NAME, cost_file_warnings
+
+    v3 = CycleCostModel.load(tmp_path / "v3.json")
+    assert cost_file_warnings(tmp_path / "v3.json", v3) == []  # overlap off, no next-layer prefetch
+    notes = cost_file_warnings(tmp_path / "v3.json", v3, overlap=True, next_layer=True)
+    assert len(notes) == 2 and "no pre_router_frac" in notes[0] and "no next-layer prefetch share" in notes[1]
+    assert cost_file_warnings(tmp_path / "v3.json", overlap=True, next_layer=True) == notes[:1]  # no model given
+    (tmp_path / COST_FIT_REPORT_NAME).write_text(json.dumps({"verdict": {"verdict": "fail", "verdict_line": "p90 40 %"}}))
+    failed = cost_file_warnings(tmp_path / "v4.json", consequence="the sweep carries it")
+    assert len(failed) == 1 and "FAILED" in failed[0] and failed[0].endswith("(p90 40 %); the sweep carries it")
     with pytest.raises(ValueError, match="missing field.*pre_router_frac"):
         CycleCostModel.from_dict(dict(version_3, version=4))
     with pytest.raises(ValueError, match="pre_router_frac: expected a fraction"):

@@ -675,7 +675,8 @@ class RecordSession:
         # one, never inside a cycle, so no recorded timing includes it
         from live.speed_probe import SpeedProbe
 
-        self.speed_probe = SpeedProbe(device=str(config.device))
+        # (the target's own attention + router on a fixed input, and a fixed matrix chain)
+        self.speed_probe = SpeedProbe(device=str(config.device), model=self.verifier.lm.model)
         try:
             if todo:
                 self.speed_probe.measure()

@@ -1,0 +1,57 @@
+"""live.speed_probe: the target's own attention + router as a machine-speed gauge (no wall-clock
+assertion: only that it runs, touches no engine state and falls back cleanly)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from tests.live_fixtures import TINY_ARCHS  # noqa: E402
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_model_probe_runs_the_targets_own_attention_and_router_without_hooks(tiny_checkpoint, arch):
+    """On every tiny architecture the probe finds the MoE layers' attention and router weights,
+    runs (a positive, finite time), is deterministic in what it computes, and fires none of the
+    engine's hooks: a router capture on the model sees nothing and the cache stats stay 0."""
+    from live.loader import describe_moe, load_target
+    from live.offload import offload_model
+    from live.spec.routing import RouterCapture
+    from live.speed_probe import SpeedProbe, model_probe_inputs, probe_model_once
+
+    target = load_target(tiny_checkpoint(arch), "cpu", "float32")
+    offload = offload_model(target, cache_experts=2)
+    capture = RouterCapture(target)
+    inputs = model_probe_inputs(target)
+    assert inputs is not None and len(inputs.layers) == describe_moe(target).num_layers
+    assert all(w.shape == (describe_moe(target).num_experts, target.config.hidden_size) for _, w, _ in inputs.layers)
+    seconds = probe_model_once(inputs)
+    assert math.isfinite(seconds) and seconds > 0
+    ids, _ = capture.take()
+    assert ids.shape[0] == 0  # no router hook fired
+    assert offload.total_stats.layer_hits.sum() == 0 and offload.total_stats.layer_misses.sum() == 0
+    probe = SpeedProbe(model=target)
+    probe.measure(num_probes=4, num_model_probes=2)
+    summary = probe.summary()
+    assert len(summary["speed_probe_s"]) == 2 and len(summary["speed_probe_chain_s"]) == 4
+    assert summary["speed_probe_workload"].startswith("the target's own attention + router")
+
+
+def test_probe_falls_back_to_the_chain_without_a_model_or_its_layout():
+    """No model, or a model without the layout: ``speed_probe_s`` is the chain's timings and the
+    workload line says which; a model whose attention call fails is not tried again."""
+    from live import speed_probe
+    from live.speed_probe import SpeedProbe
+
+    plain = SpeedProbe()
+    plain.measure(num_probes=2, num_model_probes=2)
+    assert plain.summary()["speed_probe_s"] == plain.summary()["speed_probe_chain_s"] and len(plain.seconds) == 0
+    assert plain.summary()["speed_probe_workload"].startswith("tanh(y @ w)")
+    other = SpeedProbe(model=torch.nn.Linear(4, 4))
+    other.measure(num_probes=2, num_model_probes=2)
+    assert "(the target's layout is not the model probe's)" in other.summary()["speed_probe_workload"]
+    assert speed_probe.model_probe_inputs(torch.nn.Linear(4, 4)) is None
