@@ -393,6 +393,7 @@ class Validator:
         self._speed_refs: dict[tuple[Path, ...], Any] = {}  # fit runs -> their attention + router line
         self.speed_runs: list[dict[str, Any]] = []  # per live run: probe index and attention + router speed
         self.dense_path: Path | None = None
+        self.dense: Any = None  # the open dense trace (run)
         self.acceptance: dict[str, Any] | None = None
         self.acceptance_path: Path | None = None
 
@@ -602,7 +603,35 @@ class Validator:
             fit = fit_next_layer_terms(load_runs(runs).cycles)
         except ValueError as exc:
             raise ValidationError(f"next-layer prefetch terms: {exc}") from None
-        cost = dataclasses.replace(cost, next_layer_cover_frac=fit.cover_frac, next_layer_waste_per_miss=fit.waste_per_miss)
+        cost = dataclasses.replace(cost, **fit.cost_fields())
+        cost.save(path)
+        return cost, path
+
+    def _with_replayed_share(self, cost: CycleCostModel, path: Path, caches: list[int]) -> tuple[CycleCostModel, Path]:
+        """``--calibration separate``: ``cost`` (saved at ``path``) with next-layer prefetch's share
+        per tree size estimated by replays of ``sim.sweep.PILOT_POLICIES`` on the dense trace at
+        every cache size of the grid (``sim.sweep.next_layer_share_from_replays``; the counts do not
+        depend on timing and are the live engine's to the copy, so no calibration run is needed
+        and no cell is in sample), saved again; as it is with ``--cost`` or when no planned cell
+        prefetches one layer ahead."""
+        from sim.config import SimConfig
+        from sim.sweep import next_layer_share_from_replays
+        from specfit.prefetch import uses_next_layer
+
+        if self.args.cost is not None or not any(uses_next_layer(f) for f in getattr(self.args, "prefetch", ["none"])):
+            return cost, path
+        configs = [
+            SimConfig(
+                cost=cost, policy="ar", cache_capacity_per_layer=c, cache_policy=SIM_CACHE_POLICY,
+                predictor=SIM_PREDICTOR, seed=self.args.seed, acceptance=self.acceptance,
+            )  # fmt: skip
+            for c in caches
+        ]
+        try:
+            share = next_layer_share_from_replays(self.dense, configs)
+        except ValueError as exc:
+            raise ValidationError(f"next-layer prefetch share (replays): {exc}") from None
+        cost = dataclasses.replace(cost, **share.cost_fields())
         cost.save(path)
         return cost, path
 
@@ -639,6 +668,7 @@ class Validator:
                 cal = [Cell(bw, caches[0], p, overlap=on[0], calibration=True) for p in COST_FREE_POLICIES]
                 overlap_runs = [path for paths in self.run_repeats(cal, None).values() for path in paths]
             costs["on"] = self._fit_overlap(bw, cost, overlap_runs)
+        costs = {o: self._with_replayed_share(*pair, caches) for o, pair in costs.items()}  # no prefetch runs above
         cells = [*free, *self._planned_cells(bw, caches)]
         return self.run_repeats(cells, {o: path for o, (_, path) in costs.items()}), costs
 
@@ -805,7 +835,7 @@ class Validator:
         from traces.reader import open_run
 
         dense_path = self.dense_path = self.record_dense()
-        dense = open_run(dense_path)
+        dense = self.dense = open_run(dense_path)
         level_note = level_tree_note(dense)  # a dense trace reused from before format v2
         if level_note:
             print(f"warning: {dense_path}: {level_note}", file=sys.stderr)

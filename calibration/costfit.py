@@ -59,7 +59,12 @@ from calibration.checks import (
 from calibration.link import LinkFit, fit_link
 from calibration.lsq import fit_non_negative
 from specfit.cost import CycleCostModel
-from specfit.prefetch import PREFETCH_COUNT_COLUMNS, NextLayerShare, next_layer_share
+from specfit.prefetch import (
+    PREFETCH_COUNT_COLUMNS,
+    NextLayerShare,
+    next_layer_share,
+    next_layer_share_by_nodes,
+)
 
 VERIFY_TARGETS = ("residual", "verify_s")
 WEIGHTINGS = ("relative", "absolute")
@@ -593,7 +598,10 @@ def fit_next_layer_terms(cycles: pd.DataFrame) -> NextLayerFit:
 
     ratios of the runs' totals (:func:`specfit.prefetch.next_layer_share`, which ``sim.sweep``'s
     pilot replays use too). Averaged over every layer,
-    the first included (it has no guess), as the cost model applies them. Cycles without counts
+    the first included (it has no guess), as the cost model applies them. With a
+    ``num_nodes_verified`` column the same ratios are also fitted per tree size
+    (:func:`specfit.prefetch.next_layer_share_by_nodes`: knots over the verified nodes, which the
+    cost model interpolates; one share under-prices big trees). Cycles without counts
     (null: recorded without prefetch accounting) are left out; with none left or no miss at all
     both terms are 0 and a note says so.
 
@@ -611,7 +619,10 @@ def fit_next_layer_terms(cycles: pd.DataFrame) -> NextLayerFit:
         if len(bad):
             run = bad["run"].iloc[0] if "run" in bad.columns else "cycles"
             raise CalibrationDataError(f"{run}: column {column!r} has a negative count ({int(bad[column].iloc[0])})")
-    share = next_layer_share(*(int(table[c].astype(np.int64).sum()) for c in columns))
+    if "num_nodes_verified" in table.columns and not table["num_nodes_verified"].isna().any():
+        share = next_layer_share_by_nodes(table["num_nodes_verified"], *(table[c].astype(np.int64) for c in columns))
+    else:
+        share = next_layer_share(*(int(table[c].astype(np.int64).sum()) for c in columns))
     misses, used, wasted = share.num_misses, share.num_used, share.num_wasted
     if misses + used == 0:
         notes.append(f"next-layer prefetch terms set to 0: {len(table)} cycle(s) with prefetch counts and no miss")
@@ -620,8 +631,9 @@ def fit_next_layer_terms(cycles: pd.DataFrame) -> NextLayerFit:
     notes.append(
         f"next-layer prefetch: {cover:.3f} of the planner's misses covered, {waste:.3f} wasted copies per "
         f"miss ({used} used, {wasted} wasted, {misses} demand misses in {len(table)} cycles)"
+        + (f"; {share.knots_text()}" if share.nodes else "")
     )
-    return NextLayerFit(cover, waste, misses, used, wasted, num_cycles=len(table), notes=tuple(notes))
+    return NextLayerFit(**vars(share), num_cycles=len(table), notes=tuple(notes))
 
 
 def fit_cost_model(

@@ -328,7 +328,7 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
         from calibration.costfit import fit_next_layer_terms
 
         next_layer = fit_next_layer_terms(next_layer_cycles)
-        model = replace(model, next_layer_cover_frac=next_layer.cover_frac, next_layer_waste_per_miss=next_layer.waste_per_miss)
+        model = replace(model, **next_layer.cost_fields())
     model.save(out)
     report = fit.to_dict()
     report["cost"] = model.to_dict()
@@ -337,6 +337,9 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
             "runs": next_layer_labels,
             "next_layer_cover_frac": next_layer.cover_frac,
             "next_layer_waste_per_miss": next_layer.waste_per_miss,
+            "next_layer_nodes": list(next_layer.nodes),
+            "next_layer_cover_fracs": list(next_layer.cover_fracs),
+            "next_layer_waste_per_misses": list(next_layer.waste_per_misses),
             "num_cycles": next_layer.num_cycles,
             "num_misses": next_layer.num_misses,
             "num_prefetch_used": next_layer.num_used,

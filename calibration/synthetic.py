@@ -83,8 +83,9 @@ def synthetic_tables(
         misses = rng.integers(0, max_misses_per_layer + 1, size=num_layers)
         prefetch: dict[str, int] = {}
         if model.has_next_layer_share:  # counts of a next-layer run
-            used = rng.binomial(misses, model.next_layer_cover_frac)
-            wasted = int(rng.poisson(model.next_layer_waste_per_miss * float(misses.sum())))
+            cover, waste = model.next_layer_share_at(nodes)  # per tree size when the model has knots
+            used = rng.binomial(misses, float(cover))
+            wasted = int(rng.poisson(float(waste) * float(misses.sum())))
             misses = misses - used  # the demand misses left
             prefetch = {
                 "num_prefetch_issued": int(used.sum()) + wasted,

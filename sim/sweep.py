@@ -435,8 +435,8 @@ def build_parser() -> ArgumentParser:
         "draft = when the subtree is chosen, the experts the predictor expects its nodes to need; "
         "next-layer = after each layer's router, the experts layer l+1's router guesses from layer l's "
         "input (needs a dense trace recorded with those guesses; priced with the cost's share, or, when it "
-        "has none, one estimated per cache from pilot replays of ar and topn on the trace: the header says "
-        "which); both = draft and next-layer. off/on are read as none/draft",
+        "has none, one estimated per cache and tree size from pilot replays of ar, chain and topn on the trace: the "
+        "header says which); both = draft and next-layer. off/on are read as none/draft",
     )
     p.add_argument(
         "--cost",
@@ -700,27 +700,29 @@ def _resolve_prefetch(parser: ArgumentParser, items: list[str], trace_run: Any, 
     return modes
 
 
-PILOT_POLICIES = ("ar", "topn")
+PILOT_POLICIES = ("ar", "chain", "topn")
 """The policies whose replays estimate next-layer prefetch's share (:func:`pilot_next_layer_share`)."""
 
 
 def pilot_next_layer_share(cell: CellSpec, policies: Sequence[str] = PILOT_POLICIES) -> Any:
     """Next-layer prefetch's share and waste on ``cell``'s trace at its cache, estimated from
-    pilot replays: :func:`specfit.prefetch.next_layer_share` (the ratios
-    ``calibration.costfit.fit_next_layer_terms`` fits from recorded runs) on the pooled counts of
-    the cycles of ``policies`` replayed with ``--prefetch next-layer``.
+    pilot replays: :func:`specfit.prefetch.next_layer_share_by_nodes` (the ratios
+    ``calibration.costfit.fit_next_layer_terms`` fits from recorded runs, pooled and per tree
+    size) on the per-cycle counts and verified nodes of the cycles of ``policies`` replayed with
+    ``--prefetch next-layer``.
 
     Why these pilots, and once per cache: the used/wasted/demand-miss counts depend on the
     verified trees, the cache (size and policy) and the recorded guesses, never on timing (the
     prefetch ledger is driven by the cache's accesses, so bandwidth and overlap do not change
     them), so one estimate serves every bandwidth and overlap of a cache size. The autoregressive
-    root alone and the full top-N tree ask no planner, so their counts do not depend on the
-    price they feed (SpecFit's own trees would: a share fitted on them changes them), and they
-    bracket the subtrees SpecFit prices, from its root alone to its whole tree; their cycles are
-    pooled as ratios of totals, exactly as ``analysis.validate``'s grid calibration fits the
-    share on its ar/topn next-layer cells. One share per cache is an average: on the shipped
-    sample at cache 8 the root alone sees 0.53 of its misses covered, the 60-node top-N tree 0.14
-    (README, sim.sweep's prefetch paragraph). The other cell fields (trace, cache policy, request
+    root alone, the greedy chain and the full top-N tree ask no planner, so their counts do not
+    depend on the price they feed (SpecFit's own trees would: a share fitted on them changes
+    them), and they span the subtrees SpecFit prices, from its root alone through a few-node
+    path to its whole tree. One share for all sizes would be an average of very different
+    ones (shipped sample, cache 8: the root alone sees 0.53 of its planner misses covered, the
+    chain's 4-node paths 0.32, the 32-node top-N tree 0.14), so the knots keep each size's share
+    and the cost model interpolates between them (the chain's knots matter: ar and topn alone
+    would put 0.49 at 4 nodes). The other cell fields (trace, cache policy, request
     and position limits, seed) are ``cell``'s; overlap "off" (the counts are the same).
 
     Args:
@@ -728,28 +730,48 @@ def pilot_next_layer_share(cell: CellSpec, policies: Sequence[str] = PILOT_POLIC
         policies: pilot policies (canonical names), default :data:`PILOT_POLICIES`.
 
     Returns:
-        ``specfit.prefetch.NextLayerShare`` (``cover_frac`` h, ``waste_per_miss`` x, counts).
+        ``specfit.prefetch.NextLayerShare`` (``cover_frac`` h, ``waste_per_miss`` x, counts, knots).
 
     Raises:
         ReplayError / ValueError: from the replays (a trace without next-layer guesses).
     """
     from sim.cells import _open_trace
-    from sim.replay import replay_policy
-    from specfit.prefetch import PREFETCH_COUNT_COLUMNS, next_layer_share
 
     run = _open_trace(cell.trace_path)  # the process's decoded trace: forked workers inherit it
-    columns = PREFETCH_COUNT_COLUMNS
-    totals = dict.fromkeys(columns, 0)
-    for policy in policies:
-        pilot = dataclasses.replace(
-            cell, policy=policy, overlap="off", prefetch="next-layer", policy_options=None, expert_budget=None
-        )
-        for record in replay_policy(run, pilot.sim_config(record_cycles=True)).cycles:
-            values = [getattr(record, c) for c in columns]
-            if None not in values:  # a cycle without prefetch accounting counts for nothing
-                for column, value in zip(columns, values):
-                    totals[column] += int(value)
-    return next_layer_share(*(totals[c] for c in columns))
+    return next_layer_share_from_replays(run, [cell.sim_config()], policies)
+
+
+def next_layer_share_from_replays(run: Any, configs: Sequence[Any], policies: Sequence[str] = PILOT_POLICIES) -> Any:
+    """Next-layer prefetch's share per tree size from replays of ``policies`` on the dense trace
+    ``run`` (an open ``traces.reader`` run) with each of ``configs`` (``sim.config.SimConfig``:
+    their cache, cache policy, predictor, limits and seed), as ``--prefetch next-layer`` without
+    overlap (the counts do not depend on timing): :func:`specfit.prefetch.next_layer_share_by_nodes`
+    on all their cycles' counts and verified nodes. :func:`pilot_next_layer_share`'s replays, and
+    ``analysis.validate --calibration separate``'s share (out of sample: the counts are the live
+    engine's to the copy).
+
+    Raises:
+        ReplayError / ValueError: from the replays (a trace without next-layer guesses).
+    """
+    import numpy as np
+
+    from sim.replay import replay_policy
+    from specfit.prefetch import PREFETCH_COUNT_COLUMNS, next_layer_share_by_nodes
+
+    columns = ("num_nodes_verified", *PREFETCH_COUNT_COLUMNS)
+    rows: list[list[int]] = []
+    for config in configs:
+        for policy in policies:
+            pilot = dataclasses.replace(
+                config, policy=policy, overlap="off", prefetch="next-layer", policy_options=(), expert_budget=None,
+                record_cycles=True,
+            )  # fmt: skip
+            for record in replay_policy(run, pilot).cycles:
+                values = [getattr(record, c) for c in columns]
+                if None not in values:  # a cycle without prefetch accounting counts for nothing
+                    rows.append([int(v) for v in values])
+    table = np.array(rows, dtype=np.int64).reshape(-1, len(columns))
+    return next_layer_share_by_nodes(*table.T)
 
 
 def _price_next_layer(
@@ -761,13 +783,13 @@ def _price_next_layer(
     e.g. ``calibration.fit`` on runs recorded with ``--prefetch next-layer``) keeps it. One
     without (a preset, the default, an older or next-layer-free fit) would price none, so the
     cells with ``--prefetch next-layer|both`` get the share :func:`pilot_next_layer_share`
-    estimates per cache size and cache policy (their cost dicts, and so their ids, change; the
-    other cells keep theirs). Cells with ``--overlap ideal`` are left out: the bound
-    ``max(T_verify, T_h2d)`` prices no share (``CycleCostModel.next_layer_priced``), so no pilot
-    runs for them and the line says so. Returns ``(cells, None)`` when no cell prefetches one layer
-    ahead. ``progress``: a bar over the pilots (stderr).
+    estimates per cache size and cache policy, per tree size (its knots; their cost dicts, and so
+    their ids, change; the other cells keep theirs). Cells with ``--overlap ideal`` are left out:
+    the bound ``max(T_verify, T_h2d)`` prices no share (``CycleCostModel.next_layer_priced``), so
+    no pilot runs for them and the line says so. Returns ``(cells, None)`` when no cell prefetches
+    one layer ahead. ``progress``: a bar over the pilots (stderr).
     """
-    from specfit.prefetch import uses_next_layer
+    from specfit.prefetch import NextLayerShare, uses_next_layer
 
     def prices_share(cell: CellSpec) -> bool:
         return uses_next_layer(cell.prefetch) and cell.overlap != "ideal"
@@ -777,10 +799,15 @@ def _price_next_layer(
             return cells, "next-layer prefetch: no share priced (--overlap ideal is a bound that prices none)"
         return cells, None
     if cost.has_next_layer_share:  # versions 1-4 load without one
+        own = NextLayerShare(
+            cost.next_layer_cover_frac, cost.next_layer_waste_per_miss, 0, 0, 0,
+            cost.next_layer_nodes, cost.next_layer_cover_fracs, cost.next_layer_waste_per_misses,
+        )  # fmt: skip
         return cells, (
             f"next-layer prefetch: priced with the cost's own share {cost.next_layer_cover_frac:.3f} of the "
-            f"planner's misses covered, {cost.next_layer_waste_per_miss:.3f} wasted copies per miss "
-            f"({cost_file or cost.source})"
+            f"planner's misses covered, {cost.next_layer_waste_per_miss:.3f} wasted copies per miss"
+            + (f", {own.knots_text()}" if own.nodes else " at every tree size")
+            + f" ({cost_file or cost.source})"
         )
     from tqdm import tqdm
 
@@ -791,18 +818,18 @@ def _price_next_layer(
     for cell in cells:
         if prices_share(cell):
             key = (cell.cache_experts_per_layer, cell.cache_policy)
-            share = {"next_layer_cover_frac": fits[key].cover_frac, "next_layer_waste_per_miss": fits[key].waste_per_miss}
+            share = {k: list(v) if isinstance(v, tuple) else v for k, v in fits[key].cost_fields().items()}
             cell = dataclasses.replace(cell, cost={**cell.cost, **share})
         priced.append(cell)
     per_cache = "; ".join(
         f"cache {size} {policy}: {fit.cover_frac:.3f} covered, {fit.waste_per_miss:.3f} wasted/miss "
-        f"({fit.num_used} used, {fit.num_wasted} wasted, {fit.num_misses} demand misses)"
+        f"({fit.num_used} used, {fit.num_wasted} wasted, {fit.num_misses} demand misses), {fit.knots_text()}"
         for (size, policy), fit in fits.items()
     )
     return priced, (
         f"next-layer prefetch: {cost_file or cost.source.split(':')[0]} has no share, so it is estimated from "
         f"this trace by pilot replays of {' and '.join(PILOT_POLICIES)} with --prefetch next-layer "
-        f"(specfit.prefetch.next_layer_share on their pooled counts): {per_cache}"
+        f"(specfit.prefetch.next_layer_share_by_nodes on their per-cycle counts): {per_cache}"
     )
 
 

@@ -70,11 +70,12 @@ import numpy as np
 from specfit.units import gb_per_s_to_bytes_per_s
 
 COST_MODEL_FORMAT = "specfit.CycleCostModel"
-COST_MODEL_VERSION = 5  # 2: draft_base_s (version 1 loads with 0); 3: host_s_per_transfer,
+COST_MODEL_VERSION = 6  # 2: draft_base_s (version 1 loads with 0); 3: host_s_per_transfer,
 # late_call_s (versions 1-2 load with 0: all of h2d_s_per_transfer is link time, no late calls);
 # 4: pre_router_frac (versions 1-3 load with 0: copies enqueued at the layer's start);
 # 5: next_layer_cover_frac, next_layer_waste_per_miss (versions 1-4 load with 0: next-layer
-# prefetch not priced)
+# prefetch not priced); 6: next_layer_nodes, next_layer_cover_fracs, next_layer_waste_per_misses
+# (the share per tree size; versions 1-5 load without knots: one share at every size)
 COST_FIT_REPORT_NAME = "cost_fit_report.json"  # written by calibration.fit beside its cost.json
 
 
@@ -206,6 +207,9 @@ FIELD_UNITS: dict[str, str] = {
     "pre_router_frac": "fraction",
     "next_layer_cover_frac": "fraction",
     "next_layer_waste_per_miss": "copies/miss",
+    "next_layer_nodes": "count",
+    "next_layer_cover_fracs": "fraction",
+    "next_layer_waste_per_misses": "copies/miss",
     "expert_bytes": "bytes",
     "num_layers": "count",
     "overlap_h2d": "bool",
@@ -296,6 +300,15 @@ class CycleCostModel:
             from a run's prefetch counts (:func:`calibration.costfit.fit_next_layer_terms`).
         next_layer_waste_per_miss: with next-layer prefetch, the copies of wrong guesses it adds to
             the link per such demand miss (copies/miss, >= 0, default 0), fitted alike.
+        next_layer_nodes: knots of the share per tree size over a cycle's verified nodes (count,
+            strictly increasing, >= 1; default empty: ``next_layer_cover_frac`` and
+            ``next_layer_waste_per_miss`` at every size). With knots, ``h`` and ``x`` of a cycle of
+            ``n`` verified nodes are ``np.interp(n, next_layer_nodes, next_layer_cover_fracs)`` and
+            ``np.interp(n, next_layer_nodes, next_layer_waste_per_misses)`` (the end values outside),
+            and the two scalars are the pooled values (reported, not priced). Fitted by
+            :func:`specfit.prefetch.next_layer_share_by_nodes` from per-cycle counts.
+        next_layer_cover_fracs, next_layer_waste_per_misses: the share (fractions in [0, 1]) and
+            waste (copies/miss, >= 0) at each knot (tuples as long as ``next_layer_nodes``).
         next_layer_prefetch: whether the run prefetches one layer ahead (``--prefetch
             next-layer|both``): the cycle is then priced with the two terms above (see
             :meth:`cycle_s_layers`); a run setting, like ``draft_prefetch`` (default False;
@@ -326,6 +339,9 @@ class CycleCostModel:
     next_layer_cover_frac: float = 0.0
     next_layer_waste_per_miss: float = 0.0
     next_layer_prefetch: bool = False
+    next_layer_nodes: tuple[float, ...] = ()
+    next_layer_cover_fracs: tuple[float, ...] = ()
+    next_layer_waste_per_misses: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         for name in _FLOAT_FIELDS:
@@ -366,13 +382,59 @@ class CycleCostModel:
         if self.overlap_mode not in ("on", "ideal"):
             raise ValueError(f"CycleCostModel.overlap_mode: expected 'on' or 'ideal', got {self.overlap_mode!r}")
         object.__setattr__(self, "source", str(self.source))
+        knots = self._check_knots()
         # derived once (the fields are frozen): read by every pricing call
         on = self.overlap_h2d and self.overlap_mode == "on"
         nl = self.next_layer_prefetch and self.has_next_layer_share and not (self.overlap_h2d and not on)
-        x, link = self.next_layer_waste_per_miss, self.link_s_per_transfer
-        terms = (1.0 + x) * self.host_s_per_transfer, (1.0 - self.next_layer_cover_frac) * link, (1.0 + x) * link
-        plain = self.host_s_per_transfer, link, link  # h = x = 0
-        object.__setattr__(self, "_derived", (on, nl, on or nl, terms, terms if nl else plain))
+        host, link = self.host_s_per_transfer, self.link_s_per_transfer
+        terms = self._share_terms(self.next_layer_cover_frac, self.next_layer_waste_per_miss)
+        plain = host, link, link  # h = x = 0
+        if knots is None:
+            least = terms
+            least_per_miss = terms[0] + terms[1]
+        else:  # lower bounds over every size: the terms grow with x and fall with h; affine between knots
+            least = self._share_terms(float(knots[1].max()), float(knots[2].min()))
+            least_per_miss = float(np.min((1.0 + knots[2]) * host + (1.0 - knots[1]) * link))
+        derived = (on, nl, on or nl, terms, terms if nl else plain, knots, least, least_per_miss)
+        object.__setattr__(self, "_derived", derived)
+
+    def _check_knots(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Validate the share-per-size knots (stored back as tuples of floats); their float64
+        arrays ``(nodes, cover, waste)``, or None without knots."""
+        names = ("next_layer_nodes", "next_layer_cover_fracs", "next_layer_waste_per_misses")
+        arrays = []
+        for name in names:
+            value = getattr(self, name)
+            try:
+                items = tuple(float(v) for v in value if not isinstance(v, bool))
+                ok = len(items) == len(value) and all(math.isfinite(v) and v >= 0.0 for v in items)
+            except (TypeError, ValueError):
+                ok = False
+            if not ok or isinstance(value, (str, bytes)):
+                raise ValueError(f"CycleCostModel.{name}: expected a list of finite numbers >= 0 ({FIELD_UNITS[name]}), got {value!r}")
+            object.__setattr__(self, name, items)
+            arrays.append(np.array(items, dtype=np.float64))
+        nodes, cover, waste = arrays
+        if not (len(nodes) == len(cover) == len(waste)):
+            raise ValueError(
+                f"CycleCostModel.next_layer_nodes: expected as many knots as next_layer_cover_fracs and "
+                f"next_layer_waste_per_misses, got {len(nodes)}, {len(cover)} and {len(waste)}"
+            )
+        if not len(nodes):
+            return None
+        if nodes[0] < 1.0 or np.any(np.diff(nodes) <= 0.0):
+            raise ValueError(f"CycleCostModel.next_layer_nodes: expected strictly increasing node counts >= 1, got {self.next_layer_nodes!r}")
+        if np.any(cover > 1.0):
+            raise ValueError(f"CycleCostModel.next_layer_cover_fracs: expected fractions in [0, 1], got {self.next_layer_cover_fracs!r}")
+        for a in arrays:
+            a.setflags(write=False)
+        return nodes, cover, waste
+
+    def _share_terms(self, cover: Any, waste: Any) -> tuple[Any, Any, Any]:
+        """``(host, after, link)`` s per miss for share ``h = cover`` and waste ``x = waste``
+        (floats or arrays): ``((1 + x) host_s_per_transfer, (1 - h) T_link, (1 + x) T_link)``."""
+        link = self.link_s_per_transfer
+        return (1.0 + waste) * self.host_s_per_transfer, (1.0 - cover) * link, (1.0 + waste) * link
 
     # ---- the formula -------------------------------------------------------------------------
     @property
@@ -457,8 +519,20 @@ class CycleCostModel:
     @property
     def has_next_layer_share(self) -> bool:
         """True when a next-layer prefetch share was fitted (``next_layer_cover_frac`` or
-        ``next_layer_waste_per_miss`` > 0); versions 1-4 and presets load without one."""
-        return self.next_layer_cover_frac > 0.0 or self.next_layer_waste_per_miss > 0.0
+        ``next_layer_waste_per_miss`` > 0, or a knot's); versions 1-4 and presets load without one."""
+        if self.next_layer_cover_frac > 0.0 or self.next_layer_waste_per_miss > 0.0:
+            return True
+        return any(v > 0.0 for v in self.next_layer_cover_fracs + self.next_layer_waste_per_misses)
+
+    def next_layer_share_at(self, num_nodes: Any) -> tuple[Any, Any]:
+        """``(h, x)``: next-layer prefetch's share and waste for a cycle of ``num_nodes`` verified
+        nodes (a count or an array of counts; the results broadcast alike): the knots'
+        ``np.interp`` (the end values outside) when the model has them, else
+        ``next_layer_cover_frac`` and ``next_layer_waste_per_miss``."""
+        knots = self._derived[5]
+        if knots is None:
+            return self.next_layer_cover_frac, self.next_layer_waste_per_miss
+        return np.interp(num_nodes, knots[0], knots[1]), np.interp(num_nodes, knots[0], knots[2])
 
     @property
     def next_layer_priced(self) -> bool:
@@ -475,17 +549,28 @@ class CycleCostModel:
         mode "on" (:attr:`per_layer_overlap`) or next-layer prefetch (:attr:`next_layer_priced`)."""
         return self._derived[2]
 
-    @property
-    def next_layer_s_per_miss(self) -> tuple[float, float, float]:
-        """``(host, after, link)`` seconds per demand miss ``m`` the planner counts, with next-layer
-        prefetch covering ``h = next_layer_cover_frac`` of them and adding ``x =
-        next_layer_waste_per_miss`` wrong copies: placing every copy on the compute stream ``(1 +
-        x) * host_s_per_transfer``; the copies still enqueued after the layer's router ``(1 - h) *
+    def next_layer_s_per_miss(self, num_nodes: Any = None) -> tuple[Any, Any, Any]:
+        """``(host, after, link)`` seconds per demand miss ``m`` the planner counts in a cycle of
+        ``num_nodes`` verified nodes (a count or an array: the terms broadcast alike), with
+        next-layer prefetch covering ``h`` of them and adding ``x`` wrong copies
+        (:meth:`next_layer_share_at`): placing every copy on the compute stream ``(1 + x) *
+        host_s_per_transfer``; the copies still enqueued after the layer's router ``(1 - h) *
         T_link``; all of the layer's copies on the link ``(1 + x) * T_link``
-        (:attr:`link_s_per_transfer`). With ``h = x = 0`` (no next-layer prefetch priced) they
-        are mode "on"'s ``(host_s_per_transfer, T_link, T_link)``, so one per-layer form prices
-        both (:meth:`cycle_s_layers`). Set once per model."""
-        return self._derived[3]
+        (:attr:`link_s_per_transfer`). Without knots (or ``num_nodes`` None) the pooled share's,
+        set once per model. With ``h = x = 0`` they are mode "on"'s ``(host_s_per_transfer,
+        T_link, T_link)``, so one per-layer form prices both (:meth:`cycle_s_layers`)."""
+        if num_nodes is None or self._derived[5] is None:
+            return self._derived[3]
+        h, x = self.next_layer_share_at(num_nodes)
+        return self._share_terms(h, x)
+
+    @property
+    def next_layer_least_s_per_miss(self) -> tuple[float, float, float]:
+        """Lower bounds on :meth:`next_layer_s_per_miss` over every tree size: the terms at the
+        largest knot share and the least knot waste (each term falls with ``h`` and grows with
+        ``x``); the pooled terms without knots. The planner's exact search prices with them
+        (``specfit.planner.search_costs``: a bound stays a bound; the plan's gap certifies the rest)."""
+        return self._derived[6]
 
     def overlap_on_total_s(self, verify_s: Any, total_misses: Any) -> Any:
         """Mode "on"'s verification time from the TOTAL misses (s; arrays broadcast):
@@ -512,7 +597,7 @@ class CycleCostModel:
         overlap :meth:`combine_s`."""
         verify = self.verify_s_array(num_nodes, context_len)
         if self.next_layer_priced:
-            out = self.draft_s_array(num_levels) + self.next_layer_total_s(verify, total_misses)
+            out = self.draft_s_array(num_levels) + self.next_layer_total_s(verify, total_misses, num_nodes)
         elif self.per_layer_overlap:
             out = self.draft_s_array(num_levels) + self.overlap_on_total_s(verify, total_misses)
         else:
@@ -549,13 +634,17 @@ class CycleCostModel:
         layer l-1's compute, their window ``c``); the simulator replays the recorded guesses
         exactly. On a hand-built cycle (``tests/test_sim_engine.py``) it is the engine's timeline
         exactly while the guesses fit their window; link-bound it is the link's work, short by the
-        first router's time. With ``h = x = 0`` both forms are the ones without prefetch."""
+        first router's time. With ``h = x = 0`` both forms are the ones without prefetch. With
+        the share per tree size (``next_layer_nodes``) each row takes ``h`` and ``x`` at its own
+        ``num_nodes`` (:meth:`next_layer_s_per_miss`)."""
         m = np.asarray(misses, dtype=np.float64)
         c = self.verify_s_array(num_nodes, context_len) / self.num_layers
         c = np.asarray(c)[..., None]
         # mode "on" without next-layer prefetch is the same form with h = x = 0 (next_layer_s_per_miss:
         # max(c, p c + T m, T m) = max(c, p c + T m), bit for bit)
-        host_s, after_s, link_s = self.per_layer_s_per_miss
+        host_s, after_s, link_s = self.per_layer_s_per_miss(num_nodes)
+        if self._derived[1] and self._derived[5] is not None:  # per tree size: each row's own terms
+            after_s, link_s = np.asarray(after_s)[..., None], np.asarray(link_s)[..., None]
         if self.overlap_h2d:  # mode "on" (next_layer_priced excludes "ideal"; cycle_s sends "ideal" elsewhere)
             per_layer = np.maximum(np.maximum(c, self.pre_router_frac * c + m * after_s), m * link_s)
             host = host_s * m.sum(axis=-1) + self.late_call_s * np.count_nonzero(m, axis=-1)
@@ -565,23 +654,27 @@ class CycleCostModel:
         out = self.draft_s_array(num_levels) + per_layer.sum(axis=-1) + host
         return float(out) if np.ndim(out) == 0 else out
 
-    @property
-    def per_layer_s_per_miss(self) -> tuple[float, float, float]:
-        """The ``(host, after, link)`` seconds per miss :meth:`cycle_s_layers` prices with:
-        :attr:`next_layer_s_per_miss` when :attr:`next_layer_priced`, else its ``h = x = 0``
-        values ``(host_s_per_transfer, T_link, T_link)`` (mode "on" without next-layer prefetch).
-        Set once per model."""
-        return self._derived[4]
+    def per_layer_s_per_miss(self, num_nodes: Any = None) -> tuple[Any, Any, Any]:
+        """The ``(host, after, link)`` seconds per miss :meth:`cycle_s_layers` prices a cycle of
+        ``num_nodes`` verified nodes with: :meth:`next_layer_s_per_miss` when
+        :attr:`next_layer_priced`, else its ``h = x = 0`` values ``(host_s_per_transfer, T_link,
+        T_link)`` (mode "on" without next-layer prefetch). ``num_nodes`` None: the pooled share's
+        (what ``specfit.planner.cost_params`` holds beside the knots)."""
+        if num_nodes is None or self._derived[5] is None or not self._derived[1]:
+            return self._derived[4]
+        return self.next_layer_s_per_miss(num_nodes)
 
-    def next_layer_total_s(self, verify_s: Any, total_misses: Any) -> Any:
-        """Verification time with next-layer prefetch priced, from the TOTAL misses ``M`` (s;
-        arrays broadcast): ``host * M + max(V, p V + a M, b M) + late_call_s * (M > 0)`` in mode
-        "on", ``host * M + max(V + a M, b M)`` without overlap (:attr:`next_layer_s_per_miss`). A LOWER
-        bound on :meth:`cycle_s_layers`' form for any split of ``M`` over the layers (a sum of
-        maxima is at least the maximum of the sums), as :meth:`overlap_on_total_s`."""
+    def next_layer_total_s(self, verify_s: Any, total_misses: Any, num_nodes: Any = None) -> Any:
+        """Verification time with next-layer prefetch priced, from the TOTAL misses ``M`` of a
+        cycle of ``num_nodes`` verified nodes (s; arrays broadcast): ``host * M + max(V, p V + a
+        M, b M) + late_call_s * (M > 0)`` in mode "on", ``host * M + max(V + a M, b M)`` without
+        overlap (:meth:`next_layer_s_per_miss` at ``num_nodes``; None: the pooled share's). A
+        LOWER bound on :meth:`cycle_s_layers`' form at the same size for any split of ``M`` over
+        the layers (a sum of maxima is at least the maximum of the sums), as
+        :meth:`overlap_on_total_s`."""
         v = np.asarray(verify_s, dtype=np.float64)
         m = np.asarray(total_misses, dtype=np.float64)
-        host_s, after_s, link_s = self.next_layer_s_per_miss
+        host_s, after_s, link_s = self.next_layer_s_per_miss(num_nodes)
         if self.overlap_h2d:
             both = np.maximum(np.maximum(v, self.pre_router_frac * v + after_s * m), link_s * m)
             out = host_s * m + both + self.late_call_s * (m > 0)
@@ -623,11 +716,11 @@ class CycleCostModel:
         """Without overlap, the least seconds one more predicted miss adds to any cycle price of
         this model, whatever the verified nodes add (a lower bound, with
         :attr:`least_verify_share`, for SpecFit's ``stopping="bound"`` rule): :attr:`s_per_miss`;
-        with next-layer prefetch priced ``host + a`` of :attr:`next_layer_s_per_miss` (``max(c + a m,
-        b m)`` grows by at least ``min(a, b) = a`` per miss)."""
+        with next-layer prefetch priced the least ``host + a`` of :meth:`next_layer_s_per_miss`
+        over every tree size (``max(c + a m, b m)`` grows by at least ``min(a, b) = a`` per miss;
+        ``host + a`` is affine in ``h`` and ``x``, so between knots it is least at a knot)."""
         if self.next_layer_priced:
-            host_s, after_s, _ = self.next_layer_s_per_miss
-            return host_s + after_s
+            return self._derived[7]
         return self.s_per_miss
 
     @property
@@ -686,8 +779,10 @@ class CycleCostModel:
             return self.cycle_s_layers(num_levels, num_nodes, context_len, misses)
         if misses is not None:  # a scalar total
             self.h2d_s(misses)  # checks it
-            total = self.next_layer_total_s if self.next_layer_priced else self.overlap_on_total_s
-            return float(self.draft_s(num_levels) + total(self.verify_s(num_nodes, context_len), float(misses)))
+            verify = self.verify_s(num_nodes, context_len)
+            if self.next_layer_priced:
+                return float(self.draft_s(num_levels) + self.next_layer_total_s(verify, float(misses), num_nodes))
+            return float(self.draft_s(num_levels) + self.overlap_on_total_s(verify, float(misses)))
         return self.combine_s(
             self.draft_s(num_levels), self.verify_s(num_nodes, context_len), self.h2d_s(misses_per_layer)
         )
@@ -696,11 +791,12 @@ class CycleCostModel:
         """A realised cycle's price (s) from its DEMAND misses (int[L], those its cache access
         still missed after any prefetch): :meth:`cycle_s`. With next-layer prefetch priced the
         formula counts the misses against the cache before the guesses (what the planner and the
-        root's counterfactual see), of which the guesses leave ``1 - next_layer_cover_frac`` as
-        demand misses, so those are scaled back by ``1 / (1 - h)`` first (``h < 1``; with ``h =
-        1`` they are priced as they are). What ``SpecFitPolicy.observe_cycle`` prices live and
-        simulated cycles with, so both sides' guards see the same seconds."""
-        h = self.next_layer_cover_frac
+        root's counterfactual see), of which the guesses leave ``1 - h`` as demand misses (``h``
+        of :meth:`next_layer_share_at` at ``num_nodes``), so those are scaled back by ``1 / (1 -
+        h)`` first (``h < 1``; with ``h = 1`` they are priced as they are). What
+        ``SpecFitPolicy.observe_cycle`` prices live and simulated cycles with, so both sides'
+        guards see the same seconds."""
+        h = float(self.next_layer_share_at(num_nodes)[0]) if self.next_layer_priced else 0.0
         if self.next_layer_priced and h < 1.0:
             misses = np.asarray(demand_misses_per_layer, dtype=np.float64) / (1.0 - h)
             return self.cycle_s(num_levels, num_nodes, context_len, misses)
@@ -825,6 +921,7 @@ class CycleCostModel:
         optional += ("host_s_per_transfer", "late_call_s") if version <= 2 else ()
         optional += ("pre_router_frac",) if version <= 3 else ()
         optional += ("next_layer_cover_frac", "next_layer_waste_per_miss") if version <= 4 else ()
+        optional += ("next_layer_nodes", "next_layer_cover_fracs", "next_layer_waste_per_misses") if version <= 5 else ()
         missing = [n for n in names if n not in optional and n not in data]
         if missing:
             raise ValueError(f"{where}: missing field(s) {missing}")

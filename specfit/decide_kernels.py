@@ -137,7 +137,7 @@ def level_accept_probs(parents, depths, max_depth, logprobs, edge, knots_x, knot
 def union_cycle_s(params, num_levels, nodes, context_len, union_table, row, miss, total, scratch):
     """Predicted cycle time (s) of a union-size subtree of ``nodes`` nodes after ``num_levels``
     levels: its expected misses per layer are ``union_table[row] * miss``, ``total`` their sum
-    as the caller summed it. ``params`` float64[17] (:func:`specfit.planner.cost_params`):
+    as the caller summed it. ``params`` float64[18 + 3 K] (:func:`specfit.planner.cost_params`):
     ``draft_base_s, draft_s_per_level, verify_base_s, verify_s_per_node,
     verify_s_per_context_token, s_per_miss, overlap_h2d, per_layer (overlap mode "on"),
     link_s_per_transfer, host_s_per_transfer, pre_router_frac, late_call_s, num_layers``.
@@ -150,27 +150,37 @@ def union_cycle_s(params, num_levels, nodes, context_len, union_table, row, miss
     prefetch priced, ``params[13]``, or mode "on", ``params[7]``) with ``host, after, link`` of
     ``params[14:17]`` (``cost.per_layer_s_per_miss``: ``after = link = T_link`` without next-layer
     prefetch, where ``max(c, pre * c + m * link, m * link) = max(c, pre * c + m * link)``).
+    With ``K = params[17]`` knots of the share per tree size those three are the share's at
+    ``nodes`` (``h``, ``x`` by :func:`_interp`, numpy's ``interp``; then ``(1 + x) host_s_per_transfer,
+    (1 - h) link_s_per_transfer, (1 + x) link_s_per_transfer``: ``cost.next_layer_s_per_miss``'s
+    operations, so the values are its bit for bit).
     """
     levels = float(num_levels)
     draft = params[0] + params[1] * levels if levels > 0 else 0.0  # cost.draft_s
     verify = params[2] + params[3] * nodes + params[4] * float(context_len)
     if params[13] != 0.0 or params[7] != 0.0:  # next-layer prefetch or overlap mode "on", per layer
+        host_s, after_s, link_s = params[14], params[15], params[16]
+        knots = int(params[17])
+        if knots > 0:  # the share per tree size: cost.next_layer_s_per_miss(nodes)
+            h = _interp(nodes, params[18 : 18 + knots], params[18 + knots : 18 + 2 * knots])
+            w = _interp(nodes, params[18 : 18 + knots], params[18 + 2 * knots : 18 + 3 * knots])
+            host_s, after_s, link_s = (1.0 + w) * params[9], (1.0 - h) * params[8], (1.0 + w) * params[8]
         layers = miss.shape[0]
         c = verify / params[12]
         count = 0
         for layer in range(layers):  # np.maximum: NaN wins
             m = union_table[row, layer] * miss[layer]
             if params[6] != 0.0:  # mode "on": max(max(c, pre * c + m * after), m * link)
-                x = params[10] * c + m * params[15]
+                x = params[10] * c + m * after_s
                 x = x if x > c or np.isnan(x) else c
             else:  # max(c + m * after, m * link)
-                x = c + m * params[15]
-            y = m * params[16]
+                x = c + m * after_s
+            y = m * link_s
             scratch[0, layer] = x if x > y or np.isnan(x) else y
             scratch[1, layer] = m
             if m != 0.0:
                 count += 1
-        host = params[14] * numpy_sum(scratch[1], 0, layers)
+        host = host_s * numpy_sum(scratch[1], 0, layers)
         if params[6] != 0.0:
             host = host + params[11] * float(count)
         return draft + numpy_sum(scratch[0], 0, layers) + host
@@ -382,7 +392,7 @@ def union_size_plan_rule(p, parents, depths, union_table, miss, params, context_
     Args:
         p: float64[N] path acceptance; parents, depths: int64[N] of the tree.
         union_table: float64[>= N + max_depth, L] expected union sizes; miss: float64[L] miss fractions.
-        params: float64[17] of :func:`specfit.planner.cost_params` (the cost terms, overlap
+        params: float64[18 + 3 K] of :func:`specfit.planner.cost_params` (the cost terms, overlap
             form and next-layer terms, in its order); the context term is ``params[4] *
             context_len`` (as ``cost.verify_s``).
         context_len, num_levels, max_depth: counts (int).

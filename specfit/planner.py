@@ -206,11 +206,14 @@ def search_costs(cost, num_levels: int, context_len: int) -> np.ndarray:
     draft-prefetching run (``cost.draft_prefetch``) takes the prefetch pipeline's bound:
     ``per_miss`` the link's share, ``pre`` ``cost.prefetch_tail_frac``, ``late`` 0. With next-layer
     prefetch priced (``cost.next_layer_priced``; ``host``, ``a``, ``b`` of
-    ``cost.next_layer_s_per_miss``) the totals form ``host M + max(V + a M, b M)`` without overlap is
+    ``cost.next_layer_s_per_miss()``) the totals form ``host M + max(V + a M, b M)`` without overlap is
     exactly this form (``host + a``, ``pre`` 0, ``per_miss`` ``host + b``); mode "on"'s
     ``host M + max(V, p V + a M, b M) + late`` has three branches, so the search takes one of
     its two copy branches: ``p V + a M`` when it binds where a layer turns copy-bound (``b (1 -
-    p) <= a``), else ``b M`` (either gives a lower bound; the plan's gap certifies the rest)."""
+    p) <= a``), else ``b M`` (either gives a lower bound; the plan's gap certifies the rest). With
+    the share per tree size (``cost.next_layer_nodes``) the terms are their lower bounds over
+    every size (``cost.next_layer_least_s_per_miss``, ``host + a`` ``cost.least_s_per_miss``),
+    so the search still maximises an upper bound on every subtree's throughput."""
     if cost.draft_prefetch:
         return np.array(
             [
@@ -224,13 +227,13 @@ def search_costs(cost, num_levels: int, context_len: int) -> np.ndarray:
                 0.0,
             ]
         )
-    if cost.next_layer_priced:
-        host, after, link = cost.next_layer_s_per_miss
+    if cost.next_layer_priced:  # lower bounds over every tree size (the search knows no size per miss)
+        host, after, link = cost.next_layer_least_s_per_miss
         if cost.overlap_h2d:  # mode "on"
-            keep = 1.0 if link * (1.0 - cost.pre_router_frac) <= after else 0.0
-            per_miss, pre, late = host + keep * after + (1.0 - keep) * link, keep * cost.pre_router_frac, cost.late_call_s
+            keep = link * (1.0 - cost.pre_router_frac) <= after
+            per_miss, pre, late = cost.least_s_per_miss if keep else host + link, keep * cost.pre_router_frac, cost.late_call_s
         else:
-            per_miss, pre, late, host = host + link, 0.0, 0.0, host + after
+            per_miss, pre, late, host = host + link, 0.0, 0.0, cost.least_s_per_miss
         return np.array(
             [cost.draft_s(num_levels), cost.verify_s(0, context_len), cost.verify_s_per_node, per_miss, 1.0, host, pre, late]
         )
@@ -307,17 +310,20 @@ _COST_PARAMS: dict[int, tuple[object, np.ndarray]] = {}
 
 
 def cost_params(cost) -> np.ndarray:
-    """float64[17] the compiled union-size path takes (:func:`specfit.decide_kernels.union_cycle_s`):
+    """float64[18 + 3 K] the compiled union-size path takes (:func:`specfit.decide_kernels.union_cycle_s`):
     ``draft_base_s, draft_s_per_level, verify_base_s, verify_s_per_node, verify_s_per_context_token,
     s_per_miss, overlap_h2d, per_layer_overlap, link_s_per_transfer, host_s_per_transfer,
-    pre_router_frac, late_call_s, num_layers, next_layer_priced`` and ``cost.per_layer_s_per_miss``
-    (``host, after, link``: next-layer prefetch's, or mode "on"'s without it); kept per cost model
-    (immutable) object."""
+    pre_router_frac, late_call_s, num_layers, next_layer_priced``, ``cost.per_layer_s_per_miss()``
+    (``host, after, link``: next-layer prefetch's pooled share's, or mode "on"'s without it), then
+    ``K`` and the share per tree size's knots ``next_layer_nodes, next_layer_cover_fracs,
+    next_layer_waste_per_misses`` (``K`` each; ``K = 0`` when next-layer prefetch is not priced
+    or has one share for every size); kept per cost model (immutable) object."""
     memo = _COST_PARAMS.get(id(cost))
     if memo is not None and memo[0] is cost:
         return memo[1]
     if len(_COST_PARAMS) >= 64:  # a few cost models per process (a sweep's bandwidths); never unbounded
         _COST_PARAMS.clear()
+    knots = cost.next_layer_nodes if cost.next_layer_priced else ()
     params = np.array(
         [
             cost.draft_base_s,
@@ -334,7 +340,11 @@ def cost_params(cost) -> np.ndarray:
             cost.late_call_s,
             float(cost.num_layers),
             1.0 if cost.next_layer_priced else 0.0,
-            *cost.per_layer_s_per_miss,
+            *cost.per_layer_s_per_miss(),
+            float(len(knots)),
+            *knots,
+            *cost.next_layer_cover_fracs[: len(knots)],
+            *cost.next_layer_waste_per_misses[: len(knots)],
         ]
     )
     params.setflags(write=False)

@@ -22,7 +22,9 @@ both prefetch the same experts at the same points and count them the same way.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -40,12 +42,18 @@ demand misses, used and wasted prefetches)."""
 
 @dataclass(frozen=True)
 class NextLayerShare:
-    """Next-layer prefetch's two cost terms and the counts they come from (:func:`next_layer_share`).
+    """Next-layer prefetch's two cost terms and the counts they come from (:func:`next_layer_share`),
+    pooled and, when fitted per tree size (:func:`next_layer_share_by_nodes`), per verified-node
+    count.
 
     Attributes:
-        cover_frac: ``CycleCostModel.next_layer_cover_frac`` (fraction in [0, 1]).
-        waste_per_miss: ``CycleCostModel.next_layer_waste_per_miss`` (copies per miss, >= 0).
+        cover_frac: ``CycleCostModel.next_layer_cover_frac`` (fraction in [0, 1]), pooled.
+        waste_per_miss: ``CycleCostModel.next_layer_waste_per_miss`` (copies per miss, >= 0), pooled.
         num_misses, num_used, num_wasted: summed demand misses, used and wasted prefetches (counts).
+        nodes: ``CycleCostModel.next_layer_nodes``: knots over the verified nodes of a cycle
+            (count, strictly increasing; empty: the pooled values at every size).
+        cover_fracs, waste_per_misses: the share and waste at each knot (``CycleCostModel.
+            next_layer_cover_fracs`` / ``next_layer_waste_per_misses``; same length as ``nodes``).
     """
 
     cover_frac: float
@@ -53,6 +61,28 @@ class NextLayerShare:
     num_misses: int
     num_used: int
     num_wasted: int
+    nodes: tuple[float, ...] = ()
+    cover_fracs: tuple[float, ...] = ()
+    waste_per_misses: tuple[float, ...] = ()
+
+    def knots_text(self) -> str:
+        """The knots in words, e.g. ``"per tree size (nodes: covered/wasted per miss) 1: 0.53/0.02,
+        60: 0.14/0.10"``; empty without knots."""
+        if not self.nodes:
+            return ""
+        pairs = ", ".join(f"{n:.3g}: {h:.2f}/{x:.2f}" for n, h, x in zip(self.nodes, self.cover_fracs, self.waste_per_misses))
+        return f"per tree size (nodes: covered/wasted per miss) {pairs}"
+
+    def cost_fields(self) -> dict[str, Any]:
+        """The ``specfit.cost.CycleCostModel`` fields of this share, for ``dataclasses.replace``
+        (``calibration.fit``, ``sim.sweep``'s pilot, ``analysis.validate``)."""
+        return {
+            "next_layer_cover_frac": self.cover_frac,
+            "next_layer_waste_per_miss": self.waste_per_miss,
+            "next_layer_nodes": self.nodes,
+            "next_layer_cover_fracs": self.cover_fracs,
+            "next_layer_waste_per_misses": self.waste_per_misses,
+        }
 
 
 def next_layer_share(num_misses: int, num_used: int, num_wasted: int) -> NextLayerShare:
@@ -77,6 +107,71 @@ def next_layer_share(num_misses: int, num_used: int, num_wasted: int) -> NextLay
     if base == 0:
         return NextLayerShare(0.0, 0.0, **counts)
     return NextLayerShare(counts["num_used"] / base, counts["num_wasted"] / base, **counts)
+
+
+NEXT_LAYER_MIN_KNOT_MISSES = 200
+"""The least planner misses (``M + U``) behind one knot of :func:`next_layer_share_by_nodes`: its
+share's binomial standard error is then at most ``0.5 / sqrt(200) = 0.035``."""
+NEXT_LAYER_MAX_KNOTS = 8
+"""The most knots :func:`next_layer_share_by_nodes` fits."""
+
+
+def next_layer_share_by_nodes(
+    num_nodes: Any, num_misses: Any, num_used: Any, num_wasted: Any,
+    min_knot_misses: int = NEXT_LAYER_MIN_KNOT_MISSES, max_knots: int = NEXT_LAYER_MAX_KNOTS,
+) -> NextLayerShare:  # fmt: skip
+    """Next-layer prefetch's share and waste per tree size, from per-cycle counts.
+
+    One share for all trees under-prices big ones: on the shipped sample at cache 8 the root
+    alone sees 0.53 of its misses covered, a 60-node tree 0.14 (the guesses of one token's
+    hidden state cover a tree's spread of experts less, and the cache holds fewer of them), so
+    the share is fitted per verified-node count ``n``: cycles are grouped by ``n`` into runs of
+    consecutive counts, each closed once it holds ``max(min_knot_misses, (M + U) / max_knots)``
+    planner misses (a last short run joins the one before); a group's knot is its
+    planner-miss-weighted mean ``n`` and its share and waste :func:`next_layer_share`'s ratios of
+    its totals. ``specfit.cost.CycleCostModel`` interpolates between knots (``np.interp``: the end
+    values outside). The pooled :func:`next_layer_share` is returned beside the knots; no knot
+    when no cycle has a planner miss.
+
+    Args:
+        num_nodes: int[C] verified nodes per cycle (>= 1).
+        num_misses, num_used, num_wasted: int[C] per cycle demand misses, used and wasted
+            prefetches (``PREFETCH_COUNT_COLUMNS``).
+        min_knot_misses, max_knots: see above (counts, >= 1).
+
+    Raises:
+        ValueError: arrays of different lengths, a negative count or a node count < 1.
+    """
+    nodes = np.asarray(num_nodes, dtype=np.int64).reshape(-1)
+    counts = [np.asarray(a, dtype=np.int64).reshape(-1) for a in (num_misses, num_used, num_wasted)]
+    if any(c.shape != nodes.shape for c in counts):
+        raise ValueError(f"next_layer_share_by_nodes: expected {nodes.shape[0]} counts per column")
+    if nodes.shape[0] and int(nodes.min()) < 1:
+        raise ValueError(f"next_layer_share_by_nodes: num_nodes must be >= 1, got {int(nodes.min())}")
+    pooled = next_layer_share(*(int(c.sum()) for c in counts))
+    base = counts[0] + counts[1]
+    if pooled.num_misses + pooled.num_used == 0:
+        return pooled
+    sizes, where = np.unique(nodes, return_inverse=True)
+    per = [np.bincount(where, weights=c, minlength=sizes.shape[0]) for c in (counts[0], counts[1], counts[2], base)]
+    need = max(int(min_knot_misses), float(per[3].sum()) / max(int(max_knots), 1))
+    groups: list[list[int]] = [[]]
+    for i in range(sizes.shape[0]):
+        groups[-1].append(i)
+        if per[3][groups[-1]].sum() >= need and i < sizes.shape[0] - 1:
+            groups.append([])
+    if len(groups) > 1 and per[3][groups[-1]].sum() < need:
+        tail = groups.pop()  # a short last group joins the one before
+        groups[-1] += tail
+    knots, covers, wastes = [], [], []
+    for group in groups:
+        total = float(per[3][group].sum())
+        if total <= 0.0:
+            continue
+        knots.append(float(np.dot(sizes[group], per[3][group]) / total))
+        covers.append(float(per[1][group].sum() / total))
+        wastes.append(float(per[2][group].sum() / total))
+    return dataclasses.replace(pooled, nodes=tuple(knots), cover_fracs=tuple(covers), waste_per_misses=tuple(wastes))
 
 
 def uses_draft(mode: str) -> bool:

@@ -172,3 +172,21 @@ def random_small_context(
         context_len=context_len,
         num_levels=int(tree.max_depth),
     )
+
+
+def random_next_layer_knots(rng: np.random.Generator, max_knots: int = 4) -> dict:
+    """Random ``CycleCostModel`` fields of next-layer prefetch's share per tree size, for
+    property tests: ``{}`` (one share at every size) half the time, else 1 to ``max_knots``
+    strictly increasing node knots from 1 and a share (0, 1 or uniform) and waste (0 or
+    uniform in [0, 2)) at each (``CycleCostModel.next_layer_nodes``)."""
+    if rng.random() < 0.5:
+        return {}
+    k = int(rng.integers(1, max_knots + 1))
+    nodes = np.cumsum(np.r_[1.0 + rng.uniform(0.0, 3.0), rng.uniform(0.5, 12.0, k - 1)])
+    covers = [float(rng.choice([0.0, 1.0, rng.uniform(0, 1)])) for _ in range(k)]
+    wastes = [float(rng.choice([0.0, rng.uniform(0, 2)])) for _ in range(k)]
+    return {
+        "next_layer_nodes": tuple(float(n) for n in nodes),
+        "next_layer_cover_fracs": tuple(covers),
+        "next_layer_waste_per_misses": tuple(wastes),
+    }

@@ -452,3 +452,36 @@ def test_validate_calibration_flag_checked() -> None:
     with pytest.raises(SystemExit) as exc:
         validate.main(["--calibration", "sometimes"])
     assert exc.value.code == 2
+
+
+def test_separate_calibration_takes_the_next_layer_share_from_replays(tmp_path, monkeypatch) -> None:
+    """``--calibration separate`` has no prefetch among its calibration runs: a grid with
+    ``--prefetch next-layer`` gets the share per tree size from replays on the dense trace at
+    every cache (``sim.sweep.next_layer_share_from_replays``), saved in the cost it prices with;
+    with ``--cost`` or without next-layer prefetch the cost is left as it is."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    import sim.sweep
+    from specfit.cost import CycleCostModel
+    from specfit.prefetch import NextLayerShare
+
+    cost = CycleCostModel(1e-3, 5e-3, 1e-4, 0.0, 1e9, 1e-5, 1_000_000, 2)
+    share = NextLayerShare(0.3, 0.1, 70, 30, 10, (1.0, 9.0), (0.5, 0.2), (0.2, 0.05))
+    seen = []
+
+    def fake(run, configs, policies=sim.sweep.PILOT_POLICIES):
+        seen.append((run, [(c.cache_capacity_per_layer, c.policy, c.cache_policy, c.predictor) for c in configs], policies))
+        return share
+
+    monkeypatch.setattr(sim.sweep, "next_layer_share_from_replays", fake)
+    args = SimpleNamespace(cost=None, prefetch=["none", "next-layer"], seed=0)
+    v = validate.Validator(args, tmp_path)
+    v.dense = "dense-run"
+    priced, path = v._with_replayed_share(cost, tmp_path / "cost.json", [4, 8])
+    assert priced == dataclasses.replace(cost, **share.cost_fields()) and CycleCostModel.load(path) == priced
+    assert seen == [("dense-run", [(4, "ar", "lru", "union-size"), (8, "ar", "lru", "union-size")], ("ar", "chain", "topn"))]
+    for changed in ({"cost": "given.json"}, {"prefetch": ["none", "draft"]}):
+        v.args = SimpleNamespace(**dict(vars(args), **changed))
+        assert v._with_replayed_share(cost, tmp_path / "other.json", [4]) == (cost, tmp_path / "other.json")
+    assert len(seen) == 1

@@ -611,10 +611,11 @@ def _sweep_cells(out: Path) -> list[dict]:
     return json.loads((out / "sweep.json").read_text())["cells"]
 
 
-def test_pilot_share_is_fit_next_layer_terms_of_the_ar_and_topn_counts(guessed: str) -> None:
+def test_pilot_share_is_fit_next_layer_terms_of_the_ar_chain_and_topn_counts(guessed: str) -> None:
     """Issue 13 item 3: the share a cost without one gets is calibration.costfit's fit on the
-    pooled used/wasted/demand-miss counts of ar and topn replayed with --prefetch next-layer at the
-    cell's cache, and those counts do not depend on the bandwidth or the overlap (one pilot per cache)."""
+    per-cycle used/wasted/demand-miss counts and verified nodes of ar, chain and topn replayed
+    with --prefetch next-layer at the cell's cache, pooled and per tree size (knots), and those
+    counts do not depend on the bandwidth or the overlap (one pilot per cache)."""
     import dataclasses
 
     from calibration.costfit import fit_next_layer_terms
@@ -626,9 +627,9 @@ def test_pilot_share_is_fit_next_layer_terms_of_the_ar_and_topn_counts(guessed: 
         overlaps=["on"], prefetches=["both"],
     )  # fmt: skip
     fit = pilot_next_layer_share(cell)
-    counts = {"cache_misses": [], "num_prefetch_used": [], "num_prefetch_wasted": []}
+    counts = {"num_nodes_verified": [], "cache_misses": [], "num_prefetch_used": [], "num_prefetch_wasted": []}
     run = open_run(guessed)
-    for policy in ("ar", "topn"):
+    for policy in ("ar", "chain", "topn"):
         for bandwidth, overlap in ((4.0, "off"), (64.0, "on")):  # timing never changes the counts
             other = dataclasses.replace(cell, policy=policy, policy_options=None, bandwidth_gb_per_s=bandwidth)
             config = dataclasses.replace(other, overlap=overlap, prefetch="next-layer").sim_config(record_cycles=True)
@@ -641,6 +642,8 @@ def test_pilot_share_is_fit_next_layer_terms_of_the_ar_and_topn_counts(guessed: 
                 assert per_policy == {name: values[-len(cycles):] for name, values in counts.items()}
     expected = fit_next_layer_terms(pd.DataFrame(counts))
     assert (fit.cover_frac, fit.waste_per_miss) == (expected.cover_frac, expected.waste_per_miss)
+    assert (fit.nodes, fit.cover_fracs, fit.waste_per_misses) == (expected.nodes, expected.cover_fracs, expected.waste_per_misses)
+    assert fit.nodes and fit.nodes[0] >= 1.0  # (the tiny trace has too few misses for a knot per size)
     assert fit.num_used > 0 and fit.num_wasted > 0 and fit.num_misses > 0 and 0.0 < fit.cover_frac < 1.0
     used, misses = sum(counts["num_prefetch_used"]), sum(counts["cache_misses"])
     assert fit.cover_frac == pytest.approx(used / (used + misses))
@@ -659,9 +662,12 @@ def test_sweep_prices_next_layer_prefetch_with_the_pilot_share_and_says_so(guess
     fit = pilot_next_layer_share(CellSpec(**{k: v for k, v in cells["none"].items() if k != "cell_id"}))
     share = (cells["next-layer"]["cost"]["next_layer_cover_frac"], cells["next-layer"]["cost"]["next_layer_waste_per_miss"])
     assert share == (fit.cover_frac, fit.waste_per_miss) and fit.cover_frac > 0
+    assert tuple(cells["next-layer"]["cost"]["next_layer_nodes"]) == fit.nodes and fit.nodes
+    assert tuple(cells["next-layer"]["cost"]["next_layer_cover_fracs"]) == fit.cover_fracs
     assert cells["none"]["cost"]["next_layer_cover_frac"] == 0.0
     line = next(h for h in out.splitlines() if h.startswith("next-layer prefetch:"))
-    assert "pilot replays of ar and topn" in line and "has no share" in line
+    assert "pilot replays of ar and chain and topn" in line and "has no share" in line
+    assert fit.knots_text() in line and "per tree size" in line
     assert f"cache 2 lru: {fit.cover_frac:.3f} covered, {fit.waste_per_miss:.3f} wasted/miss" in line
     assert f"{fit.num_used} used, {fit.num_wasted} wasted, {fit.num_misses} demand misses" in line
     results = pd.read_csv(tmp_path / "sweep" / "results.csv")
@@ -682,6 +688,7 @@ def test_a_cost_file_with_its_own_next_layer_share_keeps_it(guessed: str, tmp_pa
     assert "no next-layer prefetch share" not in err
     line = next(h for h in out.splitlines() if h.startswith("next-layer prefetch:"))
     assert "own share 0.300" in line and "0.125 wasted" in line and str(tmp_path / "cost.json") in line
+    assert "at every tree size" in line
     assert "pilot" not in line
     for cell in _sweep_cells(tmp_path / "sweep"):
         assert (cell["cost"]["next_layer_cover_frac"], cell["cost"]["next_layer_waste_per_miss"]) == (0.3, 0.125)

@@ -202,8 +202,8 @@ def test_cost_json_round_trip_and_errors(tmp_path) -> None:
     version_2 = dict(version_1, version=2)  # from version 2 the field is required
     with pytest.raises(ValueError, match="missing field.*draft_base_s"):
         CycleCostModel.from_dict(version_2)
-    with pytest.raises(ValueError, match="'version': expected 1..5.*got 6"):
-        CycleCostModel.from_dict(dict(cost.to_dict(), version=6))
+    with pytest.raises(ValueError, match="'version': expected 1..6.*got 7"):
+        CycleCostModel.from_dict(dict(cost.to_dict(), version=7))
     # version 2, before the compute stream's share of a miss and the late-expert call: both 0
     version_2 = {k: v for k, v in cost.to_dict().items() if k not in ("host_s_per_transfer", "late_call_s")}
     assert CycleCostModel.from_dict(dict(version_2, version=2)) == cost
@@ -277,6 +277,51 @@ def test_cost_json_round_trip_and_errors(tmp_path) -> None:
         _cost(h2d_bytes_per_s=0)
     with pytest.raises(ValueError, match="num_layers"):
         _cost(num_layers=0)
+
+
+def test_next_layer_share_per_tree_size_json_interpolation_and_errors(tmp_path) -> None:
+    """Version 6: next-layer prefetch's share per tree size (knots over verified nodes) round-trips,
+    version 5 loads without knots (one share at every size), bad knots are named, and a cycle of
+    ``n`` nodes is priced as a one-share model with the knots' ``np.interp`` at ``n``."""
+    base = _cost(overlap_h2d=True, overlap_mode="on", host_s_per_transfer=2e-6, pre_router_frac=0.3, late_call_s=1e-5)
+    base = dataclasses.replace(base, next_layer_prefetch=True, next_layer_cover_frac=0.3, next_layer_waste_per_miss=0.1)
+    knots = dict(next_layer_nodes=(1, 4, 30), next_layer_cover_fracs=(0.5, 0.3, 0.1), next_layer_waste_per_misses=(0.25, 0.1, 0.0))
+    cost = dataclasses.replace(base, **knots)
+    assert cost.next_layer_nodes == (1.0, 4.0, 30.0)
+    assert CycleCostModel.load(cost.save(tmp_path / "v6.json")) == cost
+    assert json.loads((tmp_path / "v6.json").read_text())["version"] == 6
+    version_5 = {k: v for k, v in base.to_dict().items() if k not in knots}
+    assert CycleCostModel.from_dict(dict(version_5, version=5)) == base
+    with pytest.raises(ValueError, match="missing field.*next_layer_nodes"):
+        CycleCostModel.from_dict(dict(version_5, version=6))
+    for bad, match in (
+        (dict(knots, next_layer_nodes=(1, 4, 4)), "next_layer_nodes: expected strictly increasing"),
+        (dict(knots, next_layer_nodes=(0.5, 4, 30)), "next_layer_nodes: expected strictly increasing"),
+        (dict(knots, next_layer_cover_fracs=(0.5, 0.3)), "as many knots"),
+        (dict(knots, next_layer_cover_fracs=(0.5, 1.3, 0.1)), "next_layer_cover_fracs: expected fractions"),
+        (dict(knots, next_layer_waste_per_misses=(0.1, -1, 0)), "next_layer_waste_per_misses: expected a list"),
+        (dict(knots, next_layer_nodes="abc"), "next_layer_nodes: expected a list"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            dataclasses.replace(base, **bad)
+    misses = np.array([3.0, 0.0, 7.0])
+    for n in (1, 2, 4, 10, 30, 60):
+        h, x = np.interp(n, (1, 4, 30), (0.5, 0.3, 0.1)), np.interp(n, (1, 4, 30), (0.25, 0.1, 0.0))
+        assert cost.next_layer_share_at(n) == (h, x)
+        one = dataclasses.replace(base, next_layer_cover_frac=float(h), next_layer_waste_per_miss=float(x))
+        for model, single in ((cost, one), (dataclasses.replace(cost, overlap_h2d=False), dataclasses.replace(one, overlap_h2d=False))):
+            assert model.cycle_s(2, n, 100, misses) == pytest.approx(single.cycle_s(2, n, 100, misses), rel=1e-12)
+            assert model.cycle_s(2, n, 100, 11.0) == pytest.approx(single.cycle_s(2, n, 100, 11.0), rel=1e-12)
+            assert model.realised_cycle_s(2, n, 100, misses) == pytest.approx(single.realised_cycle_s(2, n, 100, misses), rel=1e-12)
+            assert model.least_s_per_miss <= single.least_s_per_miss * (1 + 1e-12)
+            least, terms = model.next_layer_least_s_per_miss, model.next_layer_s_per_miss(n)
+            assert all(lo <= t * (1 + 1e-12) for lo, t in zip(least, terms))
+    rows = cost.cycle_s_layers(np.array([1, 2]), np.array([1, 30]), 100, np.stack([misses, misses]))
+    assert rows[0] == cost.cycle_s(1, 1, 100, misses) and rows[1] == cost.cycle_s(2, 30, 100, misses)
+    # knots unused where next-layer prefetch is not priced (a run without it, mode "ideal")
+    for change in ({"next_layer_prefetch": False}, {"overlap_mode": "ideal"}):
+        plain = dataclasses.replace(base, next_layer_cover_frac=0.0, next_layer_waste_per_miss=0.0, **change)
+        assert dataclasses.replace(cost, **change).cycle_s(2, 4, 100, misses) == plain.cycle_s(2, 4, 100, misses)
 
 
 # ---- acceptance -----------------------------------------------------------------------------

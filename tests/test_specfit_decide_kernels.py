@@ -32,6 +32,7 @@ from specfit.node_experts import NodeExperts
 from specfit.planner import _plan_union_size_batch, plan_exact
 from specfit.policies import SpecFitPolicy, _chain_gain
 from specfit.predictors import clean_miss_fraction
+from specfit.synthetic import random_next_layer_knots
 from specfit.tree import DraftTree
 
 
@@ -139,7 +140,7 @@ def _random_union_problem(rng: np.random.Generator, max_layers: int, fixed_fract
         host_s_per_transfer=float(rng.choice([0.0, per_transfer_s * rng.random()])), pre_router_frac=float(rng.random()),
         late_call_s=float(rng.choice([0.0, 1e-4 * rng.random()])),
         next_layer_prefetch=bool(next_layer), next_layer_cover_frac=float(rng.random()),
-        next_layer_waste_per_miss=float(rng.choice([0.0, 2.0 * rng.random()])),
+        next_layer_waste_per_miss=float(rng.choice([0.0, 2.0 * rng.random()])), **random_next_layer_knots(rng),
     )  # fmt: skip
     cached = bitsets.pack(rng.integers(-1, num_experts, size=(num_layers, 20)), num_experts)
     return ne, cost, cached

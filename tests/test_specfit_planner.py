@@ -20,7 +20,7 @@ from specfit.node_experts import NodeExperts
 from specfit.planner import iter_closed_subtrees, plan_brute_force, plan_exact, plan_mincut
 from specfit.policies import top_n_nodes
 from specfit.shapes import get_model_shape
-from specfit.synthetic import random_context, random_small_context
+from specfit.synthetic import random_context, random_next_layer_knots, random_small_context
 from specfit.tree import DraftTree
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "planner_cases.jsonl.gz"  # copy of shared/data's
@@ -396,6 +396,7 @@ def _next_layer(ctx: PolicyContext, rng: np.random.Generator, overlap: str) -> P
         next_layer_prefetch=True,
         next_layer_cover_frac=float(rng.choice([0.0, 1.0, rng.uniform(0, 1)])),
         next_layer_waste_per_miss=float(rng.choice([0.0, rng.uniform(0, 2)])),
+        **random_next_layer_knots(rng),  # half the time a share per tree size
     )
     return dataclasses.replace(ctx, cost=cost)
 

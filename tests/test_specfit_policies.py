@@ -15,7 +15,7 @@ from specfit.cost import CycleCostModel
 from specfit.node_experts import NodeExperts
 from specfit.planner import plan_brute_force, plan_exact
 from specfit.policies import TREE_POLICIES, SpecFitPolicy, make_tree_policy, top_n_nodes
-from specfit.synthetic import random_small_context
+from specfit.synthetic import random_next_layer_knots, random_small_context
 from specfit.tree import DraftTree
 
 
@@ -215,6 +215,7 @@ def test_stopping_rule_with_union_size_prices_never_stops_too_early(seed, n, cut
             next_layer_cover_frac=float(rng.choice([1.0, rng.uniform(0, 1)])),
             next_layer_waste_per_miss=float(rng.choice([0.0, rng.uniform(0, 2)])),
             host_s_per_transfer=float(rng.uniform(0, 1)) * full.cost.h2d_s_per_transfer,
+            **random_next_layer_knots(rng),  # half the time a share per tree size
         )
         full = dataclasses.replace(full, cost=cost)
     tree, num_layers, num_experts = full.tree, full.cached_bits.shape[0], full.node_experts.num_experts
@@ -447,6 +448,7 @@ def test_stopping_bound_holds_with_overlap_and_prefetch(seed, n, cut_depth, form
         next_layer_prefetch=form.endswith("+next"),
         next_layer_cover_frac=float(rng.choice([1.0, rng.uniform(0, 1)])),
         next_layer_waste_per_miss=float(rng.choice([0.0, rng.uniform(0, 2)])),
+        **random_next_layer_knots(rng),
     )
     _assert_bound_stop_is_safe(dataclasses.replace(full, cost=cost), cut_depth, plan_brute_force)
 

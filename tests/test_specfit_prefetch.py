@@ -65,3 +65,35 @@ def test_next_layer_share_is_the_ratio_of_totals_and_refuses_negative_counts() -
     assert (next_layer_share(0, 0, 7).cover_frac, next_layer_share(0, 0, 7).waste_per_miss) == (0.0, 0.0)
     with pytest.raises(ValueError, match="num_wasted"):
         next_layer_share(1, 1, -1)
+
+
+def test_next_layer_share_by_nodes_groups_sizes_into_knots() -> None:
+    """Knots over the verified nodes: consecutive sizes pooled until a group holds the least
+    planner misses, each knot its group's planner-miss-weighted mean size and ratios of totals;
+    the pooled share beside them is :func:`next_layer_share` of all counts."""
+    from specfit.prefetch import next_layer_share, next_layer_share_by_nodes
+
+    nodes = np.array([1, 1, 1, 3, 4, 4, 30, 30, 31])
+    misses = np.array([50, 60, 40, 100, 80, 20, 400, 300, 10])
+    used = np.array([100, 90, 110, 60, 40, 40, 60, 40, 0])
+    wasted = np.array([30, 30, 30, 20, 10, 10, 5, 5, 0])
+    fit = next_layer_share_by_nodes(nodes, misses, used, wasted, min_knot_misses=200, max_knots=8)
+    pooled = next_layer_share(misses.sum(), used.sum(), wasted.sum())
+    assert (fit.cover_frac, fit.waste_per_miss, fit.num_misses) == (pooled.cover_frac, pooled.waste_per_miss, pooled.num_misses)
+    # size 1: 450 planner misses (a knot); sizes 3-4: 340; sizes 30-31: 810
+    assert fit.nodes == pytest.approx((1.0, (3 * 160 + 4 * 180) / 340, (30 * 800 + 31 * 10) / 810))
+    assert fit.cover_fracs == pytest.approx((300 / 450, 140 / 340, 100 / 810))
+    assert fit.waste_per_misses == pytest.approx((90 / 450, 40 / 340, 10 / 810))
+    # a larger minimum merges; a short last group joins the one before
+    merged = next_layer_share_by_nodes(nodes, misses, used, wasted, min_knot_misses=500)
+    assert merged.nodes == pytest.approx(((1 * 450 + 3 * 160) / 610, (4 * 180 + 30 * 800 + 31 * 10) / 990))
+    last = next_layer_share_by_nodes(nodes, misses, used, wasted, min_knot_misses=800)
+    assert len(last.nodes) == 1 and last.cover_fracs[0] == pytest.approx(pooled.cover_frac)
+    assert next_layer_share_by_nodes([2], [0], [0], [3]).nodes == ()  # no planner miss: no knot
+    assert "1: 0.67/0.20" in fit.knots_text() and next_layer_share(1, 1, 0).knots_text() == ""
+    with pytest.raises(ValueError, match="num_nodes must be >= 1"):
+        next_layer_share_by_nodes([0], [1], [1], [1])
+    with pytest.raises(ValueError, match="counts per column"):
+        next_layer_share_by_nodes([1, 2], [1], [1], [1])
+    with pytest.raises(ValueError, match="num_used must be >= 0"):
+        next_layer_share_by_nodes([1], [1], [-1], [1])
