@@ -451,10 +451,13 @@ def question_constants(params, calibrated, edge, max_depth, knots_x, knots_y, ru
 @njit(cache=True, error_model="numpy")
 def union_size_question(parents, values, work, union_table, miss, context_len, num_levels, root_alpha, ask):
     """The live planner's stopping question in one call:
-    ``(ok, keep, cycle_s, expected, misses, depth1_max, k)``, with ``p`` in ``work[a:a + N]`` and
-    the plan's ``k`` nodes (sorted ids, as floats) in ``work[a + N:a + N + k]`` (``a``: the
-    ``answer_at`` of :func:`question_constants`, which made ``work``; scalars come back without a
-    new array to box per question; issue 14).
+    ``(ok, keep, cycle_s, expected, misses, depth1_max, k, N)``, with ``p`` in ``work[a:a + N]`` and
+    the plan's ``k`` nodes (sorted ids, int64 in the bytes of ``work``: ``work.view(np.int64)``) in
+    ``[a + N:a + N + k]`` (``a``: the ``answer_at`` of :func:`question_constants`, which made
+    ``work``; scalars come back without a new array to box per question; issue 14). A tree too
+    large for ``union_table`` (``N + max_depth`` rows) or for the answer's room (``2 N``) is not
+    answered: ``k = -1`` and nothing else is meaningful (the caller grows them and asks again),
+    so the caller needs no numpy call per question to measure the tree.
 
     ``parents`` int64[N] (parents before children; depths follow from them). ``p`` float64[N] is
     :func:`specfit.acceptance.path_accept_probs` of the tree: calibrated, :func:`level_accept_probs`
@@ -478,6 +481,8 @@ def union_size_question(parents, values, work, union_table, miss, context_len, n
     runner_x = work[at + 2 * num_knots : at + 2 * num_knots + num_runner]
     runner_y = work[at + 2 * num_knots + num_runner : at + 2 * num_knots + 2 * num_runner]
     answer_at = at + 2 * num_knots + 2 * num_runner
+    if n + int(work[_Q_MAX_DEPTH]) > union_table.shape[0] or answer_at + 2 * n > work.shape[0]:
+        return False, False, 0.0, 0.0, 0.0, -1.0, -1, n
     clean = np.empty(miss.shape[0])
     for layer in range(miss.shape[0]):
         clean[layer] = _clean_fraction(miss[layer])
@@ -519,6 +524,7 @@ def union_size_question(parents, values, work, union_table, miss, context_len, n
     for v in range(n):
         work[answer_at + v] = p[v]
     k = ids.shape[0]
+    ids_out = work.view(np.int64)
     for i in range(k):
-        work[answer_at + n + i] = ids[i]
-    return ok, keep, cycle_s, expected, misses, depth1_max, k
+        ids_out[answer_at + n + i] = ids[i]
+    return ok, keep, cycle_s, expected, misses, depth1_max, k, n

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from operator import itemgetter
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -214,7 +215,76 @@ def root_layer_misses(cached_bits: np.ndarray, root_expert_ids: np.ndarray) -> n
     return (valid & (cached == 0)).sum(axis=1).astype(np.int64)
 
 
-_ROOT_S = itemgetter(3)  # a guard sample's root-alone price
+class GuardWindow:
+    """One :class:`ThroughputGuard` arm: its last ``maxlen`` samples ``(tokens, seconds, cycle
+    index, root-alone seconds or None)``, oldest first, with the sums the guard's rates take
+    (``tokens``, ``seconds``, ``root_s`` over the priced root-alone seconds; ``unpriced``: samples
+    without one) kept up to date as samples come and go.
+
+    The sums are bit for bit ``sum(...)`` over the window, oldest first (``sum`` adds floats left
+    to right from 0): appending one adds it (the same last addition), anything that drops a sample
+    sums the window again. So the guard's question, asked once per live cycle, reads four numbers
+    instead of summing its windows (issue 14: ~7 passes over up to 64 samples, each page of them
+    cold after a model forward). A deque-like container: ``len``, iteration, indexing, ``append``,
+    ``popleft``, ``clear``, ``extend`` (there is no other way to change it).
+    """
+
+    def __init__(self, maxlen: int) -> None:
+        from collections import deque
+
+        self._samples: Any = deque(maxlen=int(maxlen))
+        self.maxlen = int(maxlen)
+        self._sum()
+
+    def _sum(self) -> None:
+        samples = self._samples
+        self.tokens = sum(map(itemgetter(0), samples))
+        self.seconds = sum(map(itemgetter(1), samples))
+        priced = [c[3] for c in samples if c[3] is not None]
+        self.root_s = sum(priced)
+        self.unpriced = len(samples) - len(priced)
+
+    def append(self, sample: tuple) -> None:
+        """Add the newest sample; the oldest leaves a full window."""
+        full = len(self._samples) == self.maxlen
+        self._samples.append(sample)
+        if full:
+            self._sum()
+            return
+        self.tokens += sample[0]
+        self.seconds += sample[1]
+        if sample[3] is None:
+            self.unpriced += 1
+        else:
+            self.root_s += sample[3]
+
+    def popleft(self) -> tuple:
+        """Remove and return the oldest sample."""
+        sample = self._samples.popleft()
+        self._sum()
+        return sample
+
+    def clear(self) -> None:
+        """Remove every sample."""
+        self._samples.clear()
+        self._sum()
+
+    def extend(self, samples) -> None:
+        """Append ``samples`` in order (the oldest leave a full window)."""
+        self._samples.extend(samples)
+        self._sum()
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def __iter__(self):
+        return iter(self._samples)
+
+    def __getitem__(self, i: int) -> tuple:
+        return self._samples[i]
+
+    def __repr__(self) -> str:
+        return f"GuardWindow({list(self._samples)!r}, maxlen={self.maxlen})"
 
 
 class ThroughputGuard:
@@ -297,13 +367,11 @@ class ThroughputGuard:
         if not 0.0 <= float(margin) < 1.0:
             raise ValueError(f"throughput guard: margin must be in [0, 1), got {margin}")
         self.margin = float(margin)
-        from collections import deque
-
         self.window, self.min_samples, self.probe_period = int(window), int(min_samples), int(probe_period)
         self.horizon = int(horizon)
         # per arm: (tokens committed, priced seconds, index of the cycle among all observed,
-        # the root alone's priced seconds in the same cycle or None)
-        self.arms: dict[str, Any] = {"spec": deque(maxlen=self.window), "ar": deque(maxlen=self.window)}
+        # the root alone's priced seconds in the same cycle or None), with their sums
+        self.arms: dict[str, GuardWindow] = {"spec": GuardWindow(self.window), "ar": GuardWindow(self.window)}
         self.questions = 0
         self.cycles = 0  # cycles observed so far (both arms)
 
@@ -328,17 +396,16 @@ class ThroughputGuard:
 
     def rate(self, arm: str) -> float:
         """Realised tokens/s of ``arm`` (``"spec"`` or ``"ar"``) over its window; NaN when empty."""
-        cycles = self.arms[arm]
-        seconds = sum(map(itemgetter(1), cycles))  # left to right, as a generator sum (C-level)
-        return sum(map(itemgetter(0), cycles)) / seconds if seconds > 0 else float("nan")
+        cycles = self.arms[arm]  # its sums, kept as samples come and go (GuardWindow)
+        return cycles.tokens / cycles.seconds if cycles.seconds > 0 else float("nan")
 
     def root_rate(self) -> float:
         """Counterfactual tokens/s of the root alone over the drafting arm's cycles (one token per
         cycle at its ``root_s``); NaN when empty or when a cycle lacks its root price."""
         cycles = self.arms["spec"]
-        if not cycles or None in map(_ROOT_S, cycles):  # C-level passes: asked once per cycle, live too
+        if not cycles or cycles.unpriced:
             return float("nan")
-        return len(cycles) / sum(map(_ROOT_S, cycles))
+        return len(cycles) / cycles.root_s
 
     def reference_rate(self) -> float:
         """The rate drafting must match: the non-drafting arm's cycles pooled with the drafting
@@ -348,8 +415,7 @@ class ThroughputGuard:
         if root != root:
             return root
         spec, ar = self.arms["spec"], self.arms["ar"]
-        tokens = len(spec) + sum(map(itemgetter(0), ar))
-        return tokens / (sum(map(_ROOT_S, spec)) + sum(map(itemgetter(1), ar)))
+        return (len(spec) + ar.tokens) / (spec.root_s + ar.seconds)
 
     def allows_drafting(self) -> bool:
         """Asked once per cycle on the root alone: False = do not draft this cycle."""
@@ -654,17 +720,31 @@ class UnionSizeQuestions:
         self.work, self.answer_at = kernels.question_constants(  # the last answer's P and nodes at answer_at
             cost_params(cost), self.calibrated, self.edge, self.max_depth, *knots, 2 * (self.max_nodes + self.max_depth)
         )
+        self._ids = self.work.view(np.int64)  # the answer's node ids, as the kernel writes them
         self.node_experts = self.cached_bits = self.table = self.miss = None
+        self._miss_shape: tuple = ()  # float[L] of the sizes' layers
         self.context_len = 0
         self.observed = False  # the miss fractions are an observed one, cleaned in the kernel
         self.last: tuple | None = None  # (tree, levels, answer) of the last question
+        # the root alone as the drafter's trees hold it (writable int64 / float64 arrays): the
+        # question asked before drafting, without a tree object per cycle
+        self.root = SimpleNamespace(
+            parents=np.full(1, -1, np.int64), draft_logprobs=np.zeros(1), path_logprobs=np.zeros(1)
+        )
         self._warm_up()
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        del state["_ids"]  # a view of ``work``: a copy would not see the kernel's answers
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._ids = self.work.view(np.int64)
 
     def _warm_up(self) -> None:
         """Run the kernel once on the argument types a cycle passes (the drafter's writable arrays,
         a converted tree's read-only ones), so numba loads (or compiles) them before the first cycle."""
-        from types import SimpleNamespace
-
         from specfit.tree import DraftTree
 
         tree = DraftTree.from_parents(np.arange(2), np.array([-1, 0]), np.log([1.0, 0.5]))  # read-only arrays
@@ -689,10 +769,11 @@ class UnionSizeQuestions:
         Raises:
             ValueError: ``node_experts`` without union sizes, or ``observed`` not float[L].
         """
-        if not node_experts.is_union_size:
-            raise ValueError("UnionSizeQuestions.begin: node_experts is not a union-size prediction")
         if node_experts is not self.node_experts or self.table is None:  # the same sizes: the same table
+            if not node_experts.is_union_size:
+                raise ValueError("UnionSizeQuestions.begin: node_experts is not a union-size prediction")
             self.table = union_table(node_experts, self.max_nodes + self.max_depth)
+            self._miss_shape = (node_experts.union_size.shape[0],)
         self.node_experts, self.cached_bits, self.context_len = node_experts, cached_bits, int(context_len)
         self.observed = observed is not None
         if observed is None:
@@ -701,9 +782,9 @@ class UnionSizeQuestions:
             miss = observed
             if type(miss) is not np.ndarray or miss.dtype is not _FLOAT64:
                 miss = np.array(observed, dtype=np.float64)
-            if miss.shape != (node_experts.union_size.shape[0],):
+            if miss.shape != self._miss_shape:
                 raise ValueError(
-                    f"UnionSizeQuestions.begin: observed miss fraction: expected float[{node_experts.union_size.shape[0]}], "
+                    f"UnionSizeQuestions.begin: observed miss fraction: expected float[{self._miss_shape[0]}], "
                     f"got shape {miss.shape}"
                 )
             self.miss = miss
@@ -711,28 +792,39 @@ class UnionSizeQuestions:
         return self
 
     def _answer(self, tree, levels: int, ask: bool) -> tuple:
-        """``(ok, keep, cycle_s, expected, misses, depth1_max, k)`` of the compiled question; P
-        and the plan's nodes in ``self.work`` from ``answer_at`` on until the next question."""
-        parents = tree.parents
-        n = parents.shape[0]
-        if n + self.max_depth > self.table.shape[0] or 2 * n > self.work.shape[0] - self.answer_at:
-            self.table = union_table(self.node_experts, n + self.max_depth)
-            self.work = np.concatenate((self.work[: self.answer_at], np.zeros(2 * (n + self.max_depth))))
-        if not self.calibrated:  # path_accept_probs' own np.exp: the simulator's values everywhere
+        """``(ok, keep, cycle_s, expected, misses, depth1_max, k, N)`` of the compiled question; P
+        and the plan's nodes in ``self.work`` from ``answer_at`` on until the next question. The
+        kernel measures the tree (no numpy call here): one too large for the table or the room
+        comes back unanswered (``k = -1``), both grow and it is asked again."""
+        if self.edge and self.calibrated:  # the edge map's own log-probs (exp in the kernel)
+            values = tree.draft_logprobs
+        elif self.calibrated:
+            values = tree.path_logprobs
+        else:  # path_accept_probs' own np.exp: the simulator's values everywhere
             values = np.exp(tree.path_logprobs)
-        else:
-            values = tree.draft_logprobs if self.edge else tree.path_logprobs
-        answer = decide_kernels().union_size_question(
-            parents, values, self.work, self.table, self.miss, self.context_len, levels, self.policy.root_alpha, ask
-        )
+        kernel = decide_kernels().union_size_question
+        while True:
+            answer = kernel(
+                tree.parents, values, self.work, self.table, self.miss, self.context_len, levels,
+                self.policy.root_alpha, ask,
+            )  # fmt: skip
+            if answer[6] >= 0:
+                break
+            n = answer[7]  # grow both to hold n nodes (and max_depth more table rows)
+            if 2 * n > self.work.shape[0] - self.answer_at:
+                self.work = np.concatenate((self.work[: self.answer_at], np.zeros(2 * (n + self.max_depth))))
+                self._ids = self.work.view(np.int64)
+            if n + self.max_depth > self.table.shape[0]:
+                self.table = union_table(self.node_experts, n + self.max_depth)
         self.last = (tree, levels, answer)
         return answer
 
     def _plan(self, tree, answer: tuple, started: float) -> Plan:
-        """The :class:`Plan` of ``answer`` (the last one: its nodes are in ``self.work``) on ``tree``."""
-        n = tree.parents.shape[0]
+        """The :class:`Plan` of ``answer`` (the last one: its nodes are in ``self.work``) on ``tree``;
+        its ``decision_s`` counts from ``started`` (``time.perf_counter`` seconds)."""
+        n = answer[7]
         at = self.answer_at + n
-        nodes = self.work[at : at + answer[6]].astype(np.int64)
+        nodes = self._ids[at : at + answer[6]].copy()
         return union_size_plan((nodes, answer[2], answer[3], answer[4], answer[0]), n, started)
 
     def _answer_for(self, tree, levels: int) -> tuple:
@@ -753,10 +845,10 @@ class UnionSizeQuestions:
             ValueError: the cost model makes a cycle take 0 s.
         """
         policy = self.policy
-        root_alone = tree.parents.shape[0] == 1
+        answer = self._answer(tree, levels, True)  # the plan on the tree: no side effect
+        root_alone = answer[5] == -1.0  # no node at depth 1
         if root_alone and policy.guard is not None and not policy.guard.allows_drafting():
             return False
-        answer = self._answer(tree, levels, True)
         if not answer[0]:
             raise ValueError("cost model: a cycle time of 0 s makes the throughput unbounded")
         if answer[1]:
@@ -765,11 +857,13 @@ class UnionSizeQuestions:
             policy.root_alpha += policy.reprobe_rate * (1.0 - policy.root_alpha)
         return False
 
-    def select(self, tree, levels: int) -> Plan:
+    def select(self, tree, levels: int, asked_s: float = 0.0) -> Plan:
         """``policy.select(ctx)`` for the context of ``tree`` after ``levels`` levels (what
         :meth:`context` would build), without building it: the plan from the last answer when it
         was about this tree (else one compiled call), and a drafted tree's largest depth-1 P
-        moves the root estimate (:meth:`SpecFitPolicy.observe_root`).
+        moves the root estimate (:meth:`SpecFitPolicy.observe_root`). The plan's ``decision_s``
+        is the seconds this call took plus ``asked_s`` (the cycle's questions, seconds), so the
+        caller needs no second plan to stamp the cycle's decision time.
 
         Raises:
             ValueError: the cost model makes a cycle take 0 s.
@@ -778,7 +872,7 @@ class UnionSizeQuestions:
         answer = self._answer_for(tree, levels)
         if answer[5] != -1.0:  # a drafted tree (NaN too: np.max's NaN moves it as select does)
             self.policy.observe_root(answer[5])
-        return self._plan(tree, answer, started)
+        return self._plan(tree, answer, started - asked_s)
 
     def context(self, tree, draft_tree, levels: int) -> PolicyContext:
         """The :class:`PolicyContext` of ``tree`` (``draft_tree``: it as a ``DraftTree``) after

@@ -338,6 +338,56 @@ def test_throughput_guard_pools_root_alone_prices_with_autoregressive_cycles() -
     assert sum(answers) == 1  # declined (100 vs 167 tokens/s), drafting probed once per 4 x 8 questions
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(1, 6),
+            st.floats(1e-4, 1.0),
+            st.integers(0, 3),
+            st.one_of(st.none(), st.floats(1e-4, 1.0)),
+        ),
+        max_size=60,
+    ),
+    st.integers(1, 8),
+    st.integers(1, 3),
+    st.integers(1, 12),
+)
+def test_throughput_guard_window_sums_equal_summing_the_windows(cycles, window, min_samples, horizon) -> None:
+    """The guard's kept sums (issue 14: no pass over its windows per question) are bit for bit
+    the left-to-right sums over each arm's samples, whatever the window and horizon drop."""
+    from specfit.policies import ThroughputGuard
+
+    guard = ThroughputGuard(window=window, min_samples=min_samples, horizon=horizon)
+    reference = ThroughputGuard(window=window, min_samples=min_samples, horizon=horizon)
+
+    def summed(arm: str) -> tuple[float, float, float | None]:  # the sums before issue 14
+        samples = list(guard.arms[arm])
+        seconds = sum(c[1] for c in samples)
+        rate = sum(c[0] for c in samples) / seconds if seconds > 0 else float("nan")
+        roots = [c[3] for c in samples]
+        root = len(samples) / sum(roots) if samples and None not in roots else float("nan")
+        return rate, seconds, root
+
+    for tokens, seconds, levels, root_s in cycles:
+        guard.observe(tokens, seconds, levels, root_s)
+        rate, _, root = summed("spec")
+        assert np.array_equal([guard.rate("spec"), guard.root_rate()], [rate, root], equal_nan=True)
+        assert np.array_equal([guard.rate("ar")], [summed("ar")[0]], equal_nan=True)
+        if root == root:
+            ar = list(guard.arms["ar"])
+            want = (len(guard.arms["spec"]) + sum(c[0] for c in ar)) / (
+                sum(c[3] for c in guard.arms["spec"]) + sum(c[1] for c in ar)
+            )
+            assert guard.reference_rate() == want
+    for arm in ("spec", "ar"):  # a guard loaded sample by sample (as a resumed run) sums alike
+        reference.arms[arm].extend(list(guard.arms[arm])[:1])
+        reference.arms[arm].clear()
+        reference.arms[arm].extend(guard.arms[arm])
+        assert np.array_equal([reference.rate(arm)], [guard.rate(arm)], equal_nan=True)
+    assert np.array_equal([reference.root_rate()], [guard.root_rate()], equal_nan=True)
+
+
 def test_specfit_guard_declines_on_the_root_and_can_be_off() -> None:
     from specfit.policies import SpecFitPolicy
 

@@ -208,6 +208,8 @@ class PlannedChooser:
 
     def choose(self, state: ChooseState) -> Choice:
         """Draft (asking the planner after each level when it can stop drafting) and select the subtree."""
+        if self._questions is not None:
+            return self._choose_by_questions(state)
         recent_bits = None
         if self.union_size is None:  # the union-size prediction needs no per-token sets
             recent_bits = (
@@ -226,35 +228,19 @@ class PlannedChooser:
         asked_s = 0.0
         last_asked: list[Any] = [None, -1, None]  # (tree, levels, context) of the last question
         root = TokenTree.root_only(int(state.committed[-1]))
-        questions = None
-        if self._questions is not None:
-            # SpecFit's questions of this cycle, one compiled call each on the drafter's arrays
-            start = time.perf_counter()
-            observed = state.miss_fraction if self.union_size.miss_fraction is None else None
-            if observed is None or self._union_template is None:
-                # the predictor validates its sizes (first cycle) or has no observation to price
-                self._union_template = self._predict(root.to_draft_tree(), state, None)
-            questions = self._questions.begin(self._union_template, cycle["cached_bits"], state.context_len, observed)
-            asked_s += time.perf_counter() - start
 
         def keep_drafting(tree: TokenTree, levels: int) -> bool:
             nonlocal asked_s
             start = time.perf_counter()
-            if questions is not None:
-                keep = questions.ask(tree, levels)
-            else:
-                ctx = self._context(tree, levels, state, recent_bits, cycle)
-                last_asked[:] = [tree, levels, ctx]
-                keep = self.policy.keep_drafting(ctx, self.shape.depth, self.shape.topk)
+            ctx = self._context(tree, levels, state, recent_bits, cycle)
+            last_asked[:] = [tree, levels, ctx]
+            keep = self.policy.keep_drafting(ctx, self.shape.depth, self.shape.topk)
             asked_s += time.perf_counter() - start
             return keep
 
         def select(tree: TokenTree, levels: int) -> tuple[Any, Any]:
             # (plan, predicted per-node bits): the rule's last context when drafting stopped on its
-            # "no" (same tree, same levels), so the selection is not searched twice; SpecFit's
-            # compiled questions select from their last answer, with no context at all
-            if questions is not None:
-                return questions.select(tree, levels), None
+            # "no" (same tree, same levels), so the selection is not searched twice
             if last_asked[0] is tree and last_asked[1] == levels:
                 ctx = last_asked[2]
             else:
@@ -277,3 +263,40 @@ class PlannedChooser:
         plan = plan.replaced(decision_s=decision_s)
         draft = dataclasses.replace(draft, draft_s=max(draft.draft_s - asked_in_grow_s, 0.0))
         return Choice(draft, np.asarray(plan.nodes, dtype=np.int64), plan, bits)
+
+    def _choose_by_questions(self, state: ChooseState) -> Choice:
+        """:meth:`choose` with SpecFit's compiled questions (``union-size``, expected rule): one
+        compiled call per question on the drafter's arrays (the root question on the questions'
+        own root arrays: no tree object unless the root alone is verified), the selection from the
+        last answer, its plan stamped with the cycle's decision seconds (issue 14)."""
+        cached = state.cached_bits
+        if cached is None:
+            cached = bitsets.empty((self.cost.num_layers,), self.num_experts)
+        cached = np.asarray(cached, dtype=np.uint64)
+        questions = self._questions
+        start = time.perf_counter()
+        observed = state.miss_fraction if self.union_size.miss_fraction is None else None
+        if observed is None or self._union_template is None:
+            # the predictor validates its sizes (first cycle) or has no observation to price
+            root_tree = TokenTree.root_only(int(state.committed[-1])).to_draft_tree()
+            self._union_template = self._predict(root_tree, state, None)
+        questions.begin(self._union_template, cached, state.context_len, observed)
+        keep = questions.ask(questions.root, 0)
+        asked_s = time.perf_counter() - start
+        if not keep:  # no level can pay: verify the root, draft nothing (the root's plan, just asked)
+            plan = questions.select(questions.root, 0, asked_s)
+            root = TokenTree.root_only(int(state.committed[-1]))
+            return Choice(DraftResult(root, 0, 0.0), np.zeros(1, np.int64), plan, None)
+        asked_in_grow_s = 0.0
+
+        def keep_drafting(tree: TokenTree, levels: int) -> bool:
+            nonlocal asked_in_grow_s
+            start = time.perf_counter()
+            keep = questions.ask(tree, levels)
+            asked_in_grow_s += time.perf_counter() - start
+            return keep
+
+        draft = self.drafter.grow(state.committed, self.shape, keep_drafting)
+        plan = questions.select(draft.tree, draft.num_levels, asked_s + asked_in_grow_s)
+        draft = dataclasses.replace(draft, draft_s=max(draft.draft_s - asked_in_grow_s, 0.0))
+        return Choice(draft, plan.nodes, plan, None)
