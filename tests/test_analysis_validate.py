@@ -448,6 +448,22 @@ def test_validate_separate_calibration_fits_on_runs_of_its_own(tiny_models, tmp_
     assert "from 3 runs" in json.loads((out / "cost_1.json").read_text())["source"]
 
 
+@pytest.mark.slow
+def test_validate_separate_calibration_prices_next_layer_cells(tiny_models, tmp_path, capsys) -> None:
+    """``--calibration separate --prefetch next-layer``: the cost the next-layer cells run with
+    carries a share (from replays on the dense trace; the calibration runs prefetch nothing)."""
+    from specfit.cost import CycleCostModel
+
+    out = tmp_path / "sepnl"
+    argv = _tiny_argv(tiny_models, out, num_prompts=2, repeats=1) + ["--policies", "ar,specfit"]
+    assert validate.main(argv + ["--calibration", "separate", "--prefetch", "next-layer"]) == 0
+    cost = CycleCostModel.load(out / "cost_1.json")
+    assert cost.has_next_layer_share and cost.next_layer_nodes
+    table = pd.read_csv(out / "fidelity.csv")
+    assert sorted(zip(table["policy"], table["prefetch"])) == [("ar", "next-layer"), ("specfit", "next-layer")]
+    assert "no next-layer prefetch share" not in capsys.readouterr().err
+
+
 def test_validate_calibration_flag_checked() -> None:
     with pytest.raises(SystemExit) as exc:
         validate.main(["--calibration", "sometimes"])
