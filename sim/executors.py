@@ -12,6 +12,7 @@ watcher thread ends it once its parent process is gone (``os.getppid()`` changes
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -118,7 +119,13 @@ def run_local(
     context, workers = multiprocessing.get_context(start_method), min(jobs, len(cells))
     if start_method == "fork":  # decoded once here; the forked workers inherit it
         prepare_traces(cells)
-        _run_pool(cells, on_result, context, workers, cycles_dir, {})
+        # the inherited objects (decoded trees, tables) out of the workers' garbage collections,
+        # which would otherwise visit, and so copy, every page holding them (gc.freeze's purpose)
+        gc.freeze()
+        try:
+            _run_pool(cells, on_result, context, workers, cycles_dir, {})
+        finally:
+            gc.unfreeze()
         return
     with _scratch(scratch_dir) as scratch:
         # decoded once here, written once; the workers map it

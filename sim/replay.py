@@ -254,21 +254,28 @@ def _budget_mask(
 
 
 class _MaskRows(Sequence):
-    """Rows of a bool[L, E] mask as ascending id arrays, computed when indexed.
+    """Per-layer ascending id arrays of one kind of a cache access, made when first indexed.
 
     ``CyclePlan.hits`` and ``CyclePlan.demand`` (with ``demand_counts``): the fast engine reads a
     layer's hits only while prefetched copies are in flight and its demand ids only to record
     copies, so most cycles never build them.
+
+    Args:
+        ids: returns the ``L`` arrays (``LayerAccesses.hit_ids`` or ``.miss_ids``).
+        num_layers: ``L``.
     """
 
-    def __init__(self, mask: np.ndarray) -> None:
-        self.mask = mask
+    def __init__(self, ids: Callable[[], list[np.ndarray]], num_layers: int) -> None:
+        self.ids, self.num_layers = ids, num_layers
+        self.rows: list[np.ndarray] | None = None
 
     def __len__(self) -> int:
-        return self.mask.shape[0]
+        return self.num_layers
 
     def __getitem__(self, layer: int) -> np.ndarray:  # type: ignore[override]
-        return np.flatnonzero(self.mask[layer])
+        if self.rows is None:
+            self.rows = self.ids()
+        return self.rows[layer]
 
 
 def _unchecked_tree(cls: type, fields: dict[str, np.ndarray]) -> Any:
@@ -756,7 +763,7 @@ class _Replayer:
             access = self._access(_budget_mask(true_ids, weights, nodes, self.num_experts, self.budget))
         # this access's totals, as the cache's running counts moved (exact ints, no array sums)
         num_hits, num_misses = stats.hits - hits_before, stats.misses - misses_before
-        hits, demand = _MaskRows(access.hits), _MaskRows(access.misses)
+        hits, demand = _MaskRows(access.hit_ids, self.num_layers), _MaskRows(access.miss_ids, self.num_layers)
         self._ledger_accessed(access)
         verify_ns = s_to_ns(self.timed.verify_s(len(nodes), dense.context_len))
         split = self._splits.get(verify_ns)

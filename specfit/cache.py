@@ -106,11 +106,62 @@ class LayerAccesses:
 
 def _rows_to_ids(mask: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
     """bool[L, E] -> ``L`` ascending int64 id arrays (one nonzero scan, split by row counts)."""
-    num_layers, num_experts = mask.shape
-    row_starts = np.arange(0, num_layers * num_experts, num_experts, dtype=np.int64)
-    cols = np.flatnonzero(mask) - np.repeat(row_starts, counts)
+    return _keys_to_ids(np.flatnonzero(mask), counts, mask.shape[1])
+
+
+def _keys_to_ids(keys: np.ndarray, counts: np.ndarray, num_experts: int) -> list[np.ndarray]:
+    """Ascending ``layer * E + expert`` keys -> ``L`` ascending int64 id arrays (split by the
+    per-layer ``counts``)."""
+    cols = keys % num_experts
     ends = np.cumsum(counts).tolist()
     return [cols[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+
+
+class _KeyedLayerAccesses(LayerAccesses):
+    """:class:`LayerAccesses` of the compiled access, held as the ascending ``layer * E + expert``
+    keys of its hits, misses and evictions (a few of ``L * E``): the bool[L, E] masks are built
+    when first read (most simulated cycles read only the counts and the id lists)."""
+
+    @classmethod
+    def of(
+        cls, num_experts: int, hit_keys: np.ndarray, miss_keys: np.ndarray, evicted_keys: np.ndarray, counts: np.ndarray
+    ) -> _KeyedLayerAccesses:
+        """From the keys and int64[3, L] per-layer counts (hits, misses, evictions)."""
+        out = object.__new__(cls)  # the frozen dataclass's fields, without its __init__
+        out.__dict__.update(
+            num_hits=counts[0],
+            num_misses=counts[1],
+            num_evicted=counts[2],
+            _keys=(hit_keys, miss_keys, evicted_keys),
+            _num_experts=num_experts,
+            _masks={},
+        )
+        return out
+
+    def _mask(self, kind: int) -> np.ndarray:
+        mask = self._masks.get(kind)
+        if mask is None:
+            num_layers = self.num_hits.shape[0]
+            mask = np.zeros(num_layers * self._num_experts, dtype=bool)
+            mask[self._keys[kind]] = True
+            mask = self._masks[kind] = mask.reshape(num_layers, self._num_experts)
+        return mask
+
+    hits = property(lambda self: self._mask(0), doc="bool[L, E] hits (built on first read).")
+    misses = property(lambda self: self._mask(1), doc="bool[L, E] misses (built on first read).")
+    evicted = property(lambda self: self._mask(2), doc="bool[L, E] evictions (built on first read).")
+
+    def hit_ids(self) -> list[np.ndarray]:
+        """Per layer, the int64[] expert ids that hit, ascending (``L`` arrays)."""
+        return _keys_to_ids(self._keys[0], self.num_hits, self._num_experts)
+
+    def miss_ids(self) -> list[np.ndarray]:
+        """Per layer, the int64[] expert ids that missed, ascending (``L`` arrays)."""
+        return _keys_to_ids(self._keys[1], self.num_misses, self._num_experts)
+
+    def evicted_ids(self) -> list[np.ndarray]:
+        """Per layer, the int64[] expert ids evicted, ascending (``L`` arrays)."""
+        return _keys_to_ids(self._keys[2], self.num_evicted, self._num_experts)
 
 
 @dataclass
@@ -242,6 +293,7 @@ class ExpertCache:
         self._ptr: list[dict[int, int]] = []
         self._step = [0] * num_layers
         self._bits: np.ndarray | None = None  # cached_bits() after the last batched access, if unchanged
+        self._flat: np.ndarray | None = None  # the compiled access's output keys (scratch)
         if policy == "static":
             if frequency is None:
                 raise ValueError("ExpertCache: policy 'static' needs frequency (float[L, E])")
@@ -480,8 +532,9 @@ class ExpertCache:
             )
         if not reference and self.policy != "belady":
             kernels = _cache_kernels()  # numba: imported (compiled once, cached) on first use
-            shape = need.shape
-            hit, miss, evicted = np.empty(shape, bool), np.empty(shape, bool), np.empty(shape, bool)
+            flat = self._flat
+            if flat is None:  # scratch of the compiled access, kept (only its first entries are written)
+                flat = self._flat = np.empty((3, self.num_layers * self.num_experts), dtype=np.int64)
             counts = np.empty((3, self.num_layers), dtype=np.int64)
             bits = self._bits  # the sets before this access, updated where they change
             bits_valid = bits is not None
@@ -500,9 +553,7 @@ class ExpertCache:
                 self._tick,
                 base,
                 self._clock,
-                hit,
-                miss,
-                evicted,
+                flat,
                 counts,
                 bits,
                 stats._layer_counts,
@@ -515,11 +566,9 @@ class ExpertCache:
             stats.misses += int(misses)
             stats.evictions += int(evictions)
             self._bits = bits
-            out = object.__new__(LayerAccesses)  # the frozen dataclass's fields, without its __init__
-            out.__dict__.update(
-                hits=hit, misses=miss, evicted=evicted, num_hits=counts[0], num_misses=counts[1], num_evicted=counts[2]
+            return _KeyedLayerAccesses.of(
+                self.num_experts, flat[0, :hits].copy(), flat[1, :misses].copy(), flat[2, :evictions].copy(), counts
             )
-            return out
         hit, miss, evicted, num_hit, num_miss, num_evicted = self._apply(slice(None), need, True)
         if self.policy == "belady":
             self._step = [s + 1 for s in self._step]

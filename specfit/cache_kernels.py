@@ -27,9 +27,7 @@ def access_layers(
     tick,
     base,
     clock,
-    hit,
-    miss,
-    evicted,
+    flat,
     counts,
     bits,
     stats,
@@ -47,8 +45,11 @@ def access_layers(
         freq, tick: int64[L, E] LFU access counts and last-access ticks (updated for lfu).
         base: the access's first stamp (hits get ``base + e``, kept misses ``base + E + e``).
         clock: LFU clock before the access.
-        hit, miss, evicted: bool[L, E] outputs (zeroed here). counts: int64[3, L] outputs
-            (hits, misses, evictions per layer). bits: uint64[L, W] output, the cached experts
+        flat: int64[3, L * E] output: its rows' first entries are the ``layer * E + expert``
+            keys of the hits, the misses and the evictions, each ascending (as many as the
+            returned totals; the rest is left as it was: a few of ``L * E`` are written, where
+            bool[L, E] masks would write all). counts: int64[3, L] outputs (hits, misses,
+            evictions per layer). bits: uint64[L, W] output, the cached experts
             after the access as bitsets (``ExpertCache.cached_bits``); with ``bits_valid`` it
             holds the sets before the access and only the layers whose set changes are rebuilt.
         stats: int64[3, L] running hits, misses, evictions per layer (``CacheStats``; updated).
@@ -76,9 +77,6 @@ def access_layers(
     cand = np.empty(num_experts, np.int64)
     keys = np.empty(num_experts, np.int64)
     missed = np.empty(num_experts, np.int64)  # this layer's misses, ascending
-    hit[:, :] = False
-    miss[:, :] = False
-    evicted[:, :] = False
     total_hit = 0
     total_miss = 0
     total_evicted = 0
@@ -87,14 +85,15 @@ def access_layers(
         # needed, so never an eviction candidate: its stamp is no victim key), misses listed
         num_hit = 0
         num_miss = 0
+        row = layer * num_experts
         for e in range(num_experts):
             if need[layer, e]:
                 if stamp[layer, e] >= 0:
-                    hit[layer, e] = True
                     stamp[layer, e] = base + e
+                    flat[0, total_hit + num_hit] = row + e
                     num_hit += 1
                 else:
-                    miss[layer, e] = True
+                    flat[1, total_miss + num_miss] = row + e
                     missed[num_miss] = e
                     num_miss += 1
         cached = count[layer]
@@ -137,9 +136,16 @@ def access_layers(
                     e = cand[best]
                     cand[best] = cand[i]
                     cand[i] = e
+            for i in range(1, num_evicted):  # the victims ascending (insertion sort: a few)
+                e = cand[i]
+                j = i
+                while j > 0 and cand[j - 1] > e:
+                    cand[j] = cand[j - 1]
+                    j -= 1
+                cand[j] = e
             for i in range(num_evicted):
                 e = cand[i]
-                evicted[layer, e] = True
+                flat[2, total_evicted + i] = row + e
                 stamp[layer, e] = -1
         # the first kept_count misses in ascending id are inserted
         for i in range(kept_count):

@@ -52,9 +52,12 @@ def test_depth_subtree_of_a_tree_not_stored_level_by_level() -> None:
 
 def test_mask_rows_index_like_a_list_of_id_arrays() -> None:
     from sim.replay import _MaskRows
+    from specfit.cache import make_expert_cache
 
     mask = np.zeros((3, 70), dtype=bool)
     mask[0, [1, 65]] = True
     mask[2, 3] = True
-    rows = _MaskRows(mask)
+    access = make_expert_cache("lru", 3, 70, 4).access_layers(mask)  # an empty cache: all miss
+    rows = _MaskRows(access.miss_ids, 3)
     assert len(rows) == 3 and [r.tolist() for r in rows] == [[1, 65], [], [3]]
+    assert [r.tolist() for r in _MaskRows(access.hit_ids, 3)] == [[], [], []]

@@ -62,6 +62,8 @@ def test_compiled_access_layers_equals_the_numpy_reference(policy, num_layers, n
         for name in ("hits", "misses", "evicted", "num_hits", "num_misses", "num_evicted"):
             assert np.array_equal(getattr(got, name), getattr(want, name)), name
         assert got.num_hits.dtype == want.num_hits.dtype == np.int64
+        for ids in ("hit_ids", "miss_ids", "evicted_ids"):  # the compiled path's from its keys
+            assert [a.tolist() for a in getattr(got, ids)()] == [a.tolist() for a in getattr(want, ids)()], ids
         assert np.array_equal(compiled.cached_bits(), reference.cached_bits())
         assert np.array_equal(compiled.cached_mask(), reference.cached_mask())
         assert _state(compiled) == _state(reference)
