@@ -136,13 +136,7 @@ def access_layers(
                     e = cand[best]
                     cand[best] = cand[i]
                     cand[i] = e
-            for i in range(1, num_evicted):  # the victims ascending (insertion sort: a few)
-                e = cand[i]
-                j = i
-                while j > 0 and cand[j - 1] > e:
-                    cand[j] = cand[j - 1]
-                    j -= 1
-                cand[j] = e
+            cand[:num_evicted].sort()  # the victims ascending
             for i in range(num_evicted):
                 e = cand[i]
                 flat[2, total_evicted + i] = row + e
