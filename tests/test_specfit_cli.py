@@ -199,6 +199,29 @@ def test_run_main_skips_teardown_only_after_a_signal_of_a_marked_cli(marked: boo
     assert proc.stdout.startswith("saved") and ("teardown ran" in proc.stdout) == teardown
 
 
+@pytest.mark.parametrize("code", [0, 1, 2])
+def test_run_main_freezes_the_heap_before_the_interpreter_teardown(code: int) -> None:
+    """A normal exit goes through the interpreter's teardown (atexit runs, the exit code passes
+    through), but the objects alive when main returned are frozen, so the teardown's full
+    collections do not traverse them (specfit.cli.freeze_heap_for_exit): at atexit time the
+    collector tracks only what was made after main returned, not the 50,000 tuples main keeps."""
+    import subprocess
+    import sys
+
+    program = (
+        "import atexit, gc\n"
+        "from specfit.cli import run_main\n"
+        "atexit.register(lambda: print('tracked at teardown', len(gc.get_objects()), 'frozen', gc.get_freeze_count()))\n"
+        "kept = []\n"
+        f"def main(argv):\n    kept.extend((i, [i]) for i in range(50_000))\n    return {code}\n"
+        "run_main(main)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == code, proc.stderr
+    _, tracked, _, frozen = proc.stdout.split()[-4:]
+    assert int(frozen) >= 100_000 and int(tracked) < 1_000, proc.stdout
+
+
 def test_live_record_is_marked_to_exit_at_once_after_a_signal() -> None:
     import ast
 
