@@ -457,7 +457,8 @@ def union_size_question(parents, values, work, union_table, miss, context_len, n
     ``work``; scalars come back without a new array to box per question; issue 14). A tree too
     large for ``union_table`` (``N + max_depth`` rows) or for the answer's room (``2 N``) is not
     answered: ``k = -1`` and nothing else is meaningful (the caller grows them and asks again),
-    so the caller needs no numpy call per question to measure the tree.
+    so the caller needs no numpy call per question to measure the tree; ``miss`` of another
+    length than the table's layers: ``k = -2`` (the caller raises).
 
     ``parents`` int64[N] (parents before children; depths follow from them). ``p`` float64[N] is
     :func:`specfit.acceptance.path_accept_probs` of the tree: calibrated, :func:`level_accept_probs`
@@ -481,6 +482,8 @@ def union_size_question(parents, values, work, union_table, miss, context_len, n
     runner_x = work[at + 2 * num_knots : at + 2 * num_knots + num_runner]
     runner_y = work[at + 2 * num_knots + num_runner : at + 2 * num_knots + 2 * num_runner]
     answer_at = at + 2 * num_knots + 2 * num_runner
+    if miss.shape[0] != union_table.shape[1]:  # the caller's miss fractions are not float[L]
+        return False, False, 0.0, 0.0, 0.0, -1.0, -2, n
     if n + int(work[_Q_MAX_DEPTH]) > union_table.shape[0] or answer_at + 2 * n > work.shape[0]:
         return False, False, 0.0, 0.0, 0.0, -1.0, -1, n
     clean = np.empty(miss.shape[0])

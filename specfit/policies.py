@@ -722,7 +722,6 @@ class UnionSizeQuestions:
         )
         self._ids = self.work.view(np.int64)  # the answer's node ids, as the kernel writes them
         self.node_experts = self.cached_bits = self.table = self.miss = None
-        self._miss_shape: tuple = ()  # float[L] of the sizes' layers
         self.context_len = 0
         self.observed = False  # the miss fractions are an observed one, cleaned in the kernel
         self.last: tuple | None = None  # (tree, levels, answer) of the last question
@@ -767,13 +766,13 @@ class UnionSizeQuestions:
         question), so a cycle needs no new prediction. Returns ``self``.
 
         Raises:
-            ValueError: ``node_experts`` without union sizes, or ``observed`` not float[L].
+            ValueError: ``node_experts`` without union sizes (an ``observed`` of another length
+            than ``L`` raises in the cycle's first question: the compiled call checks it).
         """
         if node_experts is not self.node_experts or self.table is None:  # the same sizes: the same table
             if not node_experts.is_union_size:
                 raise ValueError("UnionSizeQuestions.begin: node_experts is not a union-size prediction")
             self.table = union_table(node_experts, self.max_nodes + self.max_depth)
-            self._miss_shape = (node_experts.union_size.shape[0],)
         self.node_experts, self.cached_bits, self.context_len = node_experts, cached_bits, int(context_len)
         self.observed = observed is not None
         if observed is None:
@@ -782,12 +781,7 @@ class UnionSizeQuestions:
             miss = observed
             if type(miss) is not np.ndarray or miss.dtype is not _FLOAT64:
                 miss = np.array(observed, dtype=np.float64)
-            if miss.shape != self._miss_shape:
-                raise ValueError(
-                    f"UnionSizeQuestions.begin: observed miss fraction: expected float[{self._miss_shape[0]}], "
-                    f"got shape {miss.shape}"
-                )
-            self.miss = miss
+            self.miss = miss  # its length is checked by the compiled question (no numpy call here)
         self.last = None
         return self
 
@@ -810,6 +804,11 @@ class UnionSizeQuestions:
             )  # fmt: skip
             if answer[6] >= 0:
                 break
+            if answer[6] == -2:
+                raise ValueError(
+                    f"UnionSizeQuestions: observed miss fraction: expected float[{self.table.shape[1]}], "
+                    f"got shape {self.miss.shape}"
+                )
             n = answer[7]  # grow both to hold n nodes (and max_depth more table rows)
             if 2 * n > self.work.shape[0] - self.answer_at:
                 self.work = np.concatenate((self.work[: self.answer_at], np.zeros(2 * (n + self.max_depth))))

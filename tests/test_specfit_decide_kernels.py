@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -269,3 +270,16 @@ def test_live_union_size_questions_equal_keep_drafting_and_select(seed, n, kind,
     assert plan_exact(other).nodes.tolist() == plan_exact(
         PolicyContext(tree, path_accept_probs(tree, calibration), ne, cached, cost, context_len, int(tree.max_depth))
     ).nodes.tolist()
+
+
+def test_live_union_size_questions_reject_miss_fractions_of_another_length() -> None:
+    """The compiled question checks the observed miss fractions' length (begin no longer does)."""
+    rng = np.random.default_rng(3)
+    ne, cost, cached = _random_union_problem(rng, 20, False, "off")
+    questions = SpecFitPolicy().union_size_questions(cost, None, 2, 3)
+    tree = _random_tree(rng, 4)
+    questions.begin(ne, cached, 0, np.full(ne.union_size.shape[0] + 1, 0.5))
+    with pytest.raises(ValueError, match="observed miss fraction"):
+        questions.ask(tree, int(tree.max_depth))
+    questions.begin(ne, cached, 0, np.full(ne.union_size.shape[0], 0.5))
+    assert isinstance(questions.ask(tree, int(tree.max_depth)), bool)
