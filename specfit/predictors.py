@@ -242,7 +242,9 @@ def clean_miss_fraction(observed: np.ndarray) -> np.ndarray:
     """float64[L] an observed miss fraction per layer made usable: 1 where not finite (NaN before
     a layer's first access), the rest clipped to [0, 1] (``specfit.decide_kernels`` repeats this
     element by element inside the live planner's compiled question)."""
-    return np.where(np.isfinite(observed), observed.clip(0.0, 1.0), 1.0)  # the method: no np.clip wrapper
+    # clip(0, 1)'s values bit for bit (-0.0 included; tested), without np.clip's Python wrappers
+    # (called per simulated cycle); NaN and infinities are replaced by the where
+    return np.where(np.isfinite(observed), np.minimum(np.maximum(0.0, observed), 1.0), 1.0)
 
 
 class UnionSizePredictor(Predictor):

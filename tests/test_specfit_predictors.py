@@ -108,3 +108,12 @@ def test_score_predictor_micro_averages_over_trees() -> None:
     assert score.recall == pytest.approx(18 / 24) and score.precision == pytest.approx(18 / 24)
     oracle = score_predictor(make_predictor("oracle"), [(_ctx(truth=truth_a), truth_a)])
     assert oracle == (1.0, 1.0)
+
+
+def test_clean_miss_fraction_is_clip_bit_for_bit_with_non_finite_as_one() -> None:
+    from specfit.predictors import clean_miss_fraction
+
+    x = np.array([-0.0, 0.0, 0.3, 1.0, 1.5, -0.2, np.nan, np.inf, -np.inf, 1e-300, 5e-324, 1 - 1e-16])
+    want = np.where(np.isfinite(x), x.clip(0.0, 1.0), 1.0)
+    assert clean_miss_fraction(x).tobytes() == want.tobytes()
+    assert clean_miss_fraction(x)[6:9].tolist() == [1.0, 1.0, 1.0]
