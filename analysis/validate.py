@@ -795,7 +795,8 @@ class Validator:
         ``row``), ``norm_sim_tokens_per_s``, ``norm_throughput_error_pct``,
         ``norm_cycle_error_median_pct``, ``norm_cycle_error_p90_pct`` and ``norm_within_noise``
         (held to the same repeat noise as the raw figures). NaN (and ``norm_within_noise`` None)
-        when a side has no probe. Each run's probe index, its matrix-chain probe index
+        when a side has no probe, or when the two sides timed different gauges
+        (:func:`speed_probe_gauge`: a warning says so). Each run's probe index, its matrix-chain probe index
         (``chain_probe_speed_index``, the previous gauge, recorded beside it) and its attention +
         router speed (:func:`analysis.fidelity.compute_speed`) go to ``speed_runs``, whose
         correlations say whether each gauge tracks the compute at all.
@@ -807,14 +808,24 @@ class Validator:
         reference = [speed_probe_s(p) for p in fit_paths]
         chain_reference = [speed_probe_s(p, CHAIN_PROBE_KEY) for p in fit_paths]
         own = [speed_probe_s(p) for p in live_paths]
-        index = fidelity.probe_speed_index(reference, own)
+        ref_gauges = {speed_probe_gauge(p) for p, r in zip(fit_paths, reference) if len(r)}
+        own_gauges = [speed_probe_gauge(p) for p in live_paths]
+        mixed = ref_gauges | {g for g, o in zip(own_gauges, own) if len(o)}
+        index = fidelity.probe_speed_index(reference, own) if len(mixed) <= 1 else np.nan
+        if len(mixed) > 1:  # e.g. fit runs reused from an older output folder, timed on the chain
+            print(
+                f"warning: cell {cell.name}: its runs and its cost's fit runs timed different speed probes "
+                f"({', '.join(sorted(mixed))}; summary.json's speed_probe_workload); probe index left NaN",
+                file=sys.stderr,
+            )
         speed_ref = self._speed_reference(cell)
-        for repeat, (path, probe, run_cycles) in enumerate(zip(live_paths, own, cycles), start=1):
+        for repeat, (path, probe, gauge, run_cycles) in enumerate(zip(live_paths, own, own_gauges, cycles), start=1):
             self.speed_runs.append(
                 {
                     **cell.key(),
                     "repeat": repeat,
-                    "probe_speed_index": fidelity.probe_speed_index(reference, [probe]),
+                    "probe_speed_index": fidelity.probe_speed_index(reference, [probe])
+                    if ref_gauges <= {gauge} else np.nan,
                     "chain_probe_speed_index": fidelity.probe_speed_index(
                         chain_reference, [speed_probe_s(path, CHAIN_PROBE_KEY)]
                     ),
@@ -1069,6 +1080,21 @@ def speed_probe_s(run_dir: Path, key: str = "speed_probe_s") -> np.ndarray:
         return np.asarray(values, dtype=np.float64).ravel()
     except (OSError, ValueError, KeyError, TypeError):
         return np.zeros(0)
+
+
+def speed_probe_gauge(run_dir: Path) -> str:
+    """Which gauge a live run's ``speed_probe_s`` timed: ``"model"`` (the target's own attention +
+    router, :data:`live.speed_probe.MODEL_WORKLOAD`) or ``"chain"`` (the matrix chain: runs recorded
+    before the model gauge, targets without its layout, or a model probe that failed), read from
+    ``summary.json``'s ``speed_probe_workload``; ``"chain"`` when that line is missing or unreadable.
+    Two runs' probe seconds are comparable only under the same gauge."""
+    from live.speed_probe import MODEL_WORKLOAD
+
+    try:
+        workload = json.loads((Path(run_dir) / "summary.json").read_text())["summary"].get("speed_probe_workload")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return "chain"
+    return "model" if isinstance(workload, str) and workload.startswith(MODEL_WORKLOAD) else "chain"
 
 
 def _pearson(x: pd.Series, y: pd.Series) -> float:

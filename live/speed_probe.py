@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+# how the model gauge's workload line opens (analysis.validate tells the two gauges apart by it)
+MODEL_WORKLOAD = "the target's own attention + router"
 PROBE_SIZE = 64  # weight side (elements)
 PROBE_ROWS = 8  # activation rows, like a small draft tree's nodes (count)
 PROBE_CHAIN = 48  # distinct weights multiplied in turn (count)
@@ -166,7 +168,8 @@ class SpeedProbe:
 
     def _model_probe(self) -> float | None:
         """One model-workload timing, or None (no model, another layout, or a call that failed:
-        then never tried again in this run)."""
+        then never tried again in this run, and the model timings taken before are dropped, so
+        ``speed_probe_s`` holds one gauge: the chain's)."""
         if not self._model_checked:
             self._model_checked = True
             self._model_inputs = model_probe_inputs(self.model) if self.model is not None else None
@@ -176,6 +179,7 @@ class SpeedProbe:
             return probe_model_once(self._model_inputs)
         except (TypeError, RuntimeError, AttributeError, ValueError):
             self._model_inputs = None
+            self.seconds.clear()  # the run's gauge is the chain's from here on: no mix of the two
             return None
 
     def measure(self, num_probes: int = PROBES_PER_POINT, num_model_probes: int = MODEL_PROBES_PER_POINT) -> None:
@@ -192,11 +196,11 @@ class SpeedProbe:
 
     @property
     def workload(self) -> str:
-        """What ``speed_probe_s`` timed, in words."""
+        """What ``speed_probe_s`` timed, in words (:data:`MODEL_WORKLOAD` opens the model gauge's)."""
         gap = f"after a {PROBE_GAP_S * 1e3:g} ms pause, on {self.device}"
         if self._model_inputs is not None and self.seconds:
             return (
-                f"the target's own attention + router (norm, attention, residual, norm, router top-k) of "
+                f"{MODEL_WORKLOAD} (norm, attention, residual, norm, router top-k) of "
                 f"{len(self._model_inputs.layers)} layers on a fixed {PROBE_ROWS}-row input, {gap}"
             )
         return self.chain_workload + " (the target's layout is not the model probe's)" * (self.model is not None)

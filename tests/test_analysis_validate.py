@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -501,3 +502,51 @@ def test_separate_calibration_takes_the_next_layer_share_from_replays(tmp_path, 
         v.args = SimpleNamespace(**dict(vars(args), **changed))
         assert v._with_replayed_share(cost, tmp_path / "other.json", [4]) == (cost, tmp_path / "other.json")
     assert len(seen) == 1
+
+
+def _probed_run(folder, seconds, workload):
+    """A live run folder whose summary.json holds only the speed probe's fields."""
+    folder.mkdir(parents=True)
+    summary = {"speed_probe_s": seconds, "speed_probe_chain_s": [1e-3] * len(seconds)}
+    if workload is not None:
+        summary["speed_probe_workload"] = workload
+    (folder / "summary.json").write_text(json.dumps({"summary": summary}))
+    return folder
+
+
+def test_probe_index_is_nan_when_the_runs_and_the_fit_runs_timed_different_gauges(tmp_path, capsys) -> None:
+    """``speed_probe_s`` held the matrix chain's timings before the model gauge and holds the
+    target's own attention + router since (or the chain's again when the model probe failed):
+    runs reused from an older output folder must not be divided by the new gauge. Same gauge on
+    both sides: the plain ratio; different gauges: NaN per cell and per run, and a warning."""
+    from types import SimpleNamespace
+
+    from live.speed_probe import MODEL_WORKLOAD
+
+    model = f"{MODEL_WORKLOAD} (norm, ...) of 2 layers"
+    fit = [_probed_run(tmp_path / "fit1", [1e-3, 1e-3], model)]
+    same = [_probed_run(tmp_path / "same", [2e-3, 2e-3], model)]
+    chain_old = [_probed_run(tmp_path / "old", [4e-3, 4e-3], None)]  # before the workload line
+    chain_failed = [_probed_run(tmp_path / "failed", [4e-3], "tanh(y @ w) through 8 ...")]
+    assert [validate.speed_probe_gauge(p[0]) for p in (fit, same, chain_old, chain_failed)] == ["model", "model", "chain", "chain"]
+    v = validate.Validator(SimpleNamespace(cost=None), tmp_path)
+    v._fit_run_paths = lambda cell: fit
+    v._speed_reference = lambda cell: None
+    cell = validate.Cell(1.0, 4, "ar")
+    speeds = []
+
+    def replay(dense, cell, cost, decision_s, compute_speed):
+        speeds.append(compute_speed)
+        raise validate.ValidationError("replayed")  # the figures past this point are tested above
+
+    v.replay = replay
+    with pytest.raises(validate.ValidationError, match="replayed"):
+        v.normalised(None, cell, same, [None], {}, None, None, 0.0)
+    assert speeds == [pytest.approx(2.0)] and v.speed_runs[-1]["probe_speed_index"] == pytest.approx(2.0)
+    assert "different speed probes" not in capsys.readouterr().err
+    for runs in (chain_old, chain_failed):
+        out = v.normalised(None, cell, runs, [None], {}, None, None, 0.0)
+        assert np.isnan(out["probe_speed_index"]) and out["norm_within_noise"] is None
+        assert np.isnan(v.speed_runs[-1]["probe_speed_index"])
+        assert v.speed_runs[-1]["chain_probe_speed_index"] == pytest.approx(1.0)  # the chain is on both sides
+        assert "timed different speed probes (chain, model;" in capsys.readouterr().err

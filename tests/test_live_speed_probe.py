@@ -55,3 +55,31 @@ def test_probe_falls_back_to_the_chain_without_a_model_or_its_layout():
     other.measure(num_probes=2, num_model_probes=2)
     assert "(the target's layout is not the model probe's)" in other.summary()["speed_probe_workload"]
     assert speed_probe.model_probe_inputs(torch.nn.Linear(4, 4)) is None
+
+
+def test_probe_drops_the_models_timings_when_its_attention_fails_partway(tiny_checkpoint):
+    """A target whose ``self_attn`` runs once and then raises: the probe stops trying the model
+    (``_model_inputs is None``), drops the model timing it took before, so ``speed_probe_s`` is
+    the chain's timings alone and the workload line says chain (one gauge per run)."""
+    from live.loader import load_target
+    from live.speed_probe import SpeedProbe
+
+    target = load_target(tiny_checkpoint("qwen3_moe"), "cpu", "float32")
+    attention = target.model.layers[0].self_attn
+    calls = []
+    original = attention.forward
+
+    def once_then_fail(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("attention failed")
+        return original(*args, **kwargs)
+
+    attention.forward = once_then_fail
+    probe = SpeedProbe(model=target)
+    probe.measure(num_probes=4, num_model_probes=4)
+    assert len(calls) == 2  # it ran once, failed once, and was not tried again
+    assert probe._model_inputs is None and probe.seconds == []
+    summary = probe.summary()
+    assert summary["speed_probe_s"] == summary["speed_probe_chain_s"] and len(summary["speed_probe_s"]) == 4
+    assert summary["speed_probe_workload"].startswith("tanh(y @ w)")
