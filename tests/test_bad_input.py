@@ -197,6 +197,7 @@ CASES = [
     C("trace-validate-missing", TVALIDATE, "{root}/no-run", "run_dir", "no-run"),
     C("trace-validate-corrupt-part", TVALIDATE, "{corrupt_part}", "run_dir", "part-00000.parquet"),
     C("trace-validate-orphan-row", TVALIDATE, "{orphan}", "run_dir", "part-00000.parquet", "row 3"),
+    C("trace-validate-transfers-no-cycle-index", TVALIDATE, "{no_cycle_index}", "transfers", "cycle_index"),
     C("rewrite-no-out", REWRITE, "{trace}", "--out", "required"),
     C("rewrite-corrupt-part", REWRITE, "{corrupt_part} --out {root}/rw", "run_dir", "part-00000.parquet"),
     C("rewrite-out-not-empty", REWRITE, "{trace} --out {existing}", "--out", "not empty"),
@@ -290,6 +291,8 @@ def ws(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint) -> dict[str, s
     first_part(paths["corrupt_part"], "nodes").write_bytes(b"not parquet")
     paths["orphan"] = Path(shutil.copytree(paths["trace"], root / "orphan"))
     edit_part(first_part(paths["orphan"], "nodes"), lambda t: set_value(t, "parent", 3, 4))
+    paths["no_cycle_index"] = Path(shutil.copytree(paths["policy"], root / "no-cycle-index"))  # format v3 transfers
+    edit_part(first_part(paths["no_cycle_index"], "transfers"), lambda t: t.drop_columns(["cycle_index"]))
     paths["sweep_corrupt"] = root / "sweep-corrupt"
     paths["sweep_corrupt"].mkdir()
     (paths["sweep_corrupt"] / "results.parquet").write_bytes(b"PAR1 this is not a parquet file PAR1")

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 SPAN_COLUMNS = ("enqueued_at_s", "started_at_s", "landed_at_s")
+KEY_COLUMNS = ("request_id", "cycle_index")  # a copy's batch: its request and cycle
 
 
 def _floats(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -35,8 +36,7 @@ def _floats(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _same_cycle_as_previous(table: pa.Table) -> np.ndarray:
     """bool[R]: row ``i`` has the request and cycle of row ``i - 1`` (row 0: False)."""
-    request = table.column("request_id").to_numpy(zero_copy_only=False)
-    cycle = table.column("cycle_index").to_numpy(zero_copy_only=False)
+    request, cycle = (table.column(name).to_numpy(zero_copy_only=False) for name in KEY_COLUMNS)
     same = np.zeros(table.num_rows, dtype=bool)
     same[1:] = (request[1:] == request[:-1]) & (cycle[1:] == cycle[:-1])
     return same
@@ -92,8 +92,9 @@ def pack_transfers(table: pa.Table) -> pa.Table:
 
 
 def unpack_transfers(table: pa.Table) -> pa.Table:
-    """Rebuild the values :func:`pack_transfers` left out (a table of raw part data: columns
-    missing or not floating-point are left for the reader's checks to report).
+    """Rebuild the values :func:`pack_transfers` left out (a table of raw part data: when a span
+    or ``h2d_s`` column is missing or not floating-point, or ``request_id`` / ``cycle_index`` is
+    missing or not an integer, the table is returned as it is, for the reader's checks to report).
 
     Args:
         table: one part's ``transfers`` rows as stored by a format-v3 writer.
@@ -102,7 +103,9 @@ def unpack_transfers(table: pa.Table) -> pa.Table:
         The table with every left-out value rebuilt; values that were not measured stay null.
     """
     if not _has_spans(table) or not all(
-        pa.types.is_floating(table.column(name).type) for name in (*SPAN_COLUMNS, "h2d_s")
+        name in table.column_names and type_check(table.column(name).type)
+        for names, type_check in (((*SPAN_COLUMNS, "h2d_s"), pa.types.is_floating), (KEY_COLUMNS, pa.types.is_integer))
+        for name in names
     ):
         return table
     same, (enqueued, enqueued_ok), (started, started_ok), (landed, landed_ok), (h2d, h2d_ok) = _read(table)
