@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -171,3 +172,26 @@ def test_rewrite_cli_refuses_a_used_out_dir_and_a_missing_run(tmp_path, capsys):
     assert exc.value.code == 2 and "run_dir:" in capsys.readouterr().err
     assert rewrite_main([str(run_dir), "--out", str(tmp_path / "new")]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["format_version"] == FORMAT_VERSION
+
+
+def test_rewrite_cli_refuses_an_out_it_cannot_use_in_one_line(tmp_path, capsys):
+    """``--out`` a file, a path it cannot create, or a folder inside RUN_DIR: exit 2, one
+    ``--out:`` line, no traceback, and the run is left as it was (nothing copied into itself)."""
+    run_dir = write_small_run(tmp_path / "run")
+    (tmp_path / "afile").write_text("x")
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+    for out, needle in (
+        (tmp_path / "afile", "is a file"),
+        (tmp_path / "afile" / "sub", "cannot write"),
+        *([(Path("/proc/specfit-rewrite"), "cannot write")] if Path("/proc/self").exists() else []),
+        (run_dir / "new", "inside the run"),
+        (run_dir, "inside the run"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            rewrite_main([str(run_dir), "--out", str(out)])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and "error: --out:" in err and needle in err, (out, err)
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
+    assert (tmp_path / "afile").read_text() == "x"
+

@@ -10,7 +10,8 @@ they are. Every value is kept: ``tests/test_traces_compact.py`` reads both runs 
 them column by column.
 
 Exit status (the CLI contract, ``specfit.cli``): 0 on success; 2 for a missing or invalid run or
-an ``--out`` that exists and is not empty (one stderr line); the last stdout line is JSON.
+an ``--out`` that is a file, a non-empty directory, inside ``RUN_DIR`` or cannot be written (one
+stderr line); the last stdout line is JSON.
 """
 
 from __future__ import annotations
@@ -35,12 +36,18 @@ def rewrite_run(
 
     Raises:
         TraceError: the run does not read or validate (naming file, table and row).
-        FileExistsError: ``out_dir`` exists and is not empty.
+        FileExistsError: ``out_dir`` is a file, or a directory that is not empty.
+        ValueError: ``out_dir`` is ``run_dir`` or inside it (checked before anything is written).
+        OSError: ``out_dir`` cannot be created or written.
     """
     from traces.reader import open_run, read_part
 
     run = open_run(run_dir, validate=True)
     source, out = Path(run_dir), Path(out_dir)
+    if out.resolve().is_relative_to(source.resolve()):
+        raise ValueError(f"{out}: is inside the run being re-written ({source}); choose a directory outside it")
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out}: is a file, not a directory; choose a new directory")
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out}: exists and is not empty; choose a new directory")
     out.mkdir(parents=True, exist_ok=True)
@@ -74,13 +81,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("run_dir", help="the trace run directory to read (holds manifest.json)")
     parser.add_argument("--out", required=True, help="the new run directory (absent or empty)")
     args = parser.parse_args(argv)
+    before = _bytes_on_disk(Path(args.run_dir))  # before anything is written
     try:
         manifest = rewrite_run(args.run_dir, args.out)
     except TraceError as exc:
         raise InputError("run_dir", str(exc)) from None
-    except FileExistsError as exc:
+    except (FileExistsError, ValueError) as exc:  # after TraceError, a ValueError too
         raise InputError("--out", str(exc)) from None
-    before, after = _bytes_on_disk(Path(args.run_dir)), _bytes_on_disk(Path(args.out))
+    except OSError as exc:  # cannot create or write it (a path under a file, /proc, no permission, disk full)
+        raise InputError("--out", f"{args.out}: cannot write the new run there: {exc.strerror or exc}") from None
+    after = _bytes_on_disk(Path(args.out))
     print(f"{args.run_dir} ({before:,} bytes) -> {args.out} ({after:,} bytes, format v{manifest.format_version})")
     print_summary(
         {"ok": True, "out": str(args.out), "format_version": manifest.format_version, "bytes_before": before, "bytes_after": after}
