@@ -75,8 +75,13 @@ batch_lists = st.lists(
 
 
 @settings(max_examples=60, deadline=None)
-@given(batches=batch_lists, seed=st.integers(0, 2**16), tweaks=st.lists(st.integers(0, 47), max_size=4))
-def test_pack_then_unpack_gives_back_every_bit(batches, seed, tweaks):
+@given(
+    batches=batch_lists,
+    seed=st.integers(0, 2**16),
+    tweaks=st.lists(st.integers(0, 47), max_size=4),
+    holes=st.lists(st.tuples(st.integers(0, 47), st.sampled_from(("enqueued_at_s", "started_at_s", "h2d_s"))), max_size=3),
+)
+def test_pack_then_unpack_gives_back_every_bit(batches, seed, tweaks, holes):
     rng = np.random.default_rng(seed)
     table = _transfers(rng, batches)
     # values that must not be left out: a copy that did not start when the previous one landed,
@@ -88,8 +93,37 @@ def test_pack_then_unpack_gives_back_every_bit(batches, seed, tweaks):
                 column[row] = value
                 index = table.schema.get_field_index(name)
                 table = table.set_column(index, table.schema.field(index), pa.array(column, pa.float64()))
+    # partial spans (a measured landing beside a null start, enqueue or h2d_s; hand-made runs only)
+    for row, name in ((r % table.num_rows, n) for r, n in holes):
+        table = _with_null(table, name, row)
     packed = pack_transfers(table)
     _assert_same_values(unpack_transfers(packed), table)
+
+
+def _with_null(table: pa.Table, name: str, row: int) -> pa.Table:
+    column = table.column(name).to_pylist()
+    column[row] = None
+    index = table.schema.get_field_index(name)
+    return table.set_column(index, table.schema.field(index).with_nullable(True), pa.array(column, pa.float64()))
+
+
+def test_a_part_with_a_null_the_reader_would_fill_is_stored_whole(tmp_path):
+    """A copy whose landing is measured but whose start is null (a hand-made run): the part is
+    stored with every value as given and marked, and reads back with the null kept; the writer's
+    own parts stay compact."""
+    from traces.writer import write_table_part
+
+    rng = np.random.default_rng(3)
+    table = _transfers(rng, [(0, 0, 4, True)])
+    manifest = small_manifest()
+    for name, index in (("compact", None), ("whole", 2)):
+        data = table if index is None else _with_null(table, "started_at_s", index)
+        (tmp_path / name / "transfers").mkdir(parents=True)
+        write_table_part(tmp_path / name, "transfers", 0, data)
+        stored = pq.read_table(tmp_path / name / "transfers" / "part-00000.parquet")
+        assert (stored.schema.metadata or {}).get(b"specfit_transfers_packed") == (None if index is None else b"0")
+        assert stored.column("started_at_s").null_count == (3 if index is None else 1)
+        _assert_same_values(read_part(tmp_path / name / "transfers" / "part-00000.parquet", "transfers", manifest), data)
 
 
 def test_a_serial_batch_keeps_one_start_and_one_enqueue_and_no_h2d(tmp_path):

@@ -15,6 +15,12 @@ Left out (row ``i``, row ``i - 1`` of the same request and cycle, ``landed_at_s[
 - ``h2d_s[i]`` (any row) when it equals ``landed_at_s[i] - started_at_s[i]``.
 
 Rows without spans (``landed_at_s`` null: not measured) keep every value as written.
+
+A null that the reader would fill (a row with ``landed_at_s`` measured but ``started_at_s``,
+``enqueued_at_s`` or ``h2d_s`` null where one of the rules above applies: the writer never writes
+one, a hand-made v2 run given to ``traces.rewrite`` may hold one) cannot be told from a left-out
+value, so a part holding such a row is stored whole, every value as given, and marked
+``specfit_transfers_packed = 0`` in its schema metadata; the reader then rebuilds nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import pyarrow as pa
 
 SPAN_COLUMNS = ("enqueued_at_s", "started_at_s", "landed_at_s")
 KEY_COLUMNS = ("request_id", "cycle_index")  # a copy's batch: its request and cycle
+# schema metadata of a part stored whole (a null the reader would fill: module docstring)
+NOT_PACKED = {b"specfit_transfers_packed": b"0"}
 
 
 def _floats(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -74,13 +82,20 @@ def pack_transfers(table: pa.Table) -> pa.Table:
         table: ``transfers`` rows in the writer's schema (``traces.schema.arrow_schema``).
 
     Returns:
-        The same columns, ``h2d_s`` and the span columns nullable, with the rebuildable values null;
-        ``unpack_transfers(pack_transfers(t))`` equals ``t`` bit for bit.
+        The same columns, ``h2d_s`` and the span columns nullable, with the rebuildable values null
+        (or ``table`` itself marked :data:`NOT_PACKED` when it holds a null the reader would fill);
+        ``unpack_transfers(pack_transfers(t))`` equals ``t`` bit for bit, nulls included.
     """
     if not _has_spans(table):
         return table
     same, (enqueued, enqueued_ok), (started, started_ok), (landed, landed_ok), (h2d, h2d_ok) = _read(table)
     follows = same & landed_ok
+    # a null where unpack_transfers' rules would rebuild a value: it would be misread
+    misread = (
+        (follows & ~started_ok & _previous(landed_ok)) | (follows & ~enqueued_ok) | (landed_ok & started_ok & ~h2d_ok)
+    )
+    if misread.any():
+        return table.replace_schema_metadata({**(table.schema.metadata or {}), **NOT_PACKED})
     drop_started = follows & started_ok & _previous(landed_ok) & (_bits(started) == _bits(_previous(landed)))
     drop_enqueued = (
         follows & enqueued_ok & _previous(enqueued_ok) & (_bits(enqueued) == _bits(_previous(enqueued)))
@@ -100,8 +115,11 @@ def unpack_transfers(table: pa.Table) -> pa.Table:
         table: one part's ``transfers`` rows as stored by a format-v3 writer.
 
     Returns:
-        The table with every left-out value rebuilt; values that were not measured stay null.
+        The table with every left-out value rebuilt; values that were not measured stay null (a
+        part marked :data:`NOT_PACKED` is returned as it is).
     """
+    if (table.schema.metadata or {}).get(b"specfit_transfers_packed") == NOT_PACKED[b"specfit_transfers_packed"]:
+        return table
     if not _has_spans(table) or not all(
         name in table.column_names and type_check(table.column(name).type)
         for names, type_check in (((*SPAN_COLUMNS, "h2d_s"), pa.types.is_floating), (KEY_COLUMNS, pa.types.is_integer))
