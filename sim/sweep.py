@@ -825,14 +825,20 @@ def _price_next_layer(
         priced.append(cell)
     per_cache = "; ".join(
         f"cache {size} {policy}: {fit.cover_frac:.3f} covered, {fit.waste_per_miss:.3f} wasted/miss "
-        f"({fit.num_used} used, {fit.num_wasted} wasted, {fit.num_misses} demand misses), {fit.knots_text()}"
+        f"({fit.num_used} used, {fit.num_wasted} wasted, {fit.num_misses} demand misses)"
+        + (f", {fit.knots_text()}" if fit.nodes else "")
         for (size, policy), fit in fits.items()
     )
     return priced, (
         f"next-layer prefetch: {cost_file or cost.source.split(':')[0]} has no share, so it is estimated from "
-        f"this trace by pilot replays of {' and '.join(PILOT_POLICIES)} with --prefetch next-layer "
+        f"this trace by pilot replays of {_listed(PILOT_POLICIES)} with --prefetch next-layer "
         f"(specfit.prefetch.next_layer_share_by_nodes on their per-cycle counts): {per_cache}"
     )
+
+
+def _listed(names: Sequence[str]) -> str:
+    """``"ar, chain and topn"`` (``"ar"``, ``"ar and topn"``)."""
+    return " and ".join(filter(None, (", ".join(names[:-1]), names[-1]))) if names else ""
 
 
 def _build_cells(

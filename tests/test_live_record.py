@@ -840,7 +840,7 @@ def test_sweep_replays_next_layer_prefetch_on_a_dense_trace_with_guesses(dense_r
     out, err = capsys.readouterr()
     assert "no next-layer prefetch share" not in err
     said = [line for line in out.splitlines() if line.startswith("next-layer prefetch:")]
-    assert len(said) == 1 and "pilot replays of ar and chain and topn" in said[0] and "cache 6 lru:" in said[0]
+    assert len(said) == 1 and "pilot replays of ar, chain and topn" in said[0] and "cache 6 lru:" in said[0]
 
 
 def test_decoding_runs_with_the_loaded_objects_frozen_out_of_gc(tiny, tmp_path, capsys, monkeypatch):

@@ -666,7 +666,7 @@ def test_sweep_prices_next_layer_prefetch_with_the_pilot_share_and_says_so(guess
     assert tuple(cells["next-layer"]["cost"]["next_layer_cover_fracs"]) == fit.cover_fracs
     assert cells["none"]["cost"]["next_layer_cover_frac"] == 0.0
     line = next(h for h in out.splitlines() if h.startswith("next-layer prefetch:"))
-    assert "pilot replays of ar and chain and topn" in line and "has no share" in line
+    assert "pilot replays of ar, chain and topn" in line and "has no share" in line
     assert fit.knots_text() in line and "per tree size" in line
     assert f"cache 2 lru: {fit.cover_frac:.3f} covered, {fit.waste_per_miss:.3f} wasted/miss" in line
     assert f"{fit.num_used} used, {fit.num_wasted} wasted, {fit.num_misses} demand misses" in line
@@ -704,3 +704,16 @@ def test_overlap_ideal_runs_no_pilot_and_says_no_share_is_priced(guessed: str, t
     assert "no share priced" in line and "--overlap ideal" in line and "pilot" not in line
     for cell in _sweep_cells(tmp_path / "sweep"):
         assert cell["overlap"] == "ideal" and cell["cost"]["next_layer_cover_frac"] == 0.0
+
+
+def test_the_pilot_line_without_knots_ends_cleanly(guessed: str, tmp_path, capsys, monkeypatch) -> None:
+    """A pilot share without knots (too few misses for one per tree size): its cache's part of the
+    header line ends with the demand misses, no dangling comma."""
+    import sim.sweep
+    from specfit.prefetch import NextLayerShare
+
+    monkeypatch.setattr(sim.sweep, "pilot_next_layer_share", lambda cell: NextLayerShare(0.25, 0.125, 3, 1, 9, (), (), ()))
+    assert main(_guessed_sweep(guessed, tmp_path, "--prefetch", "next-layer")) == 0
+    line = next(h for h in capsys.readouterr().out.splitlines() if h.startswith("next-layer prefetch:"))
+    assert line.endswith("cache 2 lru: 0.250 covered, 0.125 wasted/miss (1 used, 9 wasted, 3 demand misses)"), line
+    assert ", ," not in line and not line.rstrip().endswith(",")

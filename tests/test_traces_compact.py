@@ -229,3 +229,23 @@ def test_rewrite_cli_refuses_an_out_it_cannot_use_in_one_line(tmp_path, capsys):
     assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
     assert (tmp_path / "afile").read_text() == "x"
 
+
+
+def test_validate_names_the_part_versions_of_a_resumed_older_run(tmp_path, capsys):
+    """A format-v2 run resumed by the current writer keeps its manifest's version and gains
+    v3 parts: ``traces.validate`` says both, not only the manifest's."""
+    from traces.validate import main as validate_main
+
+    run_dir = write_small_run(tmp_path / "v2", num_requests=1, positions=3)
+    _as_format_v2(run_dir)
+    assert validate_main([str(run_dir)]) == 0
+    assert ", trace format v2, " in capsys.readouterr().out
+    with TraceWriter(run_dir, small_manifest(), resume=True) as writer:
+        writer.add_cycle(small_cycle(1, 0))
+        writer.add_transfers(1, 0, [0], [0], 768, [1e-6])
+        writer.add_request(1, [7, 8, 9, 10], [1, 2, 3], "unit")
+    assert read_manifest(run_dir).format_version == 2
+    assert validate_main([str(run_dir)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f", trace format v2 (parts: v2, v{FORMAT_VERSION}), " in out[-2]
+    assert json.loads(out[-1])["part_format_versions"] == [2, FORMAT_VERSION]

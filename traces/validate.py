@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -339,6 +340,23 @@ def first_violation(*checks: Violation | None) -> Violation | None:
     return None
 
 
+def part_format_versions(run_dir: str | Path, manifest_version: int) -> list[int]:
+    """The trace format versions the parts of a (valid) run were written in, sorted: each part's
+    ``specfit_trace_format_version`` schema metadata (``manifest_version`` for a part without
+    one, as ``traces.reader.read_part`` reads it). A run resumed by a newer writer holds several."""
+    import pyarrow.parquet as pq
+
+    from traces.schema import TABLE_NAMES
+    from traces.storage import list_parts
+
+    found = set()
+    for table in TABLE_NAMES:
+        for _, path in list_parts(Path(run_dir), table):
+            version = (pq.read_schema(path).metadata or {}).get(b"specfit_trace_format_version")
+            found.add(int(version) if version is not None else manifest_version)
+    return sorted(found or {manifest_version})
+
+
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Read and check every value of a trace run (``traces.reader.open_run``): exit 0 and a JSON
@@ -362,10 +380,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = {table: run.arrow(table).num_rows for table in TABLE_NAMES}
     state = "complete" if run.manifest.complete else "incomplete (still running or killed)"
     listed = ", ".join(f"{table} {count:,}" for table, count in rows.items())
-    print(f"{args.run_dir}: valid, trace format v{run.manifest.format_version}, {state}; rows: {listed}")
+    versions = part_format_versions(args.run_dir, run.manifest.format_version)
+    fmt = f"trace format v{run.manifest.format_version}"
+    if versions != [run.manifest.format_version]:  # e.g. a v2 run resumed by a v3 writer
+        fmt += f" (parts: {', '.join(f'v{v}' for v in versions)})"
+    print(f"{args.run_dir}: valid, {fmt}, {state}; rows: {listed}")
     print_summary(
         {"ok": True, "run_dir": str(args.run_dir), "format_version": run.manifest.format_version,
-         "complete": run.manifest.complete, "rows": rows}
+         "part_format_versions": versions, "complete": run.manifest.complete, "rows": rows}
     )
     return 0
 
