@@ -216,6 +216,14 @@ class Cell:
         }
 
 
+def cell_cost(costs: dict[Any, Any], cell: Cell) -> Any:
+    """The entry of ``costs`` (a cost, its JSON path, or both) a cell runs and is priced with:
+    the one for its ``(overlap, cache size)`` (``--calibration separate``'s next-layer share per
+    cache), else the one for its overlap."""
+    key = (cell.overlap, cell.cache_experts_per_layer)
+    return costs[key] if key in costs else costs[cell.overlap]
+
+
 def build_parser() -> ArgumentParser:
     """The CLI's parser."""
     p = ArgumentParser(prog="python -m analysis.validate", description=__doc__.split("\n\n")[0])
@@ -483,11 +491,11 @@ class Validator:
     ) -> dict[Cell, list[Path]]:
         """Record ``--repeats`` runs of each cell: repeat 1 of every cell, then repeat 2, ... (so
         a drift of the machine's load hits every cell alike); ``cost_path``: one cost JSON, or
-        one per overlap value; returns each cell's run folders in repeat order."""
+        one per overlap value or per ``(overlap, cache size)`` (:func:`cell_cost`); returns each cell's run folders in repeat order."""
         paths: dict[Cell, list[Path]] = {cell: [] for cell in cells}
         for repeat in range(1, self.args.repeats + 1):
             for cell in cells:
-                cost = cost_path.get(cell.overlap) if isinstance(cost_path, dict) else cost_path
+                cost = cell_cost(cost_path, cell) if isinstance(cost_path, dict) else cost_path
                 paths[cell].append(self.run_live(cell, cost, repeat))
         return paths
 
@@ -607,33 +615,36 @@ class Validator:
         cost.save(path)
         return cost, path
 
-    def _with_replayed_share(self, cost: CycleCostModel, path: Path, caches: list[int]) -> tuple[CycleCostModel, Path]:
-        """``--calibration separate``: ``cost`` (saved at ``path``) with next-layer prefetch's share
-        per tree size estimated by replays of ``sim.sweep.PILOT_POLICIES`` on the dense trace at
-        every cache size of the grid (``sim.sweep.next_layer_share_from_replays``; the counts do not
+    def _with_replayed_share(
+        self, cost: CycleCostModel, path: Path, caches: list[int]
+    ) -> dict[int, tuple[CycleCostModel, Path]]:
+        """``--calibration separate``: per cache size of the grid, ``cost`` with next-layer
+        prefetch's share per tree size estimated by replays of ``sim.sweep.PILOT_POLICIES`` on the
+        dense trace at that cache (``sim.sweep.next_layer_share_from_replays``, one cache at a
+        time as ``sim.sweep``'s pilots: the share depends strongly on the cache; the counts do not
         depend on timing and are the live engine's to the copy, so no calibration run is needed
-        and no cell is in sample), saved again; as it is with ``--cost`` or when no planned cell
-        prefetches one layer ahead."""
+        and no cell is in sample), saved beside ``path`` as ``<stem>_c<cache>.json``; ``cost`` at
+        ``path`` for every cache with ``--cost`` or when no planned cell prefetches one layer ahead."""
         from sim.config import SimConfig
         from sim.sweep import next_layer_share_from_replays
         from specfit.prefetch import uses_next_layer
 
         if self.args.cost is not None or not any(uses_next_layer(f) for f in getattr(self.args, "prefetch", ["none"])):
-            return cost, path
-        configs = [
-            SimConfig(
+            return {c: (cost, path) for c in caches}
+        priced = {}
+        for c in caches:
+            config = SimConfig(
                 cost=cost, policy="ar", cache_capacity_per_layer=c, cache_policy=SIM_CACHE_POLICY,
                 predictor=SIM_PREDICTOR, seed=self.args.seed, acceptance=self.acceptance,
             )  # fmt: skip
-            for c in caches
-        ]
-        try:
-            share = next_layer_share_from_replays(self.dense, configs)
-        except ValueError as exc:
-            raise ValidationError(f"next-layer prefetch share (replays): {exc}") from None
-        cost = dataclasses.replace(cost, **share.cost_fields())
-        cost.save(path)
-        return cost, path
+            try:
+                share = next_layer_share_from_replays(self.dense, [config])
+            except ValueError as exc:
+                raise ValidationError(f"next-layer prefetch share (replays, cache {c}): {exc}") from None
+            cache_cost, cache_path = dataclasses.replace(cost, **share.cost_fields()), path.with_name(f"{path.stem}_c{c}.json")
+            cache_cost.save(cache_path)
+            priced[c] = (cache_cost, cache_path)
+        return priced
 
     def _planned_cells(self, bw: float, caches: list[int]) -> list[Cell]:
         """The grid's cells of the planned (cost-using) policies at one bandwidth."""
@@ -654,7 +665,8 @@ class Validator:
         overlap terms on their overlap-on twins), then record every cell of the grid, ar/topn and
         planned alike, interleaved repeat by repeat: every cell is out of sample, and a drift of
         the machine's speed between blocks of runs hits every cell alike (and shows in each
-        cell's repeat noise). Returns each cell's run folders and the cost (model, JSON) per overlap."""
+        cell's repeat noise). Returns each cell's run folders and the cost (model, JSON) per
+        ``(overlap, cache size)`` (:func:`cell_cost`)."""
         overlaps = list(getattr(self.args, "overlap", ["off"]))
         if cost is None:
             cal = [Cell(bw, caches[0], p, calibration=True) for p in COST_FREE_POLICIES]
@@ -668,9 +680,11 @@ class Validator:
                 cal = [Cell(bw, caches[0], p, overlap=on[0], calibration=True) for p in COST_FREE_POLICIES]
                 overlap_runs = [path for paths in self.run_repeats(cal, None).values() for path in paths]
             costs["on"] = self._fit_overlap(bw, cost, overlap_runs)
-        costs = {o: self._with_replayed_share(*pair, caches) for o, pair in costs.items()}  # no prefetch runs above
+        costs = {  # no prefetch runs above: the share from replays, per cache
+            (o, c): priced for o, pair in costs.items() for c, priced in self._with_replayed_share(*pair, caches).items()
+        }
         cells = [*free, *self._planned_cells(bw, caches)]
-        return self.run_repeats(cells, {o: path for o, (_, path) in costs.items()}), costs
+        return self.run_repeats(cells, {key: path for key, (_, path) in costs.items()}), costs
 
     def replay(
         self, dense: Any, cell: Cell, cost: CycleCostModel, decision_s: float, compute_speed: float = 1.0
@@ -902,7 +916,7 @@ class Validator:
                 planned = self._planned_cells(bw, caches)
                 live_paths.update(self.run_repeats(planned, {o: path for o, (_, path) in costs.items()}))
             for cell, paths in live_paths.items():
-                rows.append(self.compare(dense, cell, paths, costs[cell.overlap][0]))
+                rows.append(self.compare(dense, cell, paths, cell_cost(costs, cell)[0]))
                 bar.update(1)
         bar.close()
         table = pd.DataFrame(rows)

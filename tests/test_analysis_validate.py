@@ -458,7 +458,7 @@ def test_validate_separate_calibration_prices_next_layer_cells(tiny_models, tmp_
     out = tmp_path / "sepnl"
     argv = _tiny_argv(tiny_models, out, num_prompts=2, repeats=1) + ["--policies", "ar,specfit"]
     assert validate.main(argv + ["--calibration", "separate", "--prefetch", "next-layer"]) == 0
-    cost = CycleCostModel.load(out / "cost_1.json")
+    cost = CycleCostModel.load(out / "cost_1_c4.json")  # the share at the grid's cache size (4)
     assert cost.has_next_layer_share and cost.next_layer_nodes
     table = pd.read_csv(out / "fidelity.csv")
     assert sorted(zip(table["policy"], table["prefetch"])) == [("ar", "next-layer"), ("specfit", "next-layer")]
@@ -473,8 +473,9 @@ def test_validate_calibration_flag_checked() -> None:
 
 def test_separate_calibration_takes_the_next_layer_share_from_replays(tmp_path, monkeypatch) -> None:
     """``--calibration separate`` has no prefetch among its calibration runs: a grid with
-    ``--prefetch next-layer`` gets the share per tree size from replays on the dense trace at
-    every cache (``sim.sweep.next_layer_share_from_replays``), saved in the cost it prices with;
+    ``--prefetch next-layer`` gets the share per tree size from replays on the dense trace, one
+    per cache size (``sim.sweep.next_layer_share_from_replays``, as the sweep's pilots), saved in
+    the cost each cache's cells price with;
     with ``--cost`` or without next-layer prefetch the cost is left as it is."""
     import dataclasses
     from types import SimpleNamespace
@@ -484,24 +485,33 @@ def test_separate_calibration_takes_the_next_layer_share_from_replays(tmp_path, 
     from specfit.prefetch import NextLayerShare
 
     cost = CycleCostModel(1e-3, 5e-3, 1e-4, 0.0, 1e9, 1e-5, 1_000_000, 2)
-    share = NextLayerShare(0.3, 0.1, 70, 30, 10, (1.0, 9.0), (0.5, 0.2), (0.2, 0.05))
+    shares = {  # the share depends on the cache: one per cache size, as sim.sweep's pilots
+        4: NextLayerShare(0.3, 0.1, 70, 30, 10, (1.0, 9.0), (0.5, 0.2), (0.2, 0.05)),
+        8: NextLayerShare(0.5, 0.05, 90, 10, 10, (1.0, 9.0), (0.6, 0.4), (0.1, 0.02)),
+    }
     seen = []
 
     def fake(run, configs, policies=sim.sweep.PILOT_POLICIES):
         seen.append((run, [(c.cache_capacity_per_layer, c.policy, c.cache_policy, c.predictor) for c in configs], policies))
-        return share
+        return shares[configs[0].cache_capacity_per_layer]
 
     monkeypatch.setattr(sim.sweep, "next_layer_share_from_replays", fake)
     args = SimpleNamespace(cost=None, prefetch=["none", "next-layer"], seed=0)
     v = validate.Validator(args, tmp_path)
     v.dense = "dense-run"
-    priced, path = v._with_replayed_share(cost, tmp_path / "cost.json", [4, 8])
-    assert priced == dataclasses.replace(cost, **share.cost_fields()) and CycleCostModel.load(path) == priced
-    assert seen == [("dense-run", [(4, "ar", "lru", "union-size"), (8, "ar", "lru", "union-size")], ("ar", "chain", "topn"))]
+    priced = v._with_replayed_share(cost, tmp_path / "cost.json", [4, 8])
+    assert sorted(priced) == [4, 8]
+    for cache, (cache_cost, path) in priced.items():
+        assert cache_cost == dataclasses.replace(cost, **shares[cache].cost_fields())
+        assert path == tmp_path / f"cost_c{cache}.json" and CycleCostModel.load(path) == cache_cost
+    assert seen == [("dense-run", [(c, "ar", "lru", "union-size")], ("ar", "chain", "topn")) for c in (4, 8)]
+    costs = {("off", c): pair for c, pair in priced.items()}
+    assert validate.cell_cost(costs, validate.Cell(1.0, 8, "specfit", prefetch="next-layer")) == priced[8]
+    assert validate.cell_cost({"off": "x"}, validate.Cell(1.0, 8, "ar")) == "x"
     for changed in ({"cost": "given.json"}, {"prefetch": ["none", "draft"]}):
         v.args = SimpleNamespace(**dict(vars(args), **changed))
-        assert v._with_replayed_share(cost, tmp_path / "other.json", [4]) == (cost, tmp_path / "other.json")
-    assert len(seen) == 1
+        assert v._with_replayed_share(cost, tmp_path / "other.json", [4]) == {4: (cost, tmp_path / "other.json")}
+    assert len(seen) == 2
 
 
 def _probed_run(folder, seconds, workload):
