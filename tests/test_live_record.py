@@ -545,24 +545,24 @@ def test_dense_trace_as_predictor_tables(tiny, dense_run, tmp_path, capsys):
     assert exc.value.code == 2 and "--predictor-tables" in capsys.readouterr().err
 
 
-def test_stopping_rule_is_recorded_and_followed_on_resume(tiny, tmp_path, capsys, monkeypatch):
+def test_stopping_rule_is_recorded_and_followed_on_resume(tiny, planned_setup, tmp_path, capsys, monkeypatch):
     """--stopping reaches SpecFitPolicy and the manifest; --resume keeps it and refuses another.
-    (The throughput guard is held open: the depth comparison is about the two stopping rules.)"""
+    (The throughput guard is held open: the depth comparison is about the two stopping rules. Both
+    runs plan with one fixed cost file and the union-size predictor, so no decision depends on a
+    timing: not a quick cost measured at start, nor a search deadline.)"""
     from live.record import build_parser, resolve_config
     from specfit.policies import ThroughputGuard
 
     monkeypatch.setattr(ThroughputGuard, "allows_drafting", lambda self: True)
 
     out = tmp_path / "bound"
-    argv = _args(
-        tiny, out, "--mode", "policy", "--policy", "specfit", "--stopping", "bound", "--num-prompts", "1"
-    )
-    assert main(argv) == 0
+    argv = _planned_args(tiny, out, tiny["prompts"], planned_setup)
+    assert main([*argv, "--stopping", "bound", "--num-prompts", "1"]) == 0
     assert _last_json(capsys)["num_tokens"] == 8
     run = open_run(out)
     assert run.manifest.config["stopping"] == "bound"
     other = tmp_path / "expected"
-    assert main(_args(tiny, other, "--mode", "policy", "--policy", "specfit", "--num-prompts", "1")) == 0
+    assert main([*_planned_args(tiny, other, tiny["prompts"], planned_setup), "--num-prompts", "1"]) == 0
     capsys.readouterr()
     exp = open_run(other)
     assert exp.manifest.config["stopping"] == "expected"
