@@ -44,7 +44,9 @@ def fit_link(
 
     Model: ``seconds = num_bytes / bytes_per_s + num_copies * s_per_transfer`` with both
     coefficients >= 0 (:func:`calibration.lsq.fit_non_negative`), on relative residuals by default
-    because copy sizes span orders of magnitude (the latency is only visible on the small ones).
+    because copy sizes span orders of magnitude (the latency is only visible on the small ones);
+    :mod:`calibration.costfit` passes ``relative=False`` so the price is the MEAN copy time, which
+    the cost model sums (a relative fit follows the fast mode of bimodal copy times).
     When bytes per copy vary by less
     than 1 % (relative range), only their sum per copy is identifiable: latency is then
     ``known_s_per_transfer`` (or 0) and the bandwidth absorbs the rest.

@@ -327,3 +327,28 @@ def test_next_layer_terms_are_recovered_from_a_synthetic_runs_prefetch_counts() 
     bad.loc[0, "num_prefetch_used"] = -1
     with pytest.raises(CalibrationDataError, match="num_prefetch_used.*negative"):
         fit_next_layer_terms(bad)
+
+
+def test_link_price_is_the_mean_copy_time_on_bimodal_copies(tables) -> None:
+    """Copies of one size that are fast (70 %) or 4x slower (30 %), as emulated memcpy-bound links
+    record: the cost model sums copy times, so the fitted per-copy price must be their MEAN
+    (a relative-error fit follows the fast mode and priced these copies ~30 % low)."""
+    cycles, transfers = tables
+    rng = np.random.default_rng(11)
+    slow = rng.random(len(transfers)) < 0.3
+    extra = np.where(slow, 3.0, 0.0) * transfers["h2d_s"].to_numpy()
+    transfers = transfers.assign(h2d_s=transfers["h2d_s"] + extra)
+    keys = ["request_id", "cycle_index"]
+    added = transfers.assign(extra=extra).groupby(keys)["extra"].sum()
+    cycles = cycles.join(added, on=keys).fillna({"extra": 0.0})
+    cycles = cycles.assign(h2d_s=cycles["h2d_s"] + cycles["extra"], cycle_s=cycles["cycle_s"] + cycles["extra"])
+    cycles = cycles.drop(columns="extra")
+    for options in (FitOptions(), FitOptions(weighting="relative")):
+        fit = fit_cost_model(
+            cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=TRUTH.num_layers, options=options
+        )
+        b = transfers["bytes"].to_numpy(dtype=np.float64)
+        priced = b / fit.model.h2d_bytes_per_s + fit.h2d_link_s_per_transfer
+        measured = transfers["h2d_s"].to_numpy(dtype=np.float64)
+        assert priced.mean() == pytest.approx(measured.mean(), rel=0.01), options.weighting
+        assert fit.h2d_host_s_per_transfer == pytest.approx(0.0, abs=1e-7)
