@@ -12,7 +12,10 @@ each flag with its unit and default. The contract (README, "The command-line too
   other long work, and nothing already on disk is changed;
 - exit 1: the tool ran but its result failed (a replay that failed, a calibration fit that misses
   its accuracy thresholds); the JSON line says why (``"ok": false``);
-- exit 130 (Ctrl-C) or 143 (SIGTERM, where handled): interrupted, finished work kept.
+- exit 130 (Ctrl-C) or 143 (SIGTERM, where handled): interrupted, finished work kept;
+- exit 141 (128 + SIGPIPE): stdout was closed before the tool finished writing
+  (``python -m traces.validate RUN | head -1``): it stops quietly, no traceback, as a Unix tool
+  killed by SIGPIPE would (:func:`cli_main`).
 
 Raise :class:`InputError` (or call :meth:`ArgumentParser.fail`) for bad input; :func:`cli_main`
 turns it into the exit-2 line. An unexpected exception (a bug, not bad input) keeps its traceback
@@ -28,6 +31,7 @@ import functools
 import json
 import math
 import os
+import select
 import signal
 import sys
 import threading
@@ -272,7 +276,7 @@ def exit_bad_input(what: str | None, message: str, prog: str | None = None) -> N
     sys.stdout.flush()
     sys.stderr.write(prefix + message + "\n")
     sys.stderr.flush()
-    print_summary({"ok": False, "error": message, "exit_code": 2})
+    _summary_unless_stdout_closed({"ok": False, "error": message, "exit_code": 2})
     raise SystemExit(2)
 
 
@@ -314,12 +318,68 @@ def sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+STDOUT_CLOSED_EXIT = 128 + 13
+"""Exit status of a CLI whose stdout was closed early (128 + SIGPIPE, 141: what a shell reports
+for a process killed by SIGPIPE)."""
+
+
+def stdout_closed() -> bool:
+    """Whether the reader of this process's stdout is gone (a pipe whose read end was closed,
+    e.g. by ``head``): ``poll`` reports ``POLLERR`` on a pipe's write end once it has no reader
+    (Linux ``pipe_poll``) and ``POLLHUP`` on a hung-up socket. ``True`` where ``poll`` is missing,
+    so a :class:`BrokenPipeError` is then taken to be stdout's (Python docs, "Note on SIGPIPE")."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced or closed (pytest capture, io.StringIO)
+        return False
+    if not hasattr(select, "poll"):
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _detach_stdout() -> None:
+    """Point file descriptor 1 at the null device, so that the interpreter's last flush of what is
+    still buffered for the closed stdout does not raise again at exit (``Exception ignored ...
+    BrokenPipeError``); the recipe of the Python docs' "Note on SIGPIPE"."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
+def _flush_stdout() -> bool:
+    """Flush stdout now, so that what a CLI left buffered fails here rather than in the
+    interpreter's teardown; ``False`` (stdout detached, :func:`_detach_stdout`) when it was closed."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _detach_stdout()
+        return False
+    return True
+
+
+def _summary_unless_stdout_closed(summary: dict[str, Any]) -> None:
+    """:func:`print_summary` on an exit path that already has its status (2, or 1 for a bug): a
+    closed stdout (:func:`stdout_closed`) drops the line quietly instead of replacing that status."""
+    try:
+        print_summary(summary)
+    except BrokenPipeError:
+        if not stdout_closed():
+            raise
+        _detach_stdout()
+
+
 def cli_main(main: Callable[[Sequence[str] | None], int]) -> Callable[[Sequence[str] | None], int]:
     """Decorator for every CLI's ``main(argv) -> int``: enforces the contract (module docstring).
 
     :class:`InputError` -> exit 2 with one stderr line and the JSON line (``SystemExit(2)``, as
-    argparse does); ``SystemExit``/``KeyboardInterrupt`` pass through; any other exception is a
-    bug: the JSON line ``{"ok": false, "error": ..., "exit_code": 1}`` is printed and the
+    argparse does); ``SystemExit``/``KeyboardInterrupt`` pass through; a :class:`BrokenPipeError`
+    while stdout is closed (:func:`stdout_closed`: ``TOOL | head -1``) returns
+    :data:`STDOUT_CLOSED_EXIT` quietly, stdout pointed at the null device; any other exception is
+    a bug: the JSON line ``{"ok": false, "error": ..., "exit_code": 1}`` is printed and the
     exception re-raised with its traceback.
     """
 
@@ -328,22 +388,20 @@ def cli_main(main: Callable[[Sequence[str] | None], int]) -> Callable[[Sequence[
         since = len(_CREATED_DIRS)
         code: Any = 1
         try:
-            code = main(argv)
+            code = _contract(main, argv)
             return code
-        except InputError as exc:
-            code = 2
-            exit_bad_input(exc.what, exc.message, prog=_prog(main))
         except SystemExit as exc:
             code = exc.code
             raise
         except KeyboardInterrupt:
             code = 130
             raise
-        except Exception as exc:
-            print_summary(
-                {"ok": False, "error": f"internal error ({type(exc).__name__}): {_one_line(exc)}", "exit_code": 1}
-            )
-            raise
+        except BrokenPipeError:
+            if not stdout_closed():
+                raise
+            code = STDOUT_CLOSED_EXIT
+            _detach_stdout()
+            return code
         finally:
             if code not in (0, None):
                 _remove_empty_created(since)
@@ -351,6 +409,22 @@ def cli_main(main: Callable[[Sequence[str] | None], int]) -> Callable[[Sequence[
                 del _CREATED_DIRS[since:]
 
     return wrapped
+
+
+def _contract(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None) -> int:
+    """``main(argv)`` with :class:`InputError` and bugs turned into the contract's exits (see
+    :func:`cli_main`, which also handles a closed stdout)."""
+    try:
+        return main(argv)
+    except InputError as exc:
+        exit_bad_input(exc.what, exc.message, prog=_prog(main))
+    except Exception as exc:
+        if isinstance(exc, BrokenPipeError) and stdout_closed():
+            raise
+        _summary_unless_stdout_closed(
+            {"ok": False, "error": f"internal error ({type(exc).__name__}): {_one_line(exc)}", "exit_code": 1}
+        )
+        raise
 
 
 def missing_file(path: str | Path) -> str:
@@ -395,8 +469,16 @@ def exits_at_once_after_signal(main: Callable[[Sequence[str] | None], int]) -> C
 def run_main(main: Callable[[Sequence[str] | None], int]) -> None:
     """``if __name__ == "__main__": run_main(main)`` -> ``sys.exit(main())``, with the heap frozen
     first (see :func:`freeze_heap_for_exit`); see :func:`exits_at_once_after_signal` for the one
-    exception."""
-    code = main(None)
+    exception. Stdout is flushed before the exit: a closed stdout turns a 0 status (``--help``
+    included) into :data:`STDOUT_CLOSED_EXIT`, quietly."""
+    try:
+        code = main(None)
+    except SystemExit as exc:  # argparse's --help (0) and bad flags (2), exit_bad_input
+        if not _flush_stdout() and exc.code in (0, None):
+            raise SystemExit(STDOUT_CLOSED_EXIT) from None
+        raise
+    if not _flush_stdout() and code == 0:
+        code = STDOUT_CLOSED_EXIT
     interrupted = code in (128 + signal.SIGINT, 128 + signal.SIGTERM)
     if interrupted and getattr(main, "exits_at_once_after_signal", False):
         sys.stdout.flush()

@@ -228,3 +228,78 @@ def test_live_record_is_marked_to_exit_at_once_after_a_signal() -> None:
     source = (Path(__file__).resolve().parents[1] / "live" / "record.py").read_text()
     (main,) = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "main"]
     assert [d.id for d in main.decorator_list] == ["exits_at_once_after_signal", "cli_main"]
+
+
+def _run_with_stdout_closed(args: list[str], buffered: bool = True) -> tuple[int, str]:
+    """Run ``python ARGS`` with its stdout a real pipe whose read end is already closed (as after
+    ``| head -1`` has read its line), its stdout block-buffered (Python's default for a pipe) or
+    not (``PYTHONUNBUFFERED``): (exit status, stderr)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [sys.executable, *args], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=300,
+            cwd=Path(__file__).resolve().parents[1], env=env,
+        )
+    finally:
+        os.close(write_end)
+    return proc.returncode, proc.stderr
+
+
+@pytest.mark.parametrize("buffered", [True, False])
+@pytest.mark.parametrize(
+    ("args", "code", "stderr_lines"),
+    [
+        (["-m", "traces.validate", "traces/samples/default"], 141, 0),  # a success whose output was cut
+        # argparse's --help: SystemExit(0); unbuffered, argparse itself drops the failed write (exit 0)
+        (["-m", "traces.validate", "--help"], None, 0),
+        (["-m", "traces.validate", "no/such/run"], 2, 1),  # bad input keeps exit 2 and its one line
+        (["-m", "specfit.cli"], 2, 1),
+    ],
+)
+def test_cli_exits_quietly_when_stdout_is_closed(args: list[str], code: int | None, stderr_lines: int, buffered: bool) -> None:
+    """``python -m traces.validate RUN | head -1`` and the like: a CLI whose stdout reader is gone
+    exits 141 (128 + SIGPIPE) without a BrokenPipeError traceback (specfit.cli.cli_main/run_main);
+    an exit-2 path keeps its status and its one stderr line."""
+    if "traces/samples/default" in args and not (Path(__file__).resolve().parents[1] / args[-1]).is_dir():
+        pytest.skip("the sample trace is not in this checkout")
+    returncode, stderr = _run_with_stdout_closed(args, buffered)
+    assert returncode == (code if code is not None else 141 if buffered else 0), stderr
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
+    assert len(stderr.splitlines()) == stderr_lines, stderr
+
+
+def test_cli_exits_quietly_when_stdout_closes_mid_run() -> None:
+    """A CLI still printing when its reader leaves (output far beyond the pipe's buffer) stops at
+    its next write with exit 141 and nothing on stderr, as under ``| head -1``."""
+    program = (
+        "from specfit.cli import cli_main, print_summary, run_main\n"
+        "@cli_main\n"
+        "def main(argv):\n"
+        "    for i in range(200_000):\n        print('line', i)\n"
+        "    print_summary({'ok': True})\n    return 0\n"
+        "run_main(main)\n"
+    )
+    for buffered in (True, False):
+        assert _run_with_stdout_closed(["-c", program], buffered) == (141, "")
+
+
+def test_cli_main_broken_pipe_of_something_else_is_a_bug(capsys) -> None:
+    """A BrokenPipeError while stdout is open (a socket or worker pipe of the tool) keeps the
+    bug path: JSON line with exit_code 1 and the exception re-raised."""
+    from specfit.cli import cli_main
+
+    @cli_main
+    def main(argv) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(BrokenPipeError):
+        main([])
+    assert '"exit_code": 1' in capsys.readouterr().out
