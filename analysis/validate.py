@@ -27,9 +27,12 @@ recorded); their prefetch issued/used/wasted counts do not depend on timing, so 
 per-cycle counts must equal the simulator's (``prefetch_counts_identical``, also part of ``ok`` and
 ``within_noise``; totals in ``live_prefetch_*`` / ``sim_prefetch_*``). The cost model is fitted on
 the runs without overlap and without prefetch; next-layer prefetch's share and waste
-(``calibration.costfit.fit_next_layer_terms``) on the cost-free policies' ``next-layer`` cells
-(else ``both``) of the same bandwidth, so the planned cells with next-layer prefetch price it
-(grid calibration, no ``--cost``; inert in the other cells).
+(``calibration.costfit.fit_next_layer_terms``) per cache size, on the cost-free policies'
+``next-layer`` cells (else ``both``) of the same bandwidth and cache (the share depends strongly
+on the cache, as ``sim.sweep``'s pilots find; a cache with too few planner misses takes the fit
+pooled over every cache, saying so in one line), saved as ``cost_<bw>_c<cache>.json``, so the
+planned cells with next-layer prefetch price their cache's share (grid calibration, no ``--cost``;
+inert in the other cells; ``--calibration separate`` takes the share per cache from replays).
 
 The noise floor: decisions are deterministic (same inputs, same cost JSON), so the repeats of a
 cell verify the same subtrees cycle by cycle (``repeat_same_subtree_fraction`` checks it) and
@@ -218,10 +221,22 @@ class Cell:
 
 def cell_cost(costs: dict[Any, Any], cell: Cell) -> Any:
     """The entry of ``costs`` (a cost, its JSON path, or both) a cell runs and is priced with:
-    the one for its ``(overlap, cache size)`` (``--calibration separate``'s next-layer share per
-    cache), else the one for its overlap."""
+    the one for its ``(overlap, cache size)`` (the next-layer share per cache), else the one for
+    its overlap."""
     key = (cell.overlap, cell.cache_experts_per_layer)
     return costs[key] if key in costs else costs[cell.overlap]
+
+
+def _fit_next_layer(runs: list[Path], what: str) -> Any:
+    """:func:`calibration.costfit.fit_next_layer_terms` on ``runs``' cycles; a failure is a
+    :class:`ValidationError` naming ``what`` (e.g. ``"cache 8"``)."""
+    from calibration.costfit import fit_next_layer_terms
+    from calibration.runs import load_runs
+
+    try:
+        return fit_next_layer_terms(load_runs(runs).cycles)
+    except ValueError as exc:
+        raise ValidationError(f"next-layer prefetch terms ({what}): {exc}") from None
 
 
 def build_parser() -> ArgumentParser:
@@ -593,27 +608,64 @@ class Validator:
         except CalibrationDataError as exc:
             raise ValidationError(f"bandwidth {bw:g} GB/s: overlap cost fit failed: {exc}") from None
 
-    def _with_next_layer(
-        self, cost: CycleCostModel, path: Path, live_paths: dict[Cell, list[Path]]
-    ) -> tuple[CycleCostModel, Path]:
-        """``cost`` (saved at ``path``) with next-layer prefetch's share and waste fitted on the
-        cost-free cells' runs with ``--prefetch next-layer`` (else ``both``) in ``live_paths``
-        (``calibration.costfit.fit_next_layer_terms``), saved again; as it is with ``--cost`` or
-        without such runs."""
-        runs = [p for c, paths in live_paths.items() if c.prefetch == "next-layer" for p in paths]
-        runs = runs or [p for c, paths in live_paths.items() if c.prefetch == "both" for p in paths]
-        if self.args.cost is not None or not runs:
-            return cost, path
-        from calibration.costfit import fit_next_layer_terms
-        from calibration.runs import load_runs
+    def _next_layer_shares(self, bw: float, live_paths: dict[Cell, list[Path]], caches: list[int]) -> dict[int, Any]:
+        """Default ``--calibration grid``: next-layer prefetch's share and waste per cache size of
+        the grid, fitted on that cache's cost-free cells recorded with ``--prefetch next-layer``
+        (else ``both``) in ``live_paths`` (``calibration.costfit.fit_next_layer_terms``: per tree
+        size where the counts allow): the share depends strongly on the cache, so each cache gets
+        its own fit, as ``sim.sweep``'s pilots and ``--calibration separate`` do. A cache whose runs
+        hold fewer than ``specfit.prefetch.NEXT_LAYER_MIN_KNOT_MISSES`` planner misses (demand
+        misses + used prefetches) takes the fit pooled over every cache size, and one stderr line
+        says so. Empty with ``--cost`` or without such runs (the cost is then used as it is).
 
-        try:
-            fit = fit_next_layer_terms(load_runs(runs).cycles)
-        except ValueError as exc:
-            raise ValidationError(f"next-layer prefetch terms: {exc}") from None
-        cost = dataclasses.replace(cost, **fit.cost_fields())
-        cost.save(path)
-        return cost, path
+        Returns:
+            cache size -> :class:`calibration.costfit.NextLayerFit`.
+
+        Raises:
+            ValidationError: the runs' prefetch counts cannot be fitted.
+        """
+        from specfit.prefetch import NEXT_LAYER_MIN_KNOT_MISSES
+
+        runs: dict[int, list[Path]] = {}
+        for prefetch in ("next-layer", "both"):
+            for cell, paths in live_paths.items():
+                if cell.prefetch == prefetch:
+                    runs.setdefault(cell.cache_experts_per_layer, []).extend(paths)
+            if runs:
+                break
+        if self.args.cost is not None or not runs:
+            return {}
+        fits = {c: _fit_next_layer(paths, f"cache {c}") for c, paths in runs.items()}
+        pooled = _fit_next_layer([p for paths in runs.values() for p in paths], "every cache")
+        shares = {}
+        for c in caches:
+            fit = fits.get(c)
+            planner_misses = 0 if fit is None else fit.num_misses + fit.num_used
+            if planner_misses < NEXT_LAYER_MIN_KNOT_MISSES:
+                print(
+                    f"warning: {bw:g} GB/s, cache {c}: next-layer prefetch share pooled over every cache size "
+                    f"({planner_misses} planner misses in this cache's next-layer runs, < {NEXT_LAYER_MIN_KNOT_MISSES})",
+                    file=sys.stderr,
+                )
+                fit = pooled
+            shares[c] = fit
+        return shares
+
+    @staticmethod
+    def _priced_per_cache(
+        cost: CycleCostModel, path: Path, shares: dict[int, Any], caches: list[int]
+    ) -> dict[int, tuple[CycleCostModel, Path]]:
+        """Per cache size, ``cost`` with that cache's next-layer share (a
+        :class:`specfit.prefetch.NextLayerShare` in ``shares``) saved beside ``path`` as
+        ``<stem>_c<cache>.json``; ``cost`` at ``path`` for every cache when ``shares`` is empty."""
+        if not shares:
+            return {c: (cost, path) for c in caches}
+        priced = {}
+        for c in caches:
+            cache_cost, cache_path = dataclasses.replace(cost, **shares[c].cost_fields()), path.with_name(f"{path.stem}_c{c}.json")
+            cache_cost.save(cache_path)
+            priced[c] = (cache_cost, cache_path)
+        return priced
 
     def _with_replayed_share(
         self, cost: CycleCostModel, path: Path, caches: list[int]
@@ -631,20 +683,17 @@ class Validator:
 
         if self.args.cost is not None or not any(uses_next_layer(f) for f in getattr(self.args, "prefetch", ["none"])):
             return {c: (cost, path) for c in caches}
-        priced = {}
+        shares = {}
         for c in caches:
             config = SimConfig(
                 cost=cost, policy="ar", cache_capacity_per_layer=c, cache_policy=SIM_CACHE_POLICY,
                 predictor=SIM_PREDICTOR, seed=self.args.seed, acceptance=self.acceptance,
             )  # fmt: skip
             try:
-                share = next_layer_share_from_replays(self.dense, [config])
+                shares[c] = next_layer_share_from_replays(self.dense, [config])
             except ValueError as exc:
                 raise ValidationError(f"next-layer prefetch share (replays, cache {c}): {exc}") from None
-            cache_cost, cache_path = dataclasses.replace(cost, **share.cost_fields()), path.with_name(f"{path.stem}_c{c}.json")
-            cache_cost.save(cache_path)
-            priced[c] = (cache_cost, cache_path)
-        return priced
+        return self._priced_per_cache(cost, path, shares, caches)
 
     def _planned_cells(self, bw: float, caches: list[int]) -> list[Cell]:
         """The grid's cells of the planned (cost-using) policies at one bandwidth."""
@@ -904,7 +953,7 @@ class Validator:
                     } or self.run_repeats([Cell(bw, caches[0], p) for p in COST_FREE_POLICIES], None)
                     fit_runs = [path for paths in fit_paths.values() for path in paths]
                     cost, cost_path = self._fit_serial(bw, fit_runs, caches[0], model)
-                costs = {"off": self._with_next_layer(cost, cost_path, live_paths)}
+                serial = {"off": (cost, cost_path)}
                 if any(o != "off" for o in overlaps):  # priced as the engine overlaps (per layer)
                     overlap_runs = [
                         p
@@ -912,9 +961,15 @@ class Validator:
                         if c.overlap != "off" and c.prefetch == "none"
                         for p in paths
                     ] or [p for c, paths in live_paths.items() if c.overlap != "off" for p in paths]
-                    costs["on"] = self._with_next_layer(*self._fit_overlap(bw, cost, overlap_runs), live_paths)
+                    serial["on"] = self._fit_overlap(bw, cost, overlap_runs)
+                shares = self._next_layer_shares(bw, live_paths, caches)  # one per cache size
+                costs = {
+                    (o, c): priced
+                    for o, pair in serial.items()
+                    for c, priced in self._priced_per_cache(*pair, shares, caches).items()
+                }
                 planned = self._planned_cells(bw, caches)
-                live_paths.update(self.run_repeats(planned, {o: path for o, (_, path) in costs.items()}))
+                live_paths.update(self.run_repeats(planned, {key: path for key, (_, path) in costs.items()}))
             for cell, paths in live_paths.items():
                 rows.append(self.compare(dense, cell, paths, cell_cost(costs, cell)[0]))
                 bar.update(1)

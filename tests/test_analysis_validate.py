@@ -1,5 +1,6 @@
 """`python -m analysis.validate` on a tiny grid: tiny random checkpoints, one bandwidth and cache size."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -350,7 +351,7 @@ def test_validate_prefetch_cells_count_identically_live_and_simulated(tiny_model
     from specfit.cost import CycleCostModel
     from traces.reader import open_run
 
-    cost = CycleCostModel.load(next(p for p in out.glob("cost_*.json") if p.stem.count("_") == 1))
+    cost = CycleCostModel.load(out / "cost_1_c4.json")  # the share of cache 4 (the grid's one cache)
     assert 0 < cost.next_layer_cover_frac <= 1 and not cost.next_layer_prefetch
     topn = open_run(next((out / "live").glob("*topn-pf-next-layer/r1"))).cycles
     used, misses = int(topn["num_prefetch_used"].sum()), int(topn["cache_misses"].sum())
@@ -560,3 +561,68 @@ def test_probe_index_is_nan_when_the_runs_and_the_fit_runs_timed_different_gauge
         assert np.isnan(v.speed_runs[-1]["probe_speed_index"])
         assert v.speed_runs[-1]["chain_probe_speed_index"] == pytest.approx(1.0)  # the chain is on both sides
         assert "timed different speed probes (chain, model;" in capsys.readouterr().err
+
+
+def test_grid_calibration_fits_the_next_layer_share_per_cache(tmp_path, monkeypatch, capsys) -> None:
+    """Default ``--calibration grid``: each cache size's cells are priced with the next-layer share
+    fitted on that cache's cost-free next-layer runs (the share depends on the cache), saved as
+    ``cost_<bw>_c<cache>.json``; a cache whose runs hold too few planner misses (or none) takes the
+    share pooled over every cache, with one stderr line each; ``--cost`` leaves the cost as it is."""
+    from types import SimpleNamespace
+
+    import calibration.runs
+    from specfit.cost import CycleCostModel
+    from specfit.prefetch import NEXT_LAYER_MIN_KNOT_MISSES
+
+    def cycles(n: int, misses: int, used: int, wasted: int) -> pd.DataFrame:
+        return pd.DataFrame(
+            {"cache_misses": [misses] * n, "num_prefetch_used": [used] * n, "num_prefetch_wasted": [wasted] * n}
+        )
+
+    tables = {  # run folder -> its cycles: cache 4 has 300 planner misses, cache 8 only 50
+        tmp_path / "c4-ar": cycles(50, 2, 1, 0), tmp_path / "c4-topn": cycles(50, 2, 1, 1),
+        tmp_path / "c8-ar": cycles(10, 3, 2, 1), tmp_path / "c4-none": cycles(50, 9, 0, 0),
+    }  # fmt: skip
+    loaded = []
+
+    def fake_load_runs(paths):
+        loaded.append(sorted(p.name for p in paths))
+        return SimpleNamespace(cycles=pd.concat([tables[p] for p in paths], ignore_index=True))
+
+    monkeypatch.setattr(calibration.runs, "load_runs", fake_load_runs)
+    Cell = validate.Cell
+    live_paths = {
+        Cell(1.0, 4, "ar", prefetch="next-layer"): [tmp_path / "c4-ar"],
+        Cell(1.0, 4, "topn", prefetch="next-layer"): [tmp_path / "c4-topn"],
+        Cell(1.0, 8, "ar", prefetch="next-layer"): [tmp_path / "c8-ar"],
+        Cell(1.0, 4, "ar"): [tmp_path / "c4-none"],  # no prefetch: not a share's run
+    }
+    v = validate.Validator(SimpleNamespace(cost=None), tmp_path)
+    shares = v._next_layer_shares(1.0, live_paths, [4, 8, 16])
+    assert sorted(loaded) == [["c4-ar", "c4-topn"], ["c4-ar", "c4-topn", "c8-ar"], ["c8-ar"]]
+    assert shares[4].cover_frac == pytest.approx(100 / 300) and shares[4].waste_per_miss == pytest.approx(50 / 300)
+    pooled = (100 + 20) / (300 + 50)
+    assert shares[8].cover_frac == pytest.approx(pooled) and shares[16].cover_frac == pytest.approx(pooled)
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"warning: 1 GB/s, cache {c}: next-layer prefetch share pooled over every cache size ({n} planner "
+        f"misses in this cache's next-layer runs, < {NEXT_LAYER_MIN_KNOT_MISSES})"
+        for c, n in ((8, 50), (16, 0))
+    ]
+
+    cost = CycleCostModel(1e-3, 5e-3, 1e-4, 0.0, 1e9, 1e-5, 1_000_000, 2)
+    priced = v._priced_per_cache(cost, tmp_path / "cost_1.json", shares, [4, 8, 16])
+    for c, (cache_cost, path) in priced.items():
+        assert path == tmp_path / f"cost_1_c{c}.json" and CycleCostModel.load(path) == cache_cost
+        assert cache_cost.next_layer_cover_frac == pytest.approx(shares[c].cover_frac)
+    costs = {("off", c): pair for c, pair in priced.items()}
+    assert validate.cell_cost(costs, Cell(1.0, 4, "specfit", prefetch="next-layer")) == priced[4]
+    assert validate.cell_cost(costs, Cell(1.0, 8, "specfit", prefetch="next-layer")) == priced[8]
+
+    # prefetch "both" runs when there is no next-layer run; none of either, or --cost: no share
+    both = {dataclasses.replace(c, prefetch="both"): p for c, p in live_paths.items() if c.prefetch != "none"}
+    assert v._next_layer_shares(1.0, both, [4])[4].cover_frac == pytest.approx(100 / 300)
+    assert v._next_layer_shares(1.0, {Cell(1.0, 4, "ar"): [tmp_path / "c4-none"]}, [4]) == {}
+    assert v._priced_per_cache(cost, tmp_path / "cost_1.json", {}, [4, 8]) == {c: (cost, tmp_path / "cost_1.json") for c in (4, 8)}
+    v.args = SimpleNamespace(cost="given.json")
+    assert v._next_layer_shares(1.0, live_paths, [4, 8]) == {}
