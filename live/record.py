@@ -697,33 +697,6 @@ def _recorded_requests(out: str, validate: bool = True) -> int | None:
         return None
 
 
-@contextlib.contextmanager
-def heap_frozen():
-    """Freeze the objects alive now (imports, the loaded models: :func:`gc.freeze`) for the
-    decoding, and unfreeze them after it (so that an in-process caller such as
-    ``analysis.validate`` can still free a finished run's models), unless something already
-    froze the heap (then nothing is changed).
-
-    Why: CPython's cyclic collector runs a full (generation-2) collection whenever the objects
-    that survived younger collections grow by a quarter, and each one traverses every tracked
-    object: ~424,000 once torch and transformers are imported, 0.5-1.4 s per collection on this
-    project's 2-core VM. During a run those land inside cycles (measured: 7 of them, 7.2 s in all,
-    in a 94 s ``--mode policy --policy specfit --num-prompts 2 --max-new-tokens 24`` run at load
-    8), adding up to a second to a cycle's recorded time that no cost model explains. Frozen
-    objects are skipped by collections; what the run allocates is collected as before.
-    """
-    import gc
-
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 @exits_at_once_after_signal  # SIGTERM/Ctrl-C: exit once the finished requests are saved
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
@@ -761,8 +734,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             with sigterm_as_interrupt():  # kill (SIGTERM) stops like Ctrl-C: JSON line, exit 143
                 session = RecordSession.open(config)
-                with heap_frozen():  # no full collections over torch's objects inside a cycle
-                    session.run(progress=not args.no_progress)
+                session.run(progress=not args.no_progress)  # decodes with the heap frozen (heap_frozen)
         except SessionError as exc:
             parser.fail(exc.flag, exc.message)
     except KeyboardInterrupt as exc:

@@ -1,4 +1,4 @@
-"""live.record.heap_frozen: the objects alive before decoding are frozen during it (no full
+"""live.spec.session.heap_frozen (RecordSession.run decodes inside it): the objects alive before decoding are frozen during it (no full
 collection traverses them inside a cycle) and collectable again after it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 
-from live.record import heap_frozen
+from live.spec.session import heap_frozen
 
 
 class _Node:
@@ -54,12 +54,13 @@ def test_unfreezes_after_an_exception_and_leaves_a_heap_frozen_by_others_alone()
         gc.unfreeze()
 
 
-def test_main_decodes_inside_heap_frozen() -> None:
+def test_the_session_decodes_inside_heap_frozen() -> None:
     import ast
     from pathlib import Path
 
-    source = (Path(__file__).resolve().parents[1] / "live" / "record.py").read_text()
-    (main,) = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "main"]
-    blocks = [n for n in ast.walk(main) if isinstance(n, ast.With)]
+    source = (Path(__file__).resolve().parents[1] / "live" / "spec" / "session.py").read_text()
+    (session,) = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "RecordSession"]
+    (run,) = [n for n in session.body if isinstance(n, ast.FunctionDef) and n.name == "run"]
+    blocks = [n for n in ast.walk(run) if isinstance(n, ast.With)]
     frozen = [w for w in blocks if any(ast.unparse(i.context_expr) == "heap_frozen()" for i in w.items)]
-    assert len(frozen) == 1 and ast.unparse(frozen[0].body[0]).startswith("session.run(")
+    assert len(frozen) == 1 and "self.decoder.generate(" in ast.unparse(frozen[0])
