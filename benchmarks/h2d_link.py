@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks._threads import add_threads_flag, apply_threads  # noqa: E402
-from specfit.cli import ArgumentParser, positive_int, print_summary  # noqa: E402
+from specfit.cli import ArgumentParser, cli_main, positive_int, print_summary, run_main  # noqa: E402
 
 AIM_REL = 0.05
 # (name, gate/up bytes, down bytes, bandwidth GB/s, latency us per expert)
@@ -93,6 +93,7 @@ def measure_case(
     }
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     import torch
@@ -142,4 +143,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

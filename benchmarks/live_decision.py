@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from specfit.cli import ArgumentParser, non_negative_float, positive_int, print_summary  # noqa: E402
+from specfit.cli import ArgumentParser, cli_main, non_negative_float, positive_int, print_summary  # noqa: E402
 
 AIM_S_PER_CYCLE = 0.3e-3
 COLD_GAP_MS = 3.0  # busy-wait before each question of the cold replay (ms): ~one draft forward here
@@ -195,6 +195,7 @@ def replay(pristine: Any, cycles: list[dict[str, Any]], gap_s: float = 0.0) -> t
     return cpu_s - drafter.spun_cpu_s, decision_s, same
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print a table and the JSON summary line. Returns 0."""
     parser = _parser()

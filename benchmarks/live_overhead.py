@@ -39,7 +39,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks._threads import add_threads_flag, apply_threads  # noqa: E402
-from specfit.cli import ArgumentParser, positive_int, print_summary  # noqa: E402
+from specfit.cli import ArgumentParser, cli_main, positive_int, print_summary, run_main  # noqa: E402
 
 
 def _parser() -> ArgumentParser:
@@ -175,6 +175,7 @@ def measure_h2d(link, store, repeats: int) -> dict[str, float]:
     }
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print a table and the JSON summary line. Returns 0."""
     parser = _parser()
@@ -284,6 +285,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from specfit.cli import run_main
-
     run_main(main)

@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks._threads import add_threads_flag, apply_threads  # noqa: E402
-from specfit.cli import ArgumentParser, positive_int, print_summary  # noqa: E402
+from specfit.cli import ArgumentParser, cli_main, positive_int, print_summary, run_main  # noqa: E402
 
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -95,6 +95,7 @@ def decode_pair(target_dir, draft_dir, dtype: str, float32_logits: bool, prompts
     return causal, spec, committed / max(cycles, 1)
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -164,4 +165,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

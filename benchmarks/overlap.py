@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks._threads import add_threads_flag, apply_threads  # noqa: E402
-from specfit.cli import ArgumentParser, comma_list, gb_per_s, positive_int, print_summary  # noqa: E402
+from specfit.cli import ArgumentParser, cli_main, comma_list, gb_per_s, positive_int, print_summary, run_main  # noqa: E402
 
 LATENCY_S = 20e-6
 
@@ -79,6 +79,7 @@ def measure(bandwidth_gb_per_s: float, overlap: bool, args) -> dict[str, list[fl
     return out
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     threads = apply_threads(args.threads)
@@ -111,4 +112,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)

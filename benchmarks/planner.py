@@ -36,6 +36,7 @@ from tqdm import tqdm
 from specfit import bitsets
 from specfit.cli import (
     ArgumentParser,
+    cli_main,
     comma_list,
     gb_per_s,
     non_negative_float,
@@ -264,6 +265,7 @@ def _print_row(label: str, row: dict[str, Any]) -> None:
     )
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; returns 0 (2 on bad flags)."""
     parser = build_parser()

@@ -36,7 +36,7 @@ from sim.presets import DEFAULT_COST, cost_from_preset
 from sim.replay import replay_policy
 from sim.sweep import run_sweep
 from sim.traceselect import SyntheticSpec, synthetic_trace
-from specfit.cli import ArgumentParser, comma_list, gb_per_s, positive_int, print_summary
+from specfit.cli import ArgumentParser, cli_main, comma_list, gb_per_s, positive_int, print_summary, run_main
 from traces.reader import open_run
 
 AIM_CYCLES_PER_S = 5000.0
@@ -73,6 +73,7 @@ def _engine_cycles_per_s(num_layers: int, num_cycles: int = 2000) -> dict[str, f
     return rates
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; returns 0 (the aims are reported, not enforced)."""
     p = ArgumentParser(prog="python benchmarks/sim_speed.py", description=__doc__.split("\n\n")[0])
@@ -195,4 +196,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
-from specfit.cli import ArgumentParser, non_negative_int, positive_int, print_summary, run_main  # noqa: E402
+from specfit.cli import ArgumentParser, cli_main, non_negative_int, positive_int, print_summary, run_main  # noqa: E402
 from specfit.shapes import MODEL_SHAPES, get_model_shape  # noqa: E402
 from traces.reader import open_run  # noqa: E402
 from traces.synthetic import generate_dense_trace  # noqa: E402
@@ -45,6 +45,7 @@ def column_bytes(run_dir: Path, table: str) -> dict[str, int]:
     return sizes
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure trace bytes per (node, layer, expert slot); see the module docstring."""
     parser = ArgumentParser(prog="python benchmarks/trace_size.py", description=__doc__.splitlines()[0])

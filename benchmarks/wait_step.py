@@ -39,7 +39,16 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks._threads import add_threads_flag, apply_threads  # noqa: E402
-from specfit.cli import ArgumentParser, comma_list, gb_per_s, non_negative_float, positive_int, print_summary  # noqa: E402
+from specfit.cli import (  # noqa: E402
+    ArgumentParser,
+    cli_main,
+    comma_list,
+    gb_per_s,
+    non_negative_float,
+    positive_int,
+    print_summary,
+    run_main,
+)
 
 COLUMNS = ("layer_misses", "layer_compute_s", "layer_pre_router_s", "layer_stall_s")
 
@@ -124,6 +133,7 @@ def _record(path: Path, bandwidth: float, args) -> None:
     live_record(argv, path.with_suffix(".log"))
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Record (or reuse) the runs, print the per-bandwidth table and the JSON line."""
     args = _parser().parse_args(argv)
@@ -160,4 +170,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -281,11 +281,14 @@ def exit_bad_input(what: str | None, message: str, prog: str | None = None) -> N
 
 
 def _prog(main: Callable[..., Any]) -> str:
-    """``python -m MODULE`` of a CLI's ``main`` (``__main__`` resolved to the module run)."""
+    """``python -m MODULE`` of a CLI's ``main`` (``__main__`` resolved to the module run), or
+    ``python SCRIPT`` for a script run by its path (``python benchmarks/planner.py``)."""
     module = main.__module__
     if module == "__main__":
         spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-        module = spec.name if spec is not None else Path(sys.argv[0]).stem
+        if spec is None:
+            return f"python {sys.argv[0]}"
+        module = spec.name
     return f"python -m {module}"
 
 

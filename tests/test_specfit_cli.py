@@ -303,3 +303,44 @@ def test_cli_main_broken_pipe_of_something_else_is_a_bug(capsys) -> None:
     with pytest.raises(BrokenPipeError):
         main([])
     assert '"exit_code": 1' in capsys.readouterr().out
+
+
+def _benchmark_scripts() -> list[Path]:
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    return sorted(p for p in folder.glob("*.py") if "def main(" in p.read_text())
+
+
+@pytest.mark.parametrize("script", _benchmark_scripts(), ids=lambda p: p.name)
+def test_every_benchmark_runs_through_the_cli_contract(script: Path) -> None:
+    """``python benchmarks/X.py | head -1`` is held to the tools' contract: ``main`` is decorated
+    with ``cli_main`` and the script's ``__main__`` block calls ``run_main(main)``."""
+    import ast
+
+    tree = ast.parse(script.read_text())
+    (main,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+    assert "cli_main" in [getattr(d, "id", None) for d in main.decorator_list]
+    (block,) = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+    assert "run_main(main)" in ast.unparse(block), ast.unparse(block)
+
+
+def test_benchmark_exits_quietly_when_stdout_is_closed() -> None:
+    """``python benchmarks/planner.py | head -1``: exit 141, no BrokenPipeError traceback."""
+    args = ["benchmarks/planner.py", "--source", "synthetic", "--nodes", "4", "--trees", "2"]
+    for buffered in (True, False):
+        assert _run_with_stdout_closed(args, buffered) == (141, "")
+
+
+def test_prog_of_a_script_run_by_its_path(monkeypatch) -> None:
+    """The exit-2 line of a script run by its path names it as it was run, not as a module."""
+    import sys
+    import types
+
+    from specfit.cli import _prog
+
+    def main(argv=None) -> int:
+        return 0
+
+    main.__module__ = "__main__"
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=None))
+    monkeypatch.setattr(sys, "argv", ["benchmarks/planner.py"])
+    assert _prog(main) == "python benchmarks/planner.py"
