@@ -27,7 +27,9 @@ from live.spec.verify import TreeVerifier
 
 
 def measure_copy_bytes_per_s(num_bytes: int, repeats: int = 20) -> float:
-    """Host memcpy bandwidth (bytes/s) of a ``num_bytes`` tensor copy, median of ``repeats``."""
+    """Host memcpy bandwidth (bytes/s) of a ``num_bytes`` tensor copy: bytes moved over the summed
+    time of ``repeats`` copies (the MEAN copy time, which the cost model sums; a median would
+    follow the fast mode of bimodal copy times and price copies short)."""
     src = torch.empty(max(int(num_bytes), 1), dtype=torch.uint8)
     dst = torch.empty_like(src)
     times = []
@@ -35,16 +37,20 @@ def measure_copy_bytes_per_s(num_bytes: int, repeats: int = 20) -> float:
         start = time.perf_counter()
         dst.copy_(src)
         times.append(time.perf_counter() - start)
-    return src.numel() / max(float(np.median(times)), 1e-9)
+    return src.numel() / max(float(np.mean(times)), 1e-9)
 
 
 def measure_link(offload, repeats: int = 20) -> tuple[float, float]:
     """``(bytes_per_s, s_per_transfer)`` of the real link, from ``repeats`` timed fetches of one
     stored expert (layer 0, expert 0) into scratch device tensors, per copy as the engine times
     them (CUDA events on the link's copy stream), fitted as ``seconds = bytes / bandwidth +
-    latency`` through the median time of each copy size (an expert's copies differ in size, which
-    separates the two; medians keep a copy delayed by another process from skewing the line; a
-    negative latency is clipped to 0 and the bandwidth taken through the origin). The latency
+    latency`` through the MEAN time of each copy size (an expert's copies differ in size, which
+    separates the two; a negative latency is clipped to 0 and the bandwidth taken through the
+    origin). Means, not medians: the cost model sums copy times, so the price of a copy must be
+    its mean; copy times are often bimodal (an emulated link's sleeps, a copy delayed by another
+    process), and a median then follows the fast mode and prices copies short (the bias
+    ``calibration.link.fit_link`` avoids with ``relative=False``). The line through the two
+    sizes' means prices the fetches it was measured on at exactly their summed time. The latency
     returned is per expert (per-copy latency times copies per expert)."""
     store = offload.store
     sources = (store.gate_up[0][0], store.down[0][0])
@@ -56,12 +62,12 @@ def measure_link(offload, repeats: int = 20) -> tuple[float, float]:
         seconds.extend(fetch.copy_seconds().tolist())
         sizes.extend(fetch.copy_bytes.tolist())
     x, y = np.asarray(sizes, dtype=np.float64), np.asarray(seconds, dtype=np.float64)
-    medians = {size: float(np.median(y[x == size])) for size in np.unique(x)}
-    lo, hi = min(medians), max(medians)
-    s_per_byte = (medians[hi] - medians[lo]) / (hi - lo) if hi > lo else 0.0
-    latency_s = medians[lo] - s_per_byte * lo
-    if latency_s < 0 or s_per_byte <= 0:
-        latency_s, s_per_byte = 0.0, medians[hi] / hi
+    means = {size: float(np.mean(y[x == size])) for size in np.unique(x)}
+    lo, hi = min(means), max(means)
+    s_per_byte = (means[hi] - means[lo]) / (hi - lo) if hi > lo else 0.0
+    latency_s = means[lo] - s_per_byte * lo
+    if latency_s < 0 or s_per_byte <= 0:  # through the origin: prices the summed bytes at the summed time
+        latency_s, s_per_byte = 0.0, float(y.sum() / x.sum())
     return 1.0 / float(s_per_byte), float(latency_s) * len(pairs)
 
 
