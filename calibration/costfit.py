@@ -40,8 +40,11 @@ on the embedded default most copies take ~14-18 us and a tail 30-55 us), and a r
 follows the fast mode: on ``runs/val-lead-final`` it priced the 8 GB/s copies 7.7 % below their mean
 (ratio of summed price to summed copy time 0.923; 1 GB/s: 1.002). The link is therefore always fitted
 on absolute residuals (seconds): ordinary least squares with the per-copy column prices the mean
-exactly when no coefficient sits at its bound. ``robust=True`` still applies its soft-L1 loss (it
-resists preempted copies but leans towards the mode again).
+exactly when no coefficient sits at its bound. ``robust=True`` applies its soft-L1 loss to the link
+too, which alone would lean to the fast mode again (0.86-0.87 of the timed copies on
+``runs/val-lead-final``); the fit is then scaled so the copies' summed price equals their summed time
+(``fit_link(..., price_at_mean=True)``, always passed here): the robust loss sets only the
+bandwidth/latency split, the mean pricing holds with or without it.
 
 Held-out evaluation: cycles are split by a seeded permutation (``numpy.random.default_rng(seed)``)
 into fit and held-out sets; transfers follow their cycle (same ``run``, ``request_id``,
@@ -335,6 +338,7 @@ def _fit_h2d(
             robust=opts.robust,
             relative=False,
             known_s_per_transfer=None if known is None else known / copies,
+            price_at_mean=True,
         )
         if copies > 1:
             link = replace(
@@ -354,7 +358,13 @@ def _fit_h2d(
         n = _stack(cycles["layer_misses"]).ravel()
         s = _stack(cycles["layer_h2d_s"]).ravel()
         link = fit_link(
-            b, n, s, robust=opts.robust, relative=False, known_s_per_transfer=opts.known_s_per_transfer
+            b,
+            n,
+            s,
+            robust=opts.robust,
+            relative=False,
+            known_s_per_transfer=opts.known_s_per_transfer,
+            price_at_mean=True,
         )
         source = "per-layer cycle data (no transfers table)"
     notes.append(f"h2d from {source}: {link.note}")

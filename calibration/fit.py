@@ -103,7 +103,12 @@ def build_parser() -> ArgumentParser:
         "--holdout", type=_fraction, default=0.25, help="fraction of cycles held out for evaluation"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the fit / held-out split")
-    p.add_argument("--robust", action="store_true", help="soft-L1 robust loss instead of plain NNLS")
+    p.add_argument(
+        "--robust",
+        action="store_true",
+        help="soft-L1 robust loss instead of plain NNLS (the H2D link is still priced at its mean copy time: "
+        "there the robust loss sets the bandwidth/latency split only)",
+    )
     p.add_argument(
         "--miss-compute",
         action="store_true",

@@ -39,6 +39,7 @@ def fit_link(
     robust: bool = False,
     relative: bool = True,
     known_s_per_transfer: float | None = None,
+    price_at_mean: bool = False,
 ) -> LinkFit:
     """Fit bandwidth and per-copy latency from timed copies (or groups of copies).
 
@@ -50,6 +51,13 @@ def fit_link(
     When bytes per copy vary by less
     than 1 % (relative range), only their sum per copy is identifiable: latency is then
     ``known_s_per_transfer`` (or 0) and the bandwidth absorbs the rest.
+
+    ``price_at_mean``: after the fit, scale the fitted terms (both, or the bandwidth's alone when
+    the latency is given) so that the samples' summed price equals their summed time: the MEAN
+    pricing the cost model needs, kept under ``robust=True`` (whose soft-L1 loss follows the fast
+    mode of bimodal copy times like a relative fit; it then sets only the bandwidth/latency split)
+    and when a coefficient sits at its bound. Plain absolute least squares already prices the
+    mean otherwise (factor 1). The factor is in ``note`` when it differs from 1 by 0.1 % or more.
 
     Args:
         num_bytes, num_copies, seconds: float[n] per sample (one copy: ``num_copies = 1``).
@@ -75,7 +83,12 @@ def fit_link(
         )
         s_per_byte, latency = (float(c) for c in fit.coef)
         if s_per_byte > 0:
-            return LinkFit(1.0 / s_per_byte, latency, True, int(s.size), "bandwidth and latency fitted")
+            note = "bandwidth and latency fitted"
+            if price_at_mean:
+                factor = float(s.sum() / (b * s_per_byte + n * latency).sum())
+                s_per_byte, latency = s_per_byte * factor, latency * factor
+                note += _mean_note(factor, robust)
+            return LinkFit(1.0 / s_per_byte, latency, True, int(s.size), note)
     latency = float(known_s_per_transfer or 0.0)
     note = (
         f"copy sizes do not vary (relative range {spread:.3g}); latency {latency:.3g} s "
@@ -91,4 +104,16 @@ def fit_link(
     s_per_byte = float(fit.coef[0])
     if s_per_byte <= 0:
         raise CalibrationDataError("h2d: could not fit a positive bandwidth from field 'h2d_s'")
+    if price_at_mean:
+        factor = float(rest.sum() / (b * s_per_byte).sum())
+        s_per_byte *= factor
+        note += _mean_note(factor, robust)
     return LinkFit(1.0 / s_per_byte, latency, False, int(s.size), note)
+
+
+def _mean_note(factor: float, robust: bool) -> str:
+    """The note :func:`fit_link` adds when ``price_at_mean`` scaled the fit by ``factor``."""
+    if abs(factor - 1.0) < 1e-3:
+        return ""
+    why = "robust loss" if robust else "a coefficient at its bound"
+    return f"; scaled x{factor:.3f} to price the copies at their mean time ({why})"

@@ -112,7 +112,7 @@ def test_robust_fit_resists_outliers(tables) -> None:
         transfers,
         expert_bytes=TRUTH.expert_bytes,
         num_layers=TRUTH.num_layers,
-        options=FitOptions(robust=True),
+        options=FitOptions(robust=True, holdout_fraction=0.0),  # every copy in the fit
     )
     err_plain = _rel(plain.model.verify_s(24, 500), TRUTH.verify_s(24, 500))
     err_robust = _rel(robust.model.verify_s(24, 500), TRUTH.verify_s(24, 500))
@@ -352,3 +352,35 @@ def test_link_price_is_the_mean_copy_time_on_bimodal_copies(tables) -> None:
         measured = transfers["h2d_s"].to_numpy(dtype=np.float64)
         assert priced.mean() == pytest.approx(measured.mean(), rel=0.01), options.weighting
         assert fit.h2d_host_s_per_transfer == pytest.approx(0.0, abs=1e-7)
+
+
+def test_robust_fit_keeps_the_link_priced_at_the_mean_copy_time(tables) -> None:
+    """``calibration.fit --robust``: the soft-L1 loss alone follows the fast mode of bimodal copies
+    (priced them at 0.66 of their time here); the link is then scaled to price the copies at their MEAN time,
+    which the cost model sums, and the note says by how much."""
+    cycles, transfers = tables
+    rng = np.random.default_rng(11)
+    slow = rng.random(len(transfers)) < 0.3
+    transfers = transfers.assign(h2d_s=transfers["h2d_s"] * np.where(slow, 4.0, 1.0))
+    fit = fit_cost_model(
+        cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=TRUTH.num_layers,
+        options=FitOptions(robust=True, holdout_fraction=0.0),  # every copy in the fit
+    )
+    b = transfers["bytes"].to_numpy(dtype=np.float64)
+    priced = b / fit.model.h2d_bytes_per_s + fit.h2d_link_s_per_transfer
+    assert priced.sum() == pytest.approx(transfers["h2d_s"].sum(), rel=1e-6)
+    assert any("to price the copies at their mean time (robust loss)" in note for note in fit.notes)
+
+
+@pytest.mark.parametrize("known", [None, 2e-6])
+def test_fit_link_price_at_mean_with_copies_of_one_size(known) -> None:
+    """Copies of one size (latency not identifiable; given or 0): the robust fit's bandwidth is
+    scaled so the copies' summed price is their summed time; a given latency is kept."""
+    from calibration.link import fit_link
+
+    rng = np.random.default_rng(5)
+    b = np.full(400, 65_536.0)
+    s = (2e-6 + b / 4e9) * np.where(rng.random(400) < 0.3, 4.0, 1.0)
+    link = fit_link(b, np.ones_like(b), s, robust=True, relative=False, known_s_per_transfer=known, price_at_mean=True)
+    assert link.s_per_transfer == (known or 0.0)
+    assert (b / link.bytes_per_s + link.s_per_transfer).sum() == pytest.approx(s.sum(), rel=1e-9)
