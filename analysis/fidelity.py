@@ -15,7 +15,8 @@ hit-rate gap, ``decisions`` for differing subtrees, ``throughput`` otherwise; an
 :func:`missed_aims` says it in words with the measured noise beside each missed figure.
 
 Where an error lives: :func:`error_split` splits the simulated-minus-live time of a cell's cycles
-into its terms (draft, decision, verify compute, per-miss H2D, cache effects, overlap), each as a
+into its terms (draft, decision, verify compute, per-miss H2D, prefetch copies, cache effects,
+overlap), each as a
 share of the live time, so the split adds up to the cell's signed time error; :func:`by_policy`
 pools the per-cycle errors and the split per (policy, bandwidth).
 
@@ -60,6 +61,9 @@ class Targets:
     same_subtree_fraction: float = 0.99
 
 
+SPLIT_TERMS = ("draft", "decision", "verify", "h2d", "prefetch", "cache", "overlap")
+"""The terms :func:`error_split` splits a cell's simulated-minus-live time into."""
+
 # Short headers of the printed / Markdown per-cell tables (``analysis.validate`` stdout,
 # ``analysis.report``); fidelity.csv keeps the full names (docs/metrics.md defines them).
 SHORT_COLUMNS = {
@@ -90,7 +94,7 @@ SHORT_COLUMNS = {
     "norm_throughput_error_pct": "n_tput_err%",
     "norm_cycle_error_median_pct": "n_err_med%",
     "norm_within_noise": "n_within",
-    **{f"split_{t}_pct": f"d_{t}%" for t in ("draft", "decision", "verify", "h2d", "cache", "overlap")},
+    **{f"split_{t}_pct": f"d_{t}%" for t in SPLIT_TERMS},
 }
 
 
@@ -242,7 +246,10 @@ def mean_repeat_cycles(match: RepeatMatch) -> pd.DataFrame:
     over the R repeats of the same cycle (a null ``decision_s`` counts as 0 s, as in
     :func:`calibration.costfit.model_cycle_s`; it stays null when null in every repeat); every
     other column (levels, nodes, context, misses, ...) comes from repeat 1, where it is the same
-    in every repeat for the fields that define a match. With R = 1 it is repeat 1's table.
+    in every repeat for the fields that define a match. ``stall_s`` (added when every repeat has
+    ``layer_stall_s``) is the mean over the repeats of each cycle's summed ``layer_stall_s`` (the
+    compute stream's waits for copies; NaN where a repeat left it null), which :func:`error_split`
+    uses. With R = 1 it is repeat 1's table (plus ``stall_s``).
     """
     out = match.tables[0].copy()
     for col in TIMING_COLUMNS:
@@ -257,7 +264,21 @@ def mean_repeat_cycles(match: RepeatMatch) -> pd.DataFrame:
         else:
             mean = vals.mean(axis=0)
         out[col] = mean
+    if all("layer_stall_s" in t.columns for t in match.tables):
+        stalls = np.stack([_stall_s(t) for t in match.tables])  # NaN where a repeat did not record it
+        out["stall_s"] = stalls.mean(axis=0)
     return out
+
+
+def _stall_s(cycles: pd.DataFrame) -> np.ndarray:
+    """float64[C]: seconds each cycle's compute stream waited for copies, the sum of its
+    ``layer_stall_s`` (NaN where it is null or the column is missing)."""
+    if "layer_stall_s" not in cycles.columns:
+        return np.full(len(cycles), np.nan)
+    return np.array(
+        [np.nan if v is None or np.isscalar(v) else float(np.sum(v)) for v in cycles["layer_stall_s"]],
+        dtype=np.float64,
+    )
 
 
 def cycle_noise_pct(match: RepeatMatch) -> np.ndarray:
@@ -404,10 +425,6 @@ def sim_cycle_agreement(live_cycles: pd.DataFrame, sim_cycles: pd.DataFrame) -> 
     return out
 
 
-SPLIT_TERMS = ("draft", "decision", "verify", "h2d", "cache", "overlap")
-"""The terms :func:`error_split` splits a cell's simulated-minus-live time into."""
-
-
 def _seconds(df: pd.DataFrame, column: str) -> np.ndarray:
     return pd.to_numeric(df[column], errors="coerce").fillna(0.0).to_numpy(dtype=np.float64)
 
@@ -423,22 +440,36 @@ def error_split(
     Cycles of ``live`` (one run, or the per-cycle mean over repeats, :func:`mean_repeat_cycles`)
     and ``sim`` (the replay's cycle records) are paired on (``request_id``, ``cycle_index``) and
     kept when both verified the same subtree (same work, so the difference is the model's). With
-    ``m_s`` / ``m_l`` the simulated / live cache misses of a cycle, ``s = cost.s_per_miss`` and
-    ``c = compute_s_per_miss`` (the per-miss compute folded into ``s`` by ``calibration.costfit``'s
-    ``miss_compute``; :meth:`calibration.costfit.CostFit.term_split`), the difference
-    ``sim cycle_s - live cycle_s`` of a cycle is the exact sum of
+    ``m_s`` / ``m_l`` the simulated / live demand misses (``cache_misses``), ``i_s`` / ``i_l``
+    the experts they prefetched (``num_prefetch_issued``, null or absent = 0: draft and next-layer
+    prefetch), ``s = cost.s_per_miss`` and ``c = compute_s_per_miss`` (the per-miss compute folded
+    into ``s`` by ``calibration.costfit``'s ``miss_compute``;
+    :meth:`calibration.costfit.CostFit.term_split`), the live ``h2d_s`` (every copy of the cycle,
+    demand and prefetch, and their placing) split by copy count into its demand part
+    ``D_l = h2d_s * m_l / (m_l + i_l)`` and its prefetch part ``P_l = h2d_s - D_l`` (an expert's
+    copies are the same size whichever asked for them), and the live stall ``w_l`` (the summed
+    ``layer_stall_s``, the compute stream's waits for copies; ``h2d_s`` where not recorded, which
+    is the stall without overlap and without prefetch), the difference ``sim cycle_s - live
+    cycle_s`` of a cycle is the exact sum of
 
     - ``draft``: ``draft_s`` (sim: ``cost.draft_s(levels)``) minus the live ``draft_s``;
     - ``decision``: ``decision_s`` (sim: the live cell's mean; null = 0) minus the live one;
     - ``verify``: the verify compute, ``verify_s + c * m_l`` minus the live ``verify_s`` plus the
-      live cycle's unattributed rest (bookkeeping: ``cycle_s`` - draft - decision - verify - H2D,
-      which the fitted verify term covers; with overlap on that rest goes to ``overlap``);
-    - ``h2d``: the per-miss H2D at the live miss count, ``m_l * (s - c)``, minus the live ``h2d_s``;
+      live cycle's unattributed rest (bookkeeping: ``cycle_s`` - draft - decision - verify - the
+      stall ``w_l``, which the fitted verify term covers; with overlap on that rest goes to
+      ``overlap``);
+    - ``h2d``: the per-miss H2D at the live miss count, ``m_l * (s - c)``, minus ``D_l``;
+    - ``prefetch``: the simulator's prefetch copies at the per-copy price, ``i_s * (s - c)``,
+      minus ``P_l`` (0 without prefetch; a count difference shows here, a hidden copy in
+      ``overlap``);
     - ``cache``: the cost of the miss-count difference, ``(m_s - m_l) * s`` (0 when both caches
       hold the same experts);
-    - ``overlap``: the rest, ``sim cycle_s - live cycle_s`` minus the five terms above: 0 without
-      overlap (the replay's cycle is then draft + decision + ``verify_s`` + ``m_s * s``); with
-      overlap on, the copies each side hides behind compute and the live bookkeeping.
+    - ``overlap``: the rest, ``sim cycle_s - live cycle_s`` minus the six terms above: the copy
+      time each side hides behind compute, the live side's ``h2d_s - w_l`` minus the simulator's
+      priced copies ``m_s * s + i_s * (s - c)`` beyond its stall. 0 without overlap and without
+      prefetch (the replay's cycle is then draft + decision + ``verify_s`` + ``m_s * s``); with
+      prefetch and overlap off, the prefetch copies each side does not wait for; with overlap on,
+      the copies each side hides and the live bookkeeping.
 
     Returns:
         ``split_<term>_pct`` for each of :data:`SPLIT_TERMS`: ``100 * sum over the kept cycles of
@@ -453,7 +484,12 @@ def error_split(
     cols = ["verified_nodes", "draft_s", "verify_s", "h2d_s", "cycle_s", "decision_s", "cache_misses"]
     if not len(live) or not len(sim) or any(c not in f.columns for c in keys + cols for f in (live, sim)):
         return out
-    both = live[keys + cols].merge(sim[keys + cols], on=keys, suffixes=("_l", "_s"))
+    live = live.assign(stall_s=live["stall_s"] if "stall_s" in live.columns else _stall_s(live))
+    optional = ["num_prefetch_issued"]
+    live, sim = (f.assign(**{c: f[c] if c in f.columns else 0 for c in optional}) for f in (live, sim))
+    both = live[keys + cols + optional + ["stall_s"]].merge(
+        sim[keys + cols + optional], on=keys, suffixes=("_l", "_s")
+    )
     same = np.array(
         [set(_ints(a)) == set(_ints(b)) for a, b in zip(both["verified_nodes_l"], both["verified_nodes_s"])],
         dtype=bool,
@@ -462,21 +498,27 @@ def error_split(
     live_s = _seconds(both, "cycle_s_l")
     if not len(both) or live_s.sum() <= 0:
         return out
-    part = {side: {c: _seconds(both, f"{c}_{side}") for c in cols[1:]} for side in ("l", "s")}
+    part = {side: {c: _seconds(both, f"{c}_{side}") for c in cols[1:] + optional} for side in ("l", "s")}
     lv, sm = part["l"], part["s"]
-    rest_l = lv["cycle_s"] - lv["draft_s"] - lv["decision_s"] - lv["verify_s"] - lv["h2d_s"]
+    stall_l = pd.to_numeric(both["stall_s"], errors="coerce").to_numpy(dtype=np.float64)
+    stall_l = np.where(np.isfinite(stall_l), stall_l, lv["h2d_s"])
+    rest_l = lv["cycle_s"] - lv["draft_s"] - lv["decision_s"] - lv["verify_s"] - stall_l
     c, s = float(compute_s_per_miss), cost.s_per_miss
     m_l, m_s = lv["cache_misses"], sm["cache_misses"]
+    i_l, i_s = lv["num_prefetch_issued"], sm["num_prefetch_issued"]
+    copies_l = m_l + i_l
+    demand_h2d_l = np.where(copies_l > 0, lv["h2d_s"] * m_l / np.maximum(copies_l, 1), lv["h2d_s"])
     overlapped = bool(cost.overlap_h2d)
     terms = {
         "draft": sm["draft_s"] - lv["draft_s"],
         "decision": sm["decision_s"] - lv["decision_s"],
         "verify": sm["verify_s"] + c * m_l - lv["verify_s"] - (0.0 if overlapped else rest_l),
-        "h2d": m_l * (s - c) - lv["h2d_s"],
+        "h2d": m_l * (s - c) - demand_h2d_l,
+        "prefetch": i_s * (s - c) - (lv["h2d_s"] - demand_h2d_l),
         "cache": (m_s - m_l) * s,
     }
-    # the rest of the difference: 0 without overlap (the replay's cycle is draft + decision +
-    # verify + misses * s_per_miss, wherever the simulator books the per-miss placing)
+    # the rest of the difference: 0 without overlap and prefetch (the replay's cycle is draft +
+    # decision + verify + misses * s_per_miss, wherever the simulator books the per-miss placing)
     terms["overlap"] = sm["cycle_s"] - lv["cycle_s"] - sum(terms.values())
     total = float(live_s.sum())
     for term, values in terms.items():

@@ -393,6 +393,35 @@ def test_error_split_adds_up_to_the_time_error_term_by_term() -> None:
     assert np.isnan(fidelity.error_split(live, sim.iloc[:0], cost)["split_draft_pct"])
 
 
+def test_error_split_with_prefetch_prices_the_prefetch_copies_apart() -> None:
+    """Next-layer (or draft) prefetch, overlap off: the live cycle copied 2 demand misses and 2
+    prefetched experts (1 ms each, h2d_s 4 ms) and waited 3 ms for them (one prefetch copy hidden
+    behind compute), with 1 ms of bookkeeping; the simulator made the same copies and hid both
+    prefetch copies. The per-copy price is exact (1 ms), so ``h2d`` and ``prefetch`` are 0, the
+    bookkeeping stays in ``verify`` and ``overlap`` is the copy the simulator hides beyond the
+    live run's (before: the prefetch copies were charged to ``h2d``, -2 ms, the bookkeeping to
+    nothing)."""
+    base = {"request_id": [0], "cycle_index": [0], "verified_nodes": [[0, 1]], "draft_s": [0.0],
+            "decision_s": [0.0], "verify_s": [10e-3], "cache_misses": [2], "num_prefetch_issued": [2]}
+    live = pd.DataFrame(dict(base, h2d_s=[4e-3], cycle_s=[14e-3], layer_stall_s=[[1.5e-3, 1.5e-3]]))
+    sim = pd.DataFrame(dict(base, h2d_s=[4e-3], cycle_s=[12e-3]))
+    cost = dataclasses.replace(
+        COST, h2d_s_per_transfer=1e-3 - COST.expert_bytes / COST.h2d_bytes_per_s, overlap_h2d=False
+    )
+    got = fidelity.error_split(live, sim, cost)
+    expected_ms = {"draft": 0.0, "decision": 0.0, "verify": -1.0, "h2d": 0.0, "prefetch": 0.0, "cache": 0.0,
+                   "overlap": -1.0}  # fmt: skip
+    for term, ms in expected_ms.items():
+        assert got[f"split_{term}_pct"] == pytest.approx(100 * ms / 14, abs=1e-9), term
+    # one prefetch more in the simulator shows in ``prefetch``, at the per-copy price
+    more = fidelity.error_split(live, sim.assign(num_prefetch_issued=[3], cycle_s=[13e-3]), cost)
+    assert more["split_prefetch_pct"] == pytest.approx(100 * 1 / 14)
+    # the repeats' mean keeps the stall: the same split from mean_repeat_cycles' table
+    mean = fidelity.mean_repeat_cycles(fidelity.match_repeats([live, live]))
+    assert mean["stall_s"].tolist() == pytest.approx([3e-3])
+    assert fidelity.error_split(mean, sim, cost) == pytest.approx(got)
+
+
 def test_by_policy_pools_cycles_and_weights_the_split() -> None:
     table = pd.DataFrame(
         {"policy": ["ar", "specfit", "specfit"], "bandwidth_gb_per_s": [1.0, 1.0, 1.0],
