@@ -51,7 +51,8 @@ def access_layers(
             bool[L, E] masks would write all). counts: int64[3, L] outputs (hits, misses,
             evictions per layer). bits: uint64[L, W] output, the cached experts
             after the access as bitsets (``ExpertCache.cached_bits``); with ``bits_valid`` it
-            holds the sets before the access and only the layers whose set changes are rebuilt.
+            holds the sets before the access and only the bits of the evicted and inserted
+            experts change (else every layer's words are rebuilt).
         stats: int64[3, L] running hits, misses, evictions per layer (``CacheStats``; updated).
         ema: float64[L] per-layer moving average of the miss fraction (NaN before a layer's first
             access; updated as ``CacheStats.record``: ``old + weight * (frac - old)``).
@@ -76,6 +77,7 @@ def access_layers(
                     freq[layer, e] += 1
     cand = np.empty(num_experts, np.int64)
     keys = np.empty(num_experts, np.int64)
+    order = np.empty(num_experts, np.int64)  # the partial selection's scratch
     missed = np.empty(num_experts, np.int64)  # this layer's misses, ascending
     total_hit = 0
     total_miss = 0
@@ -105,49 +107,75 @@ def access_layers(
             num_evicted = max(kept_count - free, 0)
         if num_evicted > 0:
             n = 0
-            for e in range(num_experts):  # branch-free compaction of the evictable experts
+            for e in range(num_experts):  # branch-free compaction of the evictable experts, ascending
                 cand[n] = e
                 n += (stamp[layer, e] >= 0) & ~need[layer, e]
-            # the num_evicted first candidates in the policy's victim order, by selection
-            # (lru: smallest stamp, distinct; lfu: smallest (freq, tick, id))
+            # the victims are the num_evicted first candidates in the policy's victim order (lru:
+            # smallest stamp; lfu: smallest (freq, tick, id)); every key is distinct (stamps are,
+            # ids are), so they are the candidates whose key is at most the num_evicted-th
+            # smallest: that one is found by a partial selection over the keys (a hit is needed, so
+            # no candidate's stamp was refreshed), then the candidates are visited in ascending id
+            # and those keys kept (the victims come out ascending, no sort)
             if policy == 0:
-                for i in range(n):  # a hit is needed, so no candidate's stamp was refreshed
+                for i in range(n):
                     keys[i] = stamp[layer, cand[i]]
+                    order[i] = keys[i]
                 for i in range(num_evicted):
                     best = i
-                    low = keys[i]
+                    low = order[i]
                     for j in range(i + 1, n):
-                        k = keys[j]
+                        k = order[j]
                         if k < low:
                             low = k
                             best = j
-                    e = cand[best]
-                    cand[best], keys[best] = cand[i], keys[i]
-                    cand[i], keys[i] = e, low
+                    order[best] = order[i]
+                    order[i] = low
+                limit = order[num_evicted - 1]
+                num_out = 0
+                for i in range(n):
+                    if keys[i] <= limit:
+                        e = cand[i]
+                        flat[2, total_evicted + num_out] = row + e
+                        stamp[layer, e] = -1
+                        num_out += 1
             else:
+                for i in range(n):
+                    order[i] = cand[i]
                 for i in range(num_evicted):
                     best = i
                     for j in range(i + 1, n):
-                        a, b = cand[j], cand[best]
+                        a, b = order[j], order[best]
                         fa, fb = freq[layer, a], freq[layer, b]
                         ta, tb = tick[layer, a], tick[layer, b]
                         if fa < fb or (fa == fb and (ta < tb or (ta == tb and a < b))):
                             best = j
-                    e = cand[best]
-                    cand[best] = cand[i]
-                    cand[i] = e
-            cand[:num_evicted].sort()  # the victims ascending
-            for i in range(num_evicted):
-                e = cand[i]
-                flat[2, total_evicted + i] = row + e
-                stamp[layer, e] = -1
+                    e = order[best]
+                    order[best] = order[i]
+                    order[i] = e
+                last = order[num_evicted - 1]
+                fl, tl = freq[layer, last], tick[layer, last]
+                num_out = 0
+                for i in range(n):
+                    a = cand[i]
+                    fa, ta = freq[layer, a], tick[layer, a]
+                    if fa < fl or (fa == fl and (ta < tl or (ta == tl and a <= last))):
+                        flat[2, total_evicted + num_out] = row + a
+                        stamp[layer, a] = -1
+                        num_out += 1
         # the first kept_count misses in ascending id are inserted
         for i in range(kept_count):
             e = missed[i]
             stamp[layer, e] = base + num_experts + e
-        # the cached set as bitsets: rebuilt for a layer whose set changed (or all, when ``bits``
-        # does not hold the sets before the access: ``bits_valid`` false)
-        if not bits_valid or kept_count > 0 or num_evicted > 0:
+        # the cached set as bitsets: when ``bits`` holds the set before the access, the evicted
+        # experts' bits are cleared and the inserted ones' set; else the layer's words are rebuilt
+        if bits_valid:
+            for i in range(num_evicted):
+                e = flat[2, total_evicted + i] - row
+                bits[layer, e >> 6] &= ~(np.uint64(1) << np.uint64(e & 63))
+            for i in range(kept_count):
+                e = missed[i]
+                bits[layer, e >> 6] |= np.uint64(1) << np.uint64(e & 63)
+        else:
             for w in range(bits.shape[1]):
                 word = np.uint64(0)
                 for b in range(min(64, num_experts - w * 64)):
