@@ -502,9 +502,15 @@ class _Replayer:
         frac = self.timed.pre_router_frac
         return compute, tuple(min(round(frac * c), c) for c in compute) if frac else ()
 
-    def _access(self, mask: np.ndarray) -> Any:
-        """``cache.access_layers(mask)`` (one access per layer) that also logs the accesses
-        (for the Belady first pass)."""
+    def _access(self, expert_ids: np.ndarray, nodes: np.ndarray, mask: np.ndarray | None = None) -> Any:
+        """One forward pass over ``nodes`` (routing ``expert_ids`` int[N, L, K]) through the cache:
+        ``cache.access_nodes`` (one access per layer), or ``cache.access_layers(mask)`` for a
+        given bool[L, E] ``mask`` (the expert budget's); logs the accesses for the Belady first
+        pass."""
+        if mask is None and self.access_log is not None:
+            mask = _layer_mask(expert_ids, nodes, self.num_experts)
+        if mask is None:
+            return self.cache.access_nodes(expert_ids, nodes)
         if self.access_log is not None:
             for layer, row in enumerate(mask):
                 self.access_log[layer].append(np.flatnonzero(row))
@@ -536,7 +542,7 @@ class _Replayer:
             copies = 0
             if self.next_layer_prefetch:
                 copies = sum(map(len, self._next_layer_prefetch(self.run.prefill_next_layer_experts(request_id))))
-            access = self._access(_layer_mask(ex, np.arange(ex.shape[0]), self.num_experts))
+            access = self._access(ex, np.arange(ex.shape[0]))
             self._ledger_accessed(access)
             misses = int(access.num_misses.sum())
             self.totals["prefill_h2d_bytes"] += (misses + copies) * self.expert_bytes
@@ -757,10 +763,10 @@ class _Replayer:
         stats = self.cache.stats
         hits_before, misses_before = stats.hits, stats.misses
         if self.budget is None:
-            access = self._access(_layer_mask(true_ids, nodes, self.num_experts))
+            access = self._access(true_ids, nodes)
         else:  # lossy: the recorded acceptance is kept (an optimistic bound on MoE-Spec's output)
             weights = np.asarray(dense.router_weights)
-            access = self._access(_budget_mask(true_ids, weights, nodes, self.num_experts, self.budget))
+            access = self._access(true_ids, nodes, _budget_mask(true_ids, weights, nodes, self.num_experts, self.budget))
         # this access's totals, as the cache's running counts moved (exact ints, no array sums)
         num_hits, num_misses = stats.hits - hits_before, stats.misses - misses_before
         hits, demand = _MaskRows(access.hit_ids, self.num_layers), _MaskRows(access.miss_ids, self.num_layers)

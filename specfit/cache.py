@@ -532,43 +532,7 @@ class ExpertCache:
             )
         if not reference and self.policy != "belady":
             kernels = _cache_kernels()  # numba: imported (compiled once, cached) on first use
-            flat = self._flat
-            if flat is None:  # scratch of the compiled access, kept (only its first entries are written)
-                flat = self._flat = np.empty((3, self.num_layers * self.num_experts), dtype=np.int64)
-            counts = np.empty((3, self.num_layers), dtype=np.int64)
-            bits = self._bits  # the sets before this access, updated where they change
-            bits_valid = bits is not None
-            if bits is None:
-                bits = np.empty((self.num_layers, self._words), dtype=np.uint64)
-            base = self._next_stamp
-            self._next_stamp += 2 * self.num_experts
-            stats = self.stats
-            clock, hits, misses, evictions = kernels.access_layers(
-                kernels.POLICY_CODES[self.policy],
-                need if need.flags.c_contiguous else np.ascontiguousarray(need),
-                self._stamp,
-                self._count,
-                self._cap,
-                self._freq,
-                self._tick,
-                base,
-                self._clock,
-                flat,
-                counts,
-                bits,
-                stats._layer_counts,
-                stats._layer_miss_ema,
-                MISS_EMA_WEIGHT,
-                bits_valid,
-            )
-            self._clock = int(clock)
-            stats.hits += int(hits)
-            stats.misses += int(misses)
-            stats.evictions += int(evictions)
-            self._bits = bits
-            return _KeyedLayerAccesses.of(
-                self.num_experts, flat[0, :hits].copy(), flat[1, :misses].copy(), flat[2, :evictions].copy(), counts
-            )
+            return self._compiled(kernels.access_layers, need if need.flags.c_contiguous else np.ascontiguousarray(need))
         hit, miss, evicted, num_hit, num_miss, num_evicted = self._apply(slice(None), need, True)
         if self.policy == "belady":
             self._step = [s + 1 for s in self._step]
@@ -582,6 +546,76 @@ class ExpertCache:
         )
         self.stats.record_layers(out.num_hits, out.num_misses, out.num_evicted)
         return out
+
+    def access_nodes(self, expert_ids: np.ndarray, nodes: np.ndarray) -> LayerAccesses:
+        """One forward pass of the tokens ``nodes``: ``access_layers(mask)`` with ``mask[l, e]``
+        true where any of them routes to expert ``e`` at layer ``l`` (the simulator's access per
+        cycle); for lru, lfu and static the mask is never built (``cache_kernels.access_nodes``).
+
+        Args:
+            expert_ids: int[N, L, K] routing (ids in [0, E); negative ids are padding, skipped).
+            nodes: int[] rows of ``expert_ids`` (the tokens of the forward pass).
+
+        Returns:
+            :class:`LayerAccesses`, as :meth:`access_layers` (same results and state).
+
+        Raises:
+            ValueError: ``expert_ids`` is not [N, L, K] with ``L`` layers, an expert id is ``>= E`` or a
+                node id is not a row of ``expert_ids``
+                (the cache is then unchanged).
+        """
+        ids = np.asarray(expert_ids)
+        if ids.ndim != 3 or ids.shape[1] != self.num_layers:
+            raise ValueError(
+                f"ExpertCache.access_nodes: expert_ids must be int[N, {self.num_layers}, K], got {list(ids.shape)}"
+            )
+        if ids.dtype not in (np.int16, np.int64):
+            ids = ids.astype(np.int64)
+        nodes = np.asarray(nodes, dtype=np.int64)
+        kernels = _cache_kernels()
+        if self.policy == "belady":
+            return self.access_layers(kernels.expert_mask(ids, nodes, self.num_experts))
+        return self._compiled(kernels.access_nodes, ids, nodes)
+
+    def _compiled(self, kernel: Any, *inputs: np.ndarray) -> LayerAccesses:
+        """One compiled access (``kernel``: ``cache_kernels.access_layers`` or ``.access_nodes``
+        with its ``inputs``), the cache's state, statistics and bitsets updated in place."""
+        kernels = _cache_kernels()
+        flat = self._flat
+        if flat is None:  # scratch of the compiled access, kept (only its first entries are written)
+            flat = self._flat = np.empty((3, self.num_layers * self.num_experts), dtype=np.int64)
+        counts = np.empty((3, self.num_layers), dtype=np.int64)
+        bits = self._bits  # the sets before this access, updated where they change
+        bits_valid = bits is not None
+        if bits is None:
+            bits = np.empty((self.num_layers, self._words), dtype=np.uint64)
+        stats = self.stats
+        clock, hits, misses, evictions = kernel(
+            kernels.POLICY_CODES[self.policy],
+            *inputs,
+            self._stamp,
+            self._count,
+            self._cap,
+            self._freq,
+            self._tick,
+            self._next_stamp,
+            self._clock,
+            flat,
+            counts,
+            bits,
+            stats._layer_counts,
+            stats._layer_miss_ema,
+            MISS_EMA_WEIGHT,
+            bits_valid,
+        )
+        self._next_stamp += 2 * self.num_experts
+        self._clock = int(clock)
+        stats.hits += int(hits)
+        stats.misses += int(misses)
+        stats.evictions += int(evictions)
+        self._bits = bits
+        keys = flat[:, : max(hits, misses, evictions)].copy()  # one copy, three views
+        return _KeyedLayerAccesses.of(self.num_experts, keys[0, :hits], keys[1, :misses], keys[2, :evictions], counts)
 
     def warm(self, layer: int, expert_ids: object) -> None:
         """Insert ``expert_ids`` without counting hits, misses or frequencies (static: no-op).

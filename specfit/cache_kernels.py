@@ -1,4 +1,4 @@
-"""Compiled form of :meth:`specfit.cache.ExpertCache.access_layers` (numba, ``cache=True``).
+"""Compiled form of :meth:`specfit.cache.ExpertCache.access_layers` and ``.access_nodes`` (numba, ``cache=True``).
 
 One access at every layer for the ``lru``, ``lfu`` and ``static`` policies, as one pass over
 plain arrays: the same rules and the same state updates as the vectorised reference
@@ -17,9 +17,10 @@ POLICY_CODES = {"lru": 0, "lfu": 1, "static": 2}
 
 
 @njit(cache=True, error_model="numpy")
-def access_layers(
+def _access(
     policy,
-    need,
+    needed,
+    ptr,
     stamp,
     count,
     cap,
@@ -39,7 +40,8 @@ def access_layers(
 
     Args:
         policy: 0 = lru, 1 = lfu, 2 = static (:data:`POLICY_CODES`).
-        need: bool[L, E] the experts each layer needs.
+        needed, ptr: the experts each layer needs, as int64 ids ascending per layer:
+            ``needed[ptr[l]:ptr[l + 1]]`` for layer ``l`` (``ptr``: int64[L + 1]).
         stamp: int64[L, E] cache state (-1 = not cached, else recency; updated).
         count: int64[L] cached experts per layer (updated). cap: int64[L] capacities.
         freq, tick: int64[L, E] LFU access counts and last-access ticks (updated for lfu).
@@ -67,14 +69,8 @@ def access_layers(
     victim order (lru: smallest stamp; lfu: smallest ``(freq, tick, id)``); once none is left the
     remaining misses are transient; static inserts and evicts nothing.
     """
-    num_layers, num_experts = need.shape
-    if policy == 1:  # ticks run over all layers in row-major order, as a flattened cumsum
-        for layer in range(num_layers):
-            for e in range(num_experts):
-                if need[layer, e]:
-                    clock += 1
-                    tick[layer, e] = clock
-                    freq[layer, e] += 1
+    num_layers, num_experts = stamp.shape
+    mark = np.zeros(num_experts, np.bool_)  # this layer's needed experts
     cand = np.empty(num_experts, np.int64)
     keys = np.empty(num_experts, np.int64)
     order = np.empty(num_experts, np.int64)  # the partial selection's scratch
@@ -83,21 +79,28 @@ def access_layers(
     total_miss = 0
     total_evicted = 0
     for layer in range(num_layers):
-        # the needed experts only (a forward pass needs a few of E): hits are refreshed (a hit is
-        # needed, so never an eviction candidate: its stamp is no victim key), misses listed
+        # the needed experts only (a forward pass needs a few of E), ascending: hits are
+        # refreshed (a hit is needed, so never an eviction candidate: its stamp is no victim key),
+        # misses listed; lfu's ticks run over the layers in order and each layer's experts
+        # ascending (the reference's flattened cumsum; a layer reads only its own ticks)
         num_hit = 0
         num_miss = 0
         row = layer * num_experts
-        for e in range(num_experts):
-            if need[layer, e]:
-                if stamp[layer, e] >= 0:
-                    stamp[layer, e] = base + e
-                    flat[0, total_hit + num_hit] = row + e
-                    num_hit += 1
-                else:
-                    flat[1, total_miss + num_miss] = row + e
-                    missed[num_miss] = e
-                    num_miss += 1
+        for i in range(ptr[layer], ptr[layer + 1]):
+            e = needed[i]
+            mark[e] = True
+            if policy == 1:
+                clock += 1
+                tick[layer, e] = clock
+                freq[layer, e] += 1
+            if stamp[layer, e] >= 0:
+                stamp[layer, e] = base + e
+                flat[0, total_hit + num_hit] = row + e
+                num_hit += 1
+            else:
+                flat[1, total_miss + num_miss] = row + e
+                missed[num_miss] = e
+                num_miss += 1
         cached = count[layer]
         kept_count = 0
         num_evicted = 0
@@ -109,7 +112,7 @@ def access_layers(
             n = 0
             for e in range(num_experts):  # branch-free compaction of the evictable experts, ascending
                 cand[n] = e
-                n += (stamp[layer, e] >= 0) & ~need[layer, e]
+                n += (stamp[layer, e] >= 0) & ~mark[e]
             # the victims are the num_evicted first candidates in the policy's victim order (lru:
             # smallest stamp; lfu: smallest (freq, tick, id)); every key is distinct (stamps are,
             # ids are), so they are the candidates whose key is at most the num_evicted-th
@@ -191,11 +194,79 @@ def access_layers(
         total_hit += num_hit
         total_miss += num_miss
         total_evicted += num_evicted
+        for i in range(ptr[layer], ptr[layer + 1]):
+            mark[needed[i]] = False
         if num_hit + num_miss > 0:
             frac = num_miss / (num_hit + num_miss)
             old_ema = ema[layer]
             ema[layer] = frac if np.isnan(old_ema) else old_ema + weight * (frac - old_ema)
     return clock, total_hit, total_miss, total_evicted
+
+
+@njit(cache=True, error_model="numpy")
+def access_layers(policy, need, *state):
+    """One access at every layer with the sets ``need`` bool[L, E] (row ``l`` = the experts layer
+    ``l`` needs): ``_access`` with ``state`` = its arguments after ``ptr`` (same returns)."""
+    num_layers, num_experts = need.shape
+    needed = np.empty(num_layers * num_experts, np.int64)
+    ptr = np.empty(num_layers + 1, np.int64)
+    ptr[0] = 0
+    n = 0
+    for layer in range(num_layers):
+        for e in range(num_experts):
+            if need[layer, e]:
+                needed[n] = e
+                n += 1
+        ptr[layer + 1] = n
+    return _access(policy, needed, ptr, *state)
+
+
+@njit(cache=True, error_model="numpy")
+def access_nodes(policy, expert_ids, nodes, *state):
+    """One access at every layer with the experts the tokens ``nodes`` route to: ``access_layers``
+    with ``expert_mask(expert_ids, nodes, E)``, without building the bool[L, E] mask (per layer
+    the routed ids are gathered, deduplicated and sorted: a few of E).
+
+    Args:
+        expert_ids: int16 or int64 [N, L, K] routing (negative ids are padding, skipped).
+        nodes: int64[] the tokens of the forward pass (rows of ``expert_ids``).
+        state: ``_access``'s arguments after ``ptr`` (``stamp`` first: its shape gives L, E).
+
+    Returns:
+        ``_access``'s; the cache is left untouched when an expert id is ``>= E`` or a node id is
+        not a row (ValueError raised).
+    """
+    num_layers, num_experts = state[0].shape
+    top_k = expert_ids.shape[2]
+    width = min(num_experts, nodes.shape[0] * top_k)
+    needed = np.empty(num_layers * width, np.int64)
+    ptr = np.empty(num_layers + 1, np.int64)
+    seen = np.zeros(num_experts, np.bool_)
+    ptr[0] = 0
+    n = 0
+    for v in nodes:
+        if v < 0 or v >= expert_ids.shape[0]:
+            raise ValueError("access_nodes: a node id is outside the routing's rows")
+    for layer in range(num_layers):
+        start = n
+        for v in nodes:
+            for k in range(top_k):
+                e = np.int64(expert_ids[v, layer, k])
+                if e >= num_experts:
+                    raise ValueError("access_nodes: an expert id is >= the experts per layer")
+                if e >= 0 and not seen[e]:
+                    seen[e] = True
+                    # insertion into the layer's ascending list
+                    j = n
+                    while j > start and needed[j - 1] > e:
+                        needed[j] = needed[j - 1]
+                        j -= 1
+                    needed[j] = e
+                    n += 1
+        for i in range(start, n):
+            seen[needed[i]] = False
+        ptr[layer + 1] = n
+    return _access(policy, needed, ptr, *state)
 
 
 @njit(cache=True, error_model="numpy")

@@ -11,6 +11,7 @@ internal state, for lru, lfu and static.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -88,3 +89,60 @@ def test_cached_bits_is_a_copy_and_follows_later_changes() -> None:
     assert cache.cached_bits()[0].tolist() == [2, 2]
     cache.warm(1, [69])  # a change outside the batched path is seen
     assert cache.cached_bits()[1].tolist() == [0, 1 << 5]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(["lru", "lfu", "static", "belady"]),
+    st.integers(1, 4),
+    st.integers(1, 140),
+    st.sampled_from([np.int16, np.int32, np.int64]),
+    st.integers(0, 2**31 - 1),
+)
+def test_access_nodes_equals_access_layers_of_the_routed_mask(policy, num_layers, num_experts, dtype, seed) -> None:
+    """``access_nodes(ids, nodes)`` (the mask never built) == ``access_layers(expert_mask(ids, nodes))``:
+    same results, statistics and state, duplicates and padding (-1) in the routing included."""
+    from specfit.cache_kernels import expert_mask
+
+    rng = np.random.default_rng(seed)
+    capacity = rng.integers(0, num_experts + 1, size=num_layers)
+    top_k = int(rng.integers(1, 5))
+    steps = int(rng.integers(1, 12))
+    kwargs = {}
+    if policy == "static":
+        kwargs = {"frequency": rng.random((num_layers, num_experts))}
+    if policy == "belady":
+        kwargs = {"future": [[rng.choice(num_experts, 3) for _ in range(steps)] for _ in range(num_layers)]}
+    by_nodes = make_expert_cache(policy, num_layers, num_experts, capacity, **kwargs)
+    by_mask = make_expert_cache(policy, num_layers, num_experts, capacity, **kwargs)
+    for _ in range(steps):
+        routing = rng.integers(-1, num_experts, size=(int(rng.integers(1, 9)), num_layers, top_k)).astype(dtype)
+        nodes = rng.choice(routing.shape[0], size=int(rng.integers(1, routing.shape[0] + 1)), replace=False)
+        got = by_nodes.access_nodes(routing, nodes)
+        want = by_mask.access_layers(expert_mask(routing.astype(np.int64), nodes.astype(np.int64), num_experts))
+        for name in ("hits", "misses", "evicted", "num_hits", "num_misses", "num_evicted"):
+            assert np.array_equal(getattr(got, name), getattr(want, name)), name
+        for ids in ("hit_ids", "miss_ids", "evicted_ids"):
+            assert [a.tolist() for a in getattr(got, ids)()] == [a.tolist() for a in getattr(want, ids)()], ids
+        assert np.array_equal(by_nodes.cached_bits(), by_mask.cached_bits())
+        assert _state(by_nodes) == _state(by_mask)
+    assert by_nodes.stats.layer_miss_fraction.tobytes() == by_mask.stats.layer_miss_fraction.tobytes()
+    assert (by_nodes.stats.hits, by_nodes.stats.misses, by_nodes.stats.evictions) == (
+        by_mask.stats.hits,
+        by_mask.stats.misses,
+        by_mask.stats.evictions,
+    )
+
+
+def test_access_nodes_rejects_bad_routing_and_leaves_the_cache_unchanged() -> None:
+    cache = make_expert_cache("lru", 2, 8, 2)
+    cache.access_nodes(np.array([[[1], [2]]]), np.array([0]))
+    before = _state(cache)
+    with pytest.raises(ValueError, match="expert id"):
+        cache.access_nodes(np.array([[[3], [8]]]), np.array([0]))  # 8 >= E
+    with pytest.raises(ValueError, match="node id"):
+        cache.access_nodes(np.array([[[3], [4]]]), np.array([1]))  # one row only
+    with pytest.raises(ValueError, match=r"int\[N, 2, K\]"):
+        cache.access_nodes(np.zeros((1, 3, 1), dtype=np.int64), np.array([0]))
+    assert _state(cache) == before
+    assert cache.cached_ids(0).tolist() == [1] and cache.stats.hits + cache.stats.misses == 2
