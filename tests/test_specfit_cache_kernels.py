@@ -29,6 +29,30 @@ def _state(cache) -> tuple:
     )
 
 
+def _assert_same_access(got, want, one, two) -> None:
+    """Two accesses' results, and their caches' bitsets, masks and state, are the same."""
+    for name in ("hits", "misses", "evicted", "num_hits", "num_misses", "num_evicted"):
+        assert np.array_equal(getattr(got, name), getattr(want, name)), name
+    assert got.num_hits.dtype == want.num_hits.dtype == np.int64
+    for ids in ("hit_ids", "miss_ids", "evicted_ids"):  # the compiled path's from its keys
+        assert [a.tolist() for a in getattr(got, ids)()] == [a.tolist() for a in getattr(want, ids)()], ids
+    assert np.array_equal(one.cached_bits(), two.cached_bits())
+    assert np.array_equal(one.cached_mask(), two.cached_mask())
+    assert _state(one) == _state(two)
+
+
+def _assert_same_stats(one, two) -> None:
+    """Two caches' statistics are the same, bit for bit (the miss-fraction averages included)."""
+    for name in ("layer_hits", "layer_misses", "layer_evictions"):
+        assert np.array_equal(getattr(one.stats, name), getattr(two.stats, name))
+    assert one.stats.layer_miss_fraction.tobytes() == two.stats.layer_miss_fraction.tobytes()
+    assert (one.stats.hits, one.stats.misses, one.stats.evictions) == (
+        two.stats.hits,
+        two.stats.misses,
+        two.stats.evictions,
+    )
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     st.sampled_from(["lru", "lfu", "static"]),
@@ -60,22 +84,8 @@ def test_compiled_access_layers_equals_the_numpy_reference(policy, num_layers, n
         mask = rng.random((num_layers, num_experts)) < density
         got = compiled.access_layers(mask)
         want = reference.access_layers(mask, reference=True)
-        for name in ("hits", "misses", "evicted", "num_hits", "num_misses", "num_evicted"):
-            assert np.array_equal(getattr(got, name), getattr(want, name)), name
-        assert got.num_hits.dtype == want.num_hits.dtype == np.int64
-        for ids in ("hit_ids", "miss_ids", "evicted_ids"):  # the compiled path's from its keys
-            assert [a.tolist() for a in getattr(got, ids)()] == [a.tolist() for a in getattr(want, ids)()], ids
-        assert np.array_equal(compiled.cached_bits(), reference.cached_bits())
-        assert np.array_equal(compiled.cached_mask(), reference.cached_mask())
-        assert _state(compiled) == _state(reference)
-    for name in ("layer_hits", "layer_misses", "layer_evictions"):
-        assert np.array_equal(getattr(compiled.stats, name), getattr(reference.stats, name))
-    assert compiled.stats.layer_miss_fraction.tobytes() == reference.stats.layer_miss_fraction.tobytes()
-    assert (compiled.stats.hits, compiled.stats.misses, compiled.stats.evictions) == (
-        reference.stats.hits,
-        reference.stats.misses,
-        reference.stats.evictions,
-    )
+        _assert_same_access(got, want, compiled, reference)
+    _assert_same_stats(compiled, reference)
 
 
 def test_cached_bits_is_a_copy_and_follows_later_changes() -> None:
@@ -120,18 +130,8 @@ def test_access_nodes_equals_access_layers_of_the_routed_mask(policy, num_layers
         nodes = rng.choice(routing.shape[0], size=int(rng.integers(1, routing.shape[0] + 1)), replace=False)
         got = by_nodes.access_nodes(routing, nodes)
         want = by_mask.access_layers(expert_mask(routing.astype(np.int64), nodes.astype(np.int64), num_experts))
-        for name in ("hits", "misses", "evicted", "num_hits", "num_misses", "num_evicted"):
-            assert np.array_equal(getattr(got, name), getattr(want, name)), name
-        for ids in ("hit_ids", "miss_ids", "evicted_ids"):
-            assert [a.tolist() for a in getattr(got, ids)()] == [a.tolist() for a in getattr(want, ids)()], ids
-        assert np.array_equal(by_nodes.cached_bits(), by_mask.cached_bits())
-        assert _state(by_nodes) == _state(by_mask)
-    assert by_nodes.stats.layer_miss_fraction.tobytes() == by_mask.stats.layer_miss_fraction.tobytes()
-    assert (by_nodes.stats.hits, by_nodes.stats.misses, by_nodes.stats.evictions) == (
-        by_mask.stats.hits,
-        by_mask.stats.misses,
-        by_mask.stats.evictions,
-    )
+        _assert_same_access(got, want, by_nodes, by_mask)
+    _assert_same_stats(by_nodes, by_mask)
 
 
 def test_access_nodes_rejects_bad_routing_and_leaves_the_cache_unchanged() -> None:
