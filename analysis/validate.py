@@ -281,12 +281,16 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument(
         "--cache-experts",
+        "--cache",
+        dest="cache_experts",
         type=comma_list(positive_int),
         default=None,
         help="cache sizes (experts per layer) list; default: a quarter and a half of the experts per layer",
     )
     p.add_argument(
+        "--policy",
         "--policies",
+        dest="policies",
         type=comma_list(str),
         default=list(GRID_POLICIES),
         help="tree policies, comma-separated: " + choices_help(GRID_POLICIES, TREE_POLICY_HELP),
@@ -353,7 +357,9 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="seed (live runs and fit split)")
     p.add_argument(
+        "--threads",
         "--torch-threads",
+        dest="torch_threads",
         type=positive_int,
         default=1,
         help="torch intra-op threads of the live runs (count); 1 keeps CPU timings steady on a shared machine",
@@ -1378,7 +1384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.prefetch = list(dict.fromkeys(args.prefetch))
     bad = [p for p in args.policies if p not in GRID_POLICIES]
     if bad:
-        parser.fail("--policies", f"expected names from {list(GRID_POLICIES)}, got {bad}")
+        parser.fail("--policy", f"expected names from {list(GRID_POLICIES)}, got {bad}")
     if not args.device.startswith("cpu") and len(args.bandwidth) > 1:
         parser.fail(
             "--bandwidth", "on a GPU the real link is measured: give one value (it only labels the cells)"

@@ -139,11 +139,16 @@ def build_parser() -> ArgumentParser:
         default=None,
         help=f"MT-bench layout .jsonl with categories (default: {DEFAULT_PROMPTS}, skipped when absent)",
     )
-    p.add_argument("--categories", type=comma_list(str), default=DEFAULT_CATEGORIES, help="categories")
+    p.add_argument(
+        "--category", "--categories", dest="categories", type=comma_list(str), default=DEFAULT_CATEGORIES,
+        help="categories",
+    )  # fmt: skip
     p.add_argument("--per-category", type=positive_int, default=2, help="prompts per category (count)")
     p.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens per prompt (count)")
     p.add_argument(
+        "--policy",
         "--policies",
+        dest="policies",
         type=comma_list(str),
         default="full,specfit",
         help="live.record policies to run: " + ", ".join(LIVE_POLICIES),
@@ -171,7 +176,7 @@ def _check_flags(parser: ArgumentParser, args) -> None:
     unknown = [x for x in args.policies if x not in LIVE_POLICIES]
     if unknown:
         parser.fail(
-            "--policies", f"unknown policy {unknown[0]!r}; expected some of {', '.join(LIVE_POLICIES)}"
+            "--policy", f"unknown policy {unknown[0]!r}; expected some of {', '.join(LIVE_POLICIES)}"
         )
     if args.head is not None and not is_eagle3_checkpoint(args.head):
         parser.fail(
@@ -189,7 +194,7 @@ def _check_args(parser: ArgumentParser, args) -> dict[str, list]:
     try:
         prompts = {cat: load_prompts(str(args.prompts), [cat]) for cat in args.categories}
     except UnknownCategoryError as exc:  # the message lists the file's categories
-        parser.fail("--categories", str(exc))
+        parser.fail("--category", str(exc))
     except (OSError, ValueError) as exc:  # missing, empty or malformed file
         parser.fail("--prompts", str(exc))
     if args.out is not None:

@@ -40,7 +40,7 @@ tail -15 "$DIR/tests.log"
 
 echo "== 2/3 calibration.h2d (real link)"
 timeout 120 python -m calibration.h2d --device cuda --sizes-mib 0.0625,0.25,1,4,16,64 \
-    --out-dir "$DIR/h2d" > "$DIR/h2d.log" 2>&1
+    --out "$DIR/h2d" > "$DIR/h2d.log" 2>&1
 h2d_rc=$?
 tail -20 "$DIR/h2d.log"
 

@@ -18,7 +18,7 @@ process CPU time (``*_cpu``), the latter being less disturbed by other load on a
 best of ``--repeats`` interleaved runs after one warm-up run of each. Usage::
 
     python benchmarks/live_overhead.py                      # embedded default model
-    python benchmarks/live_overhead.py --model PATH --new-tokens 64 --repeats 5
+    python benchmarks/live_overhead.py --model PATH --max-new-tokens 64 --repeats 5
 
 Without the embedded default checkpoint (and no ``--model``), a random Qwen3-MoE with the default's
 shape is written to a temporary directory (``model_source`` says which was used).
@@ -48,7 +48,10 @@ def _parser() -> ArgumentParser:
         "--model", type=Path, default=None, help="MoE checkpoint dir (default: the embedded default target)"
     )
     p.add_argument("--prompt-tokens", type=positive_int, default=32, help="prompt length (tokens)")
-    p.add_argument("--new-tokens", type=positive_int, default=64, help="tokens generated per run")
+    p.add_argument(
+        "--max-new-tokens", "--new-tokens", dest="new_tokens", type=positive_int, default=64,
+        help="tokens generated per run",
+    )  # fmt: skip
     p.add_argument(
         "--repeats", type=positive_int, default=5, help="timed runs per variant (best is reported)"
     )

@@ -17,7 +17,7 @@ float32`` (:func:`live.spec.runner.float32_output_head`) keeps the model in the 
 computes the final logits in float32, for both decodings. Usage::
 
     python benchmarks/lossless_dtype.py                      # 24 default prompts x 48 tokens
-    python benchmarks/lossless_dtype.py --num-prompts 8 --max-new-tokens 32 --dtypes bfloat16
+    python benchmarks/lossless_dtype.py --num-prompts 8 --max-new-tokens 32 --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ def _parser() -> ArgumentParser:
     p.add_argument("--draft", default=None, help="draft checkpoint dir (default: the embedded draft)")
     p.add_argument("--num-prompts", type=positive_int, default=24, help="default prompts used (count)")
     p.add_argument("--max-new-tokens", type=positive_int, default=48, help="tokens per prompt")
-    p.add_argument("--dtypes", default="bfloat16,float16,float32", help="comma-separated weight dtypes")
+    p.add_argument(
+        "--dtype", "--dtypes", dest="dtypes", default="bfloat16,float16,float32", help="comma-separated weight dtypes"
+    )
     p.add_argument(
         "--depth", type=positive_int, default=None, help="draft tree depth (default: live.record's)"
     )
@@ -102,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         dtypes = _dtypes(args.dtypes)
     except ValueError as exc:
-        parser.fail("--dtypes", str(exc))
+        parser.fail("--dtype", str(exc))
     import torch
     from tqdm import tqdm
 

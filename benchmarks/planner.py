@@ -82,6 +82,8 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument(
         "--cache-fraction",
+        "--cache",
+        dest="cache_fraction",
         type=comma_list(float),
         default=[0.25, 0.5, 0.75, 0.9],
         help="cached share of each layer's experts, cycled over the trees (fraction in [0, 1))",

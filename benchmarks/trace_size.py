@@ -1,6 +1,6 @@
 """Bytes on disk per (node, layer, expert slot) of a real-shape synthetic dense trace.
 
-    python benchmarks/trace_size.py [--shape qwen3-30b-a3b] [--num-requests 4] [--positions 500]
+    python benchmarks/trace_size.py [--model-shape qwen3-30b-a3b] [--num-requests 4] [--positions 500]
 
 Generates a synthetic dense trace (``traces.synthetic``) at a real model shape, then reports the
 size of the ``nodes`` table and of the whole run divided by ``nodes x L x K`` (target <= 3
@@ -45,23 +45,33 @@ def column_bytes(run_dir: Path, table: str) -> dict[str, int]:
     return sizes
 
 
-@cli_main
-def main(argv: Sequence[str] | None = None) -> int:
-    """Measure trace bytes per (node, layer, expert slot); see the module docstring."""
+def build_parser() -> ArgumentParser:
+    """The benchmark's flags."""
     parser = ArgumentParser(prog="python benchmarks/trace_size.py", description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--shape", default="qwen3-30b-a3b", help=f"model shape, one of {sorted(MODEL_SHAPES)}"
+        "--model-shape",
+        "--shape",
+        dest="shape",
+        default="qwen3-30b-a3b",
+        help=f"model shape, one of {sorted(MODEL_SHAPES)}",
     )
     parser.add_argument("--num-requests", type=positive_int, default=4, help="requests")
     parser.add_argument("--positions", type=positive_int, default=500, help="trees per request")
     parser.add_argument("--max-nodes", type=positive_int, default=32, help="nodes per tree incl. root")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed")
     parser.add_argument("--keep", default=None, help="keep the trace in this directory (default: temp dir)")
+    return parser
+
+
+@cli_main
+def main(argv: Sequence[str] | None = None) -> int:
+    """Measure trace bytes per (node, layer, expert slot); see the module docstring."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         shape = get_model_shape(args.shape)
     except ValueError as exc:
-        parser.fail("--shape", str(exc))
+        parser.fail("--model-shape", str(exc))
     tmp = None
     if args.keep:
         out = Path(args.keep)

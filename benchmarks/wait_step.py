@@ -22,7 +22,7 @@ miss's own host work. Per bandwidth the medians over repeats are printed, then o
 Complete runs under ``--out`` are reused. Usage::
 
     python benchmarks/wait_step.py                          # 1000,8,1,0.25,0.1 GB/s x 3 repeats
-    python benchmarks/wait_step.py --bandwidths 8,0.25 --repeats 2 --out runs/bench/wait_step
+    python benchmarks/wait_step.py --bandwidth 8,0.25 --repeats 2 --out runs/bench/wait_step
 """
 
 from __future__ import annotations
@@ -56,14 +56,19 @@ COLUMNS = ("layer_misses", "layer_compute_s", "layer_pre_router_s", "layer_stall
 def _parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
+        "--bandwidth",
         "--bandwidths",
+        dest="bandwidths",
         type=comma_list(gb_per_s),
         default=[1000.0, 8.0, 1.0, 0.25, 0.1],
         help="emulated link bandwidths (GB/s, comma-separated)",
     )
     p.add_argument("--repeats", type=positive_int, default=3, help="runs per bandwidth, interleaved (count)")
     p.add_argument("--num-prompts", type=positive_int, default=2, help="prompts per run (count)")
-    p.add_argument("--cache-experts", type=positive_int, default=16, help="experts cached per layer (count)")
+    p.add_argument(
+        "--cache-experts", "--cache", dest="cache_experts", type=positive_int, default=16,
+        help="experts cached per layer (count)",
+    )  # fmt: skip
     p.add_argument("--latency-us", type=non_negative_float, default=20.0, help="emulated per-transfer latency (us)")
     p.add_argument("--out", default="runs/bench/wait_step", help="folder of the runs (reused when complete)")
     add_threads_flag(p)

@@ -10,7 +10,7 @@ memory (copy stream, CUDA-event timing); on CPU a plain memcpy and the emulated 
 (:func:`calibration.link.fit_link`); varied sizes are what separate latency from bandwidth, so
 ``calibration.fit --h2d-table`` can take the latency from here.
 
-Outputs (``--out-dir``, default ``runs/h2d``): ``h2d.csv`` (kind, bytes, repeat, h2d_s,
+Outputs (``--out``, default ``runs/h2d``): ``h2d.csv`` (kind, bytes, repeat, h2d_s,
 bytes_per_s), ``h2d.json`` (per-kind fit and per-size medians; ``fits`` is keyed by link kind and
 by the manifest's memory kind: ``pinned``, ``pageable``, ``emulated``, ``memcpy``), ``h2d.png``.
 """
@@ -80,13 +80,17 @@ def build_parser() -> ArgumentParser:
         help="emulated per-transfer latency in microseconds",
     )
     p.add_argument(
+        "--threads",
         "--torch-threads",
+        dest="torch_threads",
         type=int,
         default=1,
         help="torch intra-op threads during the copies (count; 0 = torch default). On a busy CPU the "
         "thread pool's wake-up (~10 ms) can dominate copies above ~128 KiB",
     )
-    p.add_argument("--out-dir", default="runs/h2d", help="folder for h2d.csv, h2d.json, h2d.png")
+    p.add_argument(
+        "--out", "--out-dir", dest="out_dir", default="runs/h2d", help="folder for h2d.csv, h2d.json, h2d.png"
+    )
     p.add_no_progress()
     return p
 
@@ -213,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.warmup < 0:
         parser.fail("--warmup", f"expected an integer >= 0, got {args.warmup}")
     if args.torch_threads < 0:
-        parser.fail("--torch-threads", f"expected an integer >= 0, got {args.torch_threads}")
+        parser.fail("--threads", f"expected an integer >= 0, got {args.torch_threads}")
     sizes = sorted({max(2, int(round(s * BYTES_PER_MIB))) for s in args.sizes_mib})
     if len(sizes) < 2:
         shown = ",".join(f"{s:g}" for s in args.sizes_mib)
@@ -228,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.fail(
             "--device", "'cuda' is not available here (torch.cuda.is_available() is False); use cpu or auto"
         )
-    out = parser.ensure_out_dir("--out-dir", args.out_dir)  # before any transfer is timed
+    out = parser.ensure_out_dir("--out", args.out_dir)  # before any transfer is timed
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     device = args.device

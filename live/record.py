@@ -184,6 +184,8 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument(
         "--cache-experts",
+        "--cache",
+        dest="cache_experts",
         type=non_negative_int,
         default=None,
         help="device expert cache capacity per layer (experts); default: a quarter of the experts per layer",

@@ -381,6 +381,8 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument(
         "--policy",
+        "--policies",
+        dest="policy",
         type=comma_list(str),
         default=list(DEFAULT_POLICIES),
         help="tree policies, comma-separated: "
@@ -465,7 +467,9 @@ def build_parser() -> ArgumentParser:
     )
     size.add_argument("--expert-bytes", type=positive_int, default=None, help="bytes per expert (bytes)")
     p.add_argument(
+        "--latency-us",
         "--transfer-latency-us",
+        dest="transfer_latency_us",
         type=non_negative_float,
         default=None,
         help="per-transfer H2D latency, microseconds; None: the cost's",

@@ -221,7 +221,7 @@ def _check_speed_normalised(out, argv, lines) -> None:
 def test_validate_bad_flags_exit_2(capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         validate.main(["--policies", "ar,bogus"])
-    assert exc.value.code == 2 and "--policies" in capsys.readouterr().err
+    assert exc.value.code == 2 and "--policy" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         validate.main(["--overlap", "off,ideal"])
     assert exc.value.code == 2 and "--overlap" in capsys.readouterr().err

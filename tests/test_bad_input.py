@@ -185,7 +185,7 @@ CASES = [
     C("h2d-cuda-absent", H2D, "--device cuda --out-dir {root}/h2d", "--device", "cuda"),
     C("h2d-warmup-negative", H2D, "--warmup -1 --out-dir {root}/h2d", "--warmup"),
     C("h2d-bandwidth-zero", H2D, "--bandwidth 0 --out-dir {root}/h2d", "--bandwidth"),
-    C("h2d-out-under-a-file", H2D, "--out-dir {afile}/sub", "--out-dir", "is a file"),
+    C("h2d-out-under-a-file", H2D, "--out-dir {afile}/sub", "--out", "is a file"),  # --out-dir: --out's old spelling
     # traces.inspect
     C("inspect-missing", INSPECT, "{root}/no-run", "run_dir", "no-run"),
     C("inspect-no-manifest", INSPECT, "{empty}", "run_dir", "manifest.json"),
@@ -212,7 +212,7 @@ CASES = [
     C("report-bad-manifest", REPORT, "{bad_manifest} --out {root}/rep", "manifest.json"),
     C("report-out-under-a-file", REPORT, "{trace} --out {afile}/sub", "--out", "is a file"),
     # analysis.validate
-    C("validate-policy-unknown", VALIDATE, "--policies ar,best", "--policies", "best"),
+    C("validate-policy-unknown", VALIDATE, "--policies ar,best", "--policy", "best"),  # --policies: an alias
     C("validate-model-missing", VALIDATE, "--model {root}/no-model", "--model", "no-model"),
     C("validate-bandwidth-zero", VALIDATE, "--bandwidth 0", "--bandwidth"),
     C("validate-cost-corrupt", VALIDATE, "--cost {bad_json}", "--cost", "bad.json"),
@@ -223,7 +223,7 @@ CASES = [
     C("validate-draft-vocab-larger", VALIDATE, "--model {ck_target} --draft {ck_bigvocab}", "--draft", "192", "96"),
     C("validate-prompts-missing", VALIDATE, "--prompts {root}/absent.txt", "--prompts", "absent.txt"),
     # traces.synthetic
-    C("synthetic-shape-unknown", SYNTH, "--shape gpt-5 --out {root}/syn", "--shape", "gpt-5"),
+    C("synthetic-shape-unknown", SYNTH, "--shape gpt-5 --out {root}/syn", "--model-shape", "gpt-5"),
     C("synthetic-locality-one", SYNTH, "--expert-locality 1 --out {root}/syn", "--expert-locality", "[0, 1)"),
     C("synthetic-out-not-empty", SYNTH, "--out {existing}", "--out", "not empty"),
     C("synthetic-requests-zero", SYNTH, "--num-requests 0 --out {root}/syn", "--num-requests"),

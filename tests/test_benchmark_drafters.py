@@ -51,13 +51,13 @@ def test_category_figures_condition_on_the_reached_depth(tmp_path):
 @pytest.mark.parametrize(
     ("stem", "argv", "named"),
     [
-        ("drafters", ["--policies", "full,bogus"], "--policies"),
+        ("drafters", ["--policies", "full,bogus"], "--policy"),
         ("drafters", ["--prompts", "{tmp}/absent.jsonl"], "--prompts"),
         ("drafters", ["--per-category", "0"], "--per-category"),
         ("drafters", ["--head", "{tmp}"], "--head"),
         ("drafters", ["--threads", "-1"], "--threads"),
         ("drafters", ["--save", "{tmp}/no/such/folder/x.json", "--prompts", "{tmp}/p.jsonl"], "--save"),
-        ("drafters", ["--categories", "nosuch", "--prompts", "{tmp}/p.jsonl"], "--categories"),
+        ("drafters", ["--categories", "nosuch", "--prompts", "{tmp}/p.jsonl"], "--category"),
         ("head_router", ["--num-prompts", "0"], "--num-prompts"),
         ("head_router", ["--prompts", "{tmp}/absent.jsonl"], "--prompts"),
         ("head_router", ["--head", "{tmp}"], "--head"),

@@ -89,7 +89,7 @@ def test_fit_out_folder_checked_before_the_fit(afile: Path, tmp_path: Path, caps
 def test_h2d_out_dir_under_a_file(afile: Path, capsys) -> None:
     from calibration import h2d
 
-    _exits_2(h2d.main, ["--device", "cpu", "--out-dir", str(afile / "h")], capsys, "--out-dir:", "is a file")
+    _exits_2(h2d.main, ["--device", "cpu", "--out-dir", str(afile / "h")], capsys, "--out:", "is a file")
 
 
 def test_validate_out_under_a_file(afile: Path, capsys) -> None:

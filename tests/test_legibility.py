@@ -264,7 +264,7 @@ def _choices():
         ("live.record", "--policy", LIVE_POLICIES),
         ("live.record", "--cache-policy", LIVE_CACHE_POLICIES),
         ("live.record", "--predictor", LIVE_PREDICTORS),
-        ("analysis.validate", "--policies", GRID_POLICIES),
+        ("analysis.validate", "--policy", GRID_POLICIES),
     ]
 
 

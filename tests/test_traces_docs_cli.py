@@ -67,7 +67,7 @@ def test_synthetic_cli_writes_a_valid_run(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("argv", "flag"),
     [
-        (["--shape", "gpt-moe"], "--shape"),
+        (["--shape", "gpt-moe"], "--model-shape"),
         (["--acceptance", "1.5"], "--acceptance"),
         (["--expert-locality", "1"], "--expert-locality"),
         (["--positions", "0"], "--positions"),

@@ -408,7 +408,7 @@ def _fraction(text: str) -> float:
     return value
 
 
-_FLAGS = {"positions_per_request": "--positions"}
+_FLAGS = {"positions_per_request": "--positions", "tree_depth": "--depth", "tree_topk": "--topk"}
 _CALIBRATED = (
     "tree_depth",
     "tree_topk",
@@ -451,15 +451,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         "their targets (figure | target | generated | source). The last stdout line is a JSON summary.",
     )
     parser.add_argument(
-        "--shape", default="qwen3-30b-a3b", help=f"model shape preset, one of {sorted(MODEL_SHAPES)}"
+        "--model-shape",
+        "--shape",
+        dest="shape",
+        default="qwen3-30b-a3b",
+        help=f"model shape preset, one of {sorted(MODEL_SHAPES)}",
     )
     parser.add_argument("--out", default="runs/synth", help="output run directory (must be new or empty)")
     parser.add_argument("--num-requests", type=positive_int, default=argparse.SUPPRESS, help="requests (count) (default: 4)")
     parser.add_argument("--positions", type=positive_int, default=argparse.SUPPRESS, help="trees per request (default: 64)")
     parser.add_argument("--prompt-len", type=positive_int, default=argparse.SUPPRESS, help="prompt length (tokens) (default: 32)")
     cal = "(default: the shape's calibration, traces/synthcal.py; else the generator's default)"
-    parser.add_argument("--tree-depth", type=positive_int, default=argparse.SUPPRESS, help=f"draft depth (levels); {cal}")
-    parser.add_argument("--tree-topk", type=positive_int, default=argparse.SUPPRESS, help=f"children per expanded node; {cal}")
+    parser.add_argument(
+        "--depth", "--tree-depth", dest="tree_depth", type=positive_int, default=argparse.SUPPRESS,
+        help=f"draft depth (levels); {cal}",
+    )  # fmt: skip
+    parser.add_argument(
+        "--topk", "--tree-topk", dest="tree_topk", type=positive_int, default=argparse.SUPPRESS,
+        help=f"children per expanded node; {cal}",
+    )  # fmt: skip
     parser.add_argument("--max-nodes", type=positive_int, default=argparse.SUPPRESS, help=f"nodes per tree incl. root; {cal}")
     parser.add_argument(
         "--routing-skew", type=non_negative_float, default=argparse.SUPPRESS, help=f"Zipf exponent (0 = uniform); {cal}"
@@ -490,7 +500,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         shape = get_model_shape(args.shape)
     except ValueError as exc:
-        parser.fail("--shape", str(exc))
+        parser.fail("--model-shape", str(exc))
     if getattr(args, "expert_locality", None) is not None and args.expert_locality >= 1:
         parser.fail("--expert-locality", f"expected a number in [0, 1), got {args.expert_locality}")
     given = {f: getattr(args, f, None) for f in SyntheticConfig.__dataclass_fields__}
