@@ -531,3 +531,35 @@ def union_size_question(parents, values, work, union_table, miss, context_len, n
     for i in range(k):
         ids_out[answer_at + n + i] = ids[i]
     return ok, keep, cycle_s, expected, misses, depth1_max, k, n
+
+
+def question_entry():
+    """The compiled entry point of :func:`union_size_question` for one fixed argument signature,
+    loaded (or compiled) now: ``parents`` int64[N], ``values`` float64[N], ``union_table``
+    float64[M, L] and ``miss`` float64[L] of any strides (layout ``"A"``; read only), ``work``
+    float64[W] C-contiguous (written), ``context_len`` and ``num_levels`` int64, ``root_alpha``
+    float64, ``ask`` bool.
+
+    Calling numba's dispatcher type-checks every argument on every call (``typeof`` of each, a
+    lookup of the matching specialisation): on the build machine, after a model forward, that
+    costs ~15 us per question (issue 14). The entry point skips those checks and does NOT check
+    the array types itself (an array of another dtype or number of axes would be read as if it
+    had these: wrong values or a crash), so a caller may use it only for arguments it has checked
+    to have exactly these types (:meth:`specfit.policies.UnionSizeQuestions` checks the tree's
+    two arrays per question, ``type(x) is np.ndarray``, the dtype and the number of axes, and its
+    own arrays when it makes them; anything else goes through the dispatcher). Scalars are
+    converted by Python's number protocol (a wrong type raises ``TypeError``). Same code as the
+    dispatcher's specialisations, so the same values bit for bit
+    (``tests/test_specfit_decide_kernels.py``).
+    """
+    from numba import types
+
+    def array(dtype, ndim, layout="A", readonly=True):
+        return types.Array(dtype, ndim, layout, readonly=readonly)
+
+    signature = (
+        array(types.int64, 1), array(types.float64, 1), array(types.float64, 1, "C", readonly=False),
+        array(types.float64, 2), array(types.float64, 1), types.int64, types.int64, types.float64, types.boolean,
+    )  # fmt: skip
+    union_size_question.compile(signature)
+    return union_size_question.overloads[signature].entry_point

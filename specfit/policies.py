@@ -675,7 +675,7 @@ class SpecFitPolicy(TreePolicy):
 
 
 _TREE_ARRAYS = ("token_ids", "parents", "depths", "draft_logprobs", "path_logprobs")
-_FLOAT64 = np.dtype(np.float64)
+_FLOAT64, _INT64 = np.dtype(np.float64), np.dtype(np.int64)
 
 
 class UnionSizeQuestions:
@@ -721,7 +721,10 @@ class UnionSizeQuestions:
             cost_params(cost), self.calibrated, self.edge, self.max_depth, *knots, 2 * (self.max_nodes + self.max_depth)
         )
         self._ids = self.work.view(np.int64)  # the answer's node ids, as the kernel writes them
+        self._kernel = kernels.union_size_question  # numba's dispatcher: checks every argument's type
+        self._entry = kernels.question_entry()  # no checks: only for the types checked in _answer
         self.node_experts = self.cached_bits = self.table = self.miss = None
+        self._typed = False  # table and miss have the entry point's types (set with them)
         self.context_len = 0
         self.observed = False  # the miss fractions are an observed one, cleaned in the kernel
         self.last: tuple | None = None  # (tree, levels, answer) of the last question
@@ -735,25 +738,40 @@ class UnionSizeQuestions:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         del state["_ids"]  # a view of ``work``: a copy would not see the kernel's answers
+        del state["_kernel"], state["_entry"]  # compiled code: loaded again, not pickled
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._ids = self.work.view(np.int64)
+        kernels = decide_kernels()
+        self._kernel, self._entry = kernels.union_size_question, kernels.question_entry()
 
     def _warm_up(self) -> None:
-        """Run the kernel once on the argument types a cycle passes (the drafter's writable arrays,
-        a converted tree's read-only ones), so numba loads (or compiles) them before the first cycle."""
+        """Run the kernel once on the arrays a cycle passes (the drafter's writable arrays, a
+        converted tree's read-only ones: both through the entry point loaded in ``__init__``),
+        so the first cycle runs code that already ran."""
         from specfit.tree import DraftTree
 
         tree = DraftTree.from_parents(np.arange(2), np.array([-1, 0]), np.log([1.0, 0.5]))  # read-only arrays
         writable = SimpleNamespace(**{name: np.array(getattr(tree, name)) for name in _TREE_ARRAYS})
         table = np.ones((2 + self.max_depth, 1))
         table.setflags(write=False)  # as specfit.planner.union_table hands it
-        self.table, self.miss = table, np.ones(1)
+        self._set_arrays(table, np.ones(1))
         for t in (tree, writable):
             self._answer(t, 1, True)
         self.table = self.miss = self.last = None
+        self._typed = False
+
+    def _set_arrays(self, table: np.ndarray, miss: np.ndarray) -> None:
+        """Keep the cycle's ``table`` and ``miss`` and whether they have the types of the compiled
+        entry point (float64, 2 and 1 axes: :func:`specfit.decide_kernels.question_entry`); checked
+        here, once per cycle, with ``==`` (an unpickled dtype is an equal but distinct object)."""
+        self.table, self.miss = table, miss
+        self._typed = (
+            type(table) is np.ndarray and table.dtype == _FLOAT64 and table.ndim == 2
+            and type(miss) is np.ndarray and miss.dtype == _FLOAT64 and miss.ndim == 1
+        )  # fmt: skip
 
     def begin(
         self, node_experts, cached_bits: np.ndarray, context_len: int, observed: np.ndarray | None = None
@@ -769,19 +787,20 @@ class UnionSizeQuestions:
             ValueError: ``node_experts`` without union sizes (an ``observed`` of another length
             than ``L`` raises in the cycle's first question: the compiled call checks it).
         """
-        if node_experts is not self.node_experts or self.table is None:  # the same sizes: the same table
+        table = self.table
+        if node_experts is not self.node_experts or table is None:  # the same sizes: the same table
             if not node_experts.is_union_size:
                 raise ValueError("UnionSizeQuestions.begin: node_experts is not a union-size prediction")
-            self.table = union_table(node_experts, self.max_nodes + self.max_depth)
+            table = union_table(node_experts, self.max_nodes + self.max_depth)
         self.node_experts, self.cached_bits, self.context_len = node_experts, cached_bits, int(context_len)
         self.observed = observed is not None
         if observed is None:
-            self.miss = np.array(node_experts.layer_miss_fraction(cached_bits), dtype=np.float64)  # own, writable
+            miss = np.array(node_experts.layer_miss_fraction(cached_bits), dtype=np.float64)  # own, writable
         else:  # the engine's own float64[L] copy is taken as it is (no numpy call)
             miss = observed
             if type(miss) is not np.ndarray or miss.dtype is not _FLOAT64:
                 miss = np.array(observed, dtype=np.float64)
-            self.miss = miss  # its length is checked by the compiled question (no numpy call here)
+        self._set_arrays(table, miss)  # miss's length is checked by the compiled question
         self.last = None
         return self
 
@@ -796,11 +815,21 @@ class UnionSizeQuestions:
             values = tree.path_logprobs
         else:  # path_accept_probs' own np.exp: the simulator's values everywhere
             values = np.exp(tree.path_logprobs)
-        kernel = decide_kernels().union_size_question
+        parents = tree.parents
+        # the compiled entry point for the types it was compiled for, checked here (a type and
+        # identity test each: numba's dispatcher checks cost ~15 us per question live, issue 14);
+        # anything else goes through the dispatcher, which checks (and may compile) as usual
+        if (
+            self._typed and type(parents) is np.ndarray and parents.dtype is _INT64 and parents.ndim == 1
+            and type(values) is np.ndarray and values.dtype is _FLOAT64 and values.ndim == 1
+            and type(levels) is int
+        ):  # fmt: skip
+            kernel = self._entry
+        else:
+            kernel = self._kernel
         while True:
             answer = kernel(
-                tree.parents, values, self.work, self.table, self.miss, self.context_len, levels,
-                self.policy.root_alpha, ask,
+                parents, values, self.work, self.table, self.miss, self.context_len, levels, self.policy.root_alpha, ask
             )  # fmt: skip
             if answer[6] >= 0:
                 break
@@ -814,7 +843,7 @@ class UnionSizeQuestions:
                 self.work = np.concatenate((self.work[: self.answer_at], np.zeros(2 * (n + self.max_depth))))
                 self._ids = self.work.view(np.int64)
             if n + self.max_depth > self.table.shape[0]:
-                self.table = union_table(self.node_experts, n + self.max_depth)
+                self._set_arrays(union_table(self.node_experts, n + self.max_depth), self.miss)
         self.last = (tree, levels, answer)
         return answer
 

@@ -12,12 +12,16 @@ replaced, written out as the reference, on random trees, maps, cost models and c
   ``keep_drafting`` and ``select`` on the contexts of the same level trees (answers, root
   estimate, the selected plan and P, bit for bit), also on an observed miss fraction the
   compiled question cleans itself (NaN, out of [0, 1]);
-* ``TokenTree.to_draft_tree`` shares the drafter's arrays instead of copying them.
+* ``TokenTree.to_draft_tree`` shares the drafter's arrays instead of copying them;
+* the questions call the compiled entry point (no per-call type checks) only on arrays of its
+  exact types (any strides, read-only or not) and numba's checking dispatcher on anything else,
+  with the same answers bit for bit.
 """
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -283,3 +287,55 @@ def test_live_union_size_questions_reject_miss_fractions_of_another_length() -> 
         questions.ask(tree, int(tree.max_depth))
     questions.begin(ne, cached, 0, np.full(ne.union_size.shape[0], 0.5))
     assert isinstance(questions.ask(tree, int(tree.max_depth)), bool)
+
+
+def _answer_bytes(questions, tree, levels: int) -> tuple[bytes, bytes, bytes]:
+    """One question's answer (scalars, P, the plan's ids) as bytes, NaNs included."""
+    answer = questions._answer(tree, levels, True)
+    n, k = answer[7], answer[6]
+    at = questions.answer_at
+    scalars = np.array([float(x) for x in answer], dtype=np.float64).tobytes()
+    return scalars, questions.work[at : at + n].tobytes(), questions.work.view(np.int64)[at + n : at + n + k].tobytes()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 30), st.sampled_from(["none", "edge", "path"]))
+def test_live_questions_take_the_entry_point_only_for_its_checked_types(seed, n, kind) -> None:
+    rng = np.random.default_rng(seed)
+    tree = _random_tree(rng, n)
+    calibration = None
+    if kind != "none":
+        x, y = _random_map(rng)
+        calibration = AcceptanceCalibration(x, y, scope=kind)
+    ne, cost, cached = _random_union_problem(rng, 12, False, "off")
+    levels = int(tree.max_depth)
+    questions = SpecFitPolicy().union_size_questions(cost, calibration, levels + 1, 2)  # it grows for n nodes
+    observed = rng.random(ne.union_size.shape[0]).astype(np.float32)  # not float64: begin converts it
+    questions.begin(ne, cached, int(rng.integers(0, 300)), observed)
+    calls: list[str] = []
+    entry, dispatcher = questions._entry, questions._kernel
+    questions._entry = lambda *args: calls.append("entry") or entry(*args)
+    questions._kernel = lambda *args: calls.append("dispatcher") or dispatcher(*args)
+
+    def asked(t, lv=levels) -> tuple[tuple[bytes, bytes, bytes], list[str]]:
+        calls.clear()
+        return _answer_bytes(questions, t, lv), list(calls)
+
+    want, path = asked(tree)  # a DraftTree: read-only C-contiguous int64 / float64 arrays
+    assert path == ["entry"] * len(path) and path
+    writable = SimpleNamespace(**{k: np.array(getattr(tree, k)) for k in ("parents", "draft_logprobs", "path_logprobs")})
+    strided = SimpleNamespace(**{k: np.repeat(getattr(tree, k), 2)[::2] for k in ("parents", "draft_logprobs", "path_logprobs")})
+    assert n == 1 or not strided.parents.flags.c_contiguous
+    for same_types in (writable, strided):  # any strides: the entry point's layout "A"
+        assert asked(same_types) == (want, ["entry"])
+    other = SimpleNamespace(  # other dtypes: numba's dispatcher checks them (and compiles for them)
+        parents=tree.parents.astype(np.int32), draft_logprobs=tree.draft_logprobs, path_logprobs=tree.path_logprobs
+    )
+    assert asked(other) == (want, ["dispatcher"])
+    assert asked(tree, np.int64(levels)) == (want, ["dispatcher"])  # levels not an int
+    questions._typed = False  # as after a table or miss fraction of other types
+    assert asked(tree) == (want, ["dispatcher"])
+    questions._entry, questions._kernel = entry, dispatcher
+    questions.begin(ne, cached, 0, np.full(ne.union_size.shape[0] + 1, 0.5))  # float64: the entry point checks the length
+    with pytest.raises(ValueError, match="observed miss fraction"):
+        questions.ask(tree, levels)
