@@ -580,7 +580,7 @@ class OffloadedMoE:
         _check_cache(cache, self.num_layers, self.num_experts, self.capacity_per_layer)
         self.link.synchronize()  # no copy may still be landing in a slot the new content reuses
         self._in_flight.clear()
-        self.ledger.pending[:] = False  # prefetched experts leave with the old content, uncounted
+        self.ledger.restart(cache.stats.layer_miss_fraction)  # prefetched experts leave with the old content
         self.cache = cache
         self._sync_all_layers()
 
@@ -831,7 +831,7 @@ class OffloadedMoE:
         state.misses[layer] += len(access.misses)
         state.evictions[layer] += len(access.evicted)
         if self.prefetch != "none":  # nothing is pending without prefetch
-            self.ledger.accessed(layer, access.hits, access.evicted)
+            self.ledger.accessed(layer, access.hits, access.evicted, len(access.misses))
         pool = self.pool
         if len(access.evicted):
             self._release(layer, access.evicted)

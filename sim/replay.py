@@ -37,6 +37,7 @@ import numpy as np
 from sim.config import ORACLE_VARIANTS, SimConfig, base_policy, expert_budget_or_default
 from sim.engine import CyclePlan, CycleTiming, LinkSpec, make_engine
 from specfit import bitsets
+from specfit.prefetch import planner_miss_fraction
 from specfit.units import BYTES_PER_GB, ns_to_s, s_to_ns
 from traces.schema import CycleRecord
 
@@ -552,8 +553,9 @@ class _Replayer:
     def _ledger_accessed(self, access: Any) -> None:
         """Count the prefetched experts an access hit (used) or evicted (wasted)."""
         if self.config.prefetch != "none":
+            misses = access.num_misses.tolist()
             for layer, (hit, gone) in enumerate(zip(access.hit_ids(), access.evicted_ids())):
-                self.ledger.accessed(layer, hit, gone)
+                self.ledger.accessed(layer, hit, gone, misses[layer])
 
     def _next_layer_prefetch(self, guesses: np.ndarray) -> list[list[int]]:
         """Next-layer prefetch of one forward, as the live engine's ``--prefetch next-layer``:
@@ -652,7 +654,7 @@ class _Replayer:
                 context_len=dense.context_len,
                 recent_experts=recent,
                 true_experts=true_bits,
-                miss_fraction=self.cache.stats.layer_miss_fraction,
+                miss_fraction=planner_miss_fraction(self.cache, self.ledger, self.config.prefetch),
             )
         )
         oracle_accept = self.oracle_accept and path_ok is not None

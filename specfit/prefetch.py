@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from specfit import bitsets
+from specfit.cache import MISS_EMA_WEIGHT
 
 PREFETCH_MODES = ("none", "draft", "next-layer", "both")
 """``--prefetch`` of ``live.record``, ``sim.sweep`` and ``analysis.validate``: ``both`` = draft
@@ -253,16 +254,57 @@ def draft_prefetch(
     return copies, evicted
 
 
+def planner_miss_fraction(cache, ledger: PrefetchLedger, prefetch: str) -> np.ndarray:
+    """float64[L] the observed miss fraction the union-size predictor prices
+    (``PredictContext.miss_fraction``), the live engine's and the simulator's alike: with
+    ``prefetch`` (one of :data:`PREFETCH_MODES`) other than ``none`` the ``ledger``'s
+    (:attr:`PrefetchLedger.layer_miss_fraction`: a used prefetch counts as a miss, as the cost
+    model's next-layer share expects), else ``cache.stats.layer_miss_fraction`` (the ledger is
+    not fed then). NaN where not yet observed."""
+    if prefetch != "none":
+        return ledger.layer_miss_fraction
+    return cache.stats.layer_miss_fraction
+
+
 class PrefetchLedger:
     """Counts of prefetched experts: issued, used (hit before leaving the cache), wasted (evicted
     first). ``pending bool[L, E]`` marks prefetched experts not yet used or evicted.
-    Counters are cumulative; :meth:`counts` returns them as a tuple."""
+    Counters are cumulative; :meth:`counts` returns them as a tuple.
+
+    It also keeps the planner's miss fraction per layer under prefetch
+    (:attr:`layer_miss_fraction`): the cache's own moving average
+    (``specfit.cache.CacheStats.layer_miss_fraction``) counts a hit on a prefetched expert as a
+    hit, but the planner prices the cache as it stands when it chooses, before the cycle's
+    prefetch, and the cost model takes next-layer prefetch's share off those misses itself
+    (``next_layer_share``: the planner's misses are ``M + U``). Fed the cache's moving average,
+    the union-size predictor took the share off twice (issue 13: on the shipped sample at cache 8
+    it expected 1.58 misses per layer for the root alone where the cache the planner saw missed
+    3.11).
+    """
 
     def __init__(self, num_layers: int, num_experts: int) -> None:
         self.pending = np.zeros((num_layers, num_experts), dtype=bool)
         self.num_issued = 0
         self.num_used = 0
         self.num_wasted = 0
+        self._miss_ema = np.full(num_layers, np.nan, dtype=np.float64)
+
+    def restart(self, miss_fraction: np.ndarray) -> None:
+        """A new cache content (``live.offload``'s ``set_cache``): prefetched experts leave with
+        the old content, uncounted, and the planner's miss fraction starts from the new cache's
+        own (float64[L], ``CacheStats.layer_miss_fraction``; NaN: not yet observed)."""
+        self.pending[:] = False
+        self._miss_ema = np.array(miss_fraction, dtype=np.float64)
+
+    @property
+    def layer_miss_fraction(self) -> np.ndarray:
+        """float64[L] moving average over the accesses :meth:`accessed` was told the misses of,
+        of ``(misses + used prefetches) / experts accessed``: the share of an access's experts the
+        cache lacked before the prefetches it used (weight ``specfit.cache.MISS_EMA_WEIGHT`` on the
+        newest, as the cache's own average; equal to it when nothing prefetched is used); NaN
+        before a layer's first access. What the union-size predictor prices under prefetch
+        (``PredictContext.miss_fraction``), live and simulated alike."""
+        return self._miss_ema.copy()
 
     def issue(self, layer: int, experts) -> None:
         """``experts`` of ``layer`` were copied ahead of need."""
@@ -270,14 +312,22 @@ class PrefetchLedger:
         self.pending[layer, ids] = True
         self.num_issued += len(ids)
 
-    def accessed(self, layer: int, hits, evicted) -> None:
-        """An access at ``layer`` hit ``hits`` and evicted ``evicted``."""
+    def accessed(self, layer: int, hits, evicted, num_misses: int | None = None) -> None:
+        """An access at ``layer`` hit ``hits`` (expert ids) and evicted ``evicted``; with
+        ``num_misses`` (its demand misses, count) it also moves :attr:`layer_miss_fraction`
+        (``CacheStats.record``'s update with the used prefetches counted as misses)."""
         hits = np.asarray(hits, dtype=np.int64)
+        used = 0
         if len(hits):
-            used = self.pending[layer, hits]
-            self.num_used += int(used.sum())
+            marks = self.pending[layer, hits]
+            used = int(marks.sum())
+            self.num_used += used
             self.pending[layer, hits] = False
         self.evicted(layer, evicted)
+        if num_misses is not None and len(hits) + int(num_misses):
+            frac = (int(num_misses) + used) / (len(hits) + int(num_misses))
+            old = float(self._miss_ema[layer])
+            self._miss_ema[layer] = frac if old != old else old + MISS_EMA_WEIGHT * (frac - old)
 
     def evicted(self, layer: int, evicted) -> None:
         """``evicted`` left the cache at ``layer`` (an access or another prefetch's warm)."""

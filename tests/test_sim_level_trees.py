@@ -113,7 +113,8 @@ def test_final_tree_is_what_a_plain_grow_returns() -> None:
 
 
 @pytest.mark.slow
-def test_live_and_replay_choose_the_same_subtree_where_nodes_are_pushed_out(tmp_path, capsys) -> None:
+@pytest.mark.parametrize("prefetch", ["none", "next-layer"])
+def test_live_and_replay_choose_the_same_subtree_where_nodes_are_pushed_out(tmp_path, capsys, prefetch) -> None:
     """End to end on the embedded default (a trained draft, so deeper candidates do push shallow
     ones out): a dense trace, a live SpecFit run and its replay choose the same draft levels and
     subtree cycle by cycle, with the same predicted E[committed] (up to the draft's float noise
@@ -142,7 +143,7 @@ def test_live_and_replay_choose_the_same_subtree_where_nodes_are_pushed_out(tmp_
     argv = [*shape, "--out", str(tmp_path / "live"), "--no-progress", "--mode", "policy", "--policy", "specfit"]
     argv += ["--predictor", "union-size", "--predictor-tables", str(tmp_path / "dense"), "--cache-policy", "lru"]
     argv += ["--acceptance", acceptance_path, "--cost", str(tmp_path / "cost.json"), "--cache-experts", "16"]
-    assert main([*argv, "--bandwidth", "1"]) == 0
+    assert main([*argv, "--bandwidth", "1", "--prefetch", prefetch]) == 0
     capsys.readouterr()
     live = open_run(tmp_path / "live").cycles.sort_values(["request_id", "cycle_index"])
 
@@ -153,6 +154,7 @@ def test_live_and_replay_choose_the_same_subtree_where_nodes_are_pushed_out(tmp_
             cache_capacity_per_layer=16,
             predictor="union-size",
             acceptance=json.loads(open(acceptance_path).read()),
+            prefetch=prefetch,  # next-layer: the planner's miss fraction counts used prefetches (issue 13)
         )
         return sorted(replay_policy(run, config).cycles, key=lambda c: (c.request_id, c.cycle_index))
 
@@ -160,7 +162,8 @@ def test_live_and_replay_choose_the_same_subtree_where_nodes_are_pushed_out(tmp_
     assert len(sim) == len(live)
     assert [c.num_draft_levels for c in sim] == live["num_draft_levels"].tolist()
     assert [c.verified_nodes for c in sim] == live["verified_nodes"].map(list).tolist()
-    for name in ("position", "num_accepted", "cache_hits", "cache_misses"):
+    counts = ("num_prefetch_issued", "num_prefetch_used", "num_prefetch_wasted") if prefetch != "none" else ()
+    for name in ("position", "num_accepted", "cache_hits", "cache_misses", *counts):
         assert [getattr(c, name) for c in sim] == live[name].astype(int).tolist(), name
     np.testing.assert_allclose(
         [c.predicted_expected_committed for c in sim], live["predicted_expected_committed"], rtol=1e-6

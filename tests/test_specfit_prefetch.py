@@ -97,3 +97,46 @@ def test_next_layer_share_by_nodes_groups_sizes_into_knots() -> None:
         next_layer_share_by_nodes([1, 2], [1], [1], [1])
     with pytest.raises(ValueError, match="num_used must be >= 0"):
         next_layer_share_by_nodes([1], [1], [-1], [1])
+
+
+def test_ledger_miss_fraction_counts_a_used_prefetch_as_a_miss():
+    """The planner prices the cache before the cycle's prefetch (issue 13): a hit on a prefetched
+    expert is one of its misses, so the ledger's average counts it as one; with nothing
+    prefetched it moves exactly as the cache's own average."""
+    from specfit.cache import MISS_EMA_WEIGHT
+
+    cache = make_expert_cache("lru", 2, 8, 4)
+    ledger = PrefetchLedger(2, 8)
+    for ids in ([0, 1], [1, 2, 3]):  # no prefetch: the same values as CacheStats
+        access = cache.access(0, np.array(ids))
+        ledger.accessed(0, access.hits, access.evicted, len(access.misses))
+    np.testing.assert_array_equal(ledger.layer_miss_fraction, cache.stats.layer_miss_fraction)
+    before = float(ledger.layer_miss_fraction[0])  # 1 + 0.1 * (2/3 - 1)
+    ledger.issue(0, [5, 6])  # two prefetched experts, then an access hitting one of them and 1
+    access = cache.access(0, np.array([1, 5]))
+    assert len(access.misses) == 1  # expert 5 was not warmed in this toy cache: a demand miss
+    ledger.accessed(0, access.hits, access.evicted, len(access.misses))
+    assert ledger.layer_miss_fraction[0] == cache.stats.layer_miss_fraction[0]  # 5 not used: same
+    ledger.issue(0, [2])  # pretend 2 was prefetched: a hit on it is a planner miss
+    access = cache.access(0, np.array([2, 3]))
+    ledger.accessed(0, access.hits, access.evicted, len(access.misses))
+    cache_value = float(cache.stats.layer_miss_fraction[0])
+    ledger_value = float(ledger.layer_miss_fraction[0])
+    assert cache_value < ledger_value  # the cache counts the used prefetch as a hit
+    after_5 = before + MISS_EMA_WEIGHT * (1 / 2 - before)
+    assert ledger_value == pytest.approx(after_5 + MISS_EMA_WEIGHT * (1 / 2 - after_5))
+    assert np.isnan(ledger.layer_miss_fraction[1])  # layer 1 never accessed
+    ledger.restart(np.array([0.25, np.nan]))
+    assert not ledger.pending.any()
+    np.testing.assert_array_equal(ledger.layer_miss_fraction, [0.25, np.nan])
+
+
+def test_planner_miss_fraction_is_the_ledgers_only_under_prefetch():
+    from specfit.prefetch import planner_miss_fraction
+
+    cache = make_expert_cache("lru", 1, 8, 4)
+    ledger = PrefetchLedger(1, 8)
+    ledger.restart(np.array([0.5]))
+    cache.access(0, np.array([0, 1]))
+    assert planner_miss_fraction(cache, ledger, "none")[0] == 1.0
+    assert planner_miss_fraction(cache, ledger, "next-layer")[0] == 0.5

@@ -26,7 +26,7 @@ from live.spec.draft import Drafter, DraftResult, TreeShape
 from live.spec.tree import TokenTree
 from live.spec.verify import TreeVerifier, Verification
 from specfit.policies import root_layer_misses
-from specfit.prefetch import uses_draft
+from specfit.prefetch import planner_miss_fraction, uses_draft
 
 
 class StatsSource(Protocol):
@@ -242,9 +242,14 @@ class SpecDecoder:
         self.stats.prefetch_predicted(choice.predicted_bits[choice.nodes])
 
     def _miss_fraction(self) -> np.ndarray | None:
-        cache_stats = getattr(getattr(self.stats, "cache", None), "stats", None)
-        value = getattr(cache_stats, "layer_miss_fraction", None)
-        return None if value is None else np.asarray(value, dtype=np.float64)
+        """The planner's observed miss fraction: ``specfit.prefetch.planner_miss_fraction`` of the
+        engine's cache and prefetch ledger (what the simulator hands its predictor too)."""
+        cache = getattr(self.stats, "cache", None)
+        if getattr(getattr(cache, "stats", None), "layer_miss_fraction", None) is None:
+            return None
+        ledger = getattr(self.stats, "ledger", None)
+        prefetch = getattr(self.stats, "prefetch", "none") if ledger is not None else "none"
+        return np.asarray(planner_miss_fraction(cache, ledger, prefetch), dtype=np.float64)
 
     def generate(
         self,
