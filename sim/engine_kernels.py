@@ -35,14 +35,18 @@ def idle_link_layers(overlap_on, counts, compute, pre, host_ns, transfer_ns, ver
             (rows :data:`STARTS`, :data:`ENDS`, :data:`WAITS`, :data:`COPY`).
 
     Returns:
-        ``(end_ns, link_free_ns, num_transfers)``: the last layer's end (``verify_start`` without
-        layers), when the last copy lands (-1 without misses) and the copies enqueued.
+        ``(end_ns, link_free_ns, num_transfers, busy_ns, h2d_ns)``: the last layer's end
+        (``verify_start`` without layers), when the last copy lands (-1 without misses), the
+        copies enqueued, the layers' summed ``end - start - wait`` and summed copy time
+        (``CycleTiming.busy_ns`` and ``.h2d_ns``).
     """
     num_layers = counts.shape[0]
     has_pre = pre.shape[0] > 0
     now = verify_start
     landed = -1
     num_transfers = 0
+    busy = 0
+    h2d = 0
     for layer in range(num_layers):
         n = counts[layer]
         c = compute[layer]
@@ -72,5 +76,7 @@ def idle_link_layers(overlap_on, counts, compute, pre, host_ns, transfer_ns, ver
         out[1, layer] = end
         out[2, layer] = wait
         out[3, layer] = copy
+        busy += end - start - wait
+        h2d += copy
         now = end
-    return now, landed, num_transfers
+    return now, landed, num_transfers, busy, h2d

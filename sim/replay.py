@@ -852,9 +852,9 @@ class _Replayer:
         t["decode_ns"] += timing.cycle_ns
         t["draft_ns"] += timing.draft_end_ns - timing.start_ns
         # compute-stream busy time: the layers' spans less the late-copy waits at their ends
-        busy_ns = sum(timing.layer_end_ns) - sum(timing.layer_start_ns) - sum(timing.layer_wait_ns)
+        busy_ns = timing.busy_ns
         t["verify_ns"] += busy_ns
-        t["h2d_ns"] += sum(timing.layer_h2d_ns)
+        t["h2d_ns"] += timing.h2d_ns
         t["stall_ns"] += timing.end_ns - timing.verify_start_ns - busy_ns  # = timing.stall_ns
         t["cache_hits"] += num_hits
         t["cache_misses"] += num_misses
@@ -904,7 +904,7 @@ class _Replayer:
             num_committed=int(num_committed),
             draft_s=ns_to_s(timing.draft_end_ns - timing.start_ns),
             verify_s=ns_to_s(sum(layer_compute)),
-            h2d_s=ns_to_s(sum(timing.layer_h2d_ns)),
+            h2d_s=ns_to_s(timing.h2d_ns),
             cycle_s=ns_to_s(timing.cycle_ns),
             layer_misses=layer_misses,
             layer_h2d_bytes=[n * self.expert_bytes for n in per_layer_copies],

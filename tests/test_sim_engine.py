@@ -339,6 +339,11 @@ def test_idle_link_fast_path_equals_the_loop(overlap: str, pre_router: bool) -> 
         used += not plan.prefetch and not any(fast._pending) and fast._link_free_ns <= fast.now_ns
         a, b = fast.run_cycle(plan), loop.run_cycle(plan)
         assert a == b
+        # the sums the compiled path hands over are the timings' own (the loop's are summed)
+        assert (a.busy_ns, a.h2d_ns) == (b.busy_ns, b.h2d_ns) == (
+            sum(b.layer_end_ns) - sum(b.layer_start_ns) - sum(b.layer_wait_ns),
+            sum(b.layer_h2d_ns),
+        )
         assert (fast.now_ns, fast._link_free_ns) == (loop.now_ns, loop._link_free_ns)
     assert used > 30
 
