@@ -14,6 +14,13 @@ import numpy as np
 from numba import njit
 
 POLICY_CODES = {"lru": 0, "lfu": 1, "static": 2}
+# a 64-bit de Bruijn sequence: the top 6 bits of ``(1 << i) * _DEBRUIJN`` (mod 2**64) are distinct
+# for i in 0..63, so _BIT_INDEX maps them back to ``i`` (the lowest set bit's index of a word)
+_DEBRUIJN = np.uint64(0x022FDD63CC95386D)
+_BIT_INDEX = np.zeros(64, np.int64)
+for _i in range(64):
+    _BIT_INDEX[((1 << _i) * int(_DEBRUIJN) % (1 << 64)) >> 58] = _i
+del _i
 
 
 @njit(cache=True, error_model="numpy")
@@ -53,8 +60,9 @@ def _access(
             bool[L, E] masks would write all). counts: int64[3, L] outputs (hits, misses,
             evictions per layer). bits: uint64[L, W] output, the cached experts
             after the access as bitsets (``ExpertCache.cached_bits``); with ``bits_valid`` it
-            holds the sets before the access and only the bits of the evicted and inserted
-            experts change (else every layer's words are rebuilt).
+            holds the sets before the access (else each layer's words are first rebuilt from
+            ``stamp``), the eviction candidates are read from it, and the bits of the evicted
+            and inserted experts change.
         stats: int64[3, L] running hits, misses, evictions per layer (``CacheStats``; updated).
         ema: float64[L] per-layer moving average of the miss fraction (NaN before a layer's first
             access; updated as ``CacheStats.record``: ``old + weight * (frac - old)``).
@@ -70,10 +78,11 @@ def _access(
     remaining misses are transient; static inserts and evicts nothing.
     """
     num_layers, num_experts = stamp.shape
-    mark = np.zeros(num_experts, np.bool_)  # this layer's needed experts
+    num_words = bits.shape[1]
+    needed_bits = np.zeros(num_words, np.uint64)  # this layer's needed experts
     cand = np.empty(num_experts, np.int64)
     keys = np.empty(num_experts, np.int64)
-    order = np.empty(num_experts, np.int64)  # the partial selection's scratch
+    order = np.empty(num_experts, np.int64)  # the victim search's scratch
     missed = np.empty(num_experts, np.int64)  # this layer's misses, ascending
     total_hit = 0
     total_miss = 0
@@ -86,9 +95,15 @@ def _access(
         num_hit = 0
         num_miss = 0
         row = layer * num_experts
+        if not bits_valid:  # the layer's cached set before the access, as bitsets
+            for w in range(num_words):
+                word = np.uint64(0)
+                for b in range(min(64, num_experts - w * 64)):
+                    word |= np.uint64(stamp[layer, w * 64 + b] >= 0) << np.uint64(b)
+                bits[layer, w] = word
         for i in range(ptr[layer], ptr[layer + 1]):
             e = needed[i]
-            mark[e] = True
+            needed_bits[e >> 6] |= np.uint64(1) << np.uint64(e & 63)
             if policy == 1:
                 clock += 1
                 tick[layer, e] = clock
@@ -110,29 +125,37 @@ def _access(
             num_evicted = max(kept_count - free, 0)
         if num_evicted > 0:
             n = 0
-            for e in range(num_experts):  # branch-free compaction of the evictable experts, ascending
-                cand[n] = e
-                n += (stamp[layer, e] >= 0) & ~mark[e]
+            for w in range(num_words):  # the evictable experts (cached, not needed), ascending
+                word = bits[layer, w] & ~needed_bits[w]
+                while word:
+                    low = word & (~word + np.uint64(1))
+                    cand[n] = w * 64 + _BIT_INDEX[(low * _DEBRUIJN) >> np.uint64(58)]
+                    n += 1
+                    word ^= low
             # the victims are the num_evicted first candidates in the policy's victim order (lru:
             # smallest stamp; lfu: smallest (freq, tick, id)); every key is distinct (stamps are,
             # ids are), so they are the candidates whose key is at most the num_evicted-th
-            # smallest: that one is found by a partial selection over the keys (a hit is needed, so
-            # no candidate's stamp was refreshed), then the candidates are visited in ascending id
-            # and those keys kept (the victims come out ascending, no sort)
+            # smallest: that one is found by a pass keeping the smallest keys (lru) or a partial
+            # selection (lfu) (a hit is needed, so no candidate's stamp was refreshed), then the
+            # candidates are visited in ascending id and those keys kept (the victims come out
+            # ascending, no sort)
             if policy == 0:
+                # order[:filled]: the smallest stamps seen so far, ascending (insertion, one pass)
+                filled = 0
                 for i in range(n):
-                    keys[i] = stamp[layer, cand[i]]
-                    order[i] = keys[i]
-                for i in range(num_evicted):
-                    best = i
-                    low = order[i]
-                    for j in range(i + 1, n):
-                        k = order[j]
-                        if k < low:
-                            low = k
-                            best = j
-                    order[best] = order[i]
-                    order[i] = low
+                    k = stamp[layer, cand[i]]
+                    keys[i] = k
+                    if filled < num_evicted:
+                        j = filled
+                        filled += 1
+                    elif k < order[num_evicted - 1]:
+                        j = num_evicted - 1
+                    else:
+                        continue
+                    while j > 0 and order[j - 1] > k:
+                        order[j] = order[j - 1]
+                        j -= 1
+                    order[j] = k
                 limit = order[num_evicted - 1]
                 num_out = 0
                 for i in range(n):
@@ -169,21 +192,14 @@ def _access(
         for i in range(kept_count):
             e = missed[i]
             stamp[layer, e] = base + num_experts + e
-        # the cached set as bitsets: when ``bits`` holds the set before the access, the evicted
-        # experts' bits are cleared and the inserted ones' set; else the layer's words are rebuilt
-        if bits_valid:
-            for i in range(num_evicted):
-                e = flat[2, total_evicted + i] - row
-                bits[layer, e >> 6] &= ~(np.uint64(1) << np.uint64(e & 63))
-            for i in range(kept_count):
-                e = missed[i]
-                bits[layer, e >> 6] |= np.uint64(1) << np.uint64(e & 63)
-        else:
-            for w in range(bits.shape[1]):
-                word = np.uint64(0)
-                for b in range(min(64, num_experts - w * 64)):
-                    word |= np.uint64(stamp[layer, w * 64 + b] >= 0) << np.uint64(b)
-                bits[layer, w] = word
+        # the cached set as bitsets (the set before the access, see above): the evicted experts'
+        # bits cleared, the inserted ones' set
+        for i in range(num_evicted):
+            e = flat[2, total_evicted + i] - row
+            bits[layer, e >> 6] &= ~(np.uint64(1) << np.uint64(e & 63))
+        for i in range(kept_count):
+            e = missed[i]
+            bits[layer, e >> 6] |= np.uint64(1) << np.uint64(e & 63)
         count[layer] = cached + kept_count - num_evicted
         counts[0, layer] = num_hit
         counts[1, layer] = num_miss
@@ -194,8 +210,8 @@ def _access(
         total_hit += num_hit
         total_miss += num_miss
         total_evicted += num_evicted
-        for i in range(ptr[layer], ptr[layer + 1]):
-            mark[needed[i]] = False
+        for w in range(num_words):
+            needed_bits[w] = 0
         if num_hit + num_miss > 0:
             frac = num_miss / (num_hit + num_miss)
             old_ema = ema[layer]
