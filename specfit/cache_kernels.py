@@ -241,7 +241,8 @@ def access_layers(policy, need, *state):
 def access_nodes(policy, expert_ids, nodes, *state):
     """One access at every layer with the experts the tokens ``nodes`` route to: ``access_layers``
     with ``expert_mask(expert_ids, nodes, E)``, without building the bool[L, E] mask (per layer
-    the routed ids are gathered, deduplicated and sorted: a few of E).
+    the routed ids are gathered, deduplicated and sorted: a few of E; by insertion for a few
+    nodes, else by flags read in id order).
 
     Args:
         expert_ids: int16 or int64 [N, L, K] routing (negative ids are padding, skipped).
@@ -263,6 +264,26 @@ def access_nodes(policy, expert_ids, nodes, *state):
     for v in nodes:
         if v < 0 or v >= expert_ids.shape[0]:
             raise ValueError("access_nodes: a node id is outside the routing's rows")
+    # a few routed ids per layer (ar, small trees): sorted by insertion as they come (~ids**2 / 4
+    # moves); more (big trees): the bool[L, E] flags set in the routing's memory order, then read
+    # in id order per layer
+    if nodes.shape[0] * top_k * nodes.shape[0] * top_k > 4 * num_experts:
+        flags = np.zeros((num_layers, num_experts), np.bool_)
+        for v in nodes:
+            for layer in range(num_layers):
+                for k in range(top_k):
+                    e = np.int64(expert_ids[v, layer, k])
+                    if e >= num_experts:
+                        raise ValueError("access_nodes: an expert id is >= the experts per layer")
+                    if e >= 0:
+                        flags[layer, e] = True
+        for layer in range(num_layers):
+            for e in range(num_experts):
+                if flags[layer, e]:
+                    needed[n] = e
+                    n += 1
+            ptr[layer + 1] = n
+        return _access(policy, needed, ptr, *state)
     for layer in range(num_layers):
         start = n
         for v in nodes:
@@ -272,8 +293,7 @@ def access_nodes(policy, expert_ids, nodes, *state):
                     raise ValueError("access_nodes: an expert id is >= the experts per layer")
                 if e >= 0 and not seen[e]:
                     seen[e] = True
-                    # insertion into the layer's ascending list
-                    j = n
+                    j = n  # into the layer's ascending list
                     while j > start and needed[j - 1] > e:
                         needed[j] = needed[j - 1]
                         j -= 1
