@@ -366,6 +366,7 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument("--out", default=None, help="output folder (default runs/validate/<UTC time>)")
     p.add_no_progress()
+    p.later_spellings("--cache", "--policy", "--threads")  # README "Flag spellings": old abbreviations keep their flag
     return p
 
 

@@ -164,6 +164,7 @@ def build_parser() -> ArgumentParser:
         help="write the figures as JSON here; into live/assets/default/eagle3/drafters.json it also "
         "re-renders the embedded default's MODEL_CARD.md",
     )
+    p.later_spellings("--category", "--policy")  # README "Flag spellings": old abbreviations keep their flag
     return p
 
 

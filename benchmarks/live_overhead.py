@@ -61,6 +61,7 @@ def _parser() -> ArgumentParser:
     )
     add_threads_flag(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt")
+    p.later_spellings("--max-new-tokens")  # README "Flag spellings": old abbreviations keep their flag
     return p
 
 

@@ -61,6 +61,7 @@ def _parser() -> ArgumentParser:
     )
     p.add_argument("--max-nodes", type=positive_int, default=None, help="tree size (default: live.record's)")
     add_threads_flag(p)
+    p.later_spellings("--dtype")  # README "Flag spellings": old abbreviations keep their flag
     return p
 
 

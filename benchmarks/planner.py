@@ -115,6 +115,7 @@ def build_parser() -> ArgumentParser:
         "--pin", action="store_true", help="pin to one CPU (on a shared machine this adds preemption stalls)"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.later_spellings("--cache")  # README "Flag spellings": old abbreviations keep their flag
     return p
 
 

@@ -60,6 +60,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--max-nodes", type=positive_int, default=32, help="nodes per tree incl. root")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed")
     parser.add_argument("--keep", default=None, help="keep the trace in this directory (default: temp dir)")
+    parser.later_spellings("--model-shape")  # README "Flag spellings": old abbreviations keep their flag
     return parser
 
 

@@ -72,6 +72,7 @@ def _parser() -> ArgumentParser:
     p.add_argument("--latency-us", type=non_negative_float, default=20.0, help="emulated per-transfer latency (us)")
     p.add_argument("--out", default="runs/bench/wait_step", help="folder of the runs (reused when complete)")
     add_threads_flag(p)
+    p.later_spellings("--bandwidth", "--cache")  # README "Flag spellings": old abbreviations keep their flag
     return p
 
 

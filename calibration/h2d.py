@@ -92,6 +92,7 @@ def build_parser() -> ArgumentParser:
         "--out", "--out-dir", dest="out_dir", default="runs/h2d", help="folder for h2d.csv, h2d.json, h2d.png"
     )
     p.add_no_progress()
+    p.later_spellings("--threads", "--out")  # README "Flag spellings": old abbreviations keep their flag
     return p
 
 

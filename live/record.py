@@ -261,6 +261,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument(
         "--cost", default=None, help="CycleCostModel JSON for the planner; default: a quick live estimate"
     )
+    p.later_spellings("--cache")  # README "Flag spellings": old abbreviations keep their flag
     return p
 
 

@@ -544,6 +544,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--per-cycle", action="store_true", help="also write each cell's cycle records (cycles/)")
     p.add_argument("--no-figures", action="store_true", help="skip the PNG figure")
     p.add_no_progress()
+    p.later_spellings("--policies", "--latency-us")  # README "Flag spellings": old abbreviations keep their flag
     return p
 
 

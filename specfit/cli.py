@@ -61,6 +61,44 @@ class ArgumentParser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
 
+    def later_spellings(self, *flags: str) -> None:
+        """Mark ``flags`` (already added) as spellings added after the tool shipped (the unified
+        spellings of README "Flag spellings"): an abbreviation that matched an older flag before
+        keeps meaning it (``--m`` stays ``--model`` when ``--max-new-tokens`` is added).
+
+        Raises:
+            ValueError: a flag that is not an option of this parser (a typo here).
+        """
+        unknown = [f for f in flags if f not in self._option_string_actions]
+        if unknown:
+            raise ValueError(f"later_spellings: not options of this parser: {unknown}")
+        self._later_spellings = getattr(self, "_later_spellings", frozenset()) | frozenset(flags)
+
+    def _get_option_tuples(self, option_string: str) -> list[tuple[Any, ...]]:
+        """argparse's prefix matching (``--band`` for ``--bandwidth``), one match per action.
+
+        CPython's ``_parse_optional`` calls a prefix ambiguous when it matches two option STRINGS,
+        even when both are spellings of the same flag (``--bandw`` for ``--bandwidth`` and its
+        alias ``--bandwidths``), so adding an alias would break prefixes that worked before. This
+        keeps the first registered spelling of each action (same explicit value). Where the prefix
+        still matches several actions, matches through :meth:`later_spellings` are dropped when
+        that leaves one action; otherwise all stay and argparse reports the ambiguity (a prefix of
+        two different flags stays an error). Source: CPython 3.11 ``Lib/argparse.py``
+        (``_parse_optional``, ``_get_option_tuples``; a tuple's first item is the action and its
+        last the explicit ``=value``, in 3.12's 4-tuples too).
+        """
+        later = getattr(self, "_later_spellings", frozenset())
+        per_action: dict[tuple[int, Any], list[tuple[Any, ...]]] = {}
+        for tup in super()._get_option_tuples(option_string):
+            per_action.setdefault((id(tup[0]), tup[-1]), []).append(tup)
+        kept = [tups[0] for tups in per_action.values()]
+        older = [
+            next(t for t in tups if t[1] not in later)
+            for tups in per_action.values()
+            if any(t[1] not in later for t in tups)
+        ]
+        return older if len(kept) > 1 and len(older) == 1 else kept
+
     def fail(self, flag: str, message: str) -> NoReturn:
         """Exit with status 2 and ``PROG: error: FLAG: MESSAGE`` on stderr (a message already naming
         FLAG keeps it once); see :func:`exit_bad_input`."""

@@ -3,6 +3,8 @@ spellings"): both parse to the same value, and ``--help`` shows both."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from bench_loader import load_benchmark
 
@@ -69,3 +71,78 @@ def test_synthetic_spellings(argv, named, capsys, tmp_path) -> None:
     with pytest.raises(SystemExit) as exc:
         main([*argv, "--out", str(tmp_path / "s")])
     assert exc.value.code == 2 and named in capsys.readouterr().err
+
+
+# The spellings 82fdcdf added (README "Flag spellings"), per tool: every abbreviation that parsed
+# before they were added must still parse to the same flag (argparse takes unique prefixes).
+ADDED = [
+    (lambda: _module_parser("analysis.validate"), {"--cache", "--policy", "--threads"}),
+    (lambda: _module_parser("calibration.h2d"), {"--threads", "--out"}),
+    (lambda: _module_parser("sim.sweep"), {"--policies", "--latency-us"}),
+    (lambda: _module_parser("live.record"), {"--cache"}),
+    (lambda: _module_parser("traces.synthetic"), {"--model-shape", "--depth", "--topk"}),
+    (lambda: _bench_parser("wait_step"), {"--bandwidth", "--cache"}),
+    (lambda: _bench_parser("planner"), {"--cache"}),
+    (lambda: _bench_parser("trace_size"), {"--model-shape"}),
+    (lambda: _bench_parser("live_overhead"), {"--max-new-tokens"}),
+    (lambda: _bench_parser("lossless_dtype"), {"--dtype"}),
+    (lambda: _bench_parser("drafters"), {"--category", "--policy"}),
+]
+
+
+def _prefix_targets(strings: dict, prefix: str) -> set[str]:
+    """The option strings stock argparse would take ``prefix`` for among ``strings``: itself if
+    exact, else every string it starts (more than one = ambiguous there)."""
+    return {prefix} if prefix in strings else {s for s in strings if s.startswith(prefix)}
+
+
+@pytest.mark.parametrize(("factory", "added"), ADDED, ids=lambda v: "" if callable(v) else ",".join(sorted(v)))
+def test_old_abbreviations_keep_their_flag(factory, added, capsys) -> None:
+    parser = factory()
+    everything = dict(parser._option_string_actions)
+    assert added <= set(everything)
+    old = {s: a for s, a in everything.items() if s not in added and s.startswith("--")}
+    checked = ambiguous = 0
+    for flag in old:
+        for end in range(3, len(flag) + 1):
+            prefix = flag[:end]
+            before = _prefix_targets(old, prefix)
+            if len(before) != 1:
+                continue  # ambiguous before the aliases too: no user's command relied on it
+            (target,) = before
+            action, _, _ = parser._parse_optional(prefix)
+            assert action is old[target], (prefix, target)
+            # and through a whole parse (the value of a flag taking one, or none)
+            argv = [prefix] if action.nargs == 0 else [prefix, "1"]
+            with contextlib.suppress(SystemExit):  # a value the flag rejects still named it
+                parser.parse_known_args(argv)
+            assert "ambiguous" not in capsys.readouterr().err
+            checked += 1
+    assert checked > 10
+    # a prefix of two different flags stays an error (exit 2, naming both)
+    for prefix in {flag[:end] for flag in everything if flag.startswith("--") for end in range(3, len(flag))}:
+        actions = {id(a) for s, a in everything.items() if s.startswith(prefix)}
+        older = {id(a) for s, a in old.items() if s.startswith(prefix)}
+        if prefix not in everything and len(actions) > 1 and len(older) != 1:
+            with pytest.raises(SystemExit) as exc:
+                parser.parse_args([prefix, "1"])
+            assert exc.value.code == 2 and "ambiguous option" in capsys.readouterr().err
+            ambiguous += 1
+    # the added spellings' own abbreviations work where they name one flag
+    for flag in added:
+        for end in range(3, len(flag) + 1):
+            prefix = flag[:end]
+            if len({id(a) for s, a in everything.items() if s.startswith(prefix)}) == 1:
+                assert parser._parse_optional(prefix)[0] is everything[flag]
+
+
+def test_reported_prefixes_parse(capsys) -> None:
+    """The abbreviations that 82fdcdf's aliases had made 'ambiguous' (exit 2)."""
+    assert _bench_parser("wait_step").parse_args(["--bandw", "8"]).bandwidths == [8.0]
+    assert _bench_parser("planner").parse_args(["--cach", "0.5"]).cache_fraction == [0.5]
+    assert _module_parser("sim.sweep").parse_args(["--polic", "ar"]).policy == ["ar"]
+    assert _module_parser("calibration.h2d").parse_args(["--ou", "runs/x"]).out_dir == "runs/x"
+    assert _module_parser("traces.synthetic").parse_args(["--m", "5"]).max_nodes == 5  # --m was --max-nodes
+    with pytest.raises(SystemExit) as exc:
+        _module_parser("sim.sweep").parse_args(["--p", "ar"])
+    assert exc.value.code == 2 and "ambiguous option: --p" in capsys.readouterr().err

@@ -439,10 +439,8 @@ def resolve_config(shape: str, calibrated: bool = True, **given: Any) -> Synthet
     return SyntheticConfig(**fields)
 
 
-@cli_main
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m traces.synthetic``: write a synthetic dense trace, print its calibration table;
-    the last line is a JSON summary."""
+def build_parser() -> ArgumentParser:
+    """The flags of ``python -m traces.synthetic``."""
     parser = ArgumentParser(
         prog="python -m traces.synthetic",
         description="Write a synthetic dense trace at a real model shape (see traces/synthetic.py for the "
@@ -496,6 +494,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--uncalibrated", action="store_true", help="ignore the shape's calibration (generator defaults)"
     )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.later_spellings("--model-shape", "--depth", "--topk")  # README "Flag spellings": old abbreviations keep their flag
+    return parser
+
+
+@cli_main
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m traces.synthetic``: write a synthetic dense trace, print its calibration table;
+    the last line is a JSON summary."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         shape = get_model_shape(args.shape)
