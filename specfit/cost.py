@@ -645,12 +645,20 @@ class CycleCostModel:
         host_s, after_s, link_s = self.per_layer_s_per_miss(num_nodes)
         if self._derived[1] and self._derived[5] is not None:  # per tree size: each row's own terms
             after_s, link_s = np.asarray(after_s)[..., None], np.asarray(link_s)[..., None]
+        host = host_s * m.sum(axis=-1)
         if self.overlap_h2d:  # mode "on" (next_layer_priced excludes "ideal"; cycle_s sends "ideal" elsewhere)
-            per_layer = np.maximum(np.maximum(c, self.pre_router_frac * c + m * after_s), m * link_s)
-            host = host_s * m.sum(axis=-1) + self.late_call_s * np.count_nonzero(m, axis=-1)
+            host = host + self.late_call_s * np.count_nonzero(m, axis=-1)
+        return self._layers_s(num_levels, c, m * after_s, m * link_s, host)
+
+    def _layers_s(self, num_levels: Any, c: Any, after: Any, link: Any, host: Any) -> Any:
+        """``draft + sum_l layer_l + host`` (s): a layer lasts ``max(c, p c + after_l, link_l)`` in
+        mode "on", ``max(c + after_l, link_l)`` without overlap; ``after`` and ``link`` float[..., L]
+        are the seconds of the copies waiting for the layer's router and of all its copies on the
+        link (:meth:`cycle_s_layers`, :meth:`realised_cycle_s`)."""
+        if self.overlap_h2d:
+            per_layer = np.maximum(np.maximum(c, self.pre_router_frac * c + after), link)
         else:
-            per_layer = np.maximum(c + m * after_s, m * link_s)
-            host = host_s * m.sum(axis=-1)
+            per_layer = np.maximum(c + after, link)
         out = self.draft_s_array(num_levels) + per_layer.sum(axis=-1) + host
         return float(out) if np.ndim(out) == 0 else out
 
@@ -787,20 +795,33 @@ class CycleCostModel:
             self.draft_s(num_levels), self.verify_s(num_nodes, context_len), self.h2d_s(misses_per_layer)
         )
 
-    def realised_cycle_s(self, num_levels: int, num_nodes: int, context_len: int, demand_misses_per_layer: Any) -> float:
+    def realised_cycle_s(
+        self, num_levels: int, num_nodes: int, context_len: int, demand_misses_per_layer: Any,
+        used_per_layer: Any = None,
+    ) -> float:  # fmt: skip
         """A realised cycle's price (s) from its DEMAND misses (int[L], those its cache access
-        still missed after any prefetch): :meth:`cycle_s`. With next-layer prefetch priced the
-        formula counts the misses against the cache before the guesses (what the planner and the
-        root's counterfactual see), of which the guesses leave ``1 - h`` as demand misses (``h``
-        of :meth:`next_layer_share_at` at ``num_nodes``), so those are scaled back by ``1 / (1 -
-        h)`` first (``h < 1``; with ``h = 1`` they are priced as they are). What
-        ``SpecFitPolicy.observe_cycle`` prices live and simulated cycles with, so both sides'
-        guards see the same seconds."""
-        h = float(self.next_layer_share_at(num_nodes)[0]) if self.next_layer_priced else 0.0
-        if self.next_layer_priced and h < 1.0:
-            misses = np.asarray(demand_misses_per_layer, dtype=np.float64) / (1.0 - h)
-            return self.cycle_s(num_levels, num_nodes, context_len, misses)
-        return self.cycle_s(num_levels, num_nodes, context_len, demand_misses_per_layer)
+        still missed after any prefetch) and, with next-layer prefetch priced, the prefetched
+        experts it used (``used_per_layer`` int[L], ``specfit.prefetch.PrefetchLedger.layer_used``
+        over the cycle): :meth:`cycle_s_layers`' form with the realised counts in place of the
+        share's estimates: per layer the demand misses wait for the router (``M_l * T_link``),
+        the planner's misses ``m_l = M_l + U_l`` and their wrong guesses ``x m_l`` occupy the
+        link and the compute stream's placing, the late call where ``M_l > 0``. Issue 13: scaling
+        the demand misses back by ``1 / (1 - h)`` instead inflated every layer the guesses
+        cover less than ``h`` (layer 0 has no layer before it): at 64 GB/s, cache 8, overlap on,
+        on the shipped sample, a root cycle was priced 1.19x its simulated time and the guard saw
+        drafting win where it lost. Without next-layer prefetch priced (or ``used_per_layer``
+        None) :meth:`cycle_s` of the demand misses. What ``SpecFitPolicy.observe_cycle`` prices
+        live and simulated cycles with, so both sides' guards see the same seconds."""
+        if not self.next_layer_priced or used_per_layer is None:
+            return self.cycle_s(num_levels, num_nodes, context_len, demand_misses_per_layer)
+        demand = np.asarray(demand_misses_per_layer, dtype=np.float64)
+        m = demand + np.asarray(used_per_layer, dtype=np.float64)
+        c = self.verify_s(num_nodes, context_len) / self.num_layers
+        host_s, _, link_s = self.per_layer_s_per_miss(num_nodes)
+        host = host_s * m.sum()
+        if self.overlap_h2d:
+            host = host + self.late_call_s * np.count_nonzero(demand)
+        return float(self._layers_s(num_levels, c, demand * self.link_s_per_transfer, m * link_s, host))
 
     # ---- helpers -----------------------------------------------------------------------------
     def with_bandwidth(self, bytes_per_s: float) -> CycleCostModel:

@@ -48,3 +48,44 @@ def test_root_misses_are_priced_before_the_prefetch_that_covers_them(monkeypatch
     demand = float(sum(c.cache_misses for c in cycles))
     assert realised > 1.5 * demand  # the case has teeth: the prefetch covers a large share
     assert expected == pytest.approx(realised, rel=0.1)
+
+
+def test_the_guards_price_of_a_root_cycle_is_the_simulated_one(monkeypatch):
+    """The guard prices each realised cycle with its demand misses and used prefetches per layer;
+    with the demand misses scaled back by ``1 / (1 - h)`` instead, a root cycle at 64 GB/s, cache
+    8, overlap on, next-layer prefetch was priced 19 % above its simulated time (layer 0, which no
+    guess covers, inflated), so the guard saw drafting win where it lost."""
+    from sim.config import SimConfig
+    from sim.replay import replay_policy
+    from specfit.cost import CycleCostModel
+    from specfit.policies import SpecFitPolicy
+    from traces.reader import open_run
+
+    run = open_run(SAMPLE)
+    model = run.manifest.model
+    priced: list[tuple[int, float]] = []
+    original = SpecFitPolicy.observe_cycle
+
+    def observe(self, cost, num_committed, num_levels, num_nodes, context_len, misses, root=None, used=None):
+        priced.append((int(num_levels), cost.realised_cycle_s(num_levels, num_nodes, context_len, misses, used)))
+        return original(self, cost, num_committed, num_levels, num_nodes, context_len, misses, root, used)
+
+    monkeypatch.setattr(SpecFitPolicy, "observe_cycle", observe)
+    cost = CycleCostModel(
+        draft_s_per_level=1.766e-3, verify_base_s=4.475e-3, verify_s_per_node=1.98e-5,
+        verify_s_per_context_token=0.0, h2d_bytes_per_s=64e9, h2d_s_per_transfer=1e-5,
+        expert_bytes=9_437_184, num_layers=model.num_layers, overlap_h2d=True, overlap_mode="on",
+        pre_router_frac=0.336, next_layer_prefetch=True, next_layer_cover_frac=0.26,
+        next_layer_waste_per_miss=0.1, next_layer_nodes=(1.0, 3.8, 27.5),
+        next_layer_cover_fracs=(0.53, 0.32, 0.16), next_layer_waste_per_misses=(0.26, 0.14, 0.02),
+    )  # fmt: skip
+    config = SimConfig(
+        cost=cost, policy="specfit", cache_capacity_per_layer=8, prefetch="next-layer", overlap="on",
+        max_requests=2, record_cycles=True,
+    )  # fmt: skip
+    cycles = replay_policy(run, config).cycles
+    assert len(priced) == len(cycles)
+    root = [(s, c.cycle_s) for (levels, s), c in zip(priced, cycles) if levels == 0]
+    assert len(root) > 50
+    ratio = sum(s for s, _ in root) / sum(t for _, t in root)
+    assert 0.95 < ratio < 1.05, ratio

@@ -300,6 +300,8 @@ class SpecDecoder:
             )
             choice = chooser.choose(state)
             self._prefetch_draft(choice)
+            ledger = getattr(self.stats, "ledger", None)
+            used_before = None if ledger is None else ledger.layer_used.copy()
             self._forward_stats_begin()
             ver = self.verifier.verify(choice.draft.tree, choice.nodes)
             stats = self._forward_stats_end()
@@ -345,6 +347,7 @@ class SpecDecoder:
                     event.context_len,
                     stats.layer_misses,
                     root_misses,
+                    None if used_before is None else ledger.layer_used - used_before,  # as sim.replay
                 )
             if on_cycle is not None:  # recording is not decoding: kept off the decode clock
                 callback_start = time.perf_counter()
