@@ -758,7 +758,7 @@ class _Replayer:
         root_misses = None  # the root alone's misses on the cache the planner saw (paired guard)
         if observe is not None and levels > 0:
             root_misses = self.mods["policies"].root_layer_misses(cached, true_ids[0])
-        used_before = self.ledger.layer_used.copy() if observe is not None else None
+        issued_before = self.ledger.layer_issued.copy() if observe is not None else None
         prefetch = self._prefetch(nodes, node_experts) if self.draft_prefetch else []
         next_layer: list[list[int]] = []
         if self.next_layer_prefetch:
@@ -809,8 +809,8 @@ class _Replayer:
             history.extend(true_ids[path].astype(np.int64))
         self._account(timing, plan, nodes, levels, num_hits, num_misses, prefetch, num_accepted, num_committed)
         if observe is not None:  # as live.spec.engine: the policy sees each realised cycle, priced
-            used = self.ledger.layer_used - used_before  # the prefetches this access used (as live.spec)
-            observe(self.cost, num_committed, levels, len(nodes), dense.context_len, access.num_misses, root_misses, used)
+            issued = self.ledger.layer_issued - issued_before  # this cycle's prefetch copies (as live.spec)
+            observe(self.cost, num_committed, levels, len(nodes), dense.context_len, access.num_misses, root_misses, issued)
         if cfg.record_cycles:
             tokens = [int(t) for t in tree.token_ids[path[1:]]] + [int(dense.target_tokens[path[-1]])]
             self.records.append(

@@ -797,31 +797,32 @@ class CycleCostModel:
 
     def realised_cycle_s(
         self, num_levels: int, num_nodes: int, context_len: int, demand_misses_per_layer: Any,
-        used_per_layer: Any = None,
+        prefetched_per_layer: Any = None,
     ) -> float:  # fmt: skip
         """A realised cycle's price (s) from its DEMAND misses (int[L], those its cache access
-        still missed after any prefetch) and, with next-layer prefetch priced, the prefetched
-        experts it used (``used_per_layer`` int[L], ``specfit.prefetch.PrefetchLedger.layer_used``
-        over the cycle): :meth:`cycle_s_layers`' form with the realised counts in place of the
-        share's estimates: per layer the demand misses wait for the router (``M_l * T_link``),
-        the planner's misses ``m_l = M_l + U_l`` and their wrong guesses ``x m_l`` occupy the
-        link and the compute stream's placing, the late call where ``M_l > 0``. Issue 13: scaling
-        the demand misses back by ``1 / (1 - h)`` instead inflated every layer the guesses
-        cover less than ``h`` (layer 0 has no layer before it): at 64 GB/s, cache 8, overlap on,
-        on the shipped sample, a root cycle was priced 1.19x its simulated time and the guard saw
-        drafting win where it lost. Without next-layer prefetch priced (or ``used_per_layer``
-        None) :meth:`cycle_s` of the demand misses. What ``SpecFitPolicy.observe_cycle`` prices
-        live and simulated cycles with, so both sides' guards see the same seconds."""
-        if not self.next_layer_priced or used_per_layer is None:
+        still missed after any prefetch) and, with next-layer prefetch priced, the prefetch
+        copies the cycle issued into each layer (``prefetched_per_layer`` int[L],
+        ``specfit.prefetch.PrefetchLedger.layer_issued`` over the cycle): :meth:`cycle_s_layers`'
+        form with the realised copies in place of next-layer prefetch's share and waste: per
+        layer the demand misses wait for the router (``M_l * T_link``) and all the layer's copies
+        occupy the link (``(M_l + P_l) * T_link``) and the compute stream's placing, the late call
+        where ``M_l > 0``. Issue 13: scaling the demand misses back by ``1 / (1 - h)`` instead
+        inflated every layer the guesses cover less than ``h`` (layer 0 has no layer before it):
+        at 64 GB/s, cache 8, overlap on, on the shipped sample, a root cycle was priced 1.20x its
+        simulated time and the guard saw drafting win where it lost. Without next-layer prefetch
+        priced (or ``prefetched_per_layer`` None) :meth:`cycle_s` of the demand misses. What
+        ``SpecFitPolicy.observe_cycle`` prices live and simulated cycles with, so both sides'
+        guards see the same seconds."""
+        if not self.next_layer_priced or prefetched_per_layer is None:
             return self.cycle_s(num_levels, num_nodes, context_len, demand_misses_per_layer)
         demand = np.asarray(demand_misses_per_layer, dtype=np.float64)
-        m = demand + np.asarray(used_per_layer, dtype=np.float64)
+        copies = demand + np.asarray(prefetched_per_layer, dtype=np.float64)
         c = self.verify_s(num_nodes, context_len) / self.num_layers
-        host_s, _, link_s = self.per_layer_s_per_miss(num_nodes)
-        host = host_s * m.sum()
+        link = self.link_s_per_transfer
+        host = self.host_s_per_transfer * copies.sum()
         if self.overlap_h2d:
             host = host + self.late_call_s * np.count_nonzero(demand)
-        return float(self._layers_s(num_levels, c, demand * self.link_s_per_transfer, m * link_s, host))
+        return float(self._layers_s(num_levels, c, demand * link, copies * link, host))
 
     # ---- helpers -----------------------------------------------------------------------------
     def with_bandwidth(self, bytes_per_s: float) -> CycleCostModel:

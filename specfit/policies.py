@@ -514,7 +514,7 @@ class SpecFitPolicy(TreePolicy):
         context_len: int,
         misses_per_layer: Any,
         root_misses_per_layer: Any = None,
-        used_per_layer: Any = None,
+        prefetched_per_layer: Any = None,
     ) -> None:
         """Report one realised cycle priced by the cost model: what the live engine and the
         simulator both call, so the guard decides alike in both (the same committed tokens and
@@ -523,9 +523,9 @@ class SpecFitPolicy(TreePolicy):
         run, a repeat or the simulator's replay of a live run would choose differently).
 
         The price is ``cost.realised_cycle_s(num_levels, num_nodes, context_len, misses_per_layer,
-        used_per_layer)`` (``cost.cycle_s``; with next-layer prefetch priced the realised demand
-        misses and the used prefetches per layer, ``used_per_layer`` int[L], in place of the
-        share's estimates) with the cycle's REALISED misses (int[L]), so the guard still sees what the per-cycle objective
+        prefetched_per_layer)`` (``cost.cycle_s``; with next-layer prefetch priced the realised
+        demand misses and the prefetch copies issued per layer, ``prefetched_per_layer`` int[L],
+        in place of the share's estimates) with the cycle's REALISED misses (int[L]), so the guard still sees what the per-cycle objective
         cannot: the realised acceptance and the misses caused by earlier cycles' evictions; the
         cost model's own error is calibration's to fix (``calibration.fit``). Planner time is not
         priced (it is the same order for both arms' questions).
@@ -536,7 +536,7 @@ class SpecFitPolicy(TreePolicy):
         """
         if self.guard is not None:
             priced_s = cost.realised_cycle_s(
-                int(num_levels), int(num_nodes), int(context_len), misses_per_layer, used_per_layer
+                int(num_levels), int(num_nodes), int(context_len), misses_per_layer, prefetched_per_layer
             )
             root_s = None
             if int(num_levels) > 0 and root_misses_per_layer is not None:

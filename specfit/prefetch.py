@@ -288,9 +288,9 @@ class PrefetchLedger:
         self.num_used = 0
         self.num_wasted = 0
         self._miss_ema = np.full(num_layers, np.nan, dtype=np.float64)
-        #: int64[L] used prefetches per layer so far (a cycle's are the difference over it: the
-        #: guard's realised price, ``CycleCostModel.realised_cycle_s``)
-        self.layer_used = np.zeros(num_layers, dtype=np.int64)
+        #: int64[L] prefetch copies issued into each layer so far (a cycle's are the difference
+        #: over it: the guard's realised price, ``CycleCostModel.realised_cycle_s``)
+        self.layer_issued = np.zeros(num_layers, dtype=np.int64)
 
     def restart(self, miss_fraction: np.ndarray) -> None:
         """A new cache content (``live.offload``'s ``set_cache``): prefetched experts leave with
@@ -314,6 +314,7 @@ class PrefetchLedger:
         ids = np.asarray(experts, dtype=np.int64)
         self.pending[layer, ids] = True
         self.num_issued += len(ids)
+        self.layer_issued[layer] += len(ids)
 
     def accessed(self, layer: int, hits, evicted, num_misses: int | None = None) -> None:
         """An access at ``layer`` hit ``hits`` (expert ids) and evicted ``evicted``; with
@@ -325,7 +326,6 @@ class PrefetchLedger:
             marks = self.pending[layer, hits]
             used = int(marks.sum())
             self.num_used += used
-            self.layer_used[layer] += used
             self.pending[layer, hits] = False
         self.evicted(layer, evicted)
         if num_misses is not None and len(hits) + int(num_misses):

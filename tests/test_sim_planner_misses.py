@@ -51,7 +51,7 @@ def test_root_misses_are_priced_before_the_prefetch_that_covers_them(monkeypatch
 
 
 def test_the_guards_price_of_a_root_cycle_is_the_simulated_one(monkeypatch):
-    """The guard prices each realised cycle with its demand misses and used prefetches per layer;
+    """The guard prices each realised cycle with its demand misses and prefetch copies per layer;
     with the demand misses scaled back by ``1 / (1 - h)`` instead, a root cycle at 64 GB/s, cache
     8, overlap on, next-layer prefetch was priced 19 % above its simulated time (layer 0, which no
     guess covers, inflated), so the guard saw drafting win where it lost."""
@@ -66,9 +66,9 @@ def test_the_guards_price_of_a_root_cycle_is_the_simulated_one(monkeypatch):
     priced: list[tuple[int, float]] = []
     original = SpecFitPolicy.observe_cycle
 
-    def observe(self, cost, num_committed, num_levels, num_nodes, context_len, misses, root=None, used=None):
-        priced.append((int(num_levels), cost.realised_cycle_s(num_levels, num_nodes, context_len, misses, used)))
-        return original(self, cost, num_committed, num_levels, num_nodes, context_len, misses, root, used)
+    def observe(self, cost, num_committed, num_levels, num_nodes, context_len, misses, root=None, issued=None):
+        priced.append((int(num_levels), cost.realised_cycle_s(num_levels, num_nodes, context_len, misses, issued)))
+        return original(self, cost, num_committed, num_levels, num_nodes, context_len, misses, root, issued)
 
     monkeypatch.setattr(SpecFitPolicy, "observe_cycle", observe)
     cost = CycleCostModel(

@@ -535,30 +535,26 @@ def test_stopping_bound_continues_when_copies_hide_the_next_node(mode, pre) -> N
     assert make_tree_policy("specfit", stopping="bound").keep_drafting(shallow, max_depth=2) is True
 
 
-def test_realised_cycles_are_priced_with_their_demand_misses_and_used_prefetches() -> None:
+def test_realised_cycles_are_priced_with_their_demand_misses_and_prefetch_copies() -> None:
     """With next-layer prefetch priced, a realised cycle's price takes its demand misses as the
-    copies waiting for the router and demand + used prefetches (and the share's waste) as the
-    link's and placing's work, per layer: the planner's form with the realised counts in place of
-    the share (issue 13); the same call live and in the simulator."""
+    copies waiting for the router and demand misses plus the prefetch copies issued into each
+    layer as the link's and placing's work: the planner's per-layer form with the realised copies
+    in place of the share and waste (issue 13); the same call live and in the simulator."""
     cost = CycleCostModel(
         1e-3, 5e-3, 1e-4, 0.0, 1e9, 2e-5, 6144, 2,
         next_layer_prefetch=True, next_layer_cover_frac=0.5, next_layer_waste_per_miss=0.25,
     )  # fmt: skip
-    demand, used = np.array([1, 2]), np.array([0, 2])
+    demand, issued = np.array([1, 2]), np.array([0, 3])
     link = cost.link_s_per_transfer
     c = cost.verify_s(5, 30) / 2
-    want = cost.draft_s(2) + sum(
-        max(c + d * link, (d + u) * 1.25 * link) for d, u in zip(demand, used)
-    ) + 1.25 * cost.host_s_per_transfer * 5
-    assert cost.realised_cycle_s(2, 5, 30, demand, used) == pytest.approx(want, rel=1e-12)
-    # not the planner's price of those misses (the share's estimate, h = 0.5 of each layer covered)
-    planner = cost.cycle_s(2, 5, 30, demand + used)
-    assert cost.realised_cycle_s(2, 5, 30, demand, used) != planner
+    want = cost.draft_s(2) + sum(max(c + d * link, (d + i) * link) for d, i in zip(demand, issued))
+    want += cost.host_s_per_transfer * 6
+    assert cost.realised_cycle_s(2, 5, 30, demand, issued) == pytest.approx(want, rel=1e-12)
     same = dataclasses.replace(cost, next_layer_prefetch=False)
-    assert same.realised_cycle_s(2, 5, 30, demand, used) == same.cycle_s(2, 5, 30, demand)
+    assert same.realised_cycle_s(2, 5, 30, demand, issued) == same.cycle_s(2, 5, 30, demand)
     assert cost.realised_cycle_s(2, 5, 30, demand) == cost.cycle_s(2, 5, 30, demand)
     policy = SpecFitPolicy()
-    policy.observe_cycle(cost, 3, 2, 5, 30, demand, np.array([0, 1]), used)
+    policy.observe_cycle(cost, 3, 2, 5, 30, demand, np.array([0, 1]), issued)
     tokens, seconds, _, root_s = policy.guard.arms["spec"][0]
-    assert (tokens, seconds) == (3.0, cost.realised_cycle_s(2, 5, 30, demand, used))
+    assert (tokens, seconds) == (3.0, cost.realised_cycle_s(2, 5, 30, demand, issued))
     assert root_s == cost.cycle_s(0, 1, 30, np.array([0, 1]))

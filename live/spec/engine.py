@@ -299,9 +299,9 @@ class SpecDecoder:
                 tuple(committed), len(generated), len(committed), recent_arr, cached, miss_fraction
             )
             choice = chooser.choose(state)
-            self._prefetch_draft(choice)
             ledger = getattr(self.stats, "ledger", None)
-            used_before = None if ledger is None else ledger.layer_used.copy()
+            issued_before = None if ledger is None else ledger.layer_issued.copy()
+            self._prefetch_draft(choice)
             self._forward_stats_begin()
             ver = self.verifier.verify(choice.draft.tree, choice.nodes)
             stats = self._forward_stats_end()
@@ -347,7 +347,7 @@ class SpecDecoder:
                     event.context_len,
                     stats.layer_misses,
                     root_misses,
-                    None if used_before is None else ledger.layer_used - used_before,  # as sim.replay
+                    None if issued_before is None else ledger.layer_issued - issued_before,  # as sim.replay
                 )
             if on_cycle is not None:  # recording is not decoding: kept off the decode clock
                 callback_start = time.perf_counter()
