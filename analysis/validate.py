@@ -280,8 +280,8 @@ def build_parser() -> ArgumentParser:
         "--latency-us", type=non_negative_float, default=20.0, help="emulated per-transfer latency (us)"
     )
     p.add_argument(
-        "--cache-experts",
         "--cache",
+        "--cache-experts",
         dest="cache_experts",
         type=comma_list(positive_int),
         default=None,
@@ -495,7 +495,7 @@ class Validator:
         argv += ["--cache-policy", SIM_CACHE_POLICY]
         if self.acceptance_path is not None:
             argv += ["--acceptance", str(self.acceptance_path)]
-        argv += ["--cache-experts", str(cell.cache_experts_per_layer), "--out", str(path)]
+        argv += ["--cache", str(cell.cache_experts_per_layer), "--out", str(path)]
         argv += self._link_flags(cell.bandwidth_gb_per_s)
         if cell.overlap != "off":
             argv += ["--overlap", cell.overlap]
@@ -928,7 +928,7 @@ class Validator:
         for c in caches:
             if c > model.num_experts:
                 raise ValidationError(
-                    f"--cache-experts {c} exceeds the model's {model.num_experts} experts per layer"
+                    f"--cache {c} exceeds the model's {model.num_experts} experts per layer"
                 )
         policies = list(self.args.policies)
         overlaps = list(getattr(self.args, "overlap", ["off"]))
@@ -1346,7 +1346,7 @@ def check_cost(args: Any, parser: ArgumentParser) -> CycleCostModel | None:
 def check_model_and_prompts(args: Any, parser: ArgumentParser) -> None:
     """Flag checks that need the checkpoint or prompt file, made before any output is written:
     a checkpoint without ``config.json`` or with a truncated safetensors file, an unsupported
-    architecture, a draft with a larger vocabulary (:func:`live.loader.check_checkpoints`), ``--cache-experts`` above the experts per layer, a
+    architecture, a draft with a larger vocabulary (:func:`live.loader.check_checkpoints`), ``--cache`` above the experts per layer, a
     prompt file that yields no prompts. Exits 2 naming the flag."""
     if args.model != "default" and not (Path(args.model) / "config.json").is_file():
         parser.fail("--model", f"{args.model!r} is not a Hugging Face checkpoint directory (no config.json)")
@@ -1357,7 +1357,7 @@ def check_model_and_prompts(args: Any, parser: ArgumentParser) -> None:
     if experts is not None and args.cache_experts:
         big = [c for c in args.cache_experts if c > experts]
         if big:
-            parser.fail("--cache-experts", f"expected at most {experts} (the experts per layer), got {big}")
+            parser.fail("--cache", f"expected at most {experts} (the experts per layer), got {big}")
     from live.record import check_categories
 
     check_categories(args.prompts, args.category, parser)

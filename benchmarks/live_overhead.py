@@ -6,7 +6,7 @@ time of each:
 - ``generate``: transformers' ``model.generate`` on the resident model (the reference);
 - ``plain``: our minimal greedy loop (prefill + one-token steps with a ``DynamicCache``) on the
   resident model;
-- ``offload``: the same loop on the offloaded model with every expert cached (``--cache-experts``
+- ``offload``: the same loop on the offloaded model with every expert cached (``--cache``
   = E, warmed), routing recording off;
 - ``offload+record``: as ``offload`` with each forward bracketed by ``begin_forward``/``end_forward``
   and the router top-k ids/weights fetched with ``last_routing`` (what ``live.record`` does).

@@ -81,8 +81,8 @@ def build_parser() -> ArgumentParser:
         help="H2D bandwidths cycled over the trees (GB/s, 1 GB = 1e9 bytes)",
     )
     p.add_argument(
-        "--cache-fraction",
         "--cache",
+        "--cache-fraction",
         dest="cache_fraction",
         type=comma_list(float),
         default=[0.25, 0.5, 0.75, 0.9],
@@ -278,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.fail("--model-shape", str(exc))
     if any(not 0 <= f < 1 for f in args.cache_fraction):
-        parser.fail("--cache-fraction", f"expected fractions in [0, 1), got {args.cache_fraction}")
+        parser.fail("--cache", f"expected fractions in [0, 1), got {args.cache_fraction}")
     golden = Path(args.golden) if args.golden else None
     if golden is not None and not golden.is_file():
         parser.fail("--golden", f"no such file: {golden}")

@@ -3,7 +3,7 @@
 Issue 13 item 4 asked whether the emulated link's waits leave the compute that follows on cold
 caches (on a nested VM, code and data not touched for ~1 ms run several times slower on their
 next use), so that per-layer compute grows with the wait before it. This benchmark records the
-same cell (``live.record --mode policy --policy ar --cache-experts 16 --num-prompts 2`` by
+same cell (``live.record --mode policy --policy ar --cache 16 --num-prompts 2`` by
 default) over the emulated link at several bandwidths, interleaved repeat by repeat so that a
 drift of the machine's speed hits every bandwidth alike, and reads each run's per-layer timings
 (``cycles.layer_compute_s``, ``layer_pre_router_s``, ``layer_stall_s``, ``layer_misses``):
@@ -66,7 +66,7 @@ def _parser() -> ArgumentParser:
     p.add_argument("--repeats", type=positive_int, default=3, help="runs per bandwidth, interleaved (count)")
     p.add_argument("--num-prompts", type=positive_int, default=2, help="prompts per run (count)")
     p.add_argument(
-        "--cache-experts", "--cache", dest="cache_experts", type=positive_int, default=16,
+        "--cache", "--cache-experts", dest="cache_experts", type=positive_int, default=16,
         help="experts cached per layer (count)",
     )  # fmt: skip
     p.add_argument("--latency-us", type=non_negative_float, default=20.0, help="emulated per-transfer latency (us)")
@@ -131,7 +131,7 @@ def _record(path: Path, bandwidth: float, args) -> None:
     """
     from analysis.validate import live_record
 
-    argv = ["--mode", "policy", "--policy", "ar", "--cache-experts", str(args.cache_experts)]
+    argv = ["--mode", "policy", "--policy", "ar", "--cache", str(args.cache_experts)]
     argv += ["--num-prompts", str(args.num_prompts), "--bandwidth", f"{bandwidth:g}"]
     argv += ["--latency-us", f"{args.latency_us:g}", "--out", str(path), "--no-progress"]
     if args.threads is not None:

@@ -513,7 +513,7 @@ class OffloadedMoE:
             )
         if not 0 <= capacity <= self.spec.num_experts:
             raise ValueError(
-                f"capacity_per_layer (--cache-experts): expected 0..{self.spec.num_experts} "
+                f"capacity_per_layer (--cache): expected 0..{self.spec.num_experts} "
                 f"(the experts per layer), got {capacity}"
             )
         _check_cache(cache, self.spec.num_layers, self.spec.num_experts, capacity)
@@ -1013,16 +1013,16 @@ class OffloadedMoE:
 # convenience
 # ---------------------------------------------------------------------------------------------
 def default_cache_experts(num_experts: int) -> int:
-    """Default ``--cache-experts``: a quarter of the experts per layer (at least 1)."""
+    """Default ``--cache`` (``live.record``): a quarter of the experts per layer (at least 1)."""
     return max(1, num_experts // 4)
 
 
 def validate_cache_experts(cache_experts: int, num_experts: int) -> int:
     """Return ``cache_experts`` if ``0 <= cache_experts <= num_experts``, else ``ValueError``
-    naming ``--cache-experts`` and the experts per layer."""
+    naming ``--cache`` (``live.record``'s flag) and the experts per layer."""
     if not 0 <= int(cache_experts) <= int(num_experts):
         raise ValueError(
-            f"--cache-experts: expected 0..{num_experts} (the experts per layer of this model), got {cache_experts}"
+            f"--cache: expected 0..{num_experts} (the experts per layer of this model), got {cache_experts}"
         )
     return int(cache_experts)
 

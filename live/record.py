@@ -183,8 +183,8 @@ def build_parser() -> ArgumentParser:
         "--max-nodes", type=positive_int, default=32, help="draft tree node budget incl. the root (count)"
     )
     p.add_argument(
-        "--cache-experts",
         "--cache",
+        "--cache-experts",
         dest="cache_experts",
         type=non_negative_int,
         default=None,
@@ -372,7 +372,7 @@ _RESUMED_FLAGS: tuple[tuple[str, str, str, Any], ...] = (
     ("depth", "--depth", "depth", None),
     ("topk", "--topk", "topk", None),
     ("max_nodes", "--max-nodes", "max_nodes", None),
-    ("cache_experts", "--cache-experts", "cache_experts", None),
+    ("cache_experts", "--cache", "cache_experts", None),
     ("cache_policy", "--cache-policy", "cache_policy", None),
     ("bandwidth", "--bandwidth", "bandwidth_gb_per_s", None),
     ("latency_us", "--latency-us", "latency_s", "us"),
@@ -616,7 +616,7 @@ def check_input_files(args: Any, parser: ArgumentParser) -> None:
     """Read every input file's format before any model loads (exit 2 naming the flag and file):
     the checkpoints' config.json, safetensors headers and vocabularies (``--model``, ``--draft``:
     :func:`live.loader.check_checkpoints`),
-    ``--cache-experts`` against the experts per layer, ``--cost`` (a CycleCostModel JSON for the
+    ``--cache`` against the experts per layer, ``--cost`` (a CycleCostModel JSON for the
     model's MoE layer count), ``--acceptance`` (an AcceptanceCalibration JSON) and a
     ``--predictor-tables`` file (a .npz archive, read without pickle)."""
     import zipfile
@@ -627,7 +627,7 @@ def check_input_files(args: Any, parser: ArgumentParser) -> None:
     experts = experts_per_layer(args.model)
     if args.cache_experts is not None and experts is not None and args.cache_experts > experts:
         parser.fail(
-            "--cache-experts",
+            "--cache",
             f"expected 0..{experts} (the experts per layer of --model {args.model}), got {args.cache_experts}",
         )
     if args.cost is not None:

@@ -146,3 +146,20 @@ def test_reported_prefixes_parse(capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         _module_parser("sim.sweep").parse_args(["--p", "ar"])
     assert exc.value.code == 2 and "ambiguous option: --p" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("factory", "new", "old", "value", "dest"), CASES, ids=lambda v: v if isinstance(v, str) else "")
+def test_unified_spelling_comes_first(factory, new, old, value, dest) -> None:
+    """argparse names a flag by its first spelling (``argument --cache/--cache-fraction: ...``,
+    ``--help``): the unified one (``sim.sweep``'s unified ``--policy`` is its own first)."""
+    if dest in ("new_tokens", "dtypes"):
+        pytest.importorskip("torch")
+    first = factory()._option_string_actions[new].option_strings[0]
+    assert first == ("--policy" if new == "--policies" else new)
+
+
+def test_planner_cache_message_names_cache(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        load_benchmark("planner").main(["--cache", "8"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "error: --cache: expected fractions in [0, 1)" in err, err

@@ -200,9 +200,9 @@ def test_recorder_and_totals(tiny_checkpoint):
 
 def test_bad_capacity_and_double_install(tiny_checkpoint):
     model = load_target(tiny_checkpoint("qwen3_moe"))
-    with pytest.raises(ValueError, match=r"--cache-experts.*0\.\.16"):
+    with pytest.raises(ValueError, match=r"\(--cache\): expected 0\.\.16"):
         OffloadedMoE.install(model, make_cache("lru", 2, 16, 4), capacity_per_layer=17)
-    with pytest.raises(ValueError, match=r"--cache-experts: expected 0\.\.16"):
+    with pytest.raises(ValueError, match=r"--cache: expected 0\.\.16"):
         validate_cache_experts(17, 16)
     assert default_cache_experts(64) == 16 and default_cache_experts(2) == 1
     with pytest.raises(ValueError, match=r"cache\.num_experts: expected 16"):
@@ -262,7 +262,7 @@ def test_offload_model_flag_errors(tiny_checkpoint):
         offload_model(model, cache_policy="fifo")
     with pytest.raises(ValueError, match="--cache-policy static: needs expert frequencies"):
         offload_model(model, cache_policy="static")
-    with pytest.raises(ValueError, match="--cache-experts"):
+    with pytest.raises(ValueError, match="--cache: expected"):
         offload_model(model, cache_experts=99)
 
 

@@ -318,7 +318,7 @@ class RecordSession:
         cache_experts = config.cache_experts
         if cache_experts is not None and cache_experts > spec.num_experts:
             raise SessionError(
-                "--cache-experts",
+                "--cache",
                 f"expected 0..{spec.num_experts} (the experts per layer of this model), got {cache_experts}",
             )
         frequency = None
@@ -345,7 +345,7 @@ class RecordSession:
                 record_next_layer=config.mode == "dense",
             )
         except ValueError as exc:
-            raise SessionError("--cache-experts" if "cache" in str(exc) else "--device", str(exc)) from exc
+            raise SessionError("--cache" if "cache" in str(exc) else "--device", str(exc)) from exc
         self.spec = spec
         self.drafter, features = None, None
         if draft_dir is not None:
