@@ -447,7 +447,10 @@ def error_split(
     :meth:`calibration.costfit.CostFit.term_split`), the live ``h2d_s`` (every copy of the cycle,
     demand and prefetch, and their placing) split by copy count into its demand part
     ``D_l = h2d_s * m_l / (m_l + i_l)`` and its prefetch part ``P_l = h2d_s - D_l`` (an expert's
-    copies are the same size whichever asked for them), and the live stall ``w_l`` (the summed
+    copies are the same size whichever asked for them; the split is per cycle and approximate:
+    the live ``h2d_s`` also holds the copies of prefetches issued in the previous forward that
+    land in this one, while ``num_prefetch_issued`` counts this forward's issues, so a cycle's
+    ``P_l`` mixes the two), and the live stall ``w_l`` (the summed
     ``layer_stall_s``, the compute stream's waits for copies; ``h2d_s`` where not recorded, which
     is the stall without overlap and without prefetch), the difference ``sim cycle_s - live
     cycle_s`` of a cycle is the exact sum of
@@ -459,14 +462,17 @@ def error_split(
       stall ``w_l``, which the fitted verify term covers; with overlap on that rest goes to
       ``overlap``);
     - ``h2d``: the per-miss H2D at the live miss count, ``m_l * (s - c)``, minus ``D_l``;
-    - ``prefetch``: the simulator's prefetch copies at the per-copy price, ``i_s * (s - c)``,
+    - ``prefetch``: the simulator's prefetch copies at the price it charges them, ``i_s * s``,
       minus ``P_l`` (0 without prefetch; a count difference shows here, a hidden copy in
-      ``overlap``);
+      ``overlap``). The whole ``s``: ``sim.replay.link_from_cost`` puts ``h2d_s_per_transfer`` less
+      ``host_s_per_transfer`` (``c`` included) on the link and the compute stream places each
+      copy for ``host_s_per_transfer``; ``c`` is verify compute of a MISS, which a prefetched
+      expert is not;
     - ``cache``: the cost of the miss-count difference, ``(m_s - m_l) * s`` (0 when both caches
       hold the same experts);
     - ``overlap``: the rest, ``sim cycle_s - live cycle_s`` minus the six terms above: the copy
       time each side hides behind compute, the live side's ``h2d_s - w_l`` minus the simulator's
-      priced copies ``m_s * s + i_s * (s - c)`` beyond its stall. 0 without overlap and without
+      priced copies ``(m_s + i_s) * s`` beyond its stall. 0 without overlap and without
       prefetch (the replay's cycle is then draft + decision + ``verify_s`` + ``m_s * s``); with
       prefetch and overlap off, the prefetch copies each side does not wait for; with overlap on,
       the copies each side hides and the live bookkeeping.
@@ -514,7 +520,7 @@ def error_split(
         "decision": sm["decision_s"] - lv["decision_s"],
         "verify": sm["verify_s"] + c * m_l - lv["verify_s"] - (0.0 if overlapped else rest_l),
         "h2d": m_l * (s - c) - demand_h2d_l,
-        "prefetch": i_s * (s - c) - (lv["h2d_s"] - demand_h2d_l),
+        "prefetch": i_s * s - (lv["h2d_s"] - demand_h2d_l),  # the simulator's price: the whole s
         "cache": (m_s - m_l) * s,
     }
     # the rest of the difference: 0 without overlap and prefetch (the replay's cycle is draft +

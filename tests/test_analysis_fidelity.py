@@ -413,6 +413,14 @@ def test_error_split_with_prefetch_prices_the_prefetch_copies_apart() -> None:
                    "overlap": -1.0}  # fmt: skip
     for term, ms in expected_ms.items():
         assert got[f"split_{term}_pct"] == pytest.approx(100 * ms / 14, abs=1e-9), term
+    # a fitted compute per miss moves c per live miss from ``h2d`` to ``verify``; a prefetch copy
+    # is no miss: the simulator charges it the whole s (sim.replay.link_from_cost keeps c in the
+    # link's latency), so ``prefetch`` and ``overlap`` do not change (before: prefetch -0.4 ms,
+    # overlap -0.6 ms)
+    withc = fidelity.error_split(live, sim, cost, compute_s_per_miss=0.2e-3)
+    expected_c = dict(expected_ms, verify=-0.6, h2d=-0.4)
+    for term, ms in expected_c.items():
+        assert withc[f"split_{term}_pct"] == pytest.approx(100 * ms / 14, abs=1e-9), term
     # one prefetch more in the simulator shows in ``prefetch``, at the per-copy price
     more = fidelity.error_split(live, sim.assign(num_prefetch_issued=[3], cycle_s=[13e-3]), cost)
     assert more["split_prefetch_pct"] == pytest.approx(100 * 1 / 14)
