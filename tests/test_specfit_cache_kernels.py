@@ -140,6 +140,10 @@ def test_access_nodes_rejects_bad_routing_and_leaves_the_cache_unchanged() -> No
     before = _state(cache)
     with pytest.raises(ValueError, match="expert id"):
         cache.access_nodes(np.array([[[3], [8]]]), np.array([0]))  # 8 >= E
+    many = np.zeros((9, 2, 1), dtype=np.int64)  # 9 routed ids per layer: the flags path
+    many[5, 1, 0] = 8
+    with pytest.raises(ValueError, match="expert id"):
+        cache.access_nodes(many, np.arange(9))
     with pytest.raises(ValueError, match="node id"):
         cache.access_nodes(np.array([[[3], [4]]]), np.array([1]))  # one row only
     with pytest.raises(ValueError, match=r"int\[N, 2, K\]"):
