@@ -39,8 +39,9 @@ the MEAN copy time. Copies of one size are often bimodal (emulated links are mem
 on the embedded default most copies take ~14-18 us and a tail 30-55 us), and a relative-error fit
 follows the fast mode: on ``runs/val-lead-final`` it priced the 8 GB/s copies 7.7 % below their mean
 (ratio of summed price to summed copy time 0.923; 1 GB/s: 1.002). The link is therefore always fitted
-on absolute residuals (seconds): ordinary least squares with the per-copy column prices the mean
-exactly when no coefficient sits at its bound. ``robust=True`` applies its soft-L1 loss to the link
+on absolute residuals (seconds): ordinary least squares on single copies (the transfers table; its
+per-copy column is an intercept) prices the mean exactly when the latency is not at its bound 0;
+per-layer cycle data (no transfers table) groups unequal miss counts and need not. ``robust=True`` applies its soft-L1 loss to the link
 too, which alone would lean to the fast mode again (0.86-0.87 of the timed copies on
 ``runs/val-lead-final``); the fit is then scaled so the copies' summed price equals their summed time
 (``fit_link(..., price_at_mean=True)``, always passed here): the robust loss sets only the

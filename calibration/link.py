@@ -55,9 +55,14 @@ def fit_link(
     ``price_at_mean``: after the fit, scale the fitted terms (both, or the bandwidth's alone when
     the latency is given) so that the samples' summed price equals their summed time: the MEAN
     pricing the cost model needs, kept under ``robust=True`` (whose soft-L1 loss follows the fast
-    mode of bimodal copy times like a relative fit; it then sets only the bandwidth/latency split)
-    and when a coefficient sits at its bound. Plain absolute least squares already prices the
-    mean otherwise (factor 1). The factor is in ``note`` when it differs from 1 by 0.1 % or more.
+    mode of bimodal copy times like a relative fit; it then sets only the bandwidth/latency split).
+    Plain absolute least squares prices the mean by itself (factor 1) only when its residuals sum
+    to 0: ``num_copies`` equal in every sample (the per-copy column is then an intercept) with the
+    latency above its bound 0. Otherwise the factor can differ from 1 without any outlier: samples
+    grouping unequal copy counts (per-layer cycle data: least squares weights the big groups),
+    the latency at 0, the bandwidth-only fit of copies of (nearly) one size when the samples'
+    bytes differ at all (a fit through the origin), or relative residuals. ``note`` gives the
+    factor and those reasons when it differs from 1 by 0.1 % or more.
 
     Args:
         num_bytes, num_copies, seconds: float[n] per sample (one copy: ``num_copies = 1``).
@@ -87,7 +92,10 @@ def fit_link(
             if price_at_mean:
                 factor = float(s.sum() / (b * s_per_byte + n * latency).sum())
                 s_per_byte, latency = s_per_byte * factor, latency * factor
-                note += _mean_note(factor, robust)
+                why = ["the latency at its bound 0"] if latency <= 0 else []
+                if np.ptp(n) > 0:
+                    why.append("copy counts that differ between samples")
+                note += _mean_note(factor, robust, relative, why)
             return LinkFit(1.0 / s_per_byte, latency, True, int(s.size), note)
     latency = float(known_s_per_transfer or 0.0)
     note = (
@@ -107,13 +115,16 @@ def fit_link(
     if price_at_mean:
         factor = float(rest.sum() / (b * s_per_byte).sum())
         s_per_byte *= factor
-        note += _mean_note(factor, robust)
+        why = ["sample bytes that differ, fitted through the origin"] if np.ptp(b) > 0 else []
+        note += _mean_note(factor, robust, relative, why)
     return LinkFit(1.0 / s_per_byte, latency, False, int(s.size), note)
 
 
-def _mean_note(factor: float, robust: bool) -> str:
-    """The note :func:`fit_link` adds when ``price_at_mean`` scaled the fit by ``factor``."""
+def _mean_note(factor: float, robust: bool, relative: bool, why: list[str]) -> str:
+    """The note :func:`fit_link` adds when ``price_at_mean`` scaled the fit by ``factor``: the
+    factor and what, in this fit, keeps least squares from pricing the mean by itself (the robust
+    loss, relative residuals, then ``why``: the fit's own reasons)."""
     if abs(factor - 1.0) < 1e-3:
         return ""
-    why = "robust loss" if robust else "a coefficient at its bound"
-    return f"; scaled x{factor:.3f} to price the copies at their mean time ({why})"
+    reasons = ["robust loss"] * robust + ["relative residuals"] * relative + why
+    return f"; scaled x{factor:.3f} to price the copies at their mean time ({', '.join(reasons) or 'rounding'})"

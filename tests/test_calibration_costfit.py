@@ -112,7 +112,7 @@ def test_robust_fit_resists_outliers(tables) -> None:
         transfers,
         expert_bytes=TRUTH.expert_bytes,
         num_layers=TRUTH.num_layers,
-        options=FitOptions(robust=True, holdout_fraction=0.0),  # every copy in the fit
+        options=FitOptions(robust=True),
     )
     err_plain = _rel(plain.model.verify_s(24, 500), TRUTH.verify_s(24, 500))
     err_robust = _rel(robust.model.verify_s(24, 500), TRUTH.verify_s(24, 500))
@@ -384,3 +384,21 @@ def test_fit_link_price_at_mean_with_copies_of_one_size(known) -> None:
     link = fit_link(b, np.ones_like(b), s, robust=True, relative=False, known_s_per_transfer=known, price_at_mean=True)
     assert link.s_per_transfer == (known or 0.0)
     assert (b / link.bytes_per_s + link.s_per_transfer).sum() == pytest.approx(s.sum(), rel=1e-9)
+
+
+def test_fit_link_price_at_mean_names_why_on_grouped_samples() -> None:
+    """Per-layer cycle data groups unequal copy counts: plain absolute least squares (not robust,
+    latency above 0) then need not price the mean (its residuals do not sum to 0); the scaling
+    makes it, and the note names the grouping, not a bound."""
+    from calibration.link import fit_link
+
+    rng = np.random.default_rng(0)
+    n = rng.integers(1, 9, 300).astype(np.float64)
+    per_copy = rng.choice([49_152.0, 65_536.0, 98_304.0], 300)
+    b = n * per_copy
+    s = (b / 4e9 + n * 10e-6) * np.where(rng.random(300) < 0.3, 3.0, 1.0)  # bimodal copies
+    plain = fit_link(b, n, s, relative=False)
+    assert abs((b / plain.bytes_per_s + n * plain.s_per_transfer).sum() / s.sum() - 1) > 1e-3
+    fit = fit_link(b, n, s, relative=False, price_at_mean=True)
+    assert (b / fit.bytes_per_s + n * fit.s_per_transfer).sum() == pytest.approx(s.sum(), rel=1e-9)
+    assert fit.s_per_transfer > 0 and "(copy counts that differ between samples)" in fit.note, fit.note
