@@ -121,6 +121,7 @@ from specfit.cli import (
     comma_list,
     gb_per_s,
     non_negative_float,
+    non_negative_int,
     positive_int,
     print_summary,
     run_main,
@@ -360,9 +361,10 @@ def build_parser() -> ArgumentParser:
         "--threads",
         "--torch-threads",
         dest="torch_threads",
-        type=positive_int,
+        type=non_negative_int,
         default=1,
-        help="torch intra-op threads of the live runs (count); 1 keeps CPU timings steady on a shared machine",
+        help="torch intra-op threads of the live runs (count; 0 = torch's default, as in live.record); "
+        "1 keeps CPU timings steady on a shared machine",
     )
     p.add_argument("--out", default=None, help="output folder (default runs/validate/<UTC time>)")
     p.add_no_progress()
@@ -1402,7 +1404,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     started, load_start = time.perf_counter(), os.getloadavg()[0]
     threads = torch.get_num_threads()
-    torch.set_num_threads(args.torch_threads)
+    if args.torch_threads:  # 0: torch's default, as live.record --threads 0
+        torch.set_num_threads(args.torch_threads)
     validator = Validator(args, out)
     try:
         table, summary = validator.run(progress=not args.no_progress)

@@ -5,7 +5,7 @@ lasts exactly what the link charges. This benchmark is the same measurement on t
 where sleeps overshoot and other processes preempt the copies: per case it fetches experts over
 an emulated ``cpu`` link (``live.h2d.H2DLink``, what ``live.record --bandwidth/--latency-us``
 uses), fits ``seconds = bytes / bandwidth + latency`` on the per-copy timings
-(``calibration.link.fit_link`` on absolute residuals, as ``calibration.fit`` does) and on the
+(``calibration.link.fit_link`` on absolute residuals priced at the mean, as ``calibration.fit`` does) and on the
 engine's quick estimate (``live.spec.costs.measure_link``, means per copy size), and prints the
 fitted figures against the link's settings, and each fit's price of the timed copies over their
 summed time (``priced/timed``: the cost model sums copy times, so 1.0 is the aim; a median or a
@@ -51,7 +51,7 @@ CASES = (
 
 
 def _parser() -> ArgumentParser:
-    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python benchmarks/h2d_link.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--transfers", type=positive_int, default=150, help="experts fetched per repeat (count)")
     p.add_argument("--repeats", type=positive_int, default=3, help="fetch batches per case (count)")
     add_threads_flag(p)
@@ -86,7 +86,7 @@ def measure_case(
         sizes.append(fetch.copy_bytes)
         seconds.append(fetch.copy_seconds())
     x, y = np.concatenate(sizes).astype(np.float64), np.concatenate(seconds)
-    fit = fit_link(x, np.ones(x.size), y, relative=False)
+    fit = fit_link(x, np.ones(x.size), y, relative=False, price_at_mean=True)
     # the engine's quick estimate, on the same link and expert tensors
     store = SimpleNamespace(gate_up=[[host[0][0]]], down=[[host[0][1]]])
     quick_bytes_per_s, quick_latency_s = measure_link(SimpleNamespace(store=store, link=link), repeats * 10)

@@ -59,7 +59,7 @@ COLD_GAP_MS = 3.0  # busy-wait before each question of the cold replay (ms): ~on
 
 
 def _parser() -> ArgumentParser:
-    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python benchmarks/live_decision.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--num-prompts", type=positive_int, default=4, help="prompts decoded live (count)")
     p.add_argument("--max-new-tokens", type=positive_int, default=48, help="tokens per prompt (count)")
     p.add_argument(

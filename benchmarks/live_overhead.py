@@ -43,7 +43,7 @@ from specfit.cli import ArgumentParser, cli_main, positive_int, print_summary, r
 
 
 def _parser() -> ArgumentParser:
-    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python benchmarks/live_overhead.py", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--model", type=Path, default=None, help="MoE checkpoint dir (default: the embedded default target)"
     )

@@ -45,7 +45,7 @@ def _dtypes(text: str) -> tuple[str, ...]:
 
 
 def _parser() -> ArgumentParser:
-    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python benchmarks/lossless_dtype.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="default", help="target checkpoint dir, or 'default' (embedded)")
     p.add_argument("--draft", default=None, help="draft checkpoint dir (default: the embedded draft)")
     p.add_argument("--num-prompts", type=positive_int, default=24, help="default prompts used (count)")

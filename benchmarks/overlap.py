@@ -35,7 +35,7 @@ LATENCY_S = 20e-6
 
 
 def _parser() -> ArgumentParser:
-    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python benchmarks/overlap.py", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--bandwidth", type=comma_list(gb_per_s), default=[0.05, 0.25, 1.0, 8.0], help="emulated GB/s list"
     )

@@ -63,7 +63,7 @@ HARD_NODES = 128
 
 def build_parser() -> ArgumentParser:
     """The CLI flags (units and defaults shown by --help)."""
-    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python benchmarks/planner.py", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--nodes",
         type=comma_list(positive_int),

@@ -54,7 +54,7 @@ COLUMNS = ("layer_misses", "layer_compute_s", "layer_pre_router_s", "layer_stall
 
 
 def _parser() -> ArgumentParser:
-    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python benchmarks/wait_step.py", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--bandwidth",
         "--bandwidths",

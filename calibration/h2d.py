@@ -34,6 +34,7 @@ from specfit.cli import (
     comma_list,
     gb_per_s,
     non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
     print_summary,
@@ -83,7 +84,7 @@ def build_parser() -> ArgumentParser:
         "--threads",
         "--torch-threads",
         dest="torch_threads",
-        type=int,
+        type=non_negative_int,
         default=1,
         help="torch intra-op threads during the copies (count; 0 = torch default). On a busy CPU the "
         "thread pool's wake-up (~10 ms) can dominate copies above ~128 KiB",
@@ -217,8 +218,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.warmup < 0:
         parser.fail("--warmup", f"expected an integer >= 0, got {args.warmup}")
-    if args.torch_threads < 0:
-        parser.fail("--threads", f"expected an integer >= 0, got {args.torch_threads}")
     sizes = sorted({max(2, int(round(s * BYTES_PER_MIB))) for s in args.sizes_mib})
     if len(sizes) < 2:
         shown = ",".join(f"{s:g}" for s in args.sizes_mib)

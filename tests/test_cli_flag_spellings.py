@@ -163,3 +163,23 @@ def test_planner_cache_message_names_cache(capsys) -> None:
         load_benchmark("planner").main(["--cache", "8"])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "error: --cache: expected fractions in [0, 1)" in err, err
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [
+        lambda: _module_parser("analysis.validate"),
+        lambda: _module_parser("calibration.h2d"),
+        lambda: _module_parser("live.record"),
+        lambda: _bench_parser("wait_step"),
+    ],
+)
+def test_threads_is_a_count_with_0_for_torchs_default_everywhere(factory, capsys) -> None:
+    """``--threads 0`` is torch's own default in every tool (it had to be >= 1 in analysis.validate
+    and took any integer in calibration.h2d); a negative count exits 2 naming the flag."""
+    parser = factory()
+    dest = parser._option_string_actions["--threads"].dest
+    assert getattr(parser.parse_args(["--threads", "0"]), dest) == 0
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args(["--threads", "-1"])
+    assert exc.value.code == 2 and "--threads" in capsys.readouterr().err

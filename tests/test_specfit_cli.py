@@ -344,3 +344,20 @@ def test_prog_of_a_script_run_by_its_path(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=None))
     monkeypatch.setattr(sys, "argv", ["benchmarks/planner.py"])
     assert _prog(main) == "python benchmarks/planner.py"
+
+
+@pytest.mark.parametrize("script", _benchmark_scripts(), ids=lambda p: p.name)
+def test_every_benchmark_parser_is_named_as_run(script: Path) -> None:
+    """argparse's own error lines (``PROG: error: ...``) name a benchmark as its exit-2 lines from
+    ``cli_main`` do when run from the repository root (``python benchmarks/X.py``), not ``X.py``."""
+    import ast
+
+    calls = [
+        n
+        for n in ast.walk(ast.parse(script.read_text()))
+        if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "ArgumentParser"
+    ]
+    assert calls
+    for call in calls:
+        prog = {k.arg: k.value for k in call.keywords}.get("prog")
+        assert isinstance(prog, ast.Constant) and prog.value == f"python benchmarks/{script.name}", script
