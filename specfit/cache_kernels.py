@@ -16,6 +16,9 @@ from numba import njit
 POLICY_CODES = {"lru": 0, "lfu": 1, "static": 2}
 # a 64-bit de Bruijn sequence: the top 6 bits of ``(1 << i) * _DEBRUIJN`` (mod 2**64) are distinct
 # for i in 0..63, so _BIT_INDEX maps them back to ``i`` (the lowest set bit's index of a word)
+# the messages of the ValueError the routing's checks raise (compiled code: constants)
+_BAD_EXPERT = "routing: an expert id is >= the experts per layer (E)"
+_BAD_NODE = "routing: a node id is not a row of expert_ids"
 _DEBRUIJN = np.uint64(0x022FDD63CC95386D)
 _BIT_INDEX = np.zeros(64, np.int64)
 for _i in range(64):
@@ -240,9 +243,9 @@ def access_layers(policy, need, *state):
 @njit(cache=True, error_model="numpy")
 def access_nodes(policy, expert_ids, nodes, *state):
     """One access at every layer with the experts the tokens ``nodes`` route to: ``access_layers``
-    with ``expert_mask(expert_ids, nodes, E)``, without building the bool[L, E] mask (per layer
-    the routed ids are gathered, deduplicated and sorted: a few of E; by insertion for a few
-    nodes, else by flags read in id order).
+    with ``expert_mask(expert_ids, nodes, E)``; for a few routed ids per layer the mask is never
+    built (per layer the routed ids are gathered, deduplicated and sorted by insertion: a few of
+    E), for more it is (``access_layers`` of it).
 
     Args:
         expert_ids: int16 or int64 [N, L, K] routing (negative ids are padding, skipped).
@@ -250,47 +253,35 @@ def access_nodes(policy, expert_ids, nodes, *state):
         state: ``_access``'s arguments after ``ptr`` (``stamp`` first: its shape gives L, E).
 
     Returns:
-        ``_access``'s; the cache is left untouched when an expert id is ``>= E`` or a node id is
-        not a row (ValueError raised).
+        ``_access``'s.
+
+    Raises:
+        ValueError: an expert id is ``>= E`` or a node id is not a row (``expert_mask``'s
+            messages), before the cache is changed.
     """
     num_layers, num_experts = state[0].shape
     top_k = expert_ids.shape[2]
+    # a few routed ids per layer (ar, small trees): sorted by insertion as they come (~ids**2 / 4
+    # moves); more (big trees): the bool[L, E] mask set in the routing's memory order, then read
+    # in id order per layer (access_layers)
+    if nodes.shape[0] * top_k * nodes.shape[0] * top_k > 4 * num_experts:
+        return access_layers(policy, expert_mask(expert_ids, nodes, num_experts), *state)
+    for v in nodes:
+        if v < 0 or v >= expert_ids.shape[0]:
+            raise ValueError(_BAD_NODE)
     width = min(num_experts, nodes.shape[0] * top_k)
     needed = np.empty(num_layers * width, np.int64)
     ptr = np.empty(num_layers + 1, np.int64)
     seen = np.zeros(num_experts, np.bool_)
     ptr[0] = 0
     n = 0
-    for v in nodes:
-        if v < 0 or v >= expert_ids.shape[0]:
-            raise ValueError("access_nodes: a node id is outside the routing's rows")
-    # a few routed ids per layer (ar, small trees): sorted by insertion as they come (~ids**2 / 4
-    # moves); more (big trees): the bool[L, E] flags set in the routing's memory order, then read
-    # in id order per layer
-    if nodes.shape[0] * top_k * nodes.shape[0] * top_k > 4 * num_experts:
-        flags = np.zeros((num_layers, num_experts), np.bool_)
-        for v in nodes:
-            for layer in range(num_layers):
-                for k in range(top_k):
-                    e = np.int64(expert_ids[v, layer, k])
-                    if e >= num_experts:
-                        raise ValueError("access_nodes: an expert id is >= the experts per layer")
-                    if e >= 0:
-                        flags[layer, e] = True
-        for layer in range(num_layers):
-            for e in range(num_experts):
-                if flags[layer, e]:
-                    needed[n] = e
-                    n += 1
-            ptr[layer + 1] = n
-        return _access(policy, needed, ptr, *state)
     for layer in range(num_layers):
         start = n
         for v in nodes:
             for k in range(top_k):
                 e = np.int64(expert_ids[v, layer, k])
                 if e >= num_experts:
-                    raise ValueError("access_nodes: an expert id is >= the experts per layer")
+                    raise ValueError(_BAD_EXPERT)
                 if e >= 0 and not seen[e]:
                     seen[e] = True
                     j = n  # into the layer's ascending list
@@ -313,14 +304,22 @@ def expert_mask(expert_ids, nodes, num_experts):
     Args:
         expert_ids: int[N, L, K] routing of every node (negative ids are padding, skipped).
         nodes: int64[] the node ids of the forward pass.
-        num_experts: ``E`` (ids must be below it).
+        num_experts: ``E``.
+
+    Raises:
+        ValueError: an expert id is ``>= E`` or a node id is not a row of ``expert_ids`` (checked
+            as the mask is built: numba does no bounds checks, and nothing else is changed).
     """
-    num_layers, top_k = expert_ids.shape[1], expert_ids.shape[2]
+    num_rows, num_layers, top_k = expert_ids.shape
     mask = np.zeros((num_layers, num_experts), np.bool_)
     for v in nodes:
+        if v < 0 or v >= num_rows:
+            raise ValueError(_BAD_NODE)
         for layer in range(num_layers):
             for k in range(top_k):
-                e = expert_ids[v, layer, k]
+                e = np.int64(expert_ids[v, layer, k])
+                if e >= num_experts:
+                    raise ValueError(_BAD_EXPERT)
                 if e >= 0:
                     mask[layer, e] = True
     return mask

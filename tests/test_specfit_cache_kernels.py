@@ -134,19 +134,83 @@ def test_access_nodes_equals_access_layers_of_the_routed_mask(policy, num_layers
     _assert_same_stats(by_nodes, by_mask)
 
 
-def test_access_nodes_rejects_bad_routing_and_leaves_the_cache_unchanged() -> None:
-    cache = make_expert_cache("lru", 2, 8, 2)
+def _cache_of(policy: str):
+    """A 2-layer, 8-expert cache of ``policy`` (static's frequency, belady's future given)."""
+    kwargs = {}
+    if policy == "static":
+        kwargs = {"frequency": np.arange(16, dtype=np.float64).reshape(2, 8)}
+    if policy == "belady":
+        kwargs = {"future": [[np.array([1]), np.array([2, 3])], [np.array([2]), np.array([3])]]}
+    return make_expert_cache(policy, 2, 8, 2, **kwargs)
+
+
+def _everything(cache) -> tuple:
+    return (*_state(cache), cache.cached_mask().tolist(), cache.stats._layer_counts.tolist(),
+            cache.stats.layer_miss_fraction.tobytes(), cache.stats.hits, cache.stats.misses)
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "static", "belady"])
+def test_access_nodes_rejects_bad_routing_and_leaves_the_cache_unchanged(policy) -> None:
+    """Every policy (belady's through ``expert_mask``) raises the same ValueError on an expert id
+    ``>= E`` (few and many routed ids per layer), the cache unchanged; the bad ids sit in layer
+    0, where an unchecked id would land in layer 1's row, not past the memory's end."""
+    cache = _cache_of(policy)
     cache.access_nodes(np.array([[[1], [2]]]), np.array([0]))
-    before = _state(cache)
-    with pytest.raises(ValueError, match="expert id"):
-        cache.access_nodes(np.array([[[3], [8]]]), np.array([0]))  # 8 >= E
-    many = np.zeros((9, 2, 1), dtype=np.int64)  # 9 routed ids per layer: the flags path
-    many[5, 1, 0] = 8
-    with pytest.raises(ValueError, match="expert id"):
-        cache.access_nodes(many, np.arange(9))
-    with pytest.raises(ValueError, match="node id"):
-        cache.access_nodes(np.array([[[3], [4]]]), np.array([1]))  # one row only
+    before = _everything(cache)
+    for dtype in (np.int16, np.int64):
+        with pytest.raises(ValueError, match="an expert id is >= the experts per layer"):
+            cache.access_nodes(np.array([[[1, 8], [2, 3]]], dtype=dtype), np.array([0]))  # 8 >= E
+        many = np.zeros((9, 2, 1), dtype=dtype)  # 9 routed ids per layer: the mask path
+        many[5, 0, 0] = 8
+        with pytest.raises(ValueError, match="an expert id is >= the experts per layer"):
+            cache.access_nodes(many, np.arange(9))
     with pytest.raises(ValueError, match=r"int\[N, 2, K\]"):
         cache.access_nodes(np.zeros((1, 3, 1), dtype=np.int64), np.array([0]))
-    assert _state(cache) == before
-    assert cache.cached_ids(0).tolist() == [1] and cache.stats.hits + cache.stats.misses == 2
+    assert _everything(cache) == before
+    assert cache.stats.hits + cache.stats.misses == 2
+
+
+_BAD_NODES = """
+import numpy as np, sys
+sys.path.insert(0, sys.argv[1])
+from test_specfit_cache_kernels import _cache_of, _everything
+from sim.replay import _layer_mask
+from specfit.cache_kernels import expert_mask
+for policy in ("lru", "lfu", "static", "belady"):
+    cache = _cache_of(policy)
+    cache.access_nodes(np.array([[[1], [2]]]), np.array([0]))
+    before = _everything(cache)
+    for nodes in ([5], [-1], [0, 1], [1] * 9):  # few and many routed ids per layer
+        try:
+            cache.access_nodes(np.array([[[3], [4]]]), np.array(nodes))
+        except ValueError as err:
+            assert "node id is not a row" in str(err), err
+        else:
+            raise AssertionError(f"{policy}: node ids {nodes} accepted")
+    assert _everything(cache) == before, policy
+for call in (lambda: expert_mask(np.zeros((1, 2, 1), np.int64), np.array([5]), 8),
+             lambda: _layer_mask(np.zeros((1, 2, 1), np.int16), np.array([1]), 8),
+             lambda: _layer_mask(np.array([[[1], [8]]]), np.array([0]), 8)):
+    try:
+        call()
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("expert_mask accepted bad routing")
+print("ok")
+"""
+
+
+def test_bad_node_ids_raise_for_every_policy_and_the_routed_mask() -> None:
+    """A node id that is not a row of the routing raises the same ValueError for every policy
+    (cache unchanged), and ``expert_mask`` (sim.replay's ``_layer_mask``) refuses bad node and
+    expert ids: in a subprocess, as numba does no bounds checks (an unchecked read segfaults)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", _BAD_NODES, str(here)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])
