@@ -290,6 +290,8 @@ class SpecDecoder:
         eos = False
         start = time.perf_counter()
         callback_s = 0.0
+        # the policy's online guard (None for ar, top-N): looked up once, as sim.replay
+        observe = getattr(getattr(chooser, "policy", None), "observe_cycle", None)
         while len(generated) < max_new_tokens and not eos:
             t0 = time.perf_counter()
             recent_arr = np.stack(list(recent)) if recent else np.zeros((0, num_layers, top_k), np.int64)
@@ -300,7 +302,7 @@ class SpecDecoder:
             )
             choice = chooser.choose(state)
             ledger = getattr(self.stats, "ledger", None)
-            issued_before = None if ledger is None else ledger.layer_issued.copy()
+            issued_before = None if ledger is None or observe is None else ledger.layer_issued.copy()
             self._prefetch_draft(choice)
             self._forward_stats_begin()
             ver = self.verifier.verify(choice.draft.tree, choice.nodes)
@@ -332,7 +334,6 @@ class SpecDecoder:
             committed.extend(toks)
             generated.extend(toks)
             cycles.append(event)
-            observe = getattr(getattr(chooser, "policy", None), "observe_cycle", None)
             # the policy's online guard sees each realised cycle, priced (as sim.replay), and
             # for a drafting cycle the root alone's misses on the cache the planner saw
             if observe is not None:
