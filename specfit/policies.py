@@ -747,6 +747,12 @@ class UnionSizeQuestions:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        work = self.work  # the compiled entry point writes it unchecked: float64[W], C order, writable
+        if not (
+            type(work) is np.ndarray and work.dtype == _FLOAT64 and work.ndim == 1
+            and work.flags.c_contiguous and work.flags.writeable
+        ):  # fmt: skip  (e.g. read-only from pickle protocol 5's out-of-band buffers)
+            self.work = np.array(work, dtype=np.float64, order="C").reshape(-1)
         self._ids = self.work.view(np.int64)
         kernels = decide_kernels()
         self._kernel, self._entry = kernels.union_size_question, kernels.question_entry()

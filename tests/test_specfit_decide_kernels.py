@@ -276,6 +276,102 @@ def test_live_union_size_questions_equal_keep_drafting_and_select(seed, n, kind,
     ).nodes.tolist()
 
 
+class _SubArray(np.ndarray):
+    """A trivial ndarray subclass: not ``type(x) is np.ndarray``."""
+
+
+@pytest.mark.parametrize("kind", ["none", "edge", "path"])
+def test_live_questions_send_every_unchecked_type_to_the_dispatcher(kind) -> None:
+    """Each of ``UnionSizeQuestions._answer``'s and ``_set_arrays``' type checks matters: float32
+    values, byte-swapped or 2-D parents, ndarray subclasses (of parents or values), 2-D values and
+    a 2-D observed miss fraction go to numba's checking dispatcher, which answers as for the same
+    objects without the entry point (subclasses: as the plain arrays) or raises its TypingError;
+    the unchecked entry point would read them as int64[N] / float64[N] (wrong values or a crash)."""
+    from numba.core.errors import TypingError
+
+    rng = np.random.default_rng(11)
+    tree, ne, cached, levels, questions = _live_questions(rng, 12, kind)
+    observed = rng.random(ne.union_size.shape[0])
+    questions.begin(ne, cached, 40, observed)
+    calls: list[str] = []
+    entry, dispatcher = questions._entry, questions._kernel
+    questions._entry = lambda *args: calls.append("entry") or entry(*args)
+    questions._kernel = lambda *args: calls.append("dispatcher") or dispatcher(*args)
+
+    def asked(t) -> tuple[tuple[bytes, bytes, bytes], list[str]]:
+        calls.clear()
+        return _answer_bytes(questions, t, levels), list(calls)
+
+    def by_dispatcher(t) -> tuple[bytes, bytes, bytes]:
+        typed, questions._typed = questions._typed, False  # the dispatcher whatever the tree
+        try:
+            return asked(t)[0]
+        finally:
+            questions._typed = typed
+
+    def with_arrays(**arrays) -> SimpleNamespace:
+        names = ("parents", "draft_logprobs", "path_logprobs")
+        return SimpleNamespace(**{name: arrays.get(name, getattr(tree, name)) for name in names})
+
+    want, path = asked(tree)
+    assert set(path) == {"entry"}
+    as_float32 = with_arrays(
+        draft_logprobs=tree.draft_logprobs.astype(np.float32), path_logprobs=tree.path_logprobs.astype(np.float32)
+    )
+    assert asked(as_float32) == (by_dispatcher(as_float32), ["dispatcher"])
+    for same in (
+        with_arrays(parents=tree.parents.view(_SubArray)),
+        with_arrays(parents=np.ma.asarray(tree.parents)),
+        with_arrays(draft_logprobs=tree.draft_logprobs.view(_SubArray), path_logprobs=tree.path_logprobs.view(_SubArray)),
+    ):
+        assert asked(same) == (want, ["dispatcher"])
+    for refused in (
+        with_arrays(parents=tree.parents.astype(">i8")),  # numba types no non-native byte order
+        with_arrays(parents=tree.parents.reshape(1, -1)),
+        with_arrays(draft_logprobs=tree.draft_logprobs.reshape(1, -1), path_logprobs=tree.path_logprobs.reshape(1, -1)),
+    ):
+        calls.clear()
+        with pytest.raises(TypingError):
+            _answer_bytes(questions, refused, levels)
+        assert calls == ["dispatcher"]
+    for two_axes in (observed.reshape(-1, 1), observed.astype(np.float32).reshape(1, -1)):
+        questions.begin(ne, cached, 40, two_axes)
+        calls.clear()
+        with pytest.raises(TypingError):
+            _answer_bytes(questions, tree, levels)
+        assert calls == ["dispatcher"]
+    questions.begin(ne, cached, 40, observed.astype(np.float32))  # converted in begin: the entry point
+    assert asked(tree)[1] == ["entry"]
+
+
+def test_unpickled_questions_write_their_own_work_array() -> None:
+    """``UnionSizeQuestions.__setstate__`` copies a ``work`` the entry point may not write
+    (read-only out-of-band buffers of pickle protocol 5, another dtype or layout) into a writable
+    C-contiguous float64 array; the loaded questions answer as the original."""
+    import pickle
+
+    rng = np.random.default_rng(5)
+    tree = _random_tree(rng, 9)
+    ne, cost, cached = _random_union_problem(rng, 12, False, "off")
+    questions = SpecFitPolicy().union_size_questions(cost, None, int(tree.max_depth) + 1, 2)
+    questions.begin(ne, cached, 30)
+    want = _answer_bytes(questions, tree, int(tree.max_depth))
+    buffers: list = []
+    data = pickle.dumps(questions, protocol=5, buffer_callback=buffers.append)
+    loaded = pickle.loads(data, buffers=[bytes(b.raw()) for b in buffers])  # read-only arrays
+    assert buffers and not loaded.table.flags.writeable  # the case: out-of-band, read only
+    assert loaded.work.flags.writeable and _answer_bytes(loaded, tree, int(tree.max_depth)) == want
+    # as loaded, strided, float32 (its constants rounded: the answers may differ, the types may not)
+    for work in (loaded.work, np.repeat(loaded.work, 2)[::2], np.asarray(loaded.work, np.float32)):
+        state = dict(loaded.__dict__, work=work)
+        del state["_ids"], state["_kernel"], state["_entry"]
+        loaded.__setstate__(state)
+        assert loaded.work.dtype == np.float64 and loaded.work.flags.c_contiguous and loaded.work.flags.writeable
+        assert np.shares_memory(loaded._ids, loaded.work)
+        if work.dtype == np.float64:
+            assert _answer_bytes(loaded, tree, int(tree.max_depth)) == want
+
+
 def test_live_union_size_questions_reject_miss_fractions_of_another_length() -> None:
     """The compiled question checks the observed miss fractions' length (begin no longer does)."""
     rng = np.random.default_rng(3)
@@ -287,6 +383,20 @@ def test_live_union_size_questions_reject_miss_fractions_of_another_length() -> 
         questions.ask(tree, int(tree.max_depth))
     questions.begin(ne, cached, 0, np.full(ne.union_size.shape[0], 0.5))
     assert isinstance(questions.ask(tree, int(tree.max_depth)), bool)
+
+
+def _live_questions(rng: np.random.Generator, n: int, kind: str) -> tuple:
+    """``(tree, node_experts, cached_bits, levels, questions)``: a random tree of ``n`` nodes, a
+    union-size problem and its live questions (``kind``: the calibration, none/edge/path; room
+    for fewer nodes than ``n``: they grow)."""
+    tree = _random_tree(rng, n)
+    calibration = None
+    if kind != "none":
+        x, y = _random_map(rng)
+        calibration = AcceptanceCalibration(x, y, scope=kind)
+    ne, cost, cached = _random_union_problem(rng, 12, False, "off")
+    levels = int(tree.max_depth)
+    return tree, ne, cached, levels, SpecFitPolicy().union_size_questions(cost, calibration, levels + 1, 2)
 
 
 def _answer_bytes(questions, tree, levels: int) -> tuple[bytes, bytes, bytes]:
@@ -302,14 +412,7 @@ def _answer_bytes(questions, tree, levels: int) -> tuple[bytes, bytes, bytes]:
 @given(st.integers(0, 2**32 - 1), st.integers(1, 30), st.sampled_from(["none", "edge", "path"]))
 def test_live_questions_take_the_entry_point_only_for_its_checked_types(seed, n, kind) -> None:
     rng = np.random.default_rng(seed)
-    tree = _random_tree(rng, n)
-    calibration = None
-    if kind != "none":
-        x, y = _random_map(rng)
-        calibration = AcceptanceCalibration(x, y, scope=kind)
-    ne, cost, cached = _random_union_problem(rng, 12, False, "off")
-    levels = int(tree.max_depth)
-    questions = SpecFitPolicy().union_size_questions(cost, calibration, levels + 1, 2)  # it grows for n nodes
+    tree, ne, cached, levels, questions = _live_questions(rng, n, kind)
     observed = rng.random(ne.union_size.shape[0]).astype(np.float32)  # not float64: begin converts it
     questions.begin(ne, cached, int(rng.integers(0, 300)), observed)
     calls: list[str] = []
