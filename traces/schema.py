@@ -417,7 +417,8 @@ class CycleRecord:
     seconds the compute stream waited for H2D copies (all of ``layer_h2d_s`` without overlap).
     ``num_prefetch_issued``/``_used``/``_wasted`` and ``prefetch_wasted_bytes`` (optional):
     experts prefetched this cycle, prefetched experts hit before leaving the cache, and those
-    evicted first (``specfit.prefetch.PrefetchLedger``), ``None`` without prefetch accounting.
+    evicted first (``specfit.prefetch.PrefetchLedger``); without prefetch the live engine records
+    0 (its ledger always counts), the simulator ``None``.
     ``layer_accessed`` (int[L]) and ``accessed_experts`` (the ids, layer by layer, ascending)
     record the expert-cache accesses of the verification forward (one access per layer: the union
     of the verified nodes' experts), so a resumed run can replay them into its cache; ``None``
