@@ -74,6 +74,14 @@ MISS_EMA_WEIGHT = 0.1
 """Weight of the newest access in :attr:`CacheStats.layer_miss_fraction` (about a 10-access memory)."""
 
 
+def miss_ema_step(old: float, frac: float) -> float:
+    """One access's update of a per-layer miss-fraction moving average (a fraction in [0, 1]):
+    ``frac`` when ``old`` is NaN (the layer's first access), else ``old + MISS_EMA_WEIGHT * (frac -
+    old)`` (an exponential moving average; the compiled cache access does the same float64
+    arithmetic). Used by :meth:`CacheStats.record` and ``specfit.prefetch.PrefetchLedger.accessed``."""
+    return frac if old != old else old + MISS_EMA_WEIGHT * (frac - old)
+
+
 @dataclass(frozen=True, eq=False)
 class LayerAccesses:
     """Result of :meth:`ExpertCache.access_layers`: one access per layer, as bool[L, E] masks.
@@ -200,8 +208,7 @@ class CacheStats:
         total = hits + misses
         if total:
             frac = misses / total
-            old = float(self._layer_miss_ema[layer])
-            self._layer_miss_ema[layer] = frac if old != old else old + MISS_EMA_WEIGHT * (frac - old)
+            self._layer_miss_ema[layer] = miss_ema_step(float(self._layer_miss_ema[layer]), frac)
 
     def record_layers(self, hits: np.ndarray, misses: np.ndarray, evictions: np.ndarray) -> None:
         """Add one access at EVERY layer: int64[L] counts each (same result as ``L`` :meth:`record` calls).

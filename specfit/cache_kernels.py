@@ -14,11 +14,11 @@ import numpy as np
 from numba import njit
 
 POLICY_CODES = {"lru": 0, "lfu": 1, "static": 2}
-# a 64-bit de Bruijn sequence: the top 6 bits of ``(1 << i) * _DEBRUIJN`` (mod 2**64) are distinct
-# for i in 0..63, so _BIT_INDEX maps them back to ``i`` (the lowest set bit's index of a word)
 # the messages of the ValueError the routing's checks raise (compiled code: constants)
 _BAD_EXPERT = "routing: an expert id is >= the experts per layer (E)"
 _BAD_NODE = "routing: a node id is not a row of expert_ids"
+# a 64-bit de Bruijn sequence: the top 6 bits of ``(1 << i) * _DEBRUIJN`` (mod 2**64) are distinct
+# for i in 0..63, so _BIT_INDEX maps them back to ``i`` (the lowest set bit's index of a word)
 _DEBRUIJN = np.uint64(0x022FDD63CC95386D)
 _BIT_INDEX = np.zeros(64, np.int64)
 for _i in range(64):

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from specfit import bitsets
-from specfit.cache import MISS_EMA_WEIGHT
+from specfit.cache import miss_ema_step
 
 PREFETCH_MODES = ("none", "draft", "next-layer", "both")
 """``--prefetch`` of ``live.record``, ``sim.sweep`` and ``analysis.validate``: ``both`` = draft
@@ -303,7 +303,7 @@ class PrefetchLedger:
     def layer_miss_fraction(self) -> np.ndarray:
         """float64[L] moving average over the accesses :meth:`accessed` was told the misses of,
         of ``(misses + used prefetches) / experts accessed``: the share of an access's experts the
-        cache lacked before the prefetches it used (weight ``specfit.cache.MISS_EMA_WEIGHT`` on the
+        cache lacked before the prefetches it used (``specfit.cache.miss_ema_step``: weight ``MISS_EMA_WEIGHT`` on the
         newest, as the cache's own average; equal to it when nothing prefetched is used); NaN
         before a layer's first access. What the union-size predictor prices under prefetch
         (``PredictContext.miss_fraction``), live and simulated alike."""
@@ -330,8 +330,7 @@ class PrefetchLedger:
         self.evicted(layer, evicted)
         if num_misses is not None and len(hits) + int(num_misses):
             frac = (int(num_misses) + used) / (len(hits) + int(num_misses))
-            old = float(self._miss_ema[layer])
-            self._miss_ema[layer] = frac if old != old else old + MISS_EMA_WEIGHT * (frac - old)
+            self._miss_ema[layer] = miss_ema_step(float(self._miss_ema[layer]), frac)
 
     def evicted(self, layer: int, evicted) -> None:
         """``evicted`` left the cache at ``layer`` (an access or another prefetch's warm)."""

@@ -30,7 +30,7 @@ def test_model_probe_runs_the_targets_own_attention_and_router_without_hooks(tin
     assert inputs is not None and len(inputs.layers) == describe_moe(target).num_layers
     assert all(w.shape == (describe_moe(target).num_experts, target.config.hidden_size) for _, w, _ in inputs.layers)
     seconds = probe_model_once(inputs)
-    assert math.isfinite(seconds) and seconds > 0  # a duration was measured; its size is not checked
+    assert math.isfinite(seconds) and seconds > 0  # not a timing aim: any finite positive value passes (load cannot fail it)
     ids, _ = capture.take()
     assert ids.shape[0] == 0  # no router hook fired
     assert offload.total_stats.layer_hits.sum() == 0 and offload.total_stats.layer_misses.sum() == 0
@@ -80,7 +80,7 @@ def test_probe_drops_the_models_timings_when_its_attention_fails_partway(tiny_ch
     probe = SpeedProbe(model=target)
     probe.measure(num_probes=4, num_model_probes=4)
     assert len(calls) == 2  # it ran once, failed once, and was not tried again
-    assert probe._model_inputs is None and probe.seconds == []  # the model's timings dropped: an empty list, no duration
+    assert probe._model_inputs is None and probe.seconds == []  # not a timing check: the model's list is emptied
     summary = probe.summary()
     assert summary["speed_probe_s"] == summary["speed_probe_chain_s"] and len(summary["speed_probe_s"]) == 4
     assert summary["speed_probe_workload"].startswith("tanh(y @ w)")

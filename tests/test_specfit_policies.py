@@ -555,6 +555,7 @@ def test_realised_cycles_are_priced_with_their_demand_misses_and_prefetch_copies
     assert cost.realised_cycle_s(2, 5, 30, demand) == cost.cycle_s(2, 5, 30, demand)
     policy = SpecFitPolicy()
     policy.observe_cycle(cost, 3, 2, 5, 30, demand, np.array([0, 1]), issued)
-    tokens, seconds, _, root_s = policy.guard.arms["spec"][0]
-    assert (tokens, seconds) == (3.0, cost.realised_cycle_s(2, 5, 30, demand, issued))
+    # the guard's sample holds the cost model's PRICE of the cycle (seconds computed, no clock read)
+    tokens, priced_s, _, root_s = policy.guard.arms["spec"][0]
+    assert (tokens, priced_s) == (3.0, cost.realised_cycle_s(2, 5, 30, demand, issued))
     assert root_s == cost.cycle_s(0, 1, 30, np.array([0, 1]))
