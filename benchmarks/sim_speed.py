@@ -73,11 +73,18 @@ def _engine_cycles_per_s(num_layers: int, num_cycles: int = 2000) -> dict[str, f
     return rates
 
 
-@cli_main
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark; returns 0 (the aims are reported, not enforced)."""
+def build_parser() -> ArgumentParser:
+    """The benchmark's flags (``--num-requests``, was ``--requests``: README "Flag spellings")."""
     p = ArgumentParser(prog="python benchmarks/sim_speed.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--requests", type=positive_int, default=4, help="requests in the trace (count)")
+    p.add_argument(
+        "--num-requests",
+        "--requests",
+        dest="requests",
+        metavar="NUM_REQUESTS",
+        type=positive_int,
+        default=4,
+        help="requests in the trace (count)",
+    )
     p.add_argument("--positions", type=positive_int, default=500, help="positions per request (tokens)")
     p.add_argument(
         "--core-positions",
@@ -93,7 +100,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--repeats", type=positive_int, default=3, help="replays per policy for cycles/s (best kept)"
     )
-    args = p.parse_args(argv)
+    p.later_spellings("--num-requests")  # README "Flag spellings": old abbreviations keep their flag
+    return p
+
+
+@cli_main
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; returns 0 (the aims are reported, not enforced)."""
+    args = build_parser().parse_args(argv)
 
     spec = SyntheticSpec(num_requests=args.requests, positions_per_request=args.positions)
     started = time.perf_counter()

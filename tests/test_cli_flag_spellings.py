@@ -38,6 +38,7 @@ CASES = [
     (lambda: _bench_parser("lossless_dtype"), "--dtype", "--dtypes", "float32", "dtypes"),
     (lambda: _bench_parser("drafters"), "--category", "--categories", "coding", "categories"),
     (lambda: _bench_parser("drafters"), "--policy", "--policies", "full", "policies"),
+    (lambda: _bench_parser("sim_speed"), "--num-requests", "--requests", "2", "requests"),
 ]
 
 
@@ -87,6 +88,7 @@ ADDED = [
     (lambda: _bench_parser("live_overhead"), {"--max-new-tokens"}),
     (lambda: _bench_parser("lossless_dtype"), {"--dtype"}),
     (lambda: _bench_parser("drafters"), {"--category", "--policy"}),
+    (lambda: _bench_parser("sim_speed"), {"--num-requests"}),
 ]
 
 
