@@ -62,6 +62,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import lsq_linear
 
 from calibration.checks import (
     TRANSFER_COLUMNS,
@@ -760,10 +761,10 @@ class OverlapFit:
 
     Attributes:
         model: the serial fit's model priced as the live engine overlaps (``overlap_mode="on"``),
-            with ``host_s_per_transfer`` and ``late_call_s`` fitted.
-        host_s_per_transfer: compute-stream seconds per miss measured on the overlap runs
-            (placing and the CPU copy stream's memcpy), before the serial fit's per-miss compute
-            is added.
+            with ``host_s_per_transfer`` and ``late_call_s`` fitted together on whole cycles.
+        host_s_per_transfer: the placing measured on the overlap runs per miss (slot bookkeeping
+            and the CPU copy stream's memcpy: ``h2d_s`` beyond the copies), reported beside the
+            model's fitted per-miss term ``model.host_s_per_transfer``.
         late_call_s: the late-expert kernel call's seconds (per layer with misses).
         num_cycles: overlap-on cycles used.
         cycle_error: |% error| of whole overlap-on cycles with the fitted model (in sample: one
@@ -783,16 +784,26 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
     """Fit what overlap costs the compute stream, from cycles recorded with ``--overlap on``.
 
     ``fit`` is the serial fit (:func:`fit_cost_model` on overlap-off runs of the same link); its
-    link (bandwidth, latency per expert), verify and draft terms are kept. Two compute-stream
-    terms of the cost model's overlap mode "on" (``specfit.cost``) are then measured on the
-    overlap runs: ``host_s_per_transfer`` = :func:`host_s_per_transfer` of these runs (the cycles'
-    ``h2d_s`` beyond their copies' own seconds: placing each miss and, on the CPU copy stream,
-    its memcpy, which the live engine counts as stall) plus the serial fit's per-miss compute;
-    ``late_call_s`` = the median over cycles with misses of ``(measured model cycle - the "on"
-    formula without late calls) / layers with misses`` (clipped at 0; a median because one
-    parameter fitted on a shared machine's cycles should not follow its outliers). It is the
-    extra kernel call a layer makes on experts whose copies landed after its resident experts
-    were computed (``live.offload``), and whatever else overlap costs per such layer.
+    link (bandwidth, latency per expert), verify and draft terms are kept. The two compute-stream
+    terms of the cost model's overlap mode "on" (``specfit.cost``), ``host_s_per_transfer`` (per
+    miss) and ``late_call_s`` (per layer with misses), enter a cycle's price linearly, so they are
+    fitted together by non-negative least squares (``scipy.optimize.lsq_linear``, BVLS, as
+    :mod:`calibration.lsq`; plain seconds, unbiased for the MEAN cycle time, which throughput
+    sums; the target may be negative, so not ``fit_non_negative``) on the overlap-on cycles'
+    measured model cycle (``cycle_s - decision_s``) less the price of everything else, regressors the cycle's
+    demand misses and its layers with misses. Both are what overlap costs per miss and per layer
+    on the runs themselves: placing each miss and, on the CPU copy stream, its memcpy; the
+    late-expert kernel call (``live.offload``); and how the per-miss compute differs from the
+    serial runs' (there the host waits out every copy before computing). Measured on
+    ``runs/val-lead-final`` (grid, 3 repeats), the serial runs' per-miss compute carried over to
+    overlap (120 us at 1 GB/s, 65 us at 8 GB/s) with a MEDIAN late call (678 / 144 us) priced
+    overlap-on layers with many misses short at 1 GB/s and long at 8 GB/s (top-N +4.0 / -8.6 %
+    throughput error, simulator's verify term -9.8 / +8.5 % of live time).
+
+    The measured placing (:func:`host_s_per_transfer` of these runs: the cycles' ``h2d_s`` beyond
+    their copies' own seconds) is reported beside the fit (``OverlapFit.host_s_per_transfer``)
+    and, with the serial fit's per-miss compute added, is the model's per-miss term when fewer
+    than 3 cycles have misses (late call 0 then, with a note).
 
     Raises:
         CalibrationDataError: bad cycle values (run and field named) or no overlap cycle.
@@ -809,34 +820,42 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
         host_s = fit.h2d_host_s_per_transfer
         notes.append("no transfers table in the overlap runs: the serial runs' placing time is used")
     link_latency_s = max(base.h2d_s_per_transfer - fit.h2d_host_s_per_transfer - fit.compute_s_per_miss, 0.0)
-    host_total_s = host_s + fit.compute_s_per_miss
-    model = replace(
-        base,
-        overlap_h2d=True,
-        overlap_mode="on",
-        h2d_s_per_transfer=link_latency_s + host_total_s,
-        host_s_per_transfer=host_total_s,
-        late_call_s=0.0,
-        pre_router_frac=base.pre_router_frac or fit_pre_router_frac(cycles, notes),
-        source=f"{base.source}; overlap terms from {len(cycles)} overlap-on cycles",
-    )
+
+    pre_router_frac = base.pre_router_frac or fit_pre_router_frac(cycles, notes)
+
+    def priced(per_miss_s: float, late_s: float) -> tuple[CycleCostModel, np.ndarray]:
+        model = replace(
+            base,
+            overlap_h2d=True,
+            overlap_mode="on",
+            h2d_s_per_transfer=link_latency_s + per_miss_s,
+            host_s_per_transfer=per_miss_s,
+            late_call_s=late_s,
+            pre_router_frac=pre_router_frac,
+            source=f"{base.source}; overlap terms from {len(cycles)} overlap-on cycles",
+        )
+        rows = zip(cycles["num_draft_levels"], cycles["num_nodes_verified"], cycles["context_len"], misses)
+        return model, np.array([model.cycle_s(int(lev), int(n), int(ctx), m) for lev, n, ctx, m in rows])
+
     misses = _stack(cycles["layer_misses"])  # [C, L]
-    rows = zip(cycles["num_draft_levels"], cycles["num_nodes_verified"], cycles["context_len"], misses)
-    without_late = np.array([model.cycle_s(int(lev), int(n), int(ctx), m) for lev, n, ctx, m in rows])
     measured = model_cycle_s(cycles)
     layers_with_misses = np.count_nonzero(misses, axis=1) if misses.size else np.zeros(len(cycles))
+    total_misses = misses.sum(axis=1) if misses.size else np.zeros(len(cycles))
+    _, rest = priced(0.0, 0.0)  # everything but the two terms, which add linearly
     keep = layers_with_misses > 0
-    late_s = 0.0
+    per_miss_s, late_s = host_s + fit.compute_s_per_miss, 0.0
     if keep.sum() >= 3:
-        late_s = max(float(np.median((measured - without_late)[keep] / layers_with_misses[keep])), 0.0)
+        design = np.column_stack([total_misses, layers_with_misses])[keep].astype(np.float64)
+        scale = design.max(axis=0)  # columns at unit max-norm (counts vs seconds), scaled back below
+        coef = lsq_linear(design / scale, (measured - rest)[keep], bounds=(0.0, np.inf), method="bvls").x / scale
+        per_miss_s, late_s = (max(float(x), 0.0) for x in coef)
     else:
         notes.append(f"late_call_s set to 0: {int(keep.sum())} overlap cycle(s) with misses (need >= 3)")
-    model = replace(model, late_call_s=late_s)
-    predicted = without_late + late_s * layers_with_misses
+    model, predicted = priced(per_miss_s, late_s)
     notes.append(
-        f"overlap on: compute stream {host_total_s * 1e6:.3g} us per miss (placing + memcpy "
-        f"{host_s * 1e6:.3g} us, per-miss compute {fit.compute_s_per_miss * 1e6:.3g} us), late-expert call "
-        f"{late_s * 1e6:.3g} us per layer with misses ({len(cycles)} cycles)"
+        f"overlap on: compute stream {per_miss_s * 1e6:.3g} us per miss (fitted; measured placing + memcpy "
+        f"{host_s * 1e6:.3g} us, serial runs' per-miss compute {fit.compute_s_per_miss * 1e6:.3g} us), "
+        f"late-expert call {late_s * 1e6:.3g} us per layer with misses ({len(cycles)} cycles)"
     )
     return OverlapFit(model, host_s, late_s, len(cycles), TermError.of(predicted, measured), tuple(notes))
 

@@ -244,24 +244,19 @@ def test_one_tree_size_cannot_separate_verify_base_and_per_node() -> None:
         fit_cost_model(cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=TRUTH.num_layers)
 
 
-def test_overlap_terms_are_fitted_from_overlap_on_cycles(tables) -> None:
-    """Overlap-on cycles priced by a known "on" model (15 us of placing per miss on the compute
-    stream, a 250 us late-expert call per layer with misses): the serial fit's link, verify and
-    draft terms are kept, the placing is read off h2d_s beyond the copies and the late call is
-    recovered, and the fitted model predicts those cycles."""
+def _overlap_on_cycles(fit, seed: int, placing_s: float, per_miss_s: float, late_s: float):
+    """Synthetic overlap-on cycles priced by the serial fit's model in mode "on" with ``per_miss_s``
+    on the compute stream per miss and ``late_s`` per layer with misses, ``placing_s`` per miss
+    recorded in ``h2d_s`` beyond the copies: ``(cycles, transfers, the true model, misses [C, L])``."""
     import dataclasses
 
-    from calibration.costfit import fit_overlap_terms, model_cycle_s
+    from calibration.costfit import model_cycle_s
 
-    cycles, transfers = tables
-    fit = fit_cost_model(cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=6)
-    assert fit.model.host_s_per_transfer == pytest.approx(fit.h2d_host_s_per_transfer, abs=1e-12)
-    on_cycles, on_transfers = synthetic_tables(TRUTH, num_cycles=200, noise_rel=0.0, seed=5)
-    host_s, late_s = 15e-6, 250e-6
+    on_cycles, on_transfers = synthetic_tables(TRUTH, num_cycles=200, noise_rel=0.0, seed=seed)
     link_latency_s = fit.model.h2d_s_per_transfer - fit.model.host_s_per_transfer
     truth_on = dataclasses.replace(
-        fit.model, overlap_h2d=True, overlap_mode="on", h2d_s_per_transfer=link_latency_s + host_s,
-        host_s_per_transfer=host_s, late_call_s=late_s,
+        fit.model, overlap_h2d=True, overlap_mode="on", h2d_s_per_transfer=link_latency_s + per_miss_s,
+        host_s_per_transfer=per_miss_s, late_call_s=late_s,
     )  # fmt: skip
     misses = np.stack(on_cycles["layer_misses"])
     priced = [
@@ -271,7 +266,22 @@ def test_overlap_terms_are_fitted_from_overlap_on_cycles(tables) -> None:
         )
     ]
     decision_s = on_cycles["cycle_s"].to_numpy() - model_cycle_s(on_cycles)
-    on_cycles = on_cycles.assign(h2d_s=on_cycles["h2d_s"] + host_s * misses.sum(axis=1), cycle_s=priced + decision_s)
+    on_cycles = on_cycles.assign(h2d_s=on_cycles["h2d_s"] + placing_s * misses.sum(axis=1), cycle_s=priced + decision_s)
+    return on_cycles, on_transfers, truth_on, misses
+
+
+def test_overlap_terms_are_fitted_from_overlap_on_cycles(tables) -> None:
+    """Overlap-on cycles priced by a known "on" model (15 us of placing per miss on the compute
+    stream, a 250 us late-expert call per layer with misses): the serial fit's link, verify and
+    draft terms are kept, the placing is read off h2d_s beyond the copies and the late call is
+    recovered, and the fitted model predicts those cycles."""
+    from calibration.costfit import fit_overlap_terms
+
+    cycles, transfers = tables
+    fit = fit_cost_model(cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=6)
+    assert fit.model.host_s_per_transfer == pytest.approx(fit.h2d_host_s_per_transfer, abs=1e-12)
+    host_s, late_s = 15e-6, 250e-6
+    on_cycles, on_transfers, truth_on, _ = _overlap_on_cycles(fit, 5, host_s, host_s, late_s)
     overlap = fit_overlap_terms(fit, on_cycles, on_transfers)
     assert overlap.host_s_per_transfer == pytest.approx(host_s, rel=1e-6)
     assert overlap.late_call_s == pytest.approx(late_s, rel=1e-6)
@@ -282,6 +292,28 @@ def test_overlap_terms_are_fitted_from_overlap_on_cycles(tables) -> None:
     assert overlap.cycle_error.median_abs_pct_error < 1e-6
     with pytest.raises(CalibrationDataError, match="no cycles"):
         fit_overlap_terms(fit, on_cycles.iloc[0:0], None)
+
+
+def test_overlap_terms_price_what_overlap_costs_per_miss_not_the_placing_alone(tables) -> None:
+    """Overlap-on cycles whose compute stream pays 60 us per miss (15 us of it the placing that
+    h2d_s records, the rest per-miss work the serial runs do not show) and a 250 us late call per
+    layer with misses: the joint fit recovers both from whole cycles (before: the placing plus the
+    serial per-miss compute, and a median late call that absorbed the difference per layer, so
+    cycles with many misses per layer were priced short); the measured placing is still reported."""
+    from calibration.costfit import fit_overlap_terms
+
+    cycles, transfers = tables
+    fit = fit_cost_model(cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=6)
+    placing_s, per_miss_s, late_s = 15e-6, 60e-6, 250e-6
+    on_cycles, on_transfers, truth_on, misses = _overlap_on_cycles(fit, 7, placing_s, per_miss_s, late_s)
+    assert len({int(n) for n in misses.sum(axis=1)}) > 3 and len({int(k) for k in np.count_nonzero(misses, axis=1)}) > 1
+    overlap = fit_overlap_terms(fit, on_cycles, on_transfers)
+    assert overlap.host_s_per_transfer == pytest.approx(placing_s, rel=1e-6)  # measured, reported
+    assert overlap.model.host_s_per_transfer == pytest.approx(per_miss_s, rel=1e-6)
+    assert overlap.late_call_s == overlap.model.late_call_s == pytest.approx(late_s, rel=1e-6)
+    assert overlap.model.link_s_per_transfer == pytest.approx(truth_on.link_s_per_transfer, rel=1e-9)
+    assert overlap.cycle_error.median_abs_pct_error < 1e-6
+    assert any("60 us per miss (fitted" in n for n in overlap.notes)
 
 
 def test_pre_router_fraction_is_fitted_from_the_recorded_split() -> None:
