@@ -289,22 +289,52 @@ def acceptance_per_depth(dense: list, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def union_growth(arrays: Any, num_experts: int) -> np.ndarray:
-    """float64[L, M+1] mean distinct experts per layer among a tree's n most probable nodes."""
+def union_growth(arrays: Any, num_experts: int, calibration: Any = None) -> np.ndarray:
+    """float64[L, M+1] mean distinct experts per layer among a tree's n most likely nodes (root first).
+
+    Args:
+        arrays: :class:`traces.reader.NodeArrays` of a dense run (T trees, M = the largest tree).
+        num_experts: experts per layer ``E``.
+        calibration: None to rank each tree's nodes by draft path probability
+            ``exp(path_logprob)``, the order the planner's union-size table is fitted in
+            (``calibration.predictor_tables``, ``sim.replay`` and ``live.spec.session`` alike); or
+            an :class:`specfit.acceptance.AcceptanceCalibration` to rank them by calibrated
+            acceptance ``P(v)`` (:func:`specfit.acceptance.path_accept_probs`), the order in which
+            SpecFit's planner takes its top-by-P prefixes of the tree (``specfit.decide_kernels``).
+
+    Returns:
+        float64[L, M+1]: column ``n`` is :func:`specfit.predictors.union_size_from_trees`'s mean
+        over the trees with at least ``n`` nodes (column 0 is 0).
+    """
     from specfit.predictors import union_size_from_trees
 
-    trees = [arrays.expert_ids[arrays.offsets[i] : arrays.offsets[i + 1]] for i in range(arrays.num_trees)]
-    probs = [
-        np.exp(arrays.path_logprob[arrays.offsets[i] : arrays.offsets[i + 1]])
-        for i in range(arrays.num_trees)
-    ]
+    bounds = [(int(arrays.offsets[i]), int(arrays.offsets[i + 1])) for i in range(arrays.num_trees)]
+    trees = [arrays.expert_ids[lo:hi] for lo, hi in bounds]
+    if calibration is None:
+        probs = [np.exp(arrays.path_logprob[lo:hi]) for lo, hi in bounds]
+    else:
+        from specfit.acceptance import path_accept_probs
+
+        probs = [path_accept_probs(arrays.tree(i).tree, calibration) for i in range(arrays.num_trees)]
     return union_size_from_trees(trees, probs, num_experts, int(arrays.tree_sizes.max()))
 
 
-def expert_union_growth(dense: list, path: Path) -> Path | None:
-    """Distinct experts against verified-tree size, per layer (thin) and mean (bold), with the n*K bound."""
+DRAFT_RANKED = "nodes ranked by draft path probability (the planner's union-size table)"
+CALIBRATED_RANKED = "nodes ranked by calibrated acceptance (the order the planner asks in)"
+
+
+def expert_union_growth(dense: list, path: Path, acceptance: dict | None = None) -> Path | None:
+    """Distinct experts against verified-tree size, per layer (thin) and mean (bold), with the n*K bound.
+
+    Each panel ranks a tree's nodes by draft path probability, as the union-size table the
+    planner prices with is fitted (:func:`union_growth`); where ``acceptance`` holds an
+    :class:`specfit.acceptance.AcceptanceCalibration` for the run's label (its ``acceptance.json``),
+    the mean over layers with the nodes ranked by calibrated acceptance, the order SpecFit's
+    planner asks in, is drawn beside it. The legend says which curve ranks how.
+    """
     if not dense:
         return None
+    acceptance = acceptance or {}
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(dense), figsize=(5.5 * len(dense), 4), squeeze=False)
     for ax, (label, arrays, num_experts) in zip(axes[0], dense):
@@ -312,10 +342,15 @@ def expert_union_growth(dense: list, path: Path) -> Path | None:
         n = np.arange(curve.shape[1])
         for layer in range(curve.shape[0]):
             ax.plot(n, curve[layer], color="tab:blue", alpha=0.25, lw=0.8)
-        ax.plot(n, curve.mean(axis=0), color="tab:blue", lw=2.5, label="mean over layers")
+        ax.plot(n, curve.mean(axis=0), color="tab:blue", lw=2.5, label=f"mean over layers, {DRAFT_RANKED}")
+        if acceptance.get(label) is not None:
+            calibrated = union_growth(arrays, num_experts, acceptance[label])
+            ax.plot(
+                n, calibrated.mean(axis=0), color="tab:orange", lw=2, ls="-.", label=f"mean, {CALIBRATED_RANKED}"
+            )
         top_k = arrays.expert_ids.shape[2]
         ax.plot(n, np.minimum(n * top_k, num_experts), "k--", lw=1, label="no sharing (n x K, capped at E)")
-        ax.set_xlabel("nodes in the subtree (most probable first)")
+        ax.set_xlabel("nodes in the subtree (most likely first, root included)")
         ax.set_ylabel("distinct experts per layer")
         what = "generated routing" if str(label).endswith("(synthetic)") else "MEASURED routing"
         ax.set_title(f"Expert-union growth ({what} of the dense trees): {label}", fontsize=9)

@@ -75,6 +75,8 @@ class ReportData:
             the planner predictions of its live runs are not drawn, their median error is
             ``planner_error_median_pct`` in its fidelity table).
         dense: ``(label, NodeArrays, num_experts)`` of dense runs.
+        dense_acceptance: label of a dense run -> the ``AcceptanceCalibration`` of its
+            ``acceptance.json`` (inside the run, or a validate folder's), the planner's map.
         run_summaries: ``(label, dict)`` of every trace run, dense and policy: ``mode``,
             ``num_requests``, ``num_trees`` and, for runs with cycles, ``metrics.cycle_summary``
             plus ``decode_s`` (decode seconds: ``summary.json`` ``decode_s``, which leaves out the
@@ -102,6 +104,7 @@ class ReportData:
     time_split: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SPLIT_COLUMNS))
     cycle_scatter: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SCATTER_COLUMNS))
     dense: list = field(default_factory=list)
+    dense_acceptance: dict = field(default_factory=dict)
     run_summaries: list = field(default_factory=list)
     fidelity: pd.DataFrame = field(default_factory=pd.DataFrame)
     fit_errors: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -292,7 +295,10 @@ def _add_trace(
     include_rates: bool = True,
     label: str | None = None,
     include_planner: bool = True,
+    acceptance: Path | None = None,
 ) -> None:
+    """Add one trace run; ``acceptance``: the acceptance.json the planner used with its dense
+    trees (default: the one inside the run, as ``sim.sweep --acceptance auto`` finds it)."""
     from traces.reader import open_run
 
     try:
@@ -306,9 +312,11 @@ def _add_trace(
         arrays = run.node_arrays()
         num_trees = arrays.num_trees
         synthetic = manifest.run.prompt_source == "synthetic"  # generated, not recorded by live.record
-        data.dense.append(
-            (f"{label} (synthetic)" if synthetic else label, arrays, manifest.model.num_experts)
-        )
+        dense_label = f"{label} (synthetic)" if synthetic else label
+        data.dense.append((dense_label, arrays, manifest.model.num_experts))
+        acceptance = acceptance or path / "acceptance.json"
+        if acceptance.is_file():
+            data.dense_acceptance[dense_label] = _read_acceptance(acceptance)
     cycles = run.cycles
     _add_categories(data, label, run, cycles)
     listed = {"mode": manifest.run.mode, "num_requests": len(run.request_ids), "num_trees": num_trees}
@@ -430,6 +438,20 @@ def _live_config(manifest: object) -> str:
     )
 
 
+def _read_acceptance(file: Path) -> Any:
+    """The :class:`specfit.acceptance.AcceptanceCalibration` in ``file``.
+
+    Raises:
+        ReportInputError: unreadable or not an acceptance map (names the file).
+    """
+    from specfit.acceptance import AcceptanceCalibration
+
+    try:
+        return AcceptanceCalibration.from_dict(_read_json(file))
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ReportInputError(f"{file}: not an acceptance map of calibration.fit: {exc}") from None
+
+
 def _add_calibration(data: ReportData, path: Path) -> None:
     df = read_table(path / "cost_fit_cycles.csv", expected="the per-cycle table of python -m calibration.fit")
     report_path = path / "cost_fit_report.json"
@@ -470,7 +492,14 @@ def _add_validate(data: ReportData, path: Path) -> None:
     for run_dir in sorted([*live.glob("*/manifest.json"), *live.glob("*/r*/manifest.json")]):
         label = f"{path.name}/{run_dir.parent.relative_to(live).as_posix()}"
         # rates come from fidelity.csv; per-cycle predictions from cycle_errors.csv (calibrated)
-        _add_trace(data, run_dir.parent, include_rates=False, label=label, include_planner=False)
+        _add_trace(
+            data,
+            run_dir.parent,
+            include_rates=False,
+            label=label,
+            include_planner=False,
+            acceptance=path / "acceptance.json",  # fitted once from the dense trace for every cell
+        )
         if expert_bytes is None:
             try:
                 expert_bytes = json.loads(run_dir.read_text())["model"]["bytes_per_expert"]

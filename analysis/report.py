@@ -69,8 +69,11 @@ CAPTIONS = {
     "fidelity table). For validate folders the planner's own predictions of their live runs are "
     "not drawn (their median error is the fidelity table's `planner_med%`).",
     "acceptance_per_depth": "Per-depth conditional acceptance of the full dense trees.",
-    "expert_union_growth": "Distinct experts per layer against the number of verified nodes "
-    "(thin: each layer; bold: mean; dashed: no expert sharing).",
+    "expert_union_growth": "Distinct experts per layer against the number of verified nodes, each "
+    "tree's nodes ranked by draft path probability as the planner's union-size table is fitted "
+    "(thin: each layer; bold: mean; dashed: no expert sharing); where the run has an acceptance map "
+    "(`acceptance.json`), the dash-dotted mean ranks them by calibrated acceptance, the order the "
+    "SpecFit planner asks in.",
     "hit_rate_vs_cache": "Expert-cache hit rate against cache size, one panel per H2D bandwidth "
     "(solid: SIMULATED, dashed: MEASURED live).",
     "time_split": "Share of decode time in drafting, verify compute, H2D copies and the rest "
@@ -256,7 +259,7 @@ def render_figures(data: ReportData, fig_dir: Path, progress: bool = True) -> di
         "throughput_vs_bandwidth": lambda p: figures.throughput_vs_bandwidth(data.throughput, p),
         "predicted_vs_measured": lambda p: figures.predicted_vs_measured(data.cycle_scatter, p),
         "acceptance_per_depth": lambda p: figures.acceptance_per_depth(data.dense, p),
-        "expert_union_growth": lambda p: figures.expert_union_growth(data.dense, p),
+        "expert_union_growth": lambda p: figures.expert_union_growth(data.dense, p, data.dense_acceptance),
         "hit_rate_vs_cache": lambda p: figures.hit_rate_vs_cache(data.hit_rates, p),
         "time_split": lambda p: figures.time_split(data.time_split, p),
     }
