@@ -92,6 +92,17 @@ ADDED = [
 ]
 
 
+def _optional_action(parser, arg: str):
+    """The action argparse takes option ``arg`` for. ``_parse_optional`` (private) returns an
+    ``(action, option_string, explicit_arg)`` tuple up to CPython 3.11, a 4-tuple with the ``=``
+    separator in 3.12 and a list of such 4-tuples from 3.13 (one per matching option)."""
+    got = parser._parse_optional(arg)
+    if isinstance(got, list):
+        assert len(got) == 1, got
+        (got,) = got
+    return got[0]
+
+
 def _prefix_targets(strings: dict, prefix: str) -> set[str]:
     """The option strings stock argparse would take ``prefix`` for among ``strings``: itself if
     exact, else every string it starts (more than one = ambiguous there)."""
@@ -112,7 +123,7 @@ def test_old_abbreviations_keep_their_flag(factory, added, capsys) -> None:
             if len(before) != 1:
                 continue  # ambiguous before the aliases too: no user's command relied on it
             (target,) = before
-            action, _, _ = parser._parse_optional(prefix)
+            action = _optional_action(parser, prefix)
             assert action is old[target], (prefix, target)
             # and through a whole parse (the value of a flag taking one, or none)
             argv = [prefix] if action.nargs == 0 else [prefix, "1"]
@@ -135,7 +146,7 @@ def test_old_abbreviations_keep_their_flag(factory, added, capsys) -> None:
         for end in range(3, len(flag) + 1):
             prefix = flag[:end]
             if len({id(a) for s, a in everything.items() if s.startswith(prefix)}) == 1:
-                assert parser._parse_optional(prefix)[0] is everything[flag]
+                assert _optional_action(parser, prefix) is everything[flag]
 
 
 def test_reported_prefixes_parse(capsys) -> None:
