@@ -458,9 +458,16 @@ def error_split(
     - ``draft``: ``draft_s`` (sim: ``cost.draft_s(levels)``) minus the live ``draft_s``;
     - ``decision``: ``decision_s`` (sim: the live cell's mean; null = 0) minus the live one;
     - ``verify``: the verify compute, ``verify_s + c * m_l`` minus the live ``verify_s`` plus the
-      live cycle's unattributed rest (bookkeeping: ``cycle_s`` - draft - decision - verify - the
-      stall ``w_l``, which the fitted verify term covers; with overlap on that rest goes to
-      ``overlap``);
+      live cycle's unattributed rest (bookkeeping outside the forward: ``cycle_s`` - draft -
+      decision - verify - the stall ``w_l``, which the fitted verify term covers, with overlap on
+      or off; it went to ``overlap`` with overlap on before the stall was recorded per layer,
+      which made ``verify`` read low and ``overlap`` high by the bookkeeping share). With overlap
+      mode "on" the simulator's side also holds the late-expert
+      calls the model prices at the live misses, ``late_call_s * (layers with m_l > 0)``: live,
+      that kernel call is compute inside ``verify_s`` (wall minus stall), while the replay
+      books it outside its ``verify_s``; pass ``c`` = the overlap model's per-miss term less
+      the placing measured on its runs (``calibration.costfit.OverlapFit.term_split``), so the
+      per-miss work live counts as compute is compared as compute too;
     - ``h2d``: the per-miss H2D at the live miss count, ``m_l * (s - c)``, minus ``D_l``;
     - ``prefetch``: the simulator's prefetch copies at the price it charges them, ``i_s * s``,
       minus ``P_l`` (0 without prefetch; a count difference shows here, a hidden copy in
@@ -475,7 +482,7 @@ def error_split(
       priced copies ``(m_s + i_s) * s`` beyond its stall. 0 without overlap and without
       prefetch (the replay's cycle is then draft + decision + ``verify_s`` + ``m_s * s``); with
       prefetch and overlap off, the prefetch copies each side does not wait for; with overlap on,
-      the copies each side hides and the live bookkeeping.
+      the copies each side hides.
 
     Returns:
         ``split_<term>_pct`` for each of :data:`SPLIT_TERMS`: ``100 * sum over the kept cycles of
@@ -488,12 +495,16 @@ def error_split(
     out.update(split_live_s=0.0, split_num_cycles=0)
     keys = list(REPEAT_KEY)
     cols = ["verified_nodes", "draft_s", "verify_s", "h2d_s", "cycle_s", "decision_s", "cache_misses"]
+    late_calls = cost.overlap_h2d and cost.overlap_mode == "on" and cost.late_call_s > 0 and "layer_misses" in live
     if not len(live) or not len(sim) or any(c not in f.columns for c in keys + cols for f in (live, sim)):
         return out
     live = live.assign(stall_s=live["stall_s"] if "stall_s" in live.columns else _stall_s(live))
     optional = ["num_prefetch_issued"]
     live, sim = (f.assign(**{c: f[c] if c in f.columns else 0 for c in optional}) for f in (live, sim))
-    both = live[keys + cols + optional + ["stall_s"]].merge(
+    if late_calls:
+        live = live.assign(layers_with_misses=[int(np.count_nonzero(_ints(m))) for m in live["layer_misses"]])
+    extra = ["stall_s"] + (["layers_with_misses"] if late_calls else [])
+    both = live[keys + cols + optional + extra].merge(
         sim[keys + cols + optional], on=keys, suffixes=("_l", "_s")
     )
     same = np.array(
@@ -514,11 +525,11 @@ def error_split(
     i_l, i_s = lv["num_prefetch_issued"], sm["num_prefetch_issued"]
     copies_l = m_l + i_l
     demand_h2d_l = np.where(copies_l > 0, lv["h2d_s"] * m_l / np.maximum(copies_l, 1), lv["h2d_s"])
-    overlapped = bool(cost.overlap_h2d)
     terms = {
         "draft": sm["draft_s"] - lv["draft_s"],
         "decision": sm["decision_s"] - lv["decision_s"],
-        "verify": sm["verify_s"] + c * m_l - lv["verify_s"] - (0.0 if overlapped else rest_l),
+        "verify": sm["verify_s"] + c * m_l - lv["verify_s"] - rest_l
+        + (cost.late_call_s * _seconds(both, "layers_with_misses") if late_calls else 0.0),
         "h2d": m_l * (s - c) - demand_h2d_l,
         "prefetch": i_s * s - (lv["h2d_s"] - demand_h2d_l),  # the simulator's price: the whole s
         "cache": (m_s - m_l) * s,

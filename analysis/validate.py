@@ -418,7 +418,7 @@ class Validator:
         self.out = out
         self.cells_done: list[dict[str, Any]] = []
         self.per_cycle: list[pd.DataFrame] = []
-        self.cost_splits: dict[float, dict[str, float]] = {}  # bandwidth -> CostFit.term_split()
+        self.cost_splits: dict[tuple[float, str], dict[str, float]] = {}  # (bandwidth, overlap) -> term_split()
         self.fits: dict[float, Any] = {}  # bandwidth -> the serial CostFit
         self.fit_runs: dict[tuple[float, str], list[Path]] = {}  # (bandwidth, overlap) -> the cost's fit runs
         self._cycles: dict[Path, pd.DataFrame] = {}  # run folder -> its cycles table (fit runs, read once)
@@ -558,7 +558,7 @@ class Validator:
         fit.model.save(path)
         self.fits[bandwidth] = fit
         self.fit_runs[(bandwidth, "off")] = list(runs)
-        self.cost_splits[bandwidth] = fit.term_split()
+        self.cost_splits[(bandwidth, "off")] = fit.term_split()
         (self.out / f"cost_{bandwidth:g}_report.json").write_text(
             json.dumps(fit.to_dict(), indent=2, default=float) + "\n"
         )
@@ -587,6 +587,7 @@ class Validator:
         overlap = fit_overlap_terms(fit, cycles, transfers)
         overlap.model.save(path)
         self.fit_runs[(bandwidth, "on")] = list(runs)
+        self.cost_splits[(bandwidth, "on")] = overlap.term_split()
         report = {
             "cost": overlap.model.to_dict(),
             "host_s_per_transfer": overlap.host_s_per_transfer,
@@ -794,7 +795,7 @@ class Validator:
                 result.totals.to_dict(),
                 sim_cycles,
                 cost,
-                cost_split=self.cost_splits.get(cell.bandwidth_gb_per_s),
+                cost_split=self.cost_splits.get((cell.bandwidth_gb_per_s, cell.overlap)),
             )
             match = fidelity.match_repeats(cycles)
             errors = fidelity.cycle_error_table(cost, match)

@@ -779,6 +779,14 @@ class OverlapFit:
     cycle_error: TermError
     notes: tuple[str, ...] = ()
 
+    def term_split(self) -> dict[str, float]:
+        """The non-link parts of ``model.h2d_s_per_transfer`` as :meth:`CostFit.term_split` gives
+        them: ``host_s_per_transfer`` the measured placing, ``compute_s_per_miss`` the rest of the
+        fitted per-miss term (what overlap's misses cost the compute stream beyond placing;
+        clipped at 0)."""
+        placing = min(self.host_s_per_transfer, self.model.host_s_per_transfer)
+        return {"compute_s_per_miss": self.model.host_s_per_transfer - placing, "host_s_per_transfer": placing}
+
 
 def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFrame | None) -> OverlapFit:
     """Fit what overlap costs the compute stream, from cycles recorded with ``--overlap on``.

@@ -457,3 +457,36 @@ def test_overall_states_the_grid_aims() -> None:
     wide = fidelity.overall(rows, [np.array([1.0, -2.5, 2.0, 30.0])])
     assert wide["aim_cycle_median"] and not wide["aim_cycle_p90"] and not wide["all_aims_met"]
     assert not fidelity.overall([dict(rows[0], ok=False)], [np.array([1.0])])["all_aims_met"]
+
+
+def test_error_split_with_overlap_on_books_live_compute_as_compute() -> None:
+    """Overlap mode "on": the live forward computed 10 ms (its late-expert calls included, as
+    ``verify_s`` = wall - stall), stalled 2 ms (placing and waits, ``layer_stall_s``) and spent
+    1 ms on bookkeeping outside it; 3 misses over 2 layers. The model charges 1 ms per miss, of it
+    0.6 ms on the compute stream (0.2 ms placing, ``c`` = 0.4 ms per-miss work) and a 0.3 ms late
+    call per layer with misses; the replay booked 9 ms of verify, 1.8 ms placing and 0.6 ms of
+    late calls outside its ``verify_s``. ``verify`` compares the compute the two count as compute
+    (bookkeeping, per-miss work and late calls on the simulator's side: -0.2 ms) and ``overlap``
+    is what is left of the stall (before: the bookkeeping and late calls fell to ``overlap``,
+    verify +0.2 ms, overlap -0.6 ms: the split's verify/overlap pattern that flipped sign with
+    the bandwidth)."""
+    base = {"request_id": [0], "cycle_index": [0], "verified_nodes": [[0, 1]], "draft_s": [0.0],
+            "decision_s": [0.0], "cache_misses": [3], "h2d_s": [3e-3]}  # fmt: skip
+    live = pd.DataFrame(
+        dict(base, verify_s=[10e-3], cycle_s=[13e-3], layer_stall_s=[[1e-3, 0.0, 1e-3]], layer_misses=[[2, 0, 1]])
+    )
+    sim = pd.DataFrame(dict(base, verify_s=[9e-3], cycle_s=[11.4e-3]))
+    cost = dataclasses.replace(
+        COST, h2d_s_per_transfer=1e-3 - COST.expert_bytes / COST.h2d_bytes_per_s, overlap_h2d=True,
+        overlap_mode="on", host_s_per_transfer=0.6e-3, late_call_s=0.3e-3,
+    )  # fmt: skip
+    got = fidelity.error_split(live, sim, cost, compute_s_per_miss=0.4e-3)
+    expected_ms = {"draft": 0.0, "decision": 0.0, "verify": 9 + 0.4 * 3 - 10 - 1 + 0.3 * 2, "h2d": 3 * 0.6 - 3,
+                   "prefetch": 0.0, "cache": 0.0, "overlap": -0.2}  # fmt: skip
+    for term, ms in expected_ms.items():
+        assert got[f"split_{term}_pct"] == pytest.approx(100 * ms / 13, abs=1e-9), term
+    assert sum(got[f"split_{t}_pct"] for t in fidelity.SPLIT_TERMS) == pytest.approx(100 * (11.4 - 13) / 13)
+    # the late calls are priced only in mode "on"; without the live misses per layer, not at all
+    assert fidelity.error_split(live.drop(columns="layer_misses"), sim, cost, 0.4e-3)["split_verify_pct"] == (
+        pytest.approx(100 * (expected_ms["verify"] - 0.6) / 13)
+    )

@@ -314,6 +314,8 @@ def test_overlap_terms_price_what_overlap_costs_per_miss_not_the_placing_alone(t
     assert overlap.model.link_s_per_transfer == pytest.approx(truth_on.link_s_per_transfer, rel=1e-9)
     assert overlap.cycle_error.median_abs_pct_error < 1e-6
     assert any("60 us per miss (fitted" in n for n in overlap.notes)
+    split = overlap.term_split()  # analysis.fidelity.error_split's per-miss compute: fitted - placing
+    assert split == pytest.approx({"compute_s_per_miss": 45e-6, "host_s_per_transfer": 15e-6}, rel=1e-6)
 
 
 def test_pre_router_fraction_is_fitted_from_the_recorded_split() -> None:
