@@ -25,6 +25,13 @@ path itself, twice:
    (wall, the spins not included: what the live summary counts) and
    ``cold_replay_decision_cpu_s_per_cycle`` the thread's CPU time in ``choose`` less the spins
    (steadier on a shared machine), each the median of the repeats. ``--cold-gap-ms 0`` skips it.
+4. ``cold call``: where a cold question's time goes (compiled questions only: ``union-size``
+   with the expected rule), each call after the same busy-wait, ``--cold-calls`` times, the two
+   interleaved, medians: ``cold_empty_call_s``, a compiled call that does nothing but takes the
+   question's nine arguments and returns its result tuple (numba's entry point, as the live
+   questions call it: arguments unboxed, result boxed), and ``cold_ask_s``, one whole question
+   (``UnionSizeQuestions.ask``: Python checks, the compiled question, the answer) on the largest
+   tree of the last drafted cycle. Their ratio says how much of a question is the call boundary.
 
 Usage::
 
@@ -56,6 +63,7 @@ from specfit.cli import ArgumentParser, cli_main, non_negative_float, positive_i
 
 AIM_S_PER_CYCLE = 0.3e-3
 COLD_GAP_MS = 3.0  # busy-wait before each question of the cold replay (ms): ~one draft forward here
+COLD_CALLS = 60  # cold call: timed calls of each kind
 
 
 def _parser() -> ArgumentParser:
@@ -70,6 +78,12 @@ def _parser() -> ArgumentParser:
         type=non_negative_float,
         default=COLD_GAP_MS,
         help=f"cold replay: busy-wait before each cycle and question (ms; 0: no cold replay; default {COLD_GAP_MS:g})",
+    )
+    p.add_argument(
+        "--cold-calls",
+        type=positive_int,
+        default=COLD_CALLS,
+        help=f"cold call: timed calls of each kind (default {COLD_CALLS})",
     )
     p.add_argument(
         "--predictor",
@@ -195,6 +209,55 @@ def replay(pristine: Any, cycles: list[dict[str, Any]], gap_s: float = 0.0) -> t
     return cpu_s - drafter.spun_cpu_s, decision_s, same
 
 
+def _empty_question_entry() -> Any:
+    """The compiled entry point of a kernel that does nothing, with the argument types of the
+    live question's entry point (:func:`specfit.decide_kernels.question_signature`) and its
+    result tuple's types: what one compiled call costs before any work."""
+    from numba import njit
+
+    from specfit.decide_kernels import question_signature
+
+    def empty(parents, values, work, table, miss, context_len, num_levels, root_alpha, ask):
+        return False, False, 0.0, 0.0, 0.0, -1.0, 0, parents.shape[0]
+
+    kernel = njit(empty)  # not cached on disk: compiled once per run (~1 s)
+    signature = question_signature()
+    kernel.compile(signature)
+    return kernel.overloads[signature].entry_point
+
+
+def cold_calls(pristine: Any, cycles: list[dict[str, Any]], gap_s: float, calls: int) -> dict[str, float] | None:
+    """``{"cold_empty_call_s", "cold_ask_s"}``: median seconds of an empty compiled call with the
+    question's arguments and of one whole question (``UnionSizeQuestions.ask``) on the largest
+    tree of the last drafted cycle, each call after a busy-wait of ``gap_s`` seconds, the two
+    interleaved, ``calls`` each. None when the chooser has no compiled questions or no cycle
+    drafted a level."""
+    drafted = [c for c in cycles if c["trees"]]
+    chooser = copy.deepcopy(pristine)
+    questions = getattr(chooser, "_questions", None)
+    if questions is None or not drafted:
+        return None
+    cycle = drafted[-1]
+    chooser.drafter = _ReplayDrafter()
+    chooser.drafter.cycle = cycle
+    chooser.choose(cycle["state"])  # the cycle's begin: its union table, miss fractions, context
+    tree, levels = max(cycle["trees"], key=lambda offered: len(offered[0].parents))
+    empty = _empty_question_entry()
+    arrays = (tree.parents, tree.draft_logprobs, questions.work, questions.table, questions.miss)
+    alpha = float(chooser.policy.root_alpha)
+    timed: dict[str, list[float]] = {"cold_empty_call_s": [], "cold_ask_s": []}
+    for _ in range(calls):
+        _spin(gap_s)
+        started = time.perf_counter()
+        empty(*arrays, questions.context_len, levels, alpha, True)
+        timed["cold_empty_call_s"].append(time.perf_counter() - started)
+        _spin(gap_s)
+        started = time.perf_counter()
+        questions.ask(tree, levels)
+        timed["cold_ask_s"].append(time.perf_counter() - started)
+    return {key: float(np.median(values)) for key, values in timed.items()}
+
+
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print a table and the JSON summary line. Returns 0."""
@@ -243,6 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cold.append(decision_s)
         cold_cpu.append(cpu_s)
         cold_same = min(cold_same, same_cold)
+    anatomy = cold_calls(pristine, cycles, gap_s, args.cold_calls) if gap_s > 0 else None
     summary = {
         "benchmark": "live_decision",
         "policy": "specfit",
@@ -259,6 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cold_replay_decision_s_per_cycle": float(np.median(cold)) / max(n, 1) if cold else None,
         "cold_replay_decision_cpu_s_per_cycle": float(np.median(cold_cpu)) / max(n, 1) if cold else None,
         "cold_gap_ms": args.cold_gap_ms,
+        "cold_empty_call_s": None if anatomy is None else anatomy["cold_empty_call_s"],
+        "cold_ask_s": None if anatomy is None else anatomy["cold_ask_s"],
         "repeats": args.repeats,
         "same_decisions": same == n and cold_same == n,
         "aim_decision_s_per_cycle_max": AIM_S_PER_CYCLE,
@@ -274,6 +340,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         if summary[key] is not None:
             print(f"{label:<48}{1e3 * summary[key]:>10.3f}")
+    if anatomy is not None:
+        print(f"{'one cold question (' + format(args.cold_gap_ms, 'g') + ' ms gaps, median)':<48}{'us/call':>10}")
+        for label, key in (
+            ("  empty compiled call, the question's arguments", "cold_empty_call_s"),
+            ("  whole question (ask)", "cold_ask_s"),
+        ):
+            print(f"{label:<48}{1e6 * summary[key]:>10.1f}")
     print(f"aim <= {1e3 * AIM_S_PER_CYCLE:.1f} ms/cycle; same subtree as live in {same}/{n} replayed cycles")
     print_summary(summary)
     return 0

@@ -552,14 +552,21 @@ def question_entry():
     dispatcher's specialisations, so the same values bit for bit
     (``tests/test_specfit_decide_kernels.py``).
     """
+    signature = question_signature()
+    union_size_question.compile(signature)
+    return union_size_question.overloads[signature].entry_point
+
+
+def question_signature() -> tuple:
+    """The numba argument types of :func:`question_entry` (see there), as a tuple for
+    ``Dispatcher.compile`` (also used by ``benchmarks/live_decision.py`` to time an empty
+    compiled call with the same arguments)."""
     from numba import types
 
     def array(dtype, ndim, layout="A", readonly=True):
         return types.Array(dtype, ndim, layout, readonly=readonly)
 
-    signature = (
+    return (
         array(types.int64, 1), array(types.float64, 1), array(types.float64, 1, "C", readonly=False),
         array(types.float64, 2), array(types.float64, 1), types.int64, types.int64, types.float64, types.boolean,
     )  # fmt: skip
-    union_size_question.compile(signature)
-    return union_size_question.overloads[signature].entry_point

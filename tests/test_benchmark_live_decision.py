@@ -11,7 +11,7 @@ from bench_loader import load_benchmark
 def test_replay_makes_the_live_decisions(capsys):
     pytest.importorskip("live.assets")
     bench = load_benchmark("live_decision")
-    assert bench.main(["--num-prompts", "1", "--max-new-tokens", "10", "--repeats", "1", "--cold-gap-ms", "0.2"]) == 0
+    assert bench.main(["--num-prompts", "1", "--max-new-tokens", "10", "--repeats", "1", "--cold-gap-ms", "0.2", "--cold-calls", "3"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["num_cycles"] >= 1 and summary["predictor"] == "union-size"
     assert summary["same_decisions"] is True  # both replays time the decisions the live run made
@@ -23,6 +23,8 @@ def test_replay_makes_the_live_decisions(capsys):
         "replay_decision_s_per_cycle",
         "cold_replay_decision_s_per_cycle",
         "cold_replay_decision_cpu_s_per_cycle",
+        "cold_empty_call_s",  # the cold call split: the default predictor has compiled questions
+        "cold_ask_s",
     ):
         assert summary[key] >= 0.0
 
@@ -34,4 +36,7 @@ def test_bad_flags_exit_2():
     assert err.value.code == 2
     with pytest.raises(SystemExit) as err:
         bench.main(["--cold-gap-ms", "-1"])
+    assert err.value.code == 2
+    with pytest.raises(SystemExit) as err:
+        bench.main(["--cold-calls", "0"])
     assert err.value.code == 2
