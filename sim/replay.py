@@ -403,6 +403,18 @@ class _Replayer:
         self._plans_levels_at_once = (  # SpecFit's bound rule plans every drafted level (_choose)
             base_policy(config.policy) == "specfit" and getattr(self.policy, "stopping", "bound") == "bound"
         )
+        # SpecFit's expected rule on union sizes: the live engine's compiled questions
+        # (``SpecFitPolicy.union_size_questions``: one compiled call per question, the selection
+        # from the last answer; _choose_by_questions), bit-identical to the contexts' path below
+        self._questions = None
+        self._union_template = None  # the first cycle's union-size prediction: its sizes serve every cycle
+        if (
+            config.predictor == "union-size" and not self.oracle_accept and not self.oracle_experts
+            and getattr(self.policy, "stopping", None) == "expected" and hasattr(self.policy, "union_size_questions")
+        ):  # fmt: skip
+            self._questions = self.policy.union_size_questions(
+                self.cost, self.calibration, self.max_depth, int(self.arrays.tree_sizes.max())
+            )
 
     # ---- setup ------------------------------------------------------------------------------
     def _make_cache(self) -> Any:
@@ -636,6 +648,8 @@ class _Replayer:
         ``path_ok``: the tree's recorded path-accepted flags, used as the acceptance (1 or 0) by
         the oracle-acceptance variants.
         """
+        if self._questions is not None:
+            return self._choose_by_questions(data, cached)
         mods, dense = self.mods, data.dense
         tree = dense.tree
         if not self._uses_recent:
@@ -716,6 +730,46 @@ class _Replayer:
         chosen = np.asarray(plan.nodes, dtype=np.int64)
         nodes = keep[chosen] if chosen.shape[0] == 1 else np.sort(keep[chosen])
         return plan, nodes, levels, node_experts
+
+    def _choose_by_questions(self, data: _TreeData, cached: np.ndarray) -> tuple[Any, np.ndarray, int, Any]:
+        """:meth:`_choose` for SpecFit's expected rule on union sizes through the live engine's
+        compiled questions (``specfit.policies.UnionSizeQuestions``, as ``live.spec.planning``
+        asks them): the questions on the same per-level trees, the selection from the last
+        answer; no prediction, context or plan object per level. The predictor validates its
+        sizes once (first cycle); its output then differs between cycles only by the observed
+        miss fraction, which :meth:`UnionSizeQuestions.begin` takes as it is (cleaned in the
+        kernel as the predictor cleans it). Same answers, plans and policy state as the
+        contexts' path (``UnionSizeQuestions``' contract, tests/test_specfit_decide_kernels.py).
+        """
+        questions, dense = self._questions, data.dense
+        observed = None
+        if self.predictor.miss_fraction is None:  # else the fixed fraction: the template's
+            observed = planner_miss_fraction(self.cache, self.ledger, self.config.prefetch)
+        template = self._union_template
+        if template is None:
+            template = self._union_template = self.predictor.predict(
+                self.mods["predictors"].PredictContext.trusted(
+                    tree=dense.tree,
+                    num_experts=self.num_experts,
+                    num_layers=self.num_layers,
+                    context_len=dense.context_len,
+                    recent_experts=None,
+                    true_experts=None,
+                    miss_fraction=observed,
+                )
+            )
+        questions.begin(template, cached, dense.context_len, observed)
+        depth, levels = data.depth, 0
+        sub, keep = data.level(0)
+        while levels < depth and questions.ask(sub, levels):
+            levels += 1
+            sub, keep = data.level(levels)
+        if levels == depth < self.max_depth and data.level_trees:
+            questions.ask(sub, levels)  # as _choose: live asks after its last level too
+        plan = questions.select(sub, levels)
+        chosen = plan.nodes
+        nodes = keep[chosen] if chosen.shape[0] == 1 else np.sort(keep[chosen])
+        return plan, nodes, levels, template
 
     def _prefetch(self, nodes: np.ndarray, node_experts: Any) -> list[tuple[int, int]]:
         """Draft prefetch, as the live engine's ``--prefetch draft``: warm the cache with the

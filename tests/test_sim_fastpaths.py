@@ -61,3 +61,41 @@ def test_mask_rows_index_like_a_list_of_id_arrays() -> None:
     rows = _MaskRows(access.miss_ids, 3)
     assert len(rows) == 3 and [r.tolist() for r in rows] == [[1, 65], [], [3]]
     assert [r.tolist() for r in _MaskRows(access.hit_ids, 3)] == [[], [], []]
+
+
+def test_specfit_replay_through_the_compiled_questions_equals_the_contexts_path(monkeypatch) -> None:
+    """SpecFit (expected rule, union-size) replays through ``UnionSizeQuestions`` (the live
+    engine's compiled questions); every cycle record and total equals the replay that builds a
+    ``PolicyContext`` per level (``_choose``'s general path), with and without an acceptance map,
+    with overlap and next-layer prefetch."""
+    import dataclasses
+    import json
+
+    import sim.replay as replay
+    from sim.config import SimConfig
+    from sim.presets import DEFAULT_COST, cost_from_preset
+    from sim.traceselect import sample_trace_dir
+    from traces.reader import open_run
+
+    run = open_run(sample_trace_dir())
+    model = run.manifest.model
+    cost = cost_from_preset(DEFAULT_COST, expert_bytes=int(model.bytes_per_expert), num_layers=model.num_layers)
+    acceptance = json.loads((sample_trace_dir() / "acceptance.json").read_text())
+    used = []
+    init = replay._Replayer.__init__
+
+    def contexts_only(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        used.append(self._questions is not None)
+        self._questions = None
+
+    for extra in ({"acceptance": acceptance}, {"overlap": "on", "prefetch": "next-layer"}):
+        config = SimConfig(cost=cost, policy="specfit", cache_capacity_per_layer=16, max_positions=48, **extra)
+        fast = replay.replay_policy(run, config)
+        monkeypatch.setattr(replay._Replayer, "__init__", contexts_only)
+        slow = replay.replay_policy(run, config)
+        monkeypatch.setattr(replay._Replayer, "__init__", init)
+        assert used.pop() is True  # the questions were built for this config (and switched off)
+        assert fast.totals == slow.totals and len(fast.cycles) == len(slow.cycles) > 20
+        assert [dataclasses.asdict(c) for c in fast.cycles] == [dataclasses.asdict(c) for c in slow.cycles]
+        assert {c.num_draft_levels for c in fast.cycles} != {0}  # it drafted in some cycles
