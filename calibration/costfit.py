@@ -617,12 +617,12 @@ def fit_next_layer_terms(cycles: pd.DataFrame) -> NextLayerFit:
     counted and the prefetch covered, so the planner's misses are ``M + U`` (``M`` the recorded
     demand misses, ``U`` the used prefetches) and
 
-        next_layer_cover_frac      = sum U / (sum M + sum U)
-        next_layer_waste_per_miss  = sum W / (sum M + sum U)       (W: wasted, evicted unused)
+        next_layer_cover_frac      = sum U / (sum M - sum M_0 + sum U)
+        next_layer_waste_per_miss  = sum W / (sum M - sum M_0 + sum U)   (W: wasted, evicted unused)
 
     ratios of the runs' totals (:func:`specfit.prefetch.next_layer_share`, which ``sim.sweep``'s
-    pilot replays use too). Averaged over every layer,
-    the first included (it has no guess), as the cost model applies them. With a
+    pilot replays use too), over layers 1..L-1: layer 0's demand misses (``layer_misses[0]``)
+    are left out of ``sum M`` (no guess covers layer 0; the cost model prices it without). With a
     ``num_nodes_verified`` column the same ratios are also fitted per tree size
     (:func:`specfit.prefetch.next_layer_share_by_nodes`: knots over the verified nodes, which the
     cost model interpolates; one share under-prices big trees). Cycles without counts
@@ -643,10 +643,15 @@ def fit_next_layer_terms(cycles: pd.DataFrame) -> NextLayerFit:
         if len(bad):
             run = bad["run"].iloc[0] if "run" in bad.columns else "cycles"
             raise CalibrationDataError(f"{run}: column {column!r} has a negative count ({int(bad[column].iloc[0])})")
+    first = None  # layer 0's demand misses: no guess covers them (specfit.prefetch.next_layer_share)
+    if "layer_misses" in table.columns and len(table):
+        first = _stack(table["layer_misses"])[:, 0].astype(np.int64)
     if "num_nodes_verified" in table.columns and not table["num_nodes_verified"].isna().any():
-        share = next_layer_share_by_nodes(table["num_nodes_verified"], *(table[c].astype(np.int64) for c in columns))
+        share = next_layer_share_by_nodes(
+            table["num_nodes_verified"], *(table[c].astype(np.int64) for c in columns), first_layer_misses=first
+        )
     else:
-        share = next_layer_share(*(int(table[c].astype(np.int64).sum()) for c in columns))
+        share = next_layer_share(*(int(table[c].astype(np.int64).sum()) for c in columns), int(first.sum()) if first is not None else 0)
     misses, used, wasted = share.num_misses, share.num_used, share.num_wasted
     if misses + used == 0:
         notes.append(f"next-layer prefetch terms set to 0: {len(table)} cycle(s) with prefetch counts and no miss")

@@ -10,8 +10,9 @@ as the live engine records them; :func:`synthetic_size_sweep` gives copies of va
 ``calibration.h2d`` measures), the data that separate bandwidth from per-transfer latency.
 With next-layer prefetch terms in the model (``next_layer_cover_frac``, ``next_layer_waste_per_miss``)
 each cycle also records prefetch counts drawn from them: of a layer's ``w`` drawn misses
-``Binomial(w, cover)`` were prefetched and used (the rest are its demand misses, ``layer_misses``),
-and ``Poisson(waste * w)`` wrong guesses were wasted. Fitting these tables must recover the
+``Binomial(w, cover)`` were prefetched and used (the rest are its demand misses, ``layer_misses``;
+none at layer 0, which no guess covers), and ``Poisson(waste * w)`` wrong guesses were wasted
+(``w`` summed over layers 1..L-1). Fitting these tables must recover the
 model (``tests/test_calibration_fit.py``, ``tests/test_calibration_costfit.py``).
 """
 
@@ -85,7 +86,8 @@ def synthetic_tables(
         if model.has_next_layer_share:  # counts of a next-layer run
             cover, waste = model.next_layer_share_at(nodes)  # per tree size when the model has knots
             used = rng.binomial(misses, float(cover))
-            wasted = int(rng.poisson(float(waste) * float(misses.sum())))
+            used[0] = 0  # layer 0 has no layer before it to guess from (the cost model's share is of layers 1..L-1)
+            wasted = int(rng.poisson(float(waste) * float(misses[1:].sum())))
             misses = misses - used  # the demand misses left
             prefetch = {
                 "num_prefetch_issued": int(used.sum()) + wasted,

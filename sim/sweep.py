@@ -776,9 +776,9 @@ def next_layer_share_from_replays(run: Any, configs: Sequence[Any], policies: Se
             for record in replay_policy(run, pilot).cycles:
                 values = [getattr(record, c) for c in columns]
                 if None not in values:  # a cycle without prefetch accounting counts for nothing
-                    rows.append([int(v) for v in values])
-    table = np.array(rows, dtype=np.int64).reshape(-1, len(columns))
-    return next_layer_share_by_nodes(*table.T)
+                    rows.append([int(v) for v in values] + [int(record.layer_misses[0])])
+    table = np.array(rows, dtype=np.int64).reshape(-1, len(columns) + 1)
+    return next_layer_share_by_nodes(*table.T[:-1], first_layer_misses=table[:, -1])  # layer 0: no guess
 
 
 def _price_next_layer(

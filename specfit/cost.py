@@ -11,7 +11,8 @@
     T_link   = expert_bytes / h2d_bytes_per_s + h2d_s_per_transfer - host_s_per_transfer
     T_pre    = pre_router_frac * T_verify / L     (a layer's attention + router, before its copies)
   with next-layer prefetch (next_layer_prefetch; h = next_layer_cover_frac, x = next_layer_waste_per_miss,
-  c = T_verify / L), each layer's part above becomes
+  c = T_verify / L), each layer's part above but the first's (layer 0 has no layer before it to guess
+  from: it keeps h = x = 0) becomes
     (1 + x) * host_s_per_transfer * m_l + max(c + (1 - h) T_link m_l, (1 + x) T_link m_l)     (no overlap)
     (1 + x) * host_s_per_transfer * m_l + max(c, T_pre + (1 - h) T_link m_l, (1 + x) T_link m_l)
                                         + late_call_s * (m_l > 0)                               ("on")
@@ -70,12 +71,15 @@ import numpy as np
 from specfit.units import gb_per_s_to_bytes_per_s
 
 COST_MODEL_FORMAT = "specfit.CycleCostModel"
-COST_MODEL_VERSION = 6  # 2: draft_base_s (version 1 loads with 0); 3: host_s_per_transfer,
+COST_MODEL_VERSION = 7  # 2: draft_base_s (version 1 loads with 0); 3: host_s_per_transfer,
 # late_call_s (versions 1-2 load with 0: all of h2d_s_per_transfer is link time, no late calls);
 # 4: pre_router_frac (versions 1-3 load with 0: copies enqueued at the layer's start);
 # 5: next_layer_cover_frac, next_layer_waste_per_miss (versions 1-4 load with 0: next-layer
 # prefetch not priced); 6: next_layer_nodes, next_layer_cover_fracs, next_layer_waste_per_misses
-# (the share per tree size; versions 1-5 load without knots: one share at every size)
+# (the share per tree size; versions 1-5 load without knots: one share at every size); 7: the
+# share and waste are of the misses of layers 1..L-1 (layer 0 has no guess and is priced without
+# them); versions 5-6 averaged them over every layer and load scaled by L / (L - 1) (share capped
+# at 1): :func:`share_of_guessed_layers`
 COST_FIT_REPORT_NAME = "cost_fit_report.json"  # written by calibration.fit beside its cost.json
 
 
@@ -260,6 +264,23 @@ def _int_misses_total(misses_per_layer: Any, num_layers: int) -> int | None:
     return sum(counts)
 
 
+def _is_number(value: Any) -> bool:
+    """A finite-or-not real number that is not a bool (what a JSON number loads as)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def share_of_guessed_layers(value: float, num_layers: int, cap: bool) -> float:
+    """A next-layer share or waste averaged over EVERY layer (cost files of versions 5-6) as the
+    same copies spread over layers ``1..L-1`` only, the layers a guess can cover (version 7):
+    ``value * L / (L - 1)``, capped at 1 when ``cap`` (a valid share; an invalid one is left
+    for the model's checks to name); ``value`` unchanged for one layer. Exact when every layer has as many planner misses (the old fit's denominator held
+    layer 0's, which no guess covers: issue 13)."""
+    if num_layers <= 1:
+        return float(value)
+    scaled = float(value) * num_layers / (num_layers - 1)
+    return min(scaled, 1.0) if cap else scaled
+
+
 @dataclass(frozen=True)
 class CycleCostModel:
     """Parameters of the cycle cost, SI units (see the module docstring for the formula).
@@ -295,11 +316,15 @@ class CycleCostModel:
             like ``overlap_h2d`` (default False; optional in JSON).
         next_layer_cover_frac: with next-layer prefetch, the share of a layer's demand misses (as
             the planner counts them, against the cache it sees) whose copies the guess of the
-            layer before enqueued one layer ahead (fraction in [0, 1], default 0; averaged over
-            the layers, the first included, which has no guess). ``calibration.costfit`` fits it
-            from a run's prefetch counts (:func:`calibration.costfit.fit_next_layer_terms`).
+            layer before enqueued one layer ahead (fraction in [0, 1], default 0), over layers
+            ``1..L-1``: layer 0 has no layer before it, so no guess, and is priced with none
+            (:meth:`cycle_s_layers`; version 7; before, averaged over every layer, layer 0 too,
+            which under-priced each cycle by the share spread over layer 0: issue 13).
+            ``calibration.costfit`` fits it from a run's prefetch counts
+            (:func:`calibration.costfit.fit_next_layer_terms`).
         next_layer_waste_per_miss: with next-layer prefetch, the copies of wrong guesses it adds to
-            the link per such demand miss (copies/miss, >= 0, default 0), fitted alike.
+            the link per such demand miss of layers ``1..L-1`` (copies/miss, >= 0, default 0),
+            fitted alike.
         next_layer_nodes: knots of the share per tree size over a cycle's verified nodes (count,
             strictly increasing, >= 1; default empty: ``next_layer_cover_frac`` and
             ``next_layer_waste_per_miss`` at every size). With knots, ``h`` and ``x`` of a cycle of
@@ -395,6 +420,10 @@ class CycleCostModel:
         else:  # lower bounds over every size: the terms grow with x and fall with h; affine between knots
             least = self._share_terms(float(knots[1].max()), float(knots[2].min()))
             least_per_miss = float(np.min((1.0 + knots[2]) * host + (1.0 - knots[1]) * link))
+        # layer 0 is priced without a guess (h = x = 0, cycle_s_layers): the bounds hold for it too
+        # (the per-miss bound is then host + the least a: the totals form's, next_layer_total_s)
+        least = tuple(min(a, b) for a, b in zip(least, plain))
+        least_per_miss = min(least_per_miss, least[0] + least[1])
         derived = (on, nl, on or nl, terms, terms if nl else plain, knots, least, least_per_miss)
         object.__setattr__(self, "_derived", derived)
 
@@ -568,7 +597,8 @@ class CycleCostModel:
     def next_layer_least_s_per_miss(self) -> tuple[float, float, float]:
         """Lower bounds on :meth:`next_layer_s_per_miss` over every tree size: the terms at the
         largest knot share and the least knot waste (each term falls with ``h`` and grows with
-        ``x``); the pooled terms without knots. The planner's exact search prices with them
+        ``x``); the pooled terms without knots; each no more than layer 0's, which has no guess
+        (``host_s_per_transfer, T_link, T_link``). The planner's exact search prices with them
         (``specfit.planner.search_costs``: a bound stays a bound; the plan's gap certifies the rest)."""
         return self._derived[6]
 
@@ -636,7 +666,11 @@ class CycleCostModel:
         exactly while the guesses fit their window; link-bound it is the link's work, short by the
         first router's time. With ``h = x = 0`` both forms are the ones without prefetch. With
         the share per tree size (``next_layer_nodes``) each row takes ``h`` and ``x`` at its own
-        ``num_nodes`` (:meth:`next_layer_s_per_miss`)."""
+        ``num_nodes`` (:meth:`next_layer_s_per_miss`). Layer 0 takes ``h = x = 0`` (no layer
+        before it guesses for it: ``live.offload`` and ``sim.replay`` issue guesses into layers
+        ``1..L-1`` only), its host term through ``(host_s_per_transfer - host) * m_0`` added to
+        the sum (0 without next-layer prefetch, so mode "on" alone is unchanged bit for bit);
+        ``specfit.decide_kernels.union_cycle_s`` does the same operations in the same order."""
         m = np.asarray(misses, dtype=np.float64)
         c = self.verify_s_array(num_nodes, context_len) / self.num_layers
         c = np.asarray(c)[..., None]
@@ -646,9 +680,15 @@ class CycleCostModel:
         if self._derived[1] and self._derived[5] is not None:  # per tree size: each row's own terms
             after_s, link_s = np.asarray(after_s)[..., None], np.asarray(link_s)[..., None]
         host = host_s * m.sum(axis=-1)
+        after, link = m * after_s, m * link_s
+        if self._derived[1]:  # next-layer prefetch: layer 0 has no guess (h = x = 0)
+            plain = self.link_s_per_transfer
+            after[..., 0] = m[..., 0] * plain
+            link[..., 0] = m[..., 0] * plain
+            host = host + (self.host_s_per_transfer - host_s) * m[..., 0]
         if self.overlap_h2d:  # mode "on" (next_layer_priced excludes "ideal"; cycle_s sends "ideal" elsewhere)
             host = host + self.late_call_s * np.count_nonzero(m, axis=-1)
-        return self._layers_s(num_levels, c, m * after_s, m * link_s, host)
+        return self._layers_s(num_levels, c, after, link, host)
 
     def _layers_s(self, num_levels: Any, c: Any, after: Any, link: Any, host: Any) -> Any:
         """``draft + sum_l layer_l + host`` (s): a layer lasts ``max(c, p c + after_l, link_l)`` in
@@ -676,13 +716,15 @@ class CycleCostModel:
         """Verification time with next-layer prefetch priced, from the TOTAL misses ``M`` of a
         cycle of ``num_nodes`` verified nodes (s; arrays broadcast): ``host * M + max(V, p V + a
         M, b M) + late_call_s * (M > 0)`` in mode "on", ``host * M + max(V + a M, b M)`` without
-        overlap (:meth:`next_layer_s_per_miss` at ``num_nodes``; None: the pooled share's). A
-        LOWER bound on :meth:`cycle_s_layers`' form at the same size for any split of ``M`` over
-        the layers (a sum of maxima is at least the maximum of the sums), as
+        overlap (:meth:`next_layer_s_per_miss` at ``num_nodes``; None: the pooled share's, each
+        term no more than layer 0's, which has no guess: ``host_s_per_transfer, T_link,
+        T_link``). A LOWER bound on :meth:`cycle_s_layers`' form at the same size for any split
+        of ``M`` over the layers (a sum of maxima is at least the maximum of the sums), as
         :meth:`overlap_on_total_s`."""
         v = np.asarray(verify_s, dtype=np.float64)
         m = np.asarray(total_misses, dtype=np.float64)
-        host_s, after_s, link_s = self.next_layer_s_per_miss(num_nodes)
+        plain = (self.host_s_per_transfer, self.link_s_per_transfer, self.link_s_per_transfer)  # layer 0's
+        host_s, after_s, link_s = (np.minimum(a, b) for a, b in zip(self.next_layer_s_per_miss(num_nodes), plain))
         if self.overlap_h2d:
             both = np.maximum(np.maximum(v, self.pre_router_frac * v + after_s * m), link_s * m)
             out = host_s * m + both + self.late_call_s * (m > 0)
@@ -726,7 +768,9 @@ class CycleCostModel:
         :attr:`least_verify_share`, for SpecFit's ``stopping="bound"`` rule): :attr:`s_per_miss`;
         with next-layer prefetch priced the least ``host + a`` of :meth:`next_layer_s_per_miss`
         over every tree size (``max(c + a m, b m)`` grows by at least ``min(a, b) = a`` per miss;
-        ``host + a`` is affine in ``h`` and ``x``, so between knots it is least at a knot)."""
+        ``host + a`` is affine in ``h`` and ``x``, so between knots it is least at a knot), and no
+        more than ``host_s_per_transfer`` (layer 0's placing: no guess, no waste there) plus the
+        least ``a`` (:attr:`next_layer_least_s_per_miss`), the totals form's per-miss price."""
         if self.next_layer_priced:
             return self._derived[7]
         return self.s_per_miss
@@ -907,7 +951,9 @@ class CycleCostModel:
         """Inverse of :meth:`to_dict`.
 
         Version 1 files (before ``draft_base_s``) load with ``draft_base_s = 0`` and a
-        ``UserWarning``; from version 2 every numeric field is required.
+        ``UserWarning``; from version 2 every numeric field is required. Versions 5-6 held the
+        next-layer share and waste averaged over every layer: they load as shares of layers
+        ``1..L-1`` (:func:`share_of_guessed_layers`, exact when layers miss alike).
 
         Raises:
             ValueError: wrong format tag or an unknown ``version``, missing or unknown field, a
@@ -957,6 +1003,14 @@ class CycleCostModel:
         if version <= 3 and data.get("overlap_h2d") and data.get("overlap_mode") == "on":
             warnings.warn(_no_pre_router_text(where, version), UserWarning, stacklevel=2)
         kwargs = {n: data[n] for n in names if n in data}
+        if version in (5, 6) and isinstance(kwargs.get("num_layers"), int):  # shares of every layer -> of 1..L-1
+            layers = kwargs["num_layers"]
+            for name, cap in (("next_layer_cover_frac", True), ("next_layer_waste_per_miss", False)):
+                if _is_number(kwargs.get(name)):
+                    kwargs[name] = share_of_guessed_layers(kwargs[name], layers, cap and kwargs[name] <= 1.0)
+            for name, cap in (("next_layer_cover_fracs", True), ("next_layer_waste_per_misses", False)):
+                if isinstance(kwargs.get(name), (list, tuple)) and all(_is_number(v) for v in kwargs[name]):
+                    kwargs[name] = [share_of_guessed_layers(v, layers, cap and v <= 1.0) for v in kwargs[name]]
         if kwargs.get("h2d_bytes_per_s") == "inf":
             kwargs["h2d_bytes_per_s"] = math.inf
         try:

@@ -153,7 +153,9 @@ def union_cycle_s(params, num_levels, nodes, context_len, union_table, row, miss
     With ``K = params[17]`` knots of the share per tree size those three are the share's at
     ``nodes`` (``h``, ``x`` by :func:`_interp`, numpy's ``interp``; then ``(1 + x) host_s_per_transfer,
     (1 - h) link_s_per_transfer, (1 + x) link_s_per_transfer``: ``cost.next_layer_s_per_miss``'s
-    operations, so the values are its bit for bit).
+    operations, so the values are its bit for bit). With next-layer prefetch priced layer 0 takes
+    ``after = link = link_s_per_transfer`` and adds ``(host_s_per_transfer - host) * m_0`` to the
+    host term (no guess covers it: ``cost.cycle_s_layers``' operations).
     """
     levels = float(num_levels)
     draft = params[0] + params[1] * levels if levels > 0 else 0.0  # cost.draft_s
@@ -170,17 +172,22 @@ def union_cycle_s(params, num_levels, nodes, context_len, union_table, row, miss
         count = 0
         for layer in range(layers):  # np.maximum: NaN wins
             m = union_table[row, layer] * miss[layer]
+            a, b = after_s, link_s
+            if layer == 0 and params[13] != 0.0:  # next-layer prefetch: no guess for layer 0
+                a = b = params[8]
             if params[6] != 0.0:  # mode "on": max(max(c, pre * c + m * after), m * link)
-                x = params[10] * c + m * after_s
+                x = params[10] * c + m * a
                 x = x if x > c or np.isnan(x) else c
             else:  # max(c + m * after, m * link)
-                x = c + m * after_s
-            y = m * link_s
+                x = c + m * a
+            y = m * b
             scratch[0, layer] = x if x > y or np.isnan(x) else y
             scratch[1, layer] = m
             if m != 0.0:
                 count += 1
         host = host_s * numpy_sum(scratch[1], 0, layers)
+        if params[13] != 0.0:  # layer 0's placing without waste (cost.cycle_s_layers)
+            host = host + (params[9] - host_s) * scratch[1, 0]
         if params[6] != 0.0:
             host = host + params[11] * float(count)
         return draft + numpy_sum(scratch[0], 0, layers) + host

@@ -55,6 +55,8 @@ class NextLayerShare:
             (count, strictly increasing; empty: the pooled values at every size).
         cover_fracs, waste_per_misses: the share and waste at each knot (``CycleCostModel.
             next_layer_cover_fracs`` / ``next_layer_waste_per_misses``; same length as ``nodes``).
+        num_first_layer_misses: summed demand misses of layer 0 (count), left out of the shares'
+            denominator: no guess covers layer 0 (0 when not given).
     """
 
     cover_frac: float
@@ -65,6 +67,7 @@ class NextLayerShare:
     nodes: tuple[float, ...] = ()
     cover_fracs: tuple[float, ...] = ()
     waste_per_misses: tuple[float, ...] = ()
+    num_first_layer_misses: int = 0
 
     def knots_text(self) -> str:
         """The knots in words, e.g. ``"per tree size (nodes: covered/wasted per miss) 1: 0.53/0.02,
@@ -86,25 +89,36 @@ class NextLayerShare:
         }
 
 
-def next_layer_share(num_misses: int, num_used: int, num_wasted: int) -> NextLayerShare:
+def next_layer_share(num_misses: int, num_used: int, num_wasted: int, num_first_layer_misses: int = 0) -> NextLayerShare:
     """Next-layer prefetch's share of the planner's misses and its waste, from cycles' summed
-    counts (:class:`PrefetchLedger`: ``M`` demand misses, ``U`` used and ``W`` wasted prefetches).
+    counts (:class:`PrefetchLedger`: ``M`` demand misses, ``U`` used and ``W`` wasted prefetches;
+    ``M_0`` the demand misses of layer 0, part of ``M``).
 
     A used prefetch is a miss the planner (which prices the cache as it stands when it chooses)
-    counted and the prefetch covered, so the planner's misses are ``M + U`` and
-    ``cover_frac = U / (M + U)``, ``waste_per_miss = W / (M + U)``: ratios of totals (a prefetch
-    is counted in the cycle that uses or evicts it, so per-cycle ratios would mix cycles). Both 0
-    when ``M + U`` is 0. What ``calibration.costfit.fit_next_layer_terms`` fits from recorded
-    runs and ``sim.sweep`` estimates from pilot replays; ``specfit.cost.CycleCostModel`` prices it.
+    counted and the prefetch covered, so the planner's misses are ``M + U``; layer 0 has no layer
+    before it to guess from (its misses are all demand misses), so the share is of the other
+    layers' planner misses ``B = M - M_0 + U``: ``cover_frac = U / B``, ``waste_per_miss = W /
+    B``, ratios of totals (a prefetch is counted in the cycle that uses or evicts it, so
+    per-cycle ratios would mix cycles), what ``specfit.cost.CycleCostModel`` prices on layers
+    ``1..L-1`` (layer 0 without; issue 13: averaged over every layer, on the shipped sample at
+    cache 8 the share read 0.52 where layers 1..5 saw 0.63 and layer 0 none). Both 0 when ``B``
+    is 0. What ``calibration.costfit.fit_next_layer_terms`` fits from recorded runs and
+    ``sim.sweep`` estimates from pilot replays.
 
     Raises:
-        ValueError: a negative count (named).
+        ValueError: a negative count, or ``M_0 > M`` (named).
     """
     counts = {"num_misses": int(num_misses), "num_used": int(num_used), "num_wasted": int(num_wasted)}
+    counts["num_first_layer_misses"] = int(num_first_layer_misses)
     for name, value in counts.items():
         if value < 0:
             raise ValueError(f"next_layer_share: {name} must be >= 0, got {value}")
-    base = counts["num_misses"] + counts["num_used"]
+    if counts["num_first_layer_misses"] > counts["num_misses"]:
+        raise ValueError(
+            f"next_layer_share: num_first_layer_misses ({counts['num_first_layer_misses']}) must be <= "
+            f"num_misses ({counts['num_misses']}): layer 0's misses are part of them"
+        )
+    base = counts["num_misses"] - counts["num_first_layer_misses"] + counts["num_used"]
     if base == 0:
         return NextLayerShare(0.0, 0.0, **counts)
     return NextLayerShare(counts["num_used"] / base, counts["num_wasted"] / base, **counts)
@@ -120,6 +134,7 @@ NEXT_LAYER_MAX_KNOTS = 8
 def next_layer_share_by_nodes(
     num_nodes: Any, num_misses: Any, num_used: Any, num_wasted: Any,
     min_knot_misses: int = NEXT_LAYER_MIN_KNOT_MISSES, max_knots: int = NEXT_LAYER_MAX_KNOTS,
+    *, first_layer_misses: Any = None,
 ) -> NextLayerShare:  # fmt: skip
     """Next-layer prefetch's share and waste per tree size, from per-cycle counts.
 
@@ -130,7 +145,7 @@ def next_layer_share_by_nodes(
     consecutive counts, each closed once it holds ``max(min_knot_misses, (M + U) / max_knots)``
     planner misses (a last short run joins the one before); a group's knot is its
     planner-miss-weighted mean ``n`` and its share and waste :func:`next_layer_share`'s ratios of
-    its totals. ``specfit.cost.CycleCostModel`` interpolates between knots (``np.interp``: the end
+    its totals (planner misses of layers 1..L-1: ``first_layer_misses`` left out). ``specfit.cost.CycleCostModel`` interpolates between knots (``np.interp``: the end
     values outside). The pooled :func:`next_layer_share` is returned beside the knots; no knot
     when no cycle has a planner miss.
 
@@ -138,20 +153,25 @@ def next_layer_share_by_nodes(
         num_nodes: int[C] verified nodes per cycle (>= 1).
         num_misses, num_used, num_wasted: int[C] per cycle demand misses, used and wasted
             prefetches (``PREFETCH_COUNT_COLUMNS``).
+        first_layer_misses: int[C] per cycle demand misses of layer 0 (``layer_misses[0]``, part of
+            ``num_misses``); None: 0 (a share over every layer, as cost files before version 7).
         min_knot_misses, max_knots: see above (counts, >= 1).
 
     Raises:
         ValueError: arrays of different lengths, a negative count or a node count < 1.
     """
     nodes = np.asarray(num_nodes, dtype=np.int64).reshape(-1)
-    counts = [np.asarray(a, dtype=np.int64).reshape(-1) for a in (num_misses, num_used, num_wasted)]
+    first = np.zeros_like(nodes) if first_layer_misses is None else first_layer_misses
+    counts = [np.asarray(a, dtype=np.int64).reshape(-1) for a in (num_misses, num_used, num_wasted, first)]
     if any(c.shape != nodes.shape for c in counts):
         raise ValueError(f"next_layer_share_by_nodes: expected {nodes.shape[0]} counts per column")
     if nodes.shape[0] and int(nodes.min()) < 1:
         raise ValueError(f"next_layer_share_by_nodes: num_nodes must be >= 1, got {int(nodes.min())}")
+    if np.any(counts[3] > counts[0]):
+        raise ValueError("next_layer_share_by_nodes: first_layer_misses must be <= num_misses in every cycle")
     pooled = next_layer_share(*(int(c.sum()) for c in counts))
-    base = counts[0] + counts[1]
-    if pooled.num_misses + pooled.num_used == 0:
+    base = counts[0] - counts[3] + counts[1]
+    if int(base.sum()) == 0:
         return pooled
     sizes, where = np.unique(nodes, return_inverse=True)
     per = [np.bincount(where, weights=c, minlength=sizes.shape[0]) for c in (counts[0], counts[1], counts[2], base)]

@@ -627,7 +627,7 @@ def test_pilot_share_is_fit_next_layer_terms_of_the_ar_chain_and_topn_counts(gue
         overlaps=["on"], prefetches=["both"],
     )  # fmt: skip
     fit = pilot_next_layer_share(cell)
-    counts = {"num_nodes_verified": [], "cache_misses": [], "num_prefetch_used": [], "num_prefetch_wasted": []}
+    counts = {"num_nodes_verified": [], "cache_misses": [], "num_prefetch_used": [], "num_prefetch_wasted": [], "layer_misses": []}
     run = open_run(guessed)
     for policy in ("ar", "chain", "topn"):
         for bandwidth, overlap in ((4.0, "off"), (64.0, "on")):  # timing never changes the counts

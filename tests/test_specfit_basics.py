@@ -202,8 +202,8 @@ def test_cost_json_round_trip_and_errors(tmp_path) -> None:
     version_2 = dict(version_1, version=2)  # from version 2 the field is required
     with pytest.raises(ValueError, match="missing field.*draft_base_s"):
         CycleCostModel.from_dict(version_2)
-    with pytest.raises(ValueError, match="'version': expected 1..6.*got 7"):
-        CycleCostModel.from_dict(dict(cost.to_dict(), version=7))
+    with pytest.raises(ValueError, match="'version': expected 1..7.*got 8"):
+        CycleCostModel.from_dict(dict(cost.to_dict(), version=8))
     # version 2, before the compute stream's share of a miss and the late-expert call: both 0
     version_2 = {k: v for k, v in cost.to_dict().items() if k not in ("host_s_per_transfer", "late_call_s")}
     assert CycleCostModel.from_dict(dict(version_2, version=2)) == cost
@@ -280,18 +280,27 @@ def test_cost_json_round_trip_and_errors(tmp_path) -> None:
 
 
 def test_next_layer_share_per_tree_size_json_interpolation_and_errors(tmp_path) -> None:
-    """Version 6: next-layer prefetch's share per tree size (knots over verified nodes) round-trips,
-    version 5 loads without knots (one share at every size), bad knots are named, and a cycle of
-    ``n`` nodes is priced as a one-share model with the knots' ``np.interp`` at ``n``."""
+    """Versions 6-7: next-layer prefetch's share per tree size (knots over verified nodes) round-trips,
+    version 5 loads without knots (one share at every size; versions 5-6 scaled from every layer to
+    layers 1..L-1), bad knots are named, and a cycle of ``n`` nodes is priced as a one-share model
+    with the knots' ``np.interp`` at ``n``."""
     base = _cost(overlap_h2d=True, overlap_mode="on", host_s_per_transfer=2e-6, pre_router_frac=0.3, late_call_s=1e-5)
     base = dataclasses.replace(base, next_layer_prefetch=True, next_layer_cover_frac=0.3, next_layer_waste_per_miss=0.1)
     knots = dict(next_layer_nodes=(1, 4, 30), next_layer_cover_fracs=(0.5, 0.3, 0.1), next_layer_waste_per_misses=(0.25, 0.1, 0.0))
     cost = dataclasses.replace(base, **knots)
     assert cost.next_layer_nodes == (1.0, 4.0, 30.0)
     assert CycleCostModel.load(cost.save(tmp_path / "v6.json")) == cost
-    assert json.loads((tmp_path / "v6.json").read_text())["version"] == 6
+    assert json.loads((tmp_path / "v6.json").read_text())["version"] == 7
     version_5 = {k: v for k, v in base.to_dict().items() if k not in knots}
-    assert CycleCostModel.from_dict(dict(version_5, version=5)) == base
+    # versions 5-6: shares of every layer, loaded as shares of layers 1..L-1 (x L / (L - 1) = 1.5)
+    old = CycleCostModel.from_dict(dict(version_5, version=5))
+    assert (old.next_layer_cover_frac, old.next_layer_waste_per_miss) == pytest.approx((0.45, 0.15), rel=1e-12)
+    assert dataclasses.replace(old, next_layer_cover_frac=0.3, next_layer_waste_per_miss=0.1) == base
+    old = CycleCostModel.from_dict(dict(cost.to_dict(), version=6))
+    assert old.next_layer_cover_fracs == pytest.approx((0.75, 0.45, 0.15), rel=1e-12)
+    assert old.next_layer_waste_per_misses == pytest.approx((0.375, 0.15, 0.0), rel=1e-12)
+    full = dict(cost.to_dict(), version=6, next_layer_cover_fracs=[0.9, 0.5, 0.1])
+    assert CycleCostModel.from_dict(full).next_layer_cover_fracs[0] == 1.0  # a share stays <= 1
     with pytest.raises(ValueError, match="missing field.*next_layer_nodes"):
         CycleCostModel.from_dict(dict(version_5, version=6))
     for bad, match in (

@@ -510,12 +510,13 @@ def test_least_verify_share_per_cost_form() -> None:
     assert dataclasses.replace(cost, overlap_h2d=True, overlap_mode="ideal").least_verify_share == 0.0
     assert dataclasses.replace(cost, draft_prefetch=True).least_verify_share == pytest.approx(0.6 / 4)
     # next-layer prefetch priced: a copy-bound link hides every layer's compute; each miss adds
-    # at least its placing and the link time of the share not prefetched
+    # at least its placing (without waste: layer 0 has no guess) and the link time of the share
+    # not prefetched
     nxt = dataclasses.replace(
         cost, next_layer_prefetch=True, next_layer_cover_frac=0.25, next_layer_waste_per_miss=0.5,
         h2d_s_per_transfer=4.0, host_s_per_transfer=1.0,
     )  # fmt: skip
-    assert nxt.least_verify_share == 0.0 and nxt.least_s_per_miss == pytest.approx(1.5 * 1.0 + 0.75 * 3.0)
+    assert nxt.least_verify_share == 0.0 and nxt.least_s_per_miss == pytest.approx(1.0 + 0.75 * 3.0)
     assert dataclasses.replace(nxt, next_layer_prefetch=False).least_s_per_miss == nxt.s_per_miss == 4.0
     ideal = dataclasses.replace(nxt, overlap_h2d=True, overlap_mode="ideal")  # the bound is not priced with it
     assert not ideal.next_layer_priced and ideal.least_verify_share == 0.0
