@@ -84,8 +84,10 @@ class ArgumentParser(argparse.ArgumentParser):
         still matches several actions, matches through :meth:`later_spellings` are dropped when
         that leaves one action; otherwise all stay and argparse reports the ambiguity (a prefix of
         two different flags stays an error). Source: CPython 3.11 ``Lib/argparse.py``
-        (``_parse_optional``, ``_get_option_tuples``; a tuple's first item is the action and its
-        last the explicit ``=value``, in 3.12's 4-tuples too).
+        (``_parse_optional``, ``_get_option_tuples``): a tuple's first item is the action, its second
+        the option string and its last the explicit ``=value``, in the 3-tuples of 3.10/3.11 and the
+        4-tuples (``sep`` added) of 3.12 and 3.13 alike, whose ``_parse_optional`` also returns a
+        list of them; ``tests/test_cli_flag_spellings.py`` was run on 3.12.1 and 3.13.0 too.
         """
         later = getattr(self, "_later_spellings", frozenset())
         per_action: dict[tuple[int, Any], list[tuple[Any, ...]]] = {}
