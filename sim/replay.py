@@ -373,6 +373,9 @@ class _Replayer:
             )
         self.ledger = PrefetchLedger(self.num_layers, self.num_experts)
         self._ledger_counts = self.ledger.counts()
+        self._prefetches = config.prefetch != "none"  # else the ledger is never fed (issues nothing)
+        self._no_copies = np.zeros_like(self.ledger.layer_issued)  # a cycle's issued copies without prefetch
+        self._no_copies.setflags(write=False)
         self.policy = modules["policies"].make_tree_policy(
             base_policy(config.policy), **dict(config.policy_options)
         )
@@ -812,7 +815,9 @@ class _Replayer:
         root_misses = None  # the root alone's misses on the cache the planner saw (paired guard)
         if observe is not None and levels > 0:
             root_misses = self.mods["policies"].root_layer_misses(cached, true_ids[0])
-        issued_before = self.ledger.layer_issued.copy() if observe is not None else None
+        # the ledger's issued counts before this cycle's prefetch (without prefetch nothing
+        # issues: they stay 0, so the cycle's are the zeros made once, _no_copies)
+        issued_before = self.ledger.layer_issued.copy() if observe is not None and self._prefetches else None
         prefetch = self._prefetch(nodes, node_experts) if self.draft_prefetch else []
         next_layer: list[list[int]] = []
         if self.next_layer_prefetch:
@@ -863,7 +868,8 @@ class _Replayer:
             history.extend(true_ids[path].astype(np.int64))
         self._account(timing, plan, nodes, levels, num_hits, num_misses, prefetch, num_accepted, num_committed)
         if observe is not None:  # as live.spec.engine: the policy sees each realised cycle, priced
-            issued = self.ledger.layer_issued - issued_before  # this cycle's prefetch copies (as live.spec)
+            # this cycle's prefetch copies (as live.spec)
+            issued = self._no_copies if issued_before is None else self.ledger.layer_issued - issued_before
             observe(self.cost, num_committed, levels, len(nodes), dense.context_len, access.num_misses, root_misses, issued)
         if cfg.record_cycles:
             tokens = [int(t) for t in tree.token_ids[path[1:]]] + [int(dense.target_tokens[path[-1]])]
