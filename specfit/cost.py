@@ -663,8 +663,8 @@ class CycleCostModel:
         assumption that layers alike follow each other (the guesses of layer l-1 fly during
         layer l-1's compute, their window ``c``); the simulator replays the recorded guesses
         exactly. On a hand-built cycle (``tests/test_sim_engine.py``) it is the engine's timeline
-        exactly while the guesses fit their window; link-bound it is the link's work, short by the
-        first router's time. With ``h = x = 0`` both forms are the ones without prefetch. With
+        exactly while the guesses fit their window, link-bound too (layer 0 priced without the
+        share). With ``h = x = 0`` both forms are the ones without prefetch. With
         the share per tree size (``next_layer_nodes``) each row takes ``h`` and ``x`` at its own
         ``num_nodes`` (:meth:`next_layer_s_per_miss`). Layer 0 takes ``h = x = 0`` (no layer
         before it guesses for it: ``live.offload`` and ``sim.replay`` issue guesses into layers
