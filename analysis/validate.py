@@ -593,6 +593,7 @@ class Validator:
             "host_s_per_transfer": overlap.model.host_s_per_transfer,  # fitted on whole cycles
             "placing_s_per_transfer": overlap.host_s_per_transfer,  # measured: h2d_s beyond the copies
             "late_call_s": overlap.late_call_s,
+            "terms_separable": overlap.separable,  # False: only late_call_s fitted (see notes)
             "num_cycles": overlap.num_cycles,
             "cycle_error_in_sample": vars(overlap.cycle_error),
             "notes": list(overlap.notes),

@@ -772,8 +772,11 @@ class OverlapFit:
             model's fitted per-miss term ``model.host_s_per_transfer``.
         late_call_s: the late-expert kernel call's seconds (per layer with misses).
         num_cycles: overlap-on cycles used.
-        cycle_error: |% error| of whole overlap-on cycles with the fitted model (in sample: one
-            parameter fitted on them).
+        cycle_error: |% error| of whole overlap-on cycles with the fitted model (in sample: the
+            two terms are fitted on these cycles, only ``late_call_s`` when they are not separable).
+        separable: whether the cycles separated the two terms (misses and layers with misses not
+            proportional); if not, the per-miss term is the measured placing plus the serial
+            runs' per-miss compute and only ``late_call_s`` is fitted (a note says so).
         notes: remarks.
     """
 
@@ -783,6 +786,7 @@ class OverlapFit:
     num_cycles: int
     cycle_error: TermError
     notes: tuple[str, ...] = ()
+    separable: bool = True
 
     def term_split(self) -> dict[str, float]:
         """The non-link parts of ``model.h2d_s_per_transfer`` as :meth:`CostFit.term_split` gives
@@ -793,6 +797,14 @@ class OverlapFit:
         return {"compute_s_per_miss": self.model.host_s_per_transfer - placing, "host_s_per_transfer": placing}
 
 
+OVERLAP_MAX_CONDITION = 30.0
+"""Largest condition number of :func:`fit_overlap_terms`' design (per overlap-on cycle with
+misses: its misses, its layers with misses; columns at unit max-norm) at which the two terms are
+fitted jointly. Equal columns (no layer missed twice) give infinity; ``runs/val-lead-final``'s
+ar + topn overlap-on cycles gave 4.4 (ar alone 7.8); 200 six-layer cycles with one layer missing
+twice gave 88, with 3 % of layers missing twice 22."""
+
+
 def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFrame | None) -> OverlapFit:
     """Fit what overlap costs the compute stream, from cycles recorded with ``--overlap on``.
 
@@ -801,10 +813,12 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
     terms of the cost model's overlap mode "on" (``specfit.cost``), ``host_s_per_transfer`` (per
     miss) and ``late_call_s`` (per layer with misses), enter a cycle's price linearly, so they are
     fitted together by non-negative least squares (``scipy.optimize.lsq_linear``, BVLS, as
-    :mod:`calibration.lsq`; plain seconds, unbiased for the MEAN cycle time, which throughput
-    sums; the target may be negative, so not ``fit_non_negative``) on the overlap-on cycles'
-    measured model cycle (``cycle_s - decision_s``) less the price of everything else, regressors the cycle's
-    demand misses and its layers with misses. Both are what overlap costs per miss and per layer
+    :mod:`calibration.lsq`; plain seconds, so the MEAN cycle time that throughput sums is what
+    it aims at: unbiased when the model's form is right, but with no intercept the residuals
+    need not sum to 0, and the note gives the cycles' summed price over their summed time; the
+    target may be negative, so not ``fit_non_negative``) on the overlap-on cycles' measured
+    model cycle (``cycle_s - decision_s``) less the price of everything else, regressors the
+    cycle's demand misses and its layers with misses. Both are what overlap costs per miss and per layer
     on the runs themselves: placing each miss and, on the CPU copy stream, its memcpy; the
     late-expert kernel call (``live.offload``); and how the per-miss compute differs from the
     serial runs' (there the host waits out every copy before computing). Measured on
@@ -816,7 +830,13 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
     The measured placing (:func:`host_s_per_transfer` of these runs: the cycles' ``h2d_s`` beyond
     their copies' own seconds) is reported beside the fit (``OverlapFit.host_s_per_transfer``)
     and, with the serial fit's per-miss compute added, is the model's per-miss term when fewer
-    than 3 cycles have misses (late call 0 then, with a note).
+    than 3 cycles have misses (late call 0 then, with a note) and when the two regressors are
+    (nearly) proportional, e.g. every layer missed at most one expert so that both columns are
+    equal: least squares would then split the per-layer total between the terms arbitrarily
+    (a 60 us miss + 250 us late call came out 155 / 155 us, exact on those cycles, 4-miss layers
+    mis-priced), so when the condition number of the unit-max-norm design exceeds
+    :data:`OVERLAP_MAX_CONDITION` only ``late_call_s`` is fitted, ``separable`` is False and a
+    note says so.
 
     Raises:
         CalibrationDataError: bad cycle values (run and field named) or no overlap cycle.
@@ -857,20 +877,41 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
     _, rest = priced(0.0, 0.0)  # everything but the two terms, which add linearly
     keep = layers_with_misses > 0
     per_miss_s, late_s = host_s + fit.compute_s_per_miss, 0.0
-    if keep.sum() >= 3:
+    separable = fitted = keep.sum() >= 3
+    if fitted:
         design = np.column_stack([total_misses, layers_with_misses])[keep].astype(np.float64)
-        scale = design.max(axis=0)  # columns at unit max-norm (counts vs seconds), scaled back below
-        coef = lsq_linear(design / scale, (measured - rest)[keep], bounds=(0.0, np.inf), method="bvls").x / scale
-        per_miss_s, late_s = (max(float(x), 0.0) for x in coef)
+        scale = design.max(axis=0)  # columns at unit max-norm (both counts, misses the larger), scaled back below
+        target = (measured - rest)[keep]
+        rank = np.linalg.matrix_rank(design / scale)
+        condition = float(np.linalg.cond(design / scale)) if rank == 2 else np.inf  # equal columns: rank 1
+        separable = bool(np.isfinite(condition) and condition <= OVERLAP_MAX_CONDITION)
+        if separable:
+            coef = lsq_linear(design / scale, target, bounds=(0.0, np.inf), method="bvls").x / scale
+            per_miss_s, late_s = (max(float(x), 0.0) for x in coef)
+        else:  # one column: non-negative least squares is the clipped projection
+            layers, left = design[:, 1], target - per_miss_s * design[:, 0]
+            late_s = max(float(layers @ left / (layers @ layers)), 0.0)
+            notes.append(
+                f"overlap on: per-miss term and late_call_s not separable: the cycles' misses and layers with "
+                f"misses are (nearly) proportional (condition number {condition:.3g} > {OVERLAP_MAX_CONDITION:g}; "
+                f"{np.mean(design[:, 0] / design[:, 1]):.3g} misses per layer with misses on average, 1 when "
+                "every layer missed at most one expert), so the per-miss term is the measured placing + memcpy "
+                "plus the serial runs' per-miss compute and only late_call_s is fitted; layers with more misses "
+                "than recorded may be mis-priced: record runs with more misses per layer (smaller cache, topn)"
+            )
     else:
         notes.append(f"late_call_s set to 0: {int(keep.sum())} overlap cycle(s) with misses (need >= 3)")
     model, predicted = priced(per_miss_s, late_s)
+    how = "fitted" if fitted and separable else "not fitted"
     notes.append(
-        f"overlap on: compute stream {per_miss_s * 1e6:.3g} us per miss (fitted; measured placing + memcpy "
+        f"overlap on: compute stream {per_miss_s * 1e6:.3g} us per miss ({how}; measured placing + memcpy "
         f"{host_s * 1e6:.3g} us, serial runs' per-miss compute {fit.compute_s_per_miss * 1e6:.3g} us), "
-        f"late-expert call {late_s * 1e6:.3g} us per layer with misses ({len(cycles)} cycles)"
+        f"late-expert call {late_s * 1e6:.3g} us per layer with misses ({len(cycles)} cycles; summed price / "
+        f"summed time {predicted.sum() / measured.sum():.4f})"
     )
-    return OverlapFit(model, host_s, late_s, len(cycles), TermError.of(predicted, measured), tuple(notes))
+    return OverlapFit(
+        model, host_s, late_s, len(cycles), TermError.of(predicted, measured), tuple(notes), bool(separable)
+    )
 
 
 def fit_tables(fit: CostFit) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -928,6 +969,7 @@ __all__ = [
     "FitOptions",
     "fit_pre_router_frac",
     "NextLayerFit",
+    "OVERLAP_MAX_CONDITION",
     "fit_next_layer_terms",
     "copies_per_transfer",
     "host_s_per_transfer",
