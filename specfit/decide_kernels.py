@@ -95,10 +95,23 @@ def level_accept_probs(parents, depths, max_depth, logprobs, edge, knots_x, knot
     values are numpy's bit for bit (``tests/test_specfit_decide_kernels.py``).
     """
     n = parents.shape[0]
+    p = np.empty(n)
+    _level_accept_probs_into(parents, depths, max_depth, logprobs, edge, knots_x, knots_y, runner_x, runner_y,
+                             draft_logprobs, p, np.empty(n), np.empty(n, np.int64), np.empty(n))  # fmt: skip
+    return p
+
+
+@njit(cache=True, error_model="numpy")
+def _level_accept_probs_into(parents, depths, max_depth, logprobs, edge, knots_x, knots_y, runner_x, runner_y,
+                             draft_logprobs, p, val, top, sums):  # fmt: skip
+    """:func:`level_accept_probs` into ``p`` float64[>= N] with the caller's scratch ``val``,
+    ``sums`` float64[>= N] and ``top`` int64[>= N] (no allocation: the live question's, issue 14)."""
+    n = parents.shape[0]
     use_runner = runner_x.shape[0] > 0
-    p = np.ones(n)
-    val = np.empty(n)
-    top = np.full(n, -1, np.int64)  # each parent's most probable child
+    for v in range(n):
+        p[v] = 1.0
+        top[v] = -1  # each parent's most probable child
+        sums[v] = 0.0
     if use_runner:
         for v in range(n):
             par = parents[v]
@@ -111,7 +124,6 @@ def level_accept_probs(parents, depths, max_depth, logprobs, edge, knots_x, knot
         else:
             x = _interp(q, knots_x, knots_y)
         val[v] = _clip01(x)
-    sums = np.zeros(n)
     for d in range(1, max_depth + 1):
         for v in range(n):
             if depths[v] == d:
@@ -130,7 +142,6 @@ def level_accept_probs(parents, depths, max_depth, logprobs, edge, knots_x, knot
                 s = sums[parents[v]]
                 if s > above:
                     p[v] *= above / s
-    return p
 
 
 @njit(cache=True, error_model="numpy")
@@ -210,6 +221,18 @@ def union_size_best_prefix(p, union_table, miss, params, context_len, num_levels
     """
     n = p.shape[0]
     order = np.empty(n, np.int64)
+    k, cycle_s, misses, ok = _best_prefix_into(
+        p, union_table, miss, params, context_len, num_levels, scratch, order, np.empty(miss.shape[0] + 2 * n)
+    )
+    return order[:k], cycle_s, misses, ok
+
+
+@njit(cache=True, error_model="numpy")
+def _best_prefix_into(p, union_table, miss, params, context_len, num_levels, scratch, order, buf):
+    """:func:`union_size_best_prefix` without allocation: ``(k, cycle_s, misses, ok)``, the
+    prefix's ``k`` nodes sorted by id in ``order[:k]`` (``order`` int64[>= N], ``buf``
+    float64[>= L + 2 N] scratch)."""
+    n = p.shape[0]
     for i in range(n):  # insertion sort, stable: P descending, ties by id (NaN last, as numpy sorts)
         key = p[i]
         j = i
@@ -225,9 +248,9 @@ def union_size_best_prefix(p, union_table, miss, params, context_len, num_levels
             order[i] = order[i - 1]
         order[0] = 0
     layers = miss.shape[0]
-    prod = np.empty(layers)
-    cycles = np.empty(n)
-    totals = np.empty(n)
+    prod = buf[:layers]
+    cycles = buf[layers : layers + n]
+    totals = buf[layers + n : layers + 2 * n]
     ok = True
     best = -1
     best_ratio = 0.0
@@ -246,15 +269,14 @@ def union_size_best_prefix(p, union_table, miss, params, context_len, num_levels
             best, best_ratio = i, ratio
     if best < 0 or not best_ratio > -1.0:
         best = 0
-    ids = order[: best + 1].copy()
-    for i in range(1, ids.shape[0]):  # sorted by id (insertion sort: a few nodes)
-        key = ids[i]
+    for i in range(1, best + 1):  # the prefix sorted by id in place (insertion sort: a few nodes)
+        key = order[i]
         j = i
-        while j > 0 and ids[j - 1] > key:
-            ids[j] = ids[j - 1]
+        while j > 0 and order[j - 1] > key:
+            order[j] = order[j - 1]
             j -= 1
-        ids[j] = key
-    return ids, cycles[best], totals[best], ok
+        order[j] = key
+    return best + 1, cycles[best], totals[best], ok
 
 
 @njit(cache=True, error_model="numpy")
@@ -270,6 +292,14 @@ def expected_rule_union_size(p, parents, depths, max_depth, chosen, root_alpha, 
     with ``union_table[m - 1] * miss`` expected misses per layer for ``m`` nodes (their total
     summed in layer order; ``union_table`` float64[>= m, L]).
     """
+    return _expected_rule_into(p, parents, depths, max_depth, chosen, root_alpha, remaining, union_table, miss,
+                               num_levels, best_tokens_per_s, params, context_len, scratch, np.empty(p.shape[0]))  # fmt: skip
+
+
+@njit(cache=True, error_model="numpy")
+def _expected_rule_into(p, parents, depths, max_depth, chosen, root_alpha, remaining, union_table, miss,
+                        num_levels, best_tokens_per_s, params, context_len, scratch, base_p):  # fmt: skip
+    """:func:`expected_rule_union_size` with the caller's scratch ``base_p`` float64[>= N]."""
     n = p.shape[0]
     if max_depth == 0:
         leaf = 0
@@ -291,8 +321,7 @@ def expected_rule_union_size(p, parents, depths, max_depth, chosen, root_alpha, 
         v = parents[v]
     count = 0
     m = 0
-    base_p = np.empty(n)  # P of the chosen non-root nodes in id order, summed as np.sum (_chain_gain)
-    for u in range(n):
+    for u in range(n):  # base_p: P of the chosen non-root nodes in id order, summed as np.sum (_chain_gain)
         if chosen[u]:
             count += 1
             if u != 0:
@@ -405,10 +434,26 @@ def union_size_plan_rule(p, parents, depths, union_table, miss, params, context_
         context_len, num_levels, max_depth: counts (int).
     """
     n = p.shape[0]
-    scratch = np.empty((2, miss.shape[0]))
-    ids, cycle_s, misses, ok = union_size_best_prefix(p, union_table, miss, params, context_len, num_levels, scratch)
-    k = ids.shape[0]
-    chosen_p = np.empty(k - 1)
+    order = np.empty(n, np.int64)
+    k, cycle_s, expected, misses, ok, keep = _plan_rule_into(
+        p, parents, depths, union_table, miss, params, context_len, num_levels, root_alpha, max_depth, ask,
+        np.empty((2, miss.shape[0])), order, np.empty(miss.shape[0] + 5 * n),
+    )  # fmt: skip
+    return order[:k], cycle_s, expected, misses, ok, keep
+
+
+@njit(cache=True, error_model="numpy")
+def _plan_rule_into(p, parents, depths, union_table, miss, params, context_len, num_levels, root_alpha,
+                    max_depth, ask, scratch, order, buf):  # fmt: skip
+    """:func:`union_size_plan_rule` without allocation: ``(k, cycle_s, expected, misses, ok,
+    keep)``, the plan's nodes in ``order[:k]`` (``scratch`` float64[2, L], ``order`` int64[>= N],
+    ``buf`` float64[>= L + 5 N] scratch; the live question's, issue 14)."""
+    n = p.shape[0]
+    layers = miss.shape[0]
+    k, cycle_s, misses, ok = _best_prefix_into(p, union_table, miss, params, context_len, num_levels, scratch,
+                                               order, buf)  # fmt: skip
+    ids = order
+    chosen_p = buf[layers + 2 * n : layers + 3 * n]
     for i in range(1, k):
         chosen_p[i - 1] = p[ids[i]]
     expected = 1.0 + numpy_sum(chosen_p, 0, k - 1)
@@ -418,14 +463,16 @@ def union_size_plan_rule(p, parents, depths, union_table, miss, params, context_
             depth = depths[v]
     keep = False
     if ask and ok and depth < max_depth:
-        chosen = np.zeros(n, np.bool_)
+        chosen = buf[layers + 3 * n : layers + 4 * n]  # 1.0: chosen
+        for v in range(n):
+            chosen[v] = 0.0
         for i in range(k):
-            chosen[ids[i]] = True
-        keep = expected_rule_union_size(
+            chosen[ids[i]] = 1.0
+        keep = _expected_rule_into(
             p, parents, depths, depth, chosen, root_alpha, max_depth - depth, union_table, miss, num_levels,
-            expected / cycle_s, params, context_len, scratch,
+            expected / cycle_s, params, context_len, scratch, buf[layers + 4 * n : layers + 5 * n],
         )  # fmt: skip
-    return ids, cycle_s, expected, misses, ok, keep
+    return k, cycle_s, expected, misses, ok, keep
 
 
 @njit(cache=True, inline="always")
@@ -448,7 +495,8 @@ def question_constants(params, calibrated, edge, max_depth, knots_x, knots_y, ru
     compiled call costs its unboxing; issue 14): ``calibrated``, ``edge`` (0/1), ``max_depth``,
     ``K``, ``R``, ``P``, the ``P`` cost parameters (:func:`specfit.planner.cost_params`), then
     ``knots_x, knots_y`` (K each), the runner-up map's ``runner_x, runner_y`` (R each, R = 0:
-    none), then ``room`` values from ``answer_at`` on for the answer (at least twice the nodes)."""
+    none), then ``room`` values from ``answer_at`` on for the answer and the question's scratch
+    (at least :func:`question_room`)."""
     head = [float(bool(calibrated)), float(bool(edge)), float(max_depth)]
     head += [float(len(knots_x)), float(len(runner_x)), float(len(params))]
     work = np.concatenate((np.array(head), params, knots_x, knots_y, runner_x, runner_y, np.zeros(int(room))))
@@ -461,8 +509,9 @@ def union_size_question(parents, values, work, union_table, miss, context_len, n
     ``(ok, keep, cycle_s, expected, misses, depth1_max, k, N)``, with ``p`` in ``work[a:a + N]`` and
     the plan's ``k`` nodes (sorted ids, int64 in the bytes of ``work``: ``work.view(np.int64)``) in
     ``[a + N:a + N + k]`` (``a``: the ``answer_at`` of :func:`question_constants`, which made
-    ``work``; scalars come back without a new array to box per question; issue 14). A tree too
-    large for ``union_table`` (``N + max_depth`` rows) or for the answer's room (``2 N``) is not
+    ``work``; scalars come back without a new array to box per question; issue 14); the rest of
+    the room is the question's scratch (nothing is allocated). A tree too large for
+    ``union_table`` (``N + max_depth`` rows) or for the room (:func:`question_room`) is not
     answered: ``k = -1`` and nothing else is meaningful (the caller grows them and asks again),
     so the caller needs no numpy call per question to measure the tree; ``miss`` of another
     length than the table's layers: ``k = -2`` (the caller raises).
@@ -491,25 +540,35 @@ def union_size_question(parents, values, work, union_table, miss, context_len, n
     answer_at = at + 2 * num_knots + 2 * num_runner
     if miss.shape[0] != union_table.shape[1]:  # the caller's miss fractions are not float[L]
         return False, False, 0.0, 0.0, 0.0, -1.0, -2, n
-    if n + int(work[_Q_MAX_DEPTH]) > union_table.shape[0] or answer_at + 2 * n > work.shape[0]:
+    layers = miss.shape[0]
+    if n + int(work[_Q_MAX_DEPTH]) > union_table.shape[0] or answer_at + question_room(n, layers) > work.shape[0]:
         return False, False, 0.0, 0.0, 0.0, -1.0, -1, n
-    clean = np.empty(miss.shape[0])
-    for layer in range(miss.shape[0]):
+    # no allocation (issue 14): the answer and every scratch array are views of ``work``
+    ints = work.view(np.int64)
+    p = work[answer_at : answer_at + n]  # the answer's P, computed in place
+    order = ints[answer_at + n : answer_at + 2 * n]  # the answer's nodes (the first k)
+    at = answer_at + 2 * n
+    scratch = work[at : at + 2 * layers].reshape((2, layers))
+    clean = work[at + 2 * layers : at + 3 * layers]
+    buf = work[at + 3 * layers : at + 4 * layers + 5 * n]
+    at += 4 * layers + 5 * n
+    val, sums, top, depths = work[at : at + n], work[at + n : at + 2 * n], ints[at + 2 * n : at + 3 * n], ints[at + 3 * n : at + 4 * n]
+    for layer in range(layers):
         clean[layer] = _clean_fraction(miss[layer])
-    depths = np.zeros(n, np.int64)
+    depths[0] = 0
     depth = 0
     for v in range(1, n):
         depths[v] = depths[parents[v]] + 1
         if depths[v] > depth:
             depth = depths[v]
     if n == 1:
-        p = np.ones(1)
+        p[0] = 1.0
     elif work[_Q_CALIBRATED] != 0.0:
-        p = level_accept_probs(
-            parents, depths, depth, values, work[_Q_EDGE] != 0.0, knots_x, knots_y, runner_x, runner_y, values
-        )
+        _level_accept_probs_into(
+            parents, depths, depth, values, work[_Q_EDGE] != 0.0, knots_x, knots_y, runner_x, runner_y, values,
+            p, val, top, sums,
+        )  # fmt: skip
     else:
-        p = np.empty(n)
         for v in range(n):
             p[v] = _clip01(values[v])
         p[0] = 1.0
@@ -527,17 +586,19 @@ def union_size_question(parents, values, work, union_table, miss, context_len, n
                     break
                 if x >= depth1_max:
                     depth1_max = x
-    ids, cycle_s, expected, misses, ok, keep = union_size_plan_rule(
+    k, cycle_s, expected, misses, ok, keep = _plan_rule_into(
         p, parents, depths, union_table, clean, params, context_len, num_levels, root_alpha,
-        int(work[_Q_MAX_DEPTH]), ask,
+        int(work[_Q_MAX_DEPTH]), ask, scratch, order, buf,
     )  # fmt: skip
-    for v in range(n):
-        work[answer_at + v] = p[v]
-    k = ids.shape[0]
-    ids_out = work.view(np.int64)
-    for i in range(k):
-        ids_out[answer_at + n + i] = ids[i]
     return ok, keep, cycle_s, expected, misses, depth1_max, k, n
+
+
+@njit(cache=True, inline="always")
+def question_room(n, layers):
+    """Values of :func:`union_size_question`'s ``work`` it needs from ``answer_at`` on for a tree of
+    ``n`` nodes and ``layers`` layers: the answer (``2 n``: P and the node ids) and the question's
+    scratch arrays (``4 L + 9 n``), so a question allocates nothing (issue 14)."""
+    return 11 * n + 4 * layers
 
 
 def question_entry():

@@ -721,8 +721,10 @@ class UnionSizeQuestions:
             if runner[0] is None or not self.edge:
                 runner = (_NO_VALUES, _NO_VALUES)
             knots = (calibration.knots_x, calibration.knots_y, *runner)
+        self._room = kernels.question_room  # values of work from answer_at on for (nodes, layers)
+        room = self._room(self.max_nodes + self.max_depth, int(cost.num_layers))
         self.work, self.answer_at = kernels.question_constants(  # the last answer's P and nodes at answer_at
-            cost_params(cost), self.calibrated, self.edge, self.max_depth, *knots, 2 * (self.max_nodes + self.max_depth)
+            cost_params(cost), self.calibrated, self.edge, self.max_depth, *knots, room
         )
         self._ids = self.work.view(np.int64)  # the answer's node ids, as the kernel writes them
         self._kernel = kernels.union_size_question  # numba's dispatcher: checks every argument's type
@@ -742,7 +744,7 @@ class UnionSizeQuestions:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         del state["_ids"]  # a view of ``work``: a copy would not see the kernel's answers
-        del state["_kernel"], state["_entry"]  # compiled code: loaded again, not pickled
+        del state["_kernel"], state["_entry"], state["_room"]  # compiled code: loaded again, not pickled
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -756,6 +758,7 @@ class UnionSizeQuestions:
         self._ids = self.work.view(np.int64)
         kernels = decide_kernels()
         self._kernel, self._entry = kernels.union_size_question, kernels.question_entry()
+        self._room = kernels.question_room
 
     def _warm_up(self) -> None:
         """Run the kernel once on the arrays a cycle passes (the drafter's writable arrays, a
@@ -849,8 +852,9 @@ class UnionSizeQuestions:
                     f"got shape {self.miss.shape}"
                 )
             n = answer[7]  # grow both to hold n nodes (and max_depth more table rows)
-            if 2 * n > self.work.shape[0] - self.answer_at:
-                self.work = np.concatenate((self.work[: self.answer_at], np.zeros(2 * (n + self.max_depth))))
+            room = self._room(n + self.max_depth, self.table.shape[1])
+            if room > self.work.shape[0] - self.answer_at:
+                self.work = np.concatenate((self.work[: self.answer_at], np.zeros(room)))
                 self._ids = self.work.view(np.int64)
             if n + self.max_depth > self.table.shape[0]:
                 self._set_arrays(union_table(self.node_experts, n + self.max_depth), self.miss)
