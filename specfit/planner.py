@@ -369,16 +369,17 @@ def union_size_plan(
     if not ok:
         raise ValueError("cost model: a cycle time of 0 s makes the throughput unbounded")
     ids.setflags(write=False)
-    return Plan.trusted(  # one plan per stopping question: the dataclass __init__ shows in the profile
-        nodes=ids,
-        expected_committed=expected,
-        predicted_cycle_s=cycle_s,
-        predicted_tokens_per_s=expected / cycle_s,
-        decision_s=time.perf_counter() - started,
-        nodes_explored=int(num_nodes),
-        policy=POLICY_NAME,
-        predicted_misses=misses,
-    )
+    # one plan per cycle on the live decide path: built as Plan.trusted builds it, but its fields
+    # as one dict literal (no classmethod frame, keyword dict or update: ~20 us less after a model
+    # forward on the build machine, paired A/B; issue 14)
+    plan = object.__new__(Plan)
+    object.__setattr__(plan, "__dict__", {
+        "nodes": ids, "expected_committed": expected, "predicted_cycle_s": cycle_s,
+        "predicted_tokens_per_s": expected / cycle_s, "decision_s": time.perf_counter() - started,
+        "nodes_explored": int(num_nodes), "policy": POLICY_NAME, "predicted_misses": misses,
+        "exact": True, "gap": 0.0,
+    })  # fmt: skip
+    return plan
 
 
 def plan_union_size(ctx: PolicyContext, root_alpha: float = 1.0, max_depth: int = 0) -> tuple[Plan, bool]:
