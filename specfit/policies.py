@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from operator import itemgetter
 from types import SimpleNamespace
 from typing import Any
 
@@ -222,57 +221,103 @@ class GuardWindow:
     without one) kept up to date as samples come and go.
 
     The sums are bit for bit ``sum(...)`` over the window, oldest first (``sum`` adds floats left
-    to right from 0): appending one adds it (the same last addition), anything that drops a sample
-    sums the window again. So the guard's question, asked once per live cycle, reads four numbers
-    instead of summing its windows (issue 14: ~7 passes over up to 64 samples, each page of them
-    cold after a model forward). A deque-like container: ``len``, iteration, indexing, ``append``,
-    ``popleft``, ``clear``, ``extend`` (there is no other way to change it).
+    to right from 0): appending to a window that is neither full nor changed otherwise since its
+    last sum adds the sample (the same last addition); anything that drops a sample marks the sums
+    stale and the next read sums the window again, from per-field copies of the window (one C-level
+    ``sum`` per field, no pass over the tuples; several drops between two reads sum once). So the
+    guard's question, asked once per cycle, reads four numbers instead of summing its windows
+    (issue 14: ~7 passes over up to 64 samples, each page of them cold after a model forward). A
+    deque-like container: ``len``, iteration, indexing, ``append``, ``popleft``, ``clear``,
+    ``extend`` (there is no other way to change it).
     """
 
     def __init__(self, maxlen: int) -> None:
         from collections import deque
 
-        self._samples: Any = deque(maxlen=int(maxlen))
         self.maxlen = int(maxlen)
-        self._sum()
+        self._samples: Any = deque(maxlen=self.maxlen)
+        self._tokens: Any = deque(maxlen=self.maxlen)  # per-field copies of the window, oldest first
+        self._seconds: Any = deque(maxlen=self.maxlen)
+        self._priced: Any = deque()  # the priced root-alone seconds, oldest first
+        self.unpriced = 0
+        self._tokens_sum = self._seconds_sum = self._root_sum = 0
+        self._stale = False  # True: the three sums must be taken again before they are read
 
     def _sum(self) -> None:
-        samples = self._samples
-        self.tokens = sum(map(itemgetter(0), samples))
-        self.seconds = sum(map(itemgetter(1), samples))
-        priced = [c[3] for c in samples if c[3] is not None]
-        self.root_s = sum(priced)
-        self.unpriced = len(samples) - len(priced)
+        self._tokens_sum = sum(self._tokens)
+        self._seconds_sum = sum(self._seconds)
+        self._root_sum = sum(self._priced)
+        self._stale = False
+
+    @property
+    def tokens(self) -> float:
+        """Sum of the window's committed tokens (``sum`` over the samples, oldest first)."""
+        if self._stale:
+            self._sum()
+        return self._tokens_sum
+
+    @property
+    def seconds(self) -> float:
+        """Sum of the window's priced seconds (``sum`` over the samples, oldest first)."""
+        if self._stale:
+            self._sum()
+        return self._seconds_sum
+
+    @property
+    def root_s(self) -> float:
+        """Sum of the window's priced root-alone seconds (``sum`` over the priced ones, oldest first)."""
+        if self._stale:
+            self._sum()
+        return self._root_sum
+
+    def _drop_oldest(self) -> tuple:
+        """Forget the oldest sample's root price (the caller removes the sample itself)."""
+        oldest = self._samples[0]
+        if oldest[3] is None:
+            self.unpriced -= 1
+        else:
+            self._priced.popleft()
+        self._stale = True
+        return oldest
 
     def append(self, sample: tuple) -> None:
         """Add the newest sample; the oldest leaves a full window."""
-        full = len(self._samples) == self.maxlen
+        if len(self._samples) == self.maxlen:
+            self._drop_oldest()  # the deques' maxlen drops it below
         self._samples.append(sample)
-        if full:
-            self._sum()
-            return
-        self.tokens += sample[0]
-        self.seconds += sample[1]
-        if sample[3] is None:
+        self._tokens.append(sample[0])
+        self._seconds.append(sample[1])
+        root = sample[3]
+        if root is None:
             self.unpriced += 1
         else:
-            self.root_s += sample[3]
+            self._priced.append(root)
+        if not self._stale:  # the same last addition as ``sum`` over the window
+            self._tokens_sum += sample[0]
+            self._seconds_sum += sample[1]
+            if root is not None:
+                self._root_sum += root
 
     def popleft(self) -> tuple:
-        """Remove and return the oldest sample."""
-        sample = self._samples.popleft()
-        self._sum()
-        return sample
+        """Remove and return the oldest sample (IndexError when empty)."""
+        if not self._samples:
+            raise IndexError("pop from an empty GuardWindow")
+        self._drop_oldest()
+        self._tokens.popleft()
+        self._seconds.popleft()
+        return self._samples.popleft()
 
     def clear(self) -> None:
         """Remove every sample."""
-        self._samples.clear()
-        self._sum()
+        for field in (self._samples, self._tokens, self._seconds, self._priced):
+            field.clear()
+        self.unpriced = 0
+        self._stale = True
 
     def extend(self, samples) -> None:
         """Append ``samples`` in order (the oldest leave a full window)."""
-        self._samples.extend(samples)
-        self._sum()
+        for sample in list(samples):
+            self.append(sample)
 
     def __len__(self) -> int:
         return len(self._samples)
