@@ -1401,7 +1401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_cost(args, parser)
     out = parser.ensure_out_dir(
         "--out",
-        args.out or Path("runs") / "validate" / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ"),
+        args.out or Path("runs") / "validate" / _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ"),
     )
     import torch
 

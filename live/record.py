@@ -559,7 +559,7 @@ def resolve_config(args: Any, parser: ArgumentParser, explicit: set[str] | None 
         parser.fail("--depth", "dense mode needs a tree: --depth >= 1 and --max-nodes >= 2")
     from specfit.units import us_to_s
 
-    out = args.out or str(Path("runs") / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
+    out = args.out or str(Path("runs") / _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ"))
     return RecordConfig(
         model=args.model,
         draft=draft,

@@ -85,9 +85,11 @@ class ArgumentParser(argparse.ArgumentParser):
         that leaves one action; otherwise all stay and argparse reports the ambiguity (a prefix of
         two different flags stays an error). Source: CPython 3.11 ``Lib/argparse.py``
         (``_parse_optional``, ``_get_option_tuples``): a tuple's first item is the action, its second
-        the option string and its last the explicit ``=value``, in the 3-tuples of 3.10/3.11 and the
-        4-tuples (``sep`` added) of 3.12 and 3.13 alike, whose ``_parse_optional`` also returns a
-        list of them; ``tests/test_cli_flag_spellings.py`` was run on 3.12.1 and 3.13.0 too.
+        the option string and its last the explicit ``=value``, in 3-tuples and 4-tuples (``sep``
+        third) alike. Checked: CPython 3.12.1 (pyenv) returns 3-tuples from both
+        ``_get_option_tuples`` and ``_parse_optional``; 3.13.0 returns 4-tuples (with ``sep``) from
+        both (a single tuple from ``_parse_optional`` for ``--band=3``);
+        ``tests/test_cli_flag_spellings.py`` was run on 3.12.1 and 3.13.0 too.
         """
         later = getattr(self, "_later_spellings", frozenset())
         per_action: dict[tuple[int, Any], list[tuple[Any, ...]]] = {}

@@ -94,8 +94,9 @@ ADDED = [
 
 def _optional_action(parser, arg: str):
     """The action argparse takes option ``arg`` for. ``_parse_optional`` (private) returns an
-    ``(action, option_string, explicit_arg)`` tuple up to CPython 3.11, a 4-tuple with the ``=``
-    separator in 3.12 and a list of such 4-tuples from 3.13 (one per matching option)."""
+    ``(action, option_string, explicit_arg)`` tuple up to CPython 3.12 (checked on 3.12.1), a
+    4-tuple with the ``=`` separator third on 3.13.0 (checked); a list of tuples is accepted too in
+    case a later release returns one per matching option."""
     got = parser._parse_optional(arg)
     if isinstance(got, list):
         assert len(got) == 1, got

@@ -305,7 +305,7 @@ def software_versions() -> dict[str, str]:
 
 def utc_now_iso() -> str:
     """Current UTC time, ISO 8601 with seconds (``2026-11-30T05:30:00Z``)."""
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)

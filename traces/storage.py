@@ -76,8 +76,10 @@ def encoding_options(schema: pa.Schema) -> dict[str, object]:
     every other leaf (packs expert ids to ``ceil(log2 E)`` bits before compression). Lossless:
     encodings change bytes on disk, never values. Source: the Parquet format's ``BYTE_STREAM_SPLIT``
     encoding (float16 = ``FIXED_LEN_BYTE_ARRAY`` since Parquet 2.11 / Arrow 16, apache/arrow#40094;
-    columns with nulls read right from Arrow 16.1, apache/arrow#41562: hence ``pyarrow>=16.1``);
-    pyarrow's ``write_table(column_encoding=..., use_dictionary=[...])``."""
+    columns with nulls read right from Arrow 16.1, apache/arrow#41562; the project now needs
+    ``pyarrow>=26`` for another reason: pyarrow 25 cannot read an all-null ``FixedSizeList``
+    column such as ``next_layer_expert_ids`` written as ``pa.nulls`` by ``traces/writer.py`` in
+    every trace without next-layer guesses); pyarrow's ``write_table(column_encoding=..., use_dictionary=[...])``."""
     leaves = _leaf_paths(schema)
     floats = [path for path, kind in leaves if pa.types.is_floating(kind)]
     return {
