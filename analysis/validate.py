@@ -577,7 +577,7 @@ class Validator:
             cost = dataclasses.replace(cost, overlap_h2d=True, overlap_mode="on")
             cost.save(path)
             return cost, path
-        from calibration.costfit import fit_overlap_terms
+        from calibration.costfit import OVERLAP_FIT_REPORT_VERSION, fit_overlap_terms
         from calibration.runs import load_runs
 
         try:
@@ -589,9 +589,10 @@ class Validator:
         self.fit_runs[(bandwidth, "on")] = list(runs)
         self.cost_splits[(bandwidth, "on")] = overlap.term_split()
         report = {
+            "version": OVERLAP_FIT_REPORT_VERSION,
             "cost": overlap.model.to_dict(),
             "host_s_per_transfer": overlap.model.host_s_per_transfer,  # fitted on whole cycles
-            "placing_s_per_transfer": overlap.host_s_per_transfer,  # measured: h2d_s beyond the copies
+            "placing_s_per_transfer": overlap.placing_s_per_transfer,  # measured: h2d_s beyond the copies
             "late_call_s": overlap.late_call_s,
             "terms_separable": overlap.separable,  # False: only late_call_s fitted (see notes)
             "num_cycles": overlap.num_cycles,

@@ -760,6 +760,13 @@ def fit_cost_model(
     )
 
 
+OVERLAP_FIT_REPORT_VERSION = 2
+"""Version of the ``overlap_fit`` report block (``calibration.fit``, ``analysis.validate``): 2 has the
+fitted per-miss term under ``host_s_per_transfer`` and the measured placing under
+``placing_s_per_transfer``; blocks without a version (1) had the measured placing under
+``host_s_per_transfer``."""
+
+
 @dataclass(frozen=True)
 class OverlapFit:
     """Outcome of :func:`fit_overlap_terms`: the overlap-on cost model and how it was found.
@@ -767,7 +774,7 @@ class OverlapFit:
     Attributes:
         model: the serial fit's model priced as the live engine overlaps (``overlap_mode="on"``),
             with ``host_s_per_transfer`` and ``late_call_s`` fitted together on whole cycles.
-        host_s_per_transfer: the placing measured on the overlap runs per miss (slot bookkeeping
+        placing_s_per_transfer: the placing measured on the overlap runs per miss (slot bookkeeping
             and the CPU copy stream's memcpy: ``h2d_s`` beyond the copies), reported beside the
             model's fitted per-miss term ``model.host_s_per_transfer``.
         late_call_s: the late-expert kernel call's seconds (per layer with misses).
@@ -781,7 +788,7 @@ class OverlapFit:
     """
 
     model: CycleCostModel
-    host_s_per_transfer: float
+    placing_s_per_transfer: float
     late_call_s: float
     num_cycles: int
     cycle_error: TermError
@@ -790,10 +797,11 @@ class OverlapFit:
 
     def term_split(self) -> dict[str, float]:
         """The non-link parts of ``model.h2d_s_per_transfer`` as :meth:`CostFit.term_split` gives
-        them: ``host_s_per_transfer`` the measured placing, ``compute_s_per_miss`` the rest of the
+        them: ``host_s_per_transfer`` the measured placing (``placing_s_per_transfer``; the key
+        keeps :meth:`CostFit.term_split`'s name), ``compute_s_per_miss`` the rest of the
         fitted per-miss term (what overlap's misses cost the compute stream beyond placing;
         clipped at 0)."""
-        placing = min(self.host_s_per_transfer, self.model.host_s_per_transfer)
+        placing = min(self.placing_s_per_transfer, self.model.host_s_per_transfer)
         return {"compute_s_per_miss": self.model.host_s_per_transfer - placing, "host_s_per_transfer": placing}
 
 
@@ -828,7 +836,7 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
     throughput error, simulator's verify term -9.8 / +8.5 % of live time).
 
     The measured placing (:func:`host_s_per_transfer` of these runs: the cycles' ``h2d_s`` beyond
-    their copies' own seconds) is reported beside the fit (``OverlapFit.host_s_per_transfer``)
+    their copies' own seconds) is reported beside the fit (``OverlapFit.placing_s_per_transfer``)
     and, with the serial fit's per-miss compute added, is the model's per-miss term when fewer
     than 3 cycles have misses (late call 0 then, with a note) and when the two regressors are
     (nearly) proportional, e.g. every layer missed at most one expert so that both columns are

@@ -43,6 +43,7 @@ from tqdm import tqdm
 from calibration.acceptance_fit import AcceptanceDataError, fit_acceptance
 from calibration.checks import CalibrationDataError
 from calibration.costfit import (
+    OVERLAP_FIT_REPORT_VERSION,
     VERIFY_TARGETS,
     WEIGHTINGS,
     FitOptions,
@@ -354,9 +355,10 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
     if overlap is not None:
         report["serial_cost"] = fit.model.to_dict()
         report["overlap_fit"] = {
+            "version": OVERLAP_FIT_REPORT_VERSION,
             "runs": overlap_labels,
             "host_s_per_transfer": overlap.model.host_s_per_transfer,  # fitted on whole cycles
-            "placing_s_per_transfer": overlap.host_s_per_transfer,  # measured: h2d_s beyond the copies
+            "placing_s_per_transfer": overlap.placing_s_per_transfer,  # measured: h2d_s beyond the copies
             "late_call_s": overlap.late_call_s,
             "terms_separable": overlap.separable,  # False: only late_call_s fitted (see notes)
             "num_cycles": overlap.num_cycles,

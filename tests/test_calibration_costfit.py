@@ -285,7 +285,7 @@ def test_overlap_terms_are_fitted_from_overlap_on_cycles(tables) -> None:
     host_s, late_s = 15e-6, 250e-6
     on_cycles, on_transfers, truth_on, _ = _overlap_on_cycles(fit, 5, host_s, host_s, late_s)
     overlap = fit_overlap_terms(fit, on_cycles, on_transfers)
-    assert overlap.host_s_per_transfer == pytest.approx(host_s, rel=1e-6)
+    assert overlap.placing_s_per_transfer == pytest.approx(host_s, rel=1e-6)
     assert overlap.late_call_s == pytest.approx(late_s, rel=1e-6)
     m = overlap.model
     assert (m.overlap_h2d, m.overlap_mode) == (True, "on")
@@ -310,7 +310,7 @@ def test_overlap_terms_price_what_overlap_costs_per_miss_not_the_placing_alone(t
     on_cycles, on_transfers, truth_on, misses = _overlap_on_cycles(fit, 7, placing_s, per_miss_s, late_s)
     assert len({int(n) for n in misses.sum(axis=1)}) > 3 and len({int(k) for k in np.count_nonzero(misses, axis=1)}) > 1
     overlap = fit_overlap_terms(fit, on_cycles, on_transfers)
-    assert overlap.host_s_per_transfer == pytest.approx(placing_s, rel=1e-6)  # measured, reported
+    assert overlap.placing_s_per_transfer == pytest.approx(placing_s, rel=1e-6)  # measured, reported
     assert overlap.model.host_s_per_transfer == pytest.approx(per_miss_s, rel=1e-6)
     assert overlap.late_call_s == overlap.model.late_call_s == pytest.approx(late_s, rel=1e-6)
     assert overlap.model.link_s_per_transfer == pytest.approx(truth_on.link_s_per_transfer, rel=1e-9)

@@ -303,6 +303,7 @@ def test_fit_cli_fits_overlap_terms_on_the_overlap_on_runs(runs, tmp_path, capsy
     assert report["overlap_fit"]["runs"] == [str(on)] and report["serial_cost"]["overlap_mode"] == "ideal"
     assert report["overlap_fit"]["host_s_per_transfer"] == report["cost"]["host_s_per_transfer"]  # the fitted term
     assert report["overlap_fit"]["placing_s_per_transfer"] >= 0  # the measured placing beside it
+    assert report["overlap_fit"]["version"] == 2  # names the meaning of the two keys (M8)
     assert fit_cli.main([str(policy), str(on), "--out", str(out), "--overlap", "off"]) in (0, 1)
     assert "overlap_mode" not in _last_json(capsys)  # --overlap off: every run fitted together, as before
 
