@@ -628,7 +628,7 @@ class Validator:
         size where the counts allow): the share depends strongly on the cache, so each cache gets
         its own fit, as ``sim.sweep``'s pilots and ``--calibration separate`` do. A cache whose runs
         hold fewer than ``specfit.prefetch.NEXT_LAYER_MIN_KNOT_MISSES`` planner misses (demand
-        misses + used prefetches) takes the fit pooled over every cache size, and one stderr line
+        misses of layers 1..L-1 + used prefetches, as the knots count them) takes the fit pooled over every cache size, and one stderr line
         says so. Empty with ``--cost`` or without such runs (the cost is then used as it is).
 
         Returns:
@@ -653,7 +653,8 @@ class Validator:
         shares = {}
         for c in caches:
             fit = fits.get(c)
-            planner_misses = 0 if fit is None else fit.num_misses + fit.num_used
+            # the knots' count (specfit.prefetch.next_layer_share_by_nodes): layer 0's misses left out
+            planner_misses = 0 if fit is None else fit.num_misses - fit.num_first_layer_misses + fit.num_used
             if planner_misses < NEXT_LAYER_MIN_KNOT_MISSES:
                 print(
                     f"warning: {bw:g} GB/s, cache {c}: next-layer prefetch share pooled over every cache size "

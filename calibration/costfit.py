@@ -646,6 +646,12 @@ def fit_next_layer_terms(cycles: pd.DataFrame) -> NextLayerFit:
     first = None  # layer 0's demand misses: no guess covers them (specfit.prefetch.next_layer_share)
     if "layer_misses" in table.columns and len(table):
         first = _stack(table["layer_misses"])[:, 0].astype(np.int64)
+    elif len(table):
+        notes.append(
+            "next-layer prefetch: no layer_misses column, so layer 0's misses (which no guess covers) "
+            "stay in the denominator: the share is over every layer (as cost JSON versions 5-6) but is "
+            "stored and priced as a share of layers 1..L-1 (version 7), i.e. slightly low"
+        )
     if "num_nodes_verified" in table.columns and not table["num_nodes_verified"].isna().any():
         share = next_layer_share_by_nodes(
             table["num_nodes_verified"], *(table[c].astype(np.int64) for c in columns), first_layer_misses=first

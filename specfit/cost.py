@@ -1036,12 +1036,27 @@ class CycleCostModel:
         kwargs = {n: data[n] for n in names if n in data}
         if version in (5, 6) and isinstance(kwargs.get("num_layers"), int):  # shares of every layer -> of 1..L-1
             layers = kwargs["num_layers"]
+
+            def scaled(v: Any, cap: bool) -> Any:  # an invalid share stays as written, for the checks to name
+                return v if cap and not 0.0 <= v <= 1.0 else share_of_guessed_layers(v, layers, cap)
+
+            rescaled = False
             for name, cap in (("next_layer_cover_frac", True), ("next_layer_waste_per_miss", False)):
                 if _is_number(kwargs.get(name)):
-                    kwargs[name] = share_of_guessed_layers(kwargs[name], layers, cap and kwargs[name] <= 1.0)
+                    rescaled |= kwargs[name] != 0 and layers > 1
+                    kwargs[name] = scaled(kwargs[name], cap)
             for name, cap in (("next_layer_cover_fracs", True), ("next_layer_waste_per_misses", False)):
                 if isinstance(kwargs.get(name), (list, tuple)) and all(_is_number(v) for v in kwargs[name]):
-                    kwargs[name] = [share_of_guessed_layers(v, layers, cap and v <= 1.0) for v in kwargs[name]]
+                    rescaled |= any(v != 0 for v in kwargs[name]) and layers > 1
+                    kwargs[name] = [scaled(v, cap) for v in kwargs[name]]
+            if rescaled and kwargs.get("next_layer_prefetch"):
+                warnings.warn(
+                    f"{where}: a version-{version} cost model's next-layer share and waste are averaged over "
+                    f"every layer; read as shares of layers 1..L-1 (scaled by L / (L - 1) = {layers}/{layers - 1}, "
+                    "exact when every layer misses alike). Refit with `python -m calibration.fit`.",
+                    UserWarning,
+                    stacklevel=2,
+                )
         if kwargs.get("h2d_bytes_per_s") == "inf":
             kwargs["h2d_bytes_per_s"] = math.inf
         try:

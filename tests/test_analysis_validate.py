@@ -564,6 +564,24 @@ def test_probe_index_is_nan_when_the_runs_and_the_fit_runs_timed_different_gauge
         assert "timed different speed probes (chain, model;" in capsys.readouterr().err
 
 
+def test_grid_calibration_counts_planner_misses_without_layer_0(tmp_path, monkeypatch, capsys) -> None:
+    """The "too few planner misses" test counts what the knots count, M - M0 + U (layer 0's
+    misses have no guess): 50 cycles of 2 + 2 misses and 1 used prefetch hold 250 misses + used
+    but only 150 planner misses, so the cache takes the pooled share (M12)."""
+    from types import SimpleNamespace
+
+    import calibration.runs
+
+    table = pd.DataFrame(
+        {"cache_misses": [4] * 50, "num_prefetch_used": [1] * 50, "num_prefetch_wasted": [0] * 50,
+         "layer_misses": [[2, 2]] * 50}
+    )  # fmt: skip
+    monkeypatch.setattr(calibration.runs, "load_runs", lambda paths: SimpleNamespace(cycles=table))
+    v = validate.Validator(SimpleNamespace(cost=None), tmp_path)
+    v._next_layer_shares(1.0, {validate.Cell(1.0, 4, "ar", prefetch="next-layer"): [tmp_path / "c4"]}, [4])
+    assert "(150 planner misses in this cache's next-layer runs" in capsys.readouterr().err
+
+
 def test_grid_calibration_fits_the_next_layer_share_per_cache(tmp_path, monkeypatch, capsys) -> None:
     """Default ``--calibration grid``: each cache size's cells are priced with the next-layer share
     fitted on that cache's cost-free next-layer runs (the share depends on the cache), saved as

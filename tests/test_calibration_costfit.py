@@ -395,6 +395,11 @@ def test_next_layer_terms_are_recovered_from_a_synthetic_runs_prefetch_counts() 
     bad.loc[0, "num_prefetch_used"] = -1
     with pytest.raises(CalibrationDataError, match="num_prefetch_used.*negative"):
         fit_next_layer_terms(bad)
+    # without per-layer misses layer 0 cannot be left out: the all-layer share, said in a note (M12)
+    flat = fit_next_layer_terms(cycles.drop(columns=["layer_misses"]))
+    assert flat.cover_frac == used / (used + int(cycles["cache_misses"].sum()))
+    assert any("no layer_misses column" in n for n in flat.notes)
+    assert not any("no layer_misses column" in n for n in fit.notes)
 
 
 def test_link_price_is_the_mean_copy_time_on_bimodal_copies(tables) -> None:

@@ -279,6 +279,7 @@ def test_cost_json_round_trip_and_errors(tmp_path) -> None:
         _cost(num_layers=0)
 
 
+@pytest.mark.filterwarnings("ignore:.*version-[56] cost model:UserWarning")
 def test_next_layer_share_per_tree_size_json_interpolation_and_errors(tmp_path) -> None:
     """Versions 6-7: next-layer prefetch's share per tree size (knots over verified nodes) round-trips,
     version 5 loads without knots (one share at every size; versions 5-6 scaled from every layer to
@@ -293,7 +294,8 @@ def test_next_layer_share_per_tree_size_json_interpolation_and_errors(tmp_path) 
     assert json.loads((tmp_path / "v6.json").read_text())["version"] == 7
     version_5 = {k: v for k, v in base.to_dict().items() if k not in knots}
     # versions 5-6: shares of every layer, loaded as shares of layers 1..L-1 (x L / (L - 1) = 1.5)
-    old = CycleCostModel.from_dict(dict(version_5, version=5))
+    with pytest.warns(UserWarning, match="version-5 .*scaled by L / \\(L - 1\\) = 3/2"):  # not silent (M12)
+        old = CycleCostModel.from_dict(dict(version_5, version=5))
     assert (old.next_layer_cover_frac, old.next_layer_waste_per_miss) == pytest.approx((0.45, 0.15), rel=1e-12)
     assert dataclasses.replace(old, next_layer_cover_frac=0.3, next_layer_waste_per_miss=0.1) == base
     old = CycleCostModel.from_dict(dict(cost.to_dict(), version=6))
@@ -301,6 +303,11 @@ def test_next_layer_share_per_tree_size_json_interpolation_and_errors(tmp_path) 
     assert old.next_layer_waste_per_misses == pytest.approx((0.375, 0.15, 0.0), rel=1e-12)
     full = dict(cost.to_dict(), version=6, next_layer_cover_fracs=[0.9, 0.5, 0.1])
     assert CycleCostModel.from_dict(full).next_layer_cover_fracs[0] == 1.0  # a share stays <= 1
+    # an invalid share is reported as written, not scaled (M12)
+    with pytest.raises(ValueError, match=r"next_layer_cover_fracs: expected fractions.*1\.3"):
+        CycleCostModel.from_dict(dict(cost.to_dict(), version=6, next_layer_cover_fracs=[0.9, 1.3, 0.1]))
+    with pytest.raises(ValueError, match=r"next_layer_cover_frac\b.*1\.2"):
+        CycleCostModel.from_dict(dict(version_5, version=5, next_layer_cover_frac=1.2))
     with pytest.raises(ValueError, match="missing field.*next_layer_nodes"):
         CycleCostModel.from_dict(dict(version_5, version=6))
     for bad, match in (
