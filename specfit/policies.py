@@ -150,9 +150,12 @@ def _min_added_h2d_s(ctx: PolicyContext, max_new: int) -> np.ndarray:
 
     Union-size mode without overlap: ``least_s_per_miss * min_{1<=n<=N} (F(n + m) - F(n))`` with
     ``F(n) = sum_l expected_union_l(n) * miss_l`` (``cost.least_s_per_miss``: ``s_per_miss``, less
-    with next-layer prefetch priced); zeros otherwise (see ``keep_drafting``).
+    with next-layer prefetch priced); with next-layer knots (overlap or not)
+    :func:`_min_added_h2d_s_per_size`; zeros otherwise (see ``keep_drafting``).
     """
     ne = ctx.node_experts
+    if max_new > 0 and ne.is_union_size and _h2d_price_varies_with_size(ctx.cost):
+        return _min_added_h2d_s_per_size(ctx, max_new)
     if max_new <= 0 or not ne.is_union_size or ctx.cost.overlap_h2d:
         return np.zeros(max(max_new, 0))
     size = ctx.tree.num_nodes
@@ -161,6 +164,47 @@ def _min_added_h2d_s(ctx: PolicyContext, max_new: int) -> np.ndarray:
     grow = np.arange(size)[:, None] + np.arange(1, max_new + 1)[None, :]  # row n - 1, column m - 1: n + m - 1
     least = (total[grow] - total[:size, None]).min(axis=0)
     return np.maximum(least, 0.0) * ctx.cost.least_s_per_miss
+
+
+def _h2d_price_varies_with_size(cost: CycleCostModel) -> bool:
+    """True when next-layer prefetch is priced with a share per tree size (knots): a cycle's
+    per-miss terms then change with its verified nodes, and a larger subtree can be priced LOWER
+    than a smaller one (a cover that rises with size), so ``cost.least_s_per_miss`` times the added
+    misses is no lower bound (review finding M11)."""
+    return cost.next_layer_priced and len(cost.next_layer_nodes) > 0
+
+
+def _min_added_h2d_s_per_size(ctx: PolicyContext, max_new: int) -> np.ndarray:
+    """float64[max_new]: :func:`_min_added_h2d_s` when the per-miss terms change with tree size
+    (:func:`_h2d_price_varies_with_size`); may be NEGATIVE (more nodes, cheaper copies).
+
+    Per layer ``l`` a subtree of ``n`` nodes with ``u_l(n)`` predicted misses lasts
+    ``host_n u + max(c_n + a_n u, b_n u)`` without overlap and ``host_n u + max(c_n, p c_n + a_n u,
+    b_n u) + late (u > 0)`` in mode "on" (``specfit.cost.CycleCostModel.cycle_s_layers``; ``(host,
+    a, b)`` of :meth:`~specfit.cost.CycleCostModel.next_layer_s_per_miss` at ``n``, layer 0 at ``h
+    = x = 0``). With ``c_{n+m} >= c_n`` and ``max(X, Y) - max(X', Y') >= min(X - X', Y - Y')``, the
+    layer grows by at least ``host' u' - host u + min(a' u' - a u, b' u' - b u)`` (and ``min(0,
+    ...)`` of that min in mode "on", whose ``c`` branch may absorb it; the late call never falls);
+    the least of the layers' sum over ``n = 1..N`` is returned for each ``m``."""
+    cost, ne = ctx.cost, ctx.node_experts
+    size = ctx.tree.num_nodes
+    sizes = np.arange(1, size + max_new + 1, dtype=np.float64)
+    u = ne.expected_union_table(size + max_new) * ne.layer_miss_fraction(ctx.cached_bits)  # [S, L]
+    host, after, link = (np.broadcast_to(np.asarray(t, dtype=np.float64), sizes.shape)[:, None] for t in cost.next_layer_s_per_miss(sizes))
+    num_layers = u.shape[1]
+    host = np.repeat(host, num_layers, axis=1)
+    after, link = np.repeat(after, num_layers, axis=1), np.repeat(link, num_layers, axis=1)
+    host[:, 0], after[:, 0], link[:, 0] = cost.host_s_per_transfer, cost.link_s_per_transfer, cost.link_s_per_transfer
+    out = np.empty(max_new)
+    small = slice(0, size)
+    for m in range(1, max_new + 1):
+        big = slice(m, size + m)
+        grow = np.minimum(after[big] * u[big] - after[small] * u[small], link[big] * u[big] - link[small] * u[small])
+        if cost.overlap_h2d:
+            grow = np.minimum(grow, 0.0)
+        added = (host[big] * u[big] - host[small] * u[small] + grow).sum(axis=1)
+        out[m - 1] = added.min()
+    return out
 
 
 def _chain_gain(
@@ -690,7 +734,9 @@ class SpecFitPolicy(TreePolicy):
         predicted transfer time that ``m`` more nodes add to any subtree of the current tree. With
         a union-size prediction and no H2D overlap the predicted misses of a subtree depend only
         on its size ``n`` (``F(n) = sum_l u_l(n) * miss_l``), so
-        ``H(m) = cost.least_s_per_miss * min_{1 <= n <= N} (F(n + m) - F(n))``; with per-node sets (oracle,
+        ``H(m) = cost.least_s_per_miss * min_{1 <= n <= N} (F(n + m) - F(n))`` (with next-layer
+        knots, whose per-miss terms change with size, the per-layer bound of
+        :func:`_min_added_h2d_s_per_size` instead, which may be negative); with per-node sets (oracle,
         recent, token table) the next level's experts are unknown and ``H = 0``. Asked on the root
         alone (nothing drafted yet), the first level also pays ``draft_base_s`` (``b``; sunk once a
         level is drafted). Drafting stops when no ``(k, m)`` beats ``R*``:
@@ -717,7 +763,8 @@ class SpecFitPolicy(TreePolicy):
         base_s = ctx.cost.draft_base_s if ctx.num_levels == 0 else 0.0  # paid once per drafting cycle
         per_node_s = ctx.cost.least_verify_share * ctx.cost.verify_s_per_node  # what overlap cannot hide
         cost_s = base_s + levels[:, None] * ctx.cost.draft_s_per_level + (nodes * per_node_s)[None, :]
-        if not np.any(gain > best * cost_s):  # already stops without the transfer term (H >= 0)
+        may_fall = ctx.node_experts.is_union_size and _h2d_price_varies_with_size(ctx.cost)
+        if not may_fall and not np.any(gain > best * cost_s):  # already stops without the transfer term (H >= 0)
             return False
         cost_s = cost_s + _min_added_h2d_s(ctx, max_new)[None, :]
         return bool(np.any(gain > best * cost_s))

@@ -560,3 +560,36 @@ def test_realised_cycles_are_priced_with_their_demand_misses_and_prefetch_copies
     tokens, priced_s, _, root_s = policy.guard.arms["spec"][0]
     assert (tokens, priced_s) == (3.0, cost.realised_cycle_s(2, 5, 30, demand, issued))
     assert root_s == cost.cycle_s(0, 1, 30, np.array([0, 1]))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_min_added_h2d_is_a_lower_bound_when_the_next_layer_cover_rises_with_size(overlap) -> None:
+    """Review finding M11: with next-layer knots whose cover RISES with tree size (nodes 1 and 10,
+    cover 0 and 1) a 10-node subtree with one more miss is priced BELOW the root alone, so
+    ``least_s_per_miss`` times the added misses (>= 0) was no lower bound on the added price.
+    The stopping bound's ``H(m)`` must stay at or below every true difference
+    ``cycle_s(n + m) - cycle_s(n)`` (no verify growth here: ``verify_s_per_node = 0``)."""
+    from specfit.policies import _min_added_h2d_s
+
+    cost = CycleCostModel(
+        0.0, 2e-2, 0.0, 0.0, 1e9, 1e-3, 0, 2, host_s_per_transfer=1e-4, overlap_h2d=overlap, overlap_mode="on",
+        pre_router_frac=0.9, next_layer_prefetch=True, next_layer_cover_frac=0.5, next_layer_nodes=(1, 10),
+        next_layer_cover_fracs=(0.0, 1.0), next_layer_waste_per_misses=(0.0, 0.0),
+    )  # fmt: skip
+    max_nodes = 12
+    union = np.zeros((2, max_nodes + 1))
+    union[1, 1:] = 4.0 + (np.arange(1, max_nodes + 1) - 1) / 9.0  # 4 distinct experts at 1 node, 5 at 10
+    ne = NodeExperts(8, union_size=union, miss_fraction=np.ones(2))
+    assert cost.cycle_s(1, 10, 0, [0.0, 5.0]) < cost.cycle_s(1, 1, 0, [0.0, 4.0])  # the repro: more, yet cheaper
+    for size in (1, 3):
+        tree = DraftTree.from_parents(np.arange(size), [-1] + list(range(size - 1)), np.zeros(size))
+        ctx = PolicyContext(tree, np.ones(size), ne, bitsets.empty((2,), 8), cost, 0, size)
+        max_new = max_nodes - size
+        bound = _min_added_h2d_s(ctx, max_new)
+        for m in range(1, max_new + 1):
+            true = min(
+                cost.cycle_s(1, n + m, 0, ne.expected_union(n + m)) - cost.cycle_s(1, n, 0, ne.expected_union(n))
+                for n in range(1, size + 1)
+            )
+            assert bound[m - 1] <= true + 1e-15, (size, m, bound[m - 1], true)
+        assert bound.min() < 0.0  # the price can fall: a clipped 0 would not be a bound
