@@ -61,6 +61,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import simpy
@@ -287,17 +288,37 @@ def _check_plan(plan: CyclePlan, checked: tuple = (None, None)) -> None:
         raise ValueError(f"CyclePlan.overlap: expected one of {list(OVERLAP_MODES)}, got {plan.overlap!r}")
 
 
-_KERNELS: list = []  # sim.engine_kernels once imported
+_KERNELS: list = []  # sim.engine_kernels and the entry point of its idle_link_layers, once loaded
 
 
 def _engine_kernels():
-    """:mod:`sim.engine_kernels`, imported on first use (numba loads then, not when ``sim`` is
-    imported) and kept: the fast engine times most simulated cycles with it."""
+    """``(sim.engine_kernels, entry)``, imported on first use (numba loads then, not when ``sim``
+    is imported) and kept: the fast engine times most simulated cycles with it.
+
+    ``entry``: the compiled entry point of ``idle_link_layers`` for ``(bool, int64[L] counts,
+    int64[L] compute, int64[L or 0] pre, int64, int64, int64, int64[4, L] C-contiguous out)``,
+    arrays of any strides (layout ``"A"``). Numba's dispatcher type-checks every argument on every
+    call (``typeof`` of each and a lookup of the specialisation: ~3 us of a ~7 us call, issue 14);
+    the entry point skips that and does NOT check array types itself, so
+    :meth:`FastEngine._idle_link_cycle` calls it only with arrays it made or checked (int64, one
+    axis) and goes through the dispatcher otherwise (the pattern of
+    ``specfit.decide_kernels.question_entry``). Same compiled code, so the same values.
+    """
     if not _KERNELS:
+        from numba import types
+
         from sim import engine_kernels
 
-        _KERNELS.append(engine_kernels)
-    return _KERNELS[0]
+        def array(ndim: int, layout: str = "A", readonly: bool = True) -> Any:
+            return types.Array(types.int64, ndim, layout, readonly=readonly)
+
+        signature = (
+            types.boolean, array(1), array(1), array(1), types.int64, types.int64, types.int64,
+            array(2, "C", readonly=False),
+        )  # fmt: skip
+        engine_kernels.idle_link_layers.compile(signature)
+        _KERNELS.extend((engine_kernels, engine_kernels.idle_link_layers.overloads[signature].entry_point))
+    return _KERNELS
 
 
 class _EngineBase:
@@ -547,7 +568,7 @@ class FastEngine(_EngineBase):
         prefetch (draft or next-layer) or recorded copies; ``tests/test_sim_engine.py`` checks it
         against the loop.
         """
-        kernels = _engine_kernels()
+        kernels, entry = _engine_kernels()
         compute, pre = plan.layer_compute_ns, plan.layer_pre_router_ns
         memo = self._layer_arrays
         if compute is not memo[0] or pre is not memo[1]:  # the simulator reuses each (compute, pre) pair
@@ -556,10 +577,12 @@ class FastEngine(_EngineBase):
                 self._layer_arrays = (compute, pre, *arrays)
         else:
             arrays = memo[2:]
-        counts = counts if type(counts) is np.ndarray else np.asarray(counts, dtype=np.int64)
+        counts = (counts if type(counts) is np.ndarray else np.asarray(counts, dtype=np.int64)).astype(np.int64, copy=False)
         out = np.empty((4, len(counts)), dtype=np.int64)
-        end, landed, num_transfers, busy, h2d = kernels.idle_link_layers(
-            plan.overlap_mode == "on", counts.astype(np.int64, copy=False), *arrays, host_ns, self._transfer_ns, verify_start, out
+        if counts.ndim != 1 or arrays[0].ndim != 1:  # not the entry point's types: the dispatcher checks
+            entry = kernels.idle_link_layers
+        end, landed, num_transfers, busy, h2d = entry(
+            plan.overlap_mode == "on", counts, *arrays, host_ns, self._transfer_ns, verify_start, out
         )
         starts, ends, waits, copy = out.tolist()
         link_free = self._link_free_ns if landed < 0 else landed
