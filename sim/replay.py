@@ -644,7 +644,9 @@ class _Replayer:
         path_ok: np.ndarray | None,
         cached: np.ndarray,
     ) -> tuple[Any, np.ndarray, int, Any]:
-        """Run the policy: (plan, chosen node ids in the recorded tree, draft levels, node experts).
+        """Run the policy: (plan, chosen node ids in the recorded tree, draft levels, the
+        prediction's per-node expert bitsets uint64[N, L, W] over the recorded tree or None in
+        union-size mode).
         ``cached``: uint64[L, W] bitsets of the cache as the planner sees it (``ExpertCache.cached_bits``).
 
         ``path_ok``: the tree's recorded path-accepted flags, used as the acceptance (1 or 0) by
@@ -713,25 +715,34 @@ class _Replayer:
         elif self._asks_to_draft:
             # as live.spec: the rule is asked before the first level (on the root alone) and after
             # each drafted level
-            levels = 0
-            while levels < depth and self.policy.keep_drafting(
-                context(levels)[0], max_depth=self.max_depth, topk=self.topk
-            ):
-                levels += 1
-            if levels == depth < self.max_depth and data.level_trees:
-                # live asks after every level it drafted below the maximum depth, also after the last
-                # one when its drafter then stops because no child of the frontier could enter the
-                # full tree (live.spec.draft), and before the first level on the root alone even
-                # when the drafter cannot draft: the answer changes nothing here, but the question
-                # counts (ThroughputGuard's probe period, the running root estimate)
-                self.policy.keep_drafting(context(levels)[0], max_depth=self.max_depth, topk=self.topk)
+            levels = self._drafted_levels(
+                data, lambda k: self.policy.keep_drafting(context(k)[0], max_depth=self.max_depth, topk=self.topk)
+            )
         else:
             levels = depth
         ctx, keep = context(levels)
         plan = self.policy.select(ctx)
         chosen = np.asarray(plan.nodes, dtype=np.int64)
         nodes = keep[chosen] if chosen.shape[0] == 1 else np.sort(keep[chosen])
-        return plan, nodes, levels, node_experts
+        return plan, nodes, levels, node_experts.bits
+
+    def _drafted_levels(self, data: _TreeData, keep_drafting: Any) -> int:
+        """The levels drafted under the stopping rule ``keep_drafting(levels) -> bool``, asked as
+        ``live.spec`` asks it: before the first level (on the root alone) and after each drafted
+        level, while the recorded tree has one more; also after the last one when it is below the
+        maximum depth and the trace has per-level trees (live asks after every level it drafted
+        below the maximum depth, also when its drafter then stops because no child of the
+        frontier could enter the full tree, live.spec.draft, and on the root alone even when the
+        drafter cannot draft): that answer changes nothing here, but the question counts
+        (ThroughputGuard's probe period, the running root estimate). One protocol for the
+        contexts' path and the compiled questions (:meth:`_choose`, :meth:`_choose_by_questions`).
+        """
+        depth, levels = data.depth, 0
+        while levels < depth and keep_drafting(levels):
+            levels += 1
+        if levels == depth < self.max_depth and data.level_trees:
+            keep_drafting(levels)
+        return levels
 
     def _choose_by_questions(self, data: _TreeData, cached: np.ndarray) -> tuple[Any, np.ndarray, int, Any]:
         """:meth:`_choose` for SpecFit's expected rule on union sizes through the live engine's
@@ -761,25 +772,22 @@ class _Replayer:
                 )
             )
         questions.begin(template, cached, dense.context_len, observed)
-        depth, levels = data.depth, 0
-        sub, keep = data.level(0)
-        while levels < depth and questions.ask(sub, levels):
-            levels += 1
-            sub, keep = data.level(levels)
-        if levels == depth < self.max_depth and data.level_trees:
-            questions.ask(sub, levels)  # as _choose: live asks after its last level too
+        level = data.level
+        levels = self._drafted_levels(data, lambda k: questions.ask(level(k)[0], k))
+        sub, keep = level(levels)
         plan = questions.select(sub, levels)
         chosen = plan.nodes
         nodes = keep[chosen] if chosen.shape[0] == 1 else np.sort(keep[chosen])
-        return plan, nodes, levels, template
+        return plan, nodes, levels, None  # union sizes: no per-node experts
 
-    def _prefetch(self, nodes: np.ndarray, node_experts: Any) -> list[tuple[int, int]]:
+    def _prefetch(self, nodes: np.ndarray, node_bits: np.ndarray | None) -> list[tuple[int, int]]:
         """Draft prefetch, as the live engine's ``--prefetch draft``: warm the cache with the
-        predicted experts of ``nodes`` and return the copies, in order
-        (``specfit.prefetch.draft_prefetch``; counted in the prefetch ledger)."""
+        predicted experts of ``nodes`` (``node_bits``: the cycle's per-node predicted bitsets,
+        uint64[N, L, W] over the recorded tree, or None: union sizes name no experts) and return
+        the copies, in order (``specfit.prefetch.draft_prefetch``; counted in the prefetch ledger)."""
         from specfit.prefetch import draft_prefetch
 
-        bits = None if node_experts.bits is None else node_experts.bits[nodes]
+        bits = None if node_bits is None else node_bits[nodes]
         copies, evicted = draft_prefetch(
             self.cache, bits, self.num_experts, self.config.cache_capacity_per_layer
         )
@@ -809,7 +817,7 @@ class _Replayer:
         offsets = self.arrays.offsets
         path_ok = self.path_ok[offsets[i] : offsets[i + 1]]
         cached = self.cache.cached_bits()  # the cache as the planner sees it
-        plan, nodes, levels, node_experts = self._choose(data, true_bits, history, path_ok, cached)
+        plan, nodes, levels, node_bits = self._choose(data, true_bits, history, path_ok, cached)
         observe = self._observe
         root_misses = None  # the root alone's misses on the cache the planner saw (paired guard)
         if observe is not None and levels > 0:
@@ -817,7 +825,7 @@ class _Replayer:
         # the ledger's issued counts before this cycle's prefetch (without prefetch nothing
         # issues: they stay 0, so the cycle's are the zeros made once, _no_copies)
         issued_before = self.ledger.layer_issued.copy() if observe is not None and self._prefetches else None
-        prefetch = self._prefetch(nodes, node_experts) if self.draft_prefetch else []
+        prefetch = self._prefetch(nodes, node_bits) if self.draft_prefetch else []
         next_layer: list[list[int]] = []
         if self.next_layer_prefetch:
             next_layer = self._next_layer_prefetch(np.asarray(dense.next_layer_expert_ids)[nodes])
