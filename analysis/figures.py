@@ -296,36 +296,41 @@ def union_growth(arrays: Any, num_experts: int, calibration: Any = None) -> np.n
         arrays: :class:`traces.reader.NodeArrays` of a dense run (T trees, M = the largest tree).
         num_experts: experts per layer ``E``.
         calibration: None to rank each tree's nodes by draft path probability
-            ``exp(path_logprob)``, the planner's order without an acceptance map; or an
-            :class:`specfit.acceptance.AcceptanceCalibration` to rank them by calibrated acceptance
-            ``P(v)`` (:func:`specfit.acceptance.path_accept_probs`), the order SpecFit's planner
-            takes its top-by-P prefixes in with that map (``specfit.decide_kernels``). Either way
-            this is the union-size table the planner is given for that map
-            (:func:`specfit.predictors.union_size_from_node_arrays`: ``calibration.fit``,
-            ``sim.replay`` and ``live.spec.session`` fit it so).
+            ``exp(path_logprob)``, the order the planner's union-size table is fitted in
+            (``calibration.predictor_tables``, ``sim.replay`` and ``live.spec.session`` alike); or
+            an :class:`specfit.acceptance.AcceptanceCalibration` to rank them by calibrated
+            acceptance ``P(v)`` (:func:`specfit.acceptance.path_accept_probs`), the order in which
+            SpecFit's planner takes its top-by-P prefixes of the tree (``specfit.decide_kernels``).
 
     Returns:
         float64[L, M+1]: column ``n`` is :func:`specfit.predictors.union_size_from_trees`'s mean
         over the trees with at least ``n`` nodes (column 0 is 0).
     """
-    from specfit.predictors import union_size_from_node_arrays
+    from specfit.predictors import union_size_from_trees
 
-    return union_size_from_node_arrays([arrays], num_experts, calibration)
+    bounds = [(int(arrays.offsets[i]), int(arrays.offsets[i + 1])) for i in range(arrays.num_trees)]
+    trees = [arrays.expert_ids[lo:hi] for lo, hi in bounds]
+    if calibration is None:
+        probs = [np.exp(arrays.path_logprob[lo:hi]) for lo, hi in bounds]
+    else:
+        from specfit.acceptance import path_accept_probs
+
+        probs = [path_accept_probs(arrays.tree(i).tree, calibration) for i in range(arrays.num_trees)]
+    return union_size_from_trees(trees, probs, num_experts, int(arrays.tree_sizes.max()))
 
 
-DRAFT_RANKED = "nodes ranked by draft path probability (the planner's order without an acceptance map)"
-CALIBRATED_RANKED = "nodes ranked by calibrated acceptance (the planner's order and union-size table with this map)"
+DRAFT_RANKED = "nodes ranked by draft path probability (the planner's union-size table)"
+CALIBRATED_RANKED = "nodes ranked by calibrated acceptance (the order the planner asks in)"
 
 
 def expert_union_growth(dense: list, path: Path, acceptance: dict | None = None) -> Path | None:
     """Distinct experts against verified-tree size, per layer (thin) and mean (bold), with the n*K bound.
 
-    Each panel ranks a tree's nodes by draft path probability, the planner's order (and its
-    union-size table's) without an acceptance map (:func:`union_growth`); where ``acceptance``
-    holds an :class:`specfit.acceptance.AcceptanceCalibration` for the run's label (its
-    ``acceptance.json``), the mean over layers with the nodes ranked by calibrated acceptance, the
-    order SpecFit's planner asks in with that map and the table it is given then, is drawn beside
-    it. The legend says which curve ranks how.
+    Each panel ranks a tree's nodes by draft path probability, as the union-size table the
+    planner prices with is fitted (:func:`union_growth`); where ``acceptance`` holds an
+    :class:`specfit.acceptance.AcceptanceCalibration` for the run's label (its ``acceptance.json``),
+    the mean over layers with the nodes ranked by calibrated acceptance, the order SpecFit's
+    planner asks in, is drawn beside it. The legend says which curve ranks how.
     """
     if not dense:
         return None

@@ -429,7 +429,6 @@ def _fit_dense(
     Too few dense nodes for the acceptance map is not fatal (the cost model is already written):
     it becomes a note in the report and a warning on stderr.
     """
-    calibration = None  # the acceptance map, when fitted, ranks the union-size table's nodes
     try:
         acc = fit_acceptance(
             dense_nodes_frame(dense),
@@ -441,7 +440,6 @@ def _fit_dense(
         report["notes"].append(f"acceptance map not fitted: {exc}")
         print(f"warning: acceptance map not fitted: {exc}", file=sys.stderr)
     else:
-        calibration = acc.calibration
         (folder / ACCEPTANCE_NAME).write_text(json.dumps(acc.calibration.to_dict(), indent=2) + "\n")
         acc.reliability.to_csv(folder / RELIABILITY_NAME, index=False)
         report["acceptance"] = {
@@ -454,14 +452,13 @@ def _fit_dense(
         summary["acceptance"] = str(folder / ACCEPTANCE_NAME)
         summary["acceptance_ece_calibrated"] = acc.ece_calibrated
     tables = fit_predictor_tables(
-        [a for _, a in dense], loaded.model.num_experts, min_token_count=args.min_token_count, calibration=calibration
+        [a for _, a in dense], loaded.model.num_experts, min_token_count=args.min_token_count
     )
     tables.save(folder / PREDICTORS_NAME)
     report["predictor_tables"] = {
         "num_trees": tables.num_trees,
         "num_tokens": int(tables.token_ids.size),
         "max_nodes": int(tables.union_size.shape[1] - 1),
-        "union_size_node_rank": tables.node_rank,
     }
     summary["predictor_tables"] = str(folder / PREDICTORS_NAME)
 

@@ -4,11 +4,8 @@ The fitting rules live in :mod:`specfit.predictors` (one implementation for ever
 feeds them the dense trees of recorded runs and stores the result:
 
 - ``union_size``: float64[L, M+1], mean distinct experts the ``n`` most probable nodes of a tree
-  route to at each layer (:func:`specfit.predictors.union_size_from_node_arrays`, root first), ranked
-  the way SpecFit's planner takes its prefixes: by calibrated acceptance with the acceptance map
-  fitted in the same ``calibration.fit`` run (``node_rank`` ``calibrated-acceptance``, the map in
-  ``acceptance_json``), or by draft path probability where no map was fitted (``node_rank``
-  ``draft-path-probability``, what the planner ranks by without a map).
+  route to at each layer (:func:`specfit.predictors.union_size_from_trees`, ranked by draft path
+  probability, root first). It is also the report's "expert-union growth against tree size".
 - token table: for each node token seen at least ``min_token_count`` times, its ``K`` most
   frequent experts per layer (:func:`specfit.predictors.token_table_from_routing`), stored as
   ``token_ids`` int64[V] and ``token_bits`` uint64[V, L, W].
@@ -16,15 +13,12 @@ feeds them the dense trees of recorded runs and stores the result:
   ``K`` per layer); usable as the ``static`` cache's frequency.
 
 Saved with :func:`numpy.savez_compressed` and read back with ``allow_pickle=False`` (no pickle for
-user data). Format 2 (:data:`FORMAT_VERSION`) adds ``format_version``, ``node_rank`` and
-``acceptance_json``; a format-1 file (no such arrays) loads as ``node_rank``
-``draft-path-probability`` with no map, which is how every format-1 table was fitted. :meth:`PredictorTables.predictor_kwargs` gives the keyword arguments of
+user data). :meth:`PredictorTables.predictor_kwargs` gives the keyword arguments of
 ``specfit.predictors.make_predictor``.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,17 +26,10 @@ from typing import Any
 import numpy as np
 
 from specfit import bitsets
-from specfit.predictors import (
-    CALIBRATED_RANK,
-    DRAFT_RANK,
-    token_table_from_routing,
-    union_size_from_node_arrays,
-)
+from specfit.predictors import token_table_from_routing, union_size_from_trees
 from traces.reader import NodeArrays
 
 _ARRAYS = ("union_size", "token_ids", "token_bits", "layer_frequency", "num_trees")
-#: 2: ``union_size`` ranked by calibrated acceptance where a map was fitted (``node_rank``).
-FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,9 +39,6 @@ class PredictorTables:
     Attributes:
         union_size: float64[L, M+1]; token_ids: int64[V]; token_bits: uint64[V, L, W];
         layer_frequency: float64[L, E]; num_trees: trees used.
-        node_rank: how ``union_size``'s nodes were ranked (``specfit.predictors.DRAFT_RANK`` or
-            ``CALIBRATED_RANK``); acceptance_json: the acceptance map of that ranking as JSON
-            (``""`` for the draft ranking).
     """
 
     union_size: np.ndarray
@@ -62,8 +46,6 @@ class PredictorTables:
     token_bits: np.ndarray
     layer_frequency: np.ndarray
     num_trees: int
-    node_rank: str = DRAFT_RANK
-    acceptance_json: str = ""
 
     def token_table(self) -> dict[int, np.ndarray]:
         """``{token id: uint64[L, W]}``, the ``table`` argument of the token-table predictor."""
@@ -92,15 +74,12 @@ class PredictorTables:
             token_bits=self.token_bits,
             layer_frequency=self.layer_frequency,
             num_trees=np.array(self.num_trees),
-            format_version=np.array(FORMAT_VERSION),
-            node_rank=np.array(self.node_rank),
-            acceptance_json=np.array(self.acceptance_json),
         )
         return out
 
     @classmethod
     def load(cls, path: str | Path) -> PredictorTables:
-        """Read a file written by :meth:`save` (format 1 files: ranked by draft path probability).
+        """Read a file written by :meth:`save`.
 
         Raises:
             ValueError: unreadable file or a missing array (named).
@@ -119,13 +98,11 @@ class PredictorTables:
             token_bits=arrays["token_bits"].astype(np.uint64),
             layer_frequency=arrays["layer_frequency"],
             num_trees=int(arrays["num_trees"]),
-            node_rank=str(arrays["node_rank"]) if "node_rank" in arrays else DRAFT_RANK,
-            acceptance_json=str(arrays["acceptance_json"]) if "acceptance_json" in arrays else "",
         )
 
 
 def fit_predictor_tables(
-    arrays: list[NodeArrays], num_experts: int, *, min_token_count: int = 2, calibration: Any = None
+    arrays: list[NodeArrays], num_experts: int, *, min_token_count: int = 2
 ) -> PredictorTables:
     """Fit all tables from the dense trees of one or more runs.
 
@@ -133,10 +110,6 @@ def fit_predictor_tables(
         arrays: one :class:`traces.reader.NodeArrays` per dense run.
         num_experts: experts per layer ``E``.
         min_token_count: node-token occurrences needed for a token-table entry.
-        calibration: the acceptance map the planner will use
-            (:class:`specfit.acceptance.AcceptanceCalibration`): ``union_size`` ranks nodes by it,
-            as the planner does; None ranks by draft path probability (the planner's order without
-            a map; a planner run with a map then asks in another order than the table was fitted in).
 
     Returns:
         :class:`PredictorTables`.
@@ -147,7 +120,14 @@ def fit_predictor_tables(
     arrays = [a for a in arrays if a.num_trees > 0]
     if not arrays:
         raise ValueError("predictor tables: no dense trees in the given runs")
-    union = union_size_from_node_arrays(arrays, num_experts, calibration)
+    experts, probs = [], []
+    for na in arrays:
+        for i in range(na.num_trees):
+            lo, hi = int(na.offsets[i]), int(na.offsets[i + 1])
+            experts.append(na.expert_ids[lo:hi])
+            probs.append(np.exp(na.path_logprob[lo:hi]))
+    max_nodes = max(e.shape[0] for e in experts)
+    union = union_size_from_trees(experts, probs, num_experts, max_nodes)
     tokens = np.concatenate([na.token_id for na in arrays]).astype(np.int64)
     routed = np.concatenate([na.expert_ids for na in arrays]).astype(np.int64)  # [R, L, K]
     uniq, counts = np.unique(tokens, return_counts=True)
@@ -166,9 +146,4 @@ def fit_predictor_tables(
         ids = routed[:, layer].ravel()
         freq[layer] = np.bincount(ids[ids >= 0], minlength=num_experts)[:num_experts]
     freq /= max(tokens.size, 1)
-    if calibration is None:
-        rank, acceptance = DRAFT_RANK, ""
-    else:
-        rank, acceptance = CALIBRATED_RANK, json.dumps(calibration.to_dict(), sort_keys=True)
-    num_trees = sum(a.num_trees for a in arrays)
-    return PredictorTables(union, token_ids, token_bits, freq, num_trees, rank, acceptance)
+    return PredictorTables(union, token_ids, token_bits, freq, len(experts))

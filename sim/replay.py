@@ -450,7 +450,7 @@ class _Replayer:
 
     def _predictor_tables(self) -> dict[str, Any]:
         """:meth:`_fit_predictor_tables`, memoised per trace run (cells of a sweep share them)."""
-        key = (self.config.predictor, self.config.max_requests, self._accept_key)
+        key = (self.config.predictor, self.config.max_requests)
         memo = _TABLES.setdefault(self.run, {})
         if key not in memo:
             memo[key] = self._fit_predictor_tables()
@@ -461,9 +461,7 @@ class _Replayer:
 
         ``token-table``: fitted on the prompts' routing (prefill; seen before decoding starts).
         ``union-size``: mean distinct experts of a tree's top-n nodes, measured over the trace's
-        own trees (an in-sample statistic of tree routing, no per-node information), nodes ranked
-        as the planner ranks them: by calibrated acceptance under the replay's acceptance map,
-        without one by draft path probability (:func:`specfit.predictors.union_size_from_node_arrays`).
+        own trees (an in-sample statistic of tree routing, no per-node information).
         """
         preds = self.mods["predictors"]
         if self.config.predictor == "token-table":
@@ -482,8 +480,11 @@ class _Replayer:
                 )
             }
         if self.config.predictor == "union-size":
-            table = preds.union_size_from_node_arrays([self.arrays], self.num_experts, self.calibration)
-            return {"union_size": table}
+            a = self.arrays
+            trees = [a.expert_ids[a.offsets[i] : a.offsets[i + 1]] for i in range(a.num_trees)]
+            probs = [np.exp(a.path_logprob[a.offsets[i] : a.offsets[i + 1]]) for i in range(a.num_trees)]
+            max_nodes = int(a.tree_sizes.max())
+            return {"union_size": preds.union_size_from_trees(trees, probs, self.num_experts, max_nodes)}
         return {}
 
     def _prefill_ids(self, request_id: int) -> np.ndarray:

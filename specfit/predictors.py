@@ -51,7 +51,6 @@ __all__ = [
     "predictor_recall_precision",
     "score_predictor",
     "token_table_from_routing",
-    "union_size_from_node_arrays",
     "union_size_from_trees",
 ]
 
@@ -379,53 +378,6 @@ def union_size_from_trees(
     last = int(np.flatnonzero(seen).max())
     out[:, last + 1 :] = out[:, [last]]  # unmeasured sizes: flat (no data beyond the largest tree)
     return np.maximum.accumulate(out, axis=1)
-
-
-#: How a union-size table's nodes were ranked (``PredictorTables.node_rank``): by the draft's path
-#: probability ``exp(path_logprob)`` (every table before format 2, and any fitted without an
-#: acceptance map) or by calibrated acceptance ``P(v)`` (:func:`specfit.acceptance.path_accept_probs`
-#: with the map the planner uses), the order SpecFit's planner takes its prefixes in.
-DRAFT_RANK = "draft-path-probability"
-CALIBRATED_RANK = "calibrated-acceptance"
-
-
-def union_size_from_node_arrays(runs: Sequence[Any], num_experts: int, calibration: Any = None) -> np.ndarray:
-    """``union_size[l, n]`` of every dense tree of one or more runs, nodes ranked as the planner ranks them.
-
-    SpecFit's planner prices the prefix of the ``n`` nodes with the largest acceptance ``P(v)``
-    (root first; :func:`specfit.decide_kernels.union_size_best_prefix`), with ``P`` the
-    calibrated acceptance of its run (:func:`specfit.acceptance.path_accept_probs`). A table
-    fitted in another order prices other node sets: on the shipped sample with its edge-scope
-    map, the 4 most probable nodes by DRAFT probability touch 12.09 distinct experts per layer,
-    the planner's 4 most probable by calibrated acceptance 13.34 (+10 %). So the table is fitted
-    in the planner's order, ``path_accept_probs(tree, calibration)``; without a map the planner
-    ranks by ``exp(path_logprob)`` and so does this (:data:`DRAFT_RANK`, the same order).
-
-    Args:
-        runs: :class:`traces.reader.NodeArrays` of dense runs (M = their largest tree).
-        num_experts: experts per layer ``E``.
-        calibration: the planner's :class:`specfit.acceptance.AcceptanceCalibration`, or None.
-
-    Returns:
-        float64[L, M+1] (:func:`union_size_from_trees`).
-
-    Raises:
-        ValueError: no dense trees.
-    """
-    trees, probs = [], []
-    for arrays in runs:
-        for i in range(arrays.num_trees):
-            lo, hi = int(arrays.offsets[i]), int(arrays.offsets[i + 1])
-            trees.append(arrays.expert_ids[lo:hi])
-            if calibration is None:
-                probs.append(np.exp(arrays.path_logprob[lo:hi]))
-            else:
-                from specfit.acceptance import path_accept_probs
-
-                probs.append(path_accept_probs(arrays.tree(i).tree, calibration))
-    if not trees:
-        raise ValueError("union_size_from_node_arrays: no dense trees")
-    return union_size_from_trees(trees, probs, num_experts, max(t.shape[0] for t in trees))
 
 
 _PREDICTORS: dict[str, Any] = {

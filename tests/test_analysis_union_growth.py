@@ -1,8 +1,8 @@
 """The report's expert-union growth figure ranks nodes as the planner does (issue 14, wdocs item 4).
 
-The planner asks about top-by-P prefixes ranked by calibrated acceptance (by draft path probability
-without a map) and its union-size table is fitted in that order (tests/test_union_size_rank.py). The
-figure draws the draft ranking and, where the run has an acceptance map, the calibrated one beside it.
+The planner prices a subtree of n nodes with the union-size table, fitted on dense trees ranked by
+draft path probability, and asks about top-by-P prefixes ranked by calibrated acceptance. The figure
+draws the table's ranking and, where the run has an acceptance map, the calibrated ranking beside it.
 """
 
 from __future__ import annotations

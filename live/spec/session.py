@@ -120,27 +120,21 @@ def _weights_sha256(folder: Path | None) -> str | None:
     return digest.hexdigest()
 
 
-def _load_predictor_tables(
-    path: str, num_layers: int, num_experts: int, calibration: Any = None
-) -> dict[str, np.ndarray]:
+def _load_predictor_tables(path: str, num_layers: int, num_experts: int) -> dict[str, np.ndarray]:
     """Predictor tables for the planner, read without pickle.
 
     ``path`` is either a ``predictor_tables.npz`` of ``calibration.fit`` or a dense trace run
     directory, whose trees give the ``union_size`` table exactly as ``sim.replay`` fits it for a
-    replay of that trace (:func:`specfit.predictors.union_size_from_node_arrays` over every tree,
-    up to the largest tree, nodes ranked as the planner ranks them: by calibrated acceptance under
-    ``calibration``, the run's acceptance map, or by draft path probability without one), so a live
-    run and a replay of the same dense trace price trees with the same table. A ``.npz`` table is
-    used as fitted (``calibration.fit`` ranks by the map it fits in the same run); where it was
-    ranked under another map than ``calibration`` (a format-1 file: by draft path probability)
-    one warning line on stderr says so.
+    replay of that trace (:func:`specfit.predictors.union_size_from_trees` over every tree, nodes
+    ranked by draft path probability, up to the largest tree), so a live run and a replay of the
+    same dense trace price trees with the same table.
 
     Raises:
         SessionError: unreadable file or trace, no ``union_size`` array / no dense trees, or a
             trace of a model with other layer/expert counts (names ``--predictor-tables``).
     """
     if Path(path).is_dir():
-        return {"union_size": union_size_from_dense_trace(path, num_layers, num_experts, calibration)}
+        return {"union_size": union_size_from_dense_trace(path, num_layers, num_experts)}
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {key: data[key] for key in data.files}
@@ -154,28 +148,16 @@ def _load_predictor_tables(
         raise SessionError(
             "--predictor-tables", f"{path}: no 'union_size' array (expected calibration.fit output)"
         )
-    fitted = str(arrays["acceptance_json"]) if "acceptance_json" in arrays else ""  # "" = draft-ranked
-    wanted = "" if calibration is None else json.dumps(calibration.to_dict(), sort_keys=True)
-    if fitted != wanted:  # the table prices other prefixes than the planner will ask about
-        print(
-            f"warning: --predictor-tables {path}: its union-size table ranks nodes by "
-            f"{'another acceptance map' if fitted else 'draft path probability'}, the planner by "
-            f"{'the --acceptance map' if wanted else 'draft path probability'}; refit it with "
-            "python -m calibration.fit (or pass the dense trace directory) to price the planner's prefixes",
-            file=sys.stderr,
-        )
     return arrays
 
 
-def union_size_from_dense_trace(
-    path: str | Path, num_layers: int, num_experts: int, calibration: Any = None
-) -> np.ndarray:
+def union_size_from_dense_trace(path: str | Path, num_layers: int, num_experts: int) -> np.ndarray:
     """float64[L, M+1] union-size table of the dense trace in ``path`` (see :func:`_load_predictor_tables`).
 
     Raises:
         SessionError: not a readable dense trace of an L-layer, E-expert model (names ``--predictor-tables``).
     """
-    from specfit.predictors import union_size_from_node_arrays
+    from specfit.predictors import union_size_from_trees
     from traces.reader import open_run
 
     try:
@@ -192,7 +174,10 @@ def union_size_from_dense_trace(
         )
     if arrays.num_trees == 0:
         raise SessionError("--predictor-tables", f"{path}: no dense trees (record it with --mode dense)")
-    return union_size_from_node_arrays([arrays], num_experts, calibration)
+    bounds = [(int(arrays.offsets[i]), int(arrays.offsets[i + 1])) for i in range(arrays.num_trees)]
+    trees = [arrays.expert_ids[lo:hi] for lo, hi in bounds]
+    probs = [np.exp(arrays.path_logprob[lo:hi]) for lo, hi in bounds]
+    return union_size_from_trees(trees, probs, num_experts, int(arrays.tree_sizes.max()))
 
 
 def _load_drafter(draft_dir: Path, target_dir: Path, target, config):
@@ -433,9 +418,7 @@ class RecordSession:
             except (ValueError, KeyError, TypeError, OSError) as exc:
                 raise SessionError("--acceptance", f"{config.acceptance}: {exc}") from exc
         tables = (
-            _load_predictor_tables(
-                config.predictor_tables, self.spec.num_layers, self.spec.num_experts, calibration
-            )
+            _load_predictor_tables(config.predictor_tables, self.spec.num_layers, self.spec.num_experts)
             if config.predictor_tables
             else None
         )
