@@ -230,8 +230,10 @@ def cold_calls(pristine: Any, cycles: list[dict[str, Any]], gap_s: float, calls:
     """``{"cold_empty_call_s", "cold_ask_s"}``: median seconds of an empty compiled call with the
     question's arguments and of one whole question (``UnionSizeQuestions.ask``) on the largest
     tree of the last drafted cycle, each call after a busy-wait of ``gap_s`` seconds, the two
-    interleaved, ``calls`` each. None when the chooser has no compiled questions or no cycle
-    drafted a level."""
+    interleaved, ``calls`` each. None when the chooser has no compiled questions, no cycle
+    drafted a level, or the questions or the tree do not have the types the unchecked entry
+    point was compiled for (``UnionSizeQuestions.ask`` checks the same before using it: such
+    arrays would be misread, not converted)."""
     drafted = [c for c in cycles if c["trees"]]
     chooser = copy.deepcopy(pristine)
     questions = getattr(chooser, "_questions", None)
@@ -242,8 +244,15 @@ def cold_calls(pristine: Any, cycles: list[dict[str, Any]], gap_s: float, calls:
     chooser.drafter.cycle = cycle
     chooser.choose(cycle["state"])  # the cycle's begin: its union table, miss fractions, context
     tree, levels = max(cycle["trees"], key=lambda offered: len(offered[0].parents))
+    parents, logprobs = tree.parents, tree.draft_logprobs
+    if not (
+        questions._typed and type(levels) is int
+        and type(parents) is np.ndarray and parents.dtype == np.int64 and parents.ndim == 1
+        and type(logprobs) is np.ndarray and logprobs.dtype == np.float64 and logprobs.ndim == 1
+    ):  # fmt: skip
+        return None
     empty = _empty_question_entry()
-    arrays = (tree.parents, tree.draft_logprobs, questions.work, questions.table, questions.miss)
+    arrays = (parents, logprobs, questions.work, questions.table, questions.miss)
     alpha = float(chooser.policy.root_alpha)
     timed: dict[str, list[float]] = {"cold_empty_call_s": [], "cold_ask_s": []}
     for _ in range(calls):

@@ -40,3 +40,32 @@ def test_bad_flags_exit_2():
     with pytest.raises(SystemExit) as err:
         bench.main(["--cold-calls", "0"])
     assert err.value.code == 2
+
+
+def test_cold_calls_skip_the_unchecked_entry_point_for_other_types():
+    """The empty-call timing calls the compiled entry point UNCHECKED: when the questions are not
+    typed for it (``UnionSizeQuestions._typed`` false) or the tree's arrays have other dtypes,
+    ``cold_calls`` returns None instead of handing it arrays it would misread (review M4)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from specfit.tree import DraftTree
+
+    bench = load_benchmark("live_decision")
+
+    class Chooser:
+        policy = SimpleNamespace(root_alpha=0.5)
+        drafter = None
+
+        def __init__(self, typed):
+            self._questions = SimpleNamespace(_typed=typed)
+
+        def choose(self, state):
+            return None
+
+    tree = DraftTree.from_parents(np.arange(3), [-1, 0, 1], np.log([1.0, 0.5, 0.5]))
+    cycles = [{"trees": [(tree, 2)], "state": None}]
+    assert bench.cold_calls(Chooser(False), cycles, 1e-5, 1) is None
+    narrow = SimpleNamespace(parents=tree.parents.astype(np.int32), draft_logprobs=tree.draft_logprobs)
+    assert bench.cold_calls(Chooser(True), [{"trees": [(narrow, 2)], "state": None}], 1e-5, 1) is None
