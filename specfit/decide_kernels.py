@@ -514,7 +514,8 @@ def union_size_question(parents, values, work, union_table, miss, context_len, n
     ``union_table`` (``N + max_depth`` rows) or for the room (:func:`question_room`) is not
     answered: ``k = -1`` and nothing else is meaningful (the caller grows them and asks again),
     so the caller needs no numpy call per question to measure the tree; ``miss`` of another
-    length than the table's layers: ``k = -2`` (the caller raises).
+    length than the table's layers: ``k = -2``; a tree without a root (``N = 0``): ``k = -3`` (the
+    caller raises on both).
 
     ``parents`` int64[N] (parents before children; depths follow from them). ``p`` float64[N] is
     :func:`specfit.acceptance.path_accept_probs` of the tree: calibrated, :func:`level_accept_probs`
@@ -540,6 +541,8 @@ def union_size_question(parents, values, work, union_table, miss, context_len, n
     answer_at = at + 2 * num_knots + 2 * num_runner
     if miss.shape[0] != union_table.shape[1]:  # the caller's miss fractions are not float[L]
         return False, False, 0.0, 0.0, 0.0, -1.0, -2, n
+    if n < 1:  # no root: the scratch below would write past the room (numba has no bounds checks)
+        return False, False, 0.0, 0.0, 0.0, -1.0, -3, n
     layers = miss.shape[0]
     if n + int(work[_Q_MAX_DEPTH]) > union_table.shape[0] or answer_at + question_room(n, layers) > work.shape[0]:
         return False, False, 0.0, 0.0, 0.0, -1.0, -1, n

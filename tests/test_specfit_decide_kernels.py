@@ -34,7 +34,7 @@ from specfit.context import PolicyContext, layer_misses, make_plan
 from specfit.cost import CycleCostModel
 from specfit.decide_kernels import numpy_sum
 from specfit.node_experts import NodeExperts
-from specfit.planner import _plan_union_size_batch, plan_exact
+from specfit.planner import _plan_union_size_batch, decide_kernels, plan_exact
 from specfit.policies import SpecFitPolicy, _chain_gain
 from specfit.predictors import clean_miss_fraction
 from specfit.synthetic import random_next_layer_knots
@@ -383,6 +383,31 @@ def test_live_union_size_questions_reject_miss_fractions_of_another_length() -> 
         questions.ask(tree, int(tree.max_depth))
     questions.begin(ne, cached, 0, np.full(ne.union_size.shape[0], 0.5))
     assert isinstance(questions.ask(tree, int(tree.max_depth)), bool)
+
+
+def test_live_union_size_questions_reject_a_tree_without_a_root() -> None:
+    """A tree of 0 nodes is refused before the compiled question touches its scratch (it wrote one
+    value past the room before: numba has no bounds checks), through the unchecked entry point
+    and numba's checking dispatcher alike, and nothing past the room changes."""
+    rng = np.random.default_rng(5)
+    ne, cost, cached = _random_union_problem(rng, 20, False, "off")
+    questions = SpecFitPolicy().union_size_questions(cost, None, 2, 3)
+    questions.begin(ne, cached, 0, np.full(ne.union_size.shape[0], 0.5))
+    empty = SimpleNamespace(
+        parents=np.zeros(0, np.int64),
+        depths=np.zeros(0, np.int64),
+        draft_logprobs=np.zeros(0),
+        path_logprobs=np.zeros(0),
+    )
+    before = questions.work.copy()
+    with pytest.raises(ValueError, match="no nodes"):
+        questions.ask(empty, 0)
+    assert np.array_equal(questions.work, before, equal_nan=True)
+    kernels = decide_kernels()
+    for kernel in (kernels.question_entry(), kernels.union_size_question):
+        answer = kernel(empty.parents, empty.path_logprobs, questions.work, questions.table, questions.miss, 0, 0, 0.5, True)
+        assert answer[6] == -3
+    assert np.array_equal(questions.work, before, equal_nan=True)
 
 
 def _live_questions(rng: np.random.Generator, n: int, kind: str) -> tuple:
