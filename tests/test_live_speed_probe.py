@@ -3,8 +3,6 @@ assertion: only that it runs, touches no engine state and falls back cleanly).""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -14,10 +12,10 @@ from tests.live_fixtures import TINY_ARCHS  # noqa: E402
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
-def test_model_probe_runs_the_targets_own_attention_and_router_without_hooks(tiny_checkpoint, arch):
+def test_model_probe_runs_the_targets_own_attention_and_router_without_hooks(tiny_checkpoint, arch, fake_clock):
     """On every tiny architecture the probe finds the MoE layers' attention and router weights,
-    runs (a positive, finite time), is deterministic in what it computes, and fires none of the
-    engine's hooks: a router capture on the model sees nothing and the cache stats stay 0."""
+    runs (timed on a fake clock: the value follows from its clock reads), is deterministic in
+    what it computes, and fires none of the engine's hooks: a router capture on the model sees nothing and the cache stats stay 0."""
     from live.loader import describe_moe, load_target
     from live.offload import offload_model
     from live.spec.routing import RouterCapture
@@ -29,8 +27,11 @@ def test_model_probe_runs_the_targets_own_attention_and_router_without_hooks(tin
     inputs = model_probe_inputs(target)
     assert inputs is not None and len(inputs.layers) == describe_moe(target).num_layers
     assert all(w.shape == (describe_moe(target).num_experts, target.config.hidden_size) for _, w, _ in inputs.layers)
-    seconds = probe_model_once(inputs)
-    assert math.isfinite(seconds) and seconds > 0  # not a timing aim: any finite positive value passes (load cannot fail it)
+    reads_before = fake_clock.reads
+    probed = probe_model_once(inputs)  # timed on the fake clock (tests/fake_clock.py): no wall-clock read
+    assert fake_clock.sleeps[-1] > 0  # the untimed pause before the timed part
+    # the value is the clock's advance between its start and end reads: ticks alone, exactly
+    assert probed == pytest.approx(fake_clock.tick_s * (fake_clock.reads - reads_before - 1), rel=1e-6)
     ids, _ = capture.take()
     assert ids.shape[0] == 0  # no router hook fired
     assert offload.total_stats.layer_hits.sum() == 0 and offload.total_stats.layer_misses.sum() == 0
@@ -80,7 +81,8 @@ def test_probe_drops_the_models_timings_when_its_attention_fails_partway(tiny_ch
     probe = SpeedProbe(model=target)
     probe.measure(num_probes=4, num_model_probes=4)
     assert len(calls) == 2  # it ran once, failed once, and was not tried again
-    assert probe._model_inputs is None and probe.seconds == []  # not a timing check: the model's list is emptied
+    summary = probe.summary()  # the model's timings dropped: the chain's are the run's one gauge
+    assert probe._model_inputs is None and summary["speed_probe_s"] == summary["speed_probe_chain_s"]
     summary = probe.summary()
     assert summary["speed_probe_s"] == summary["speed_probe_chain_s"] and len(summary["speed_probe_s"]) == 4
     assert summary["speed_probe_workload"].startswith("tanh(y @ w)")
