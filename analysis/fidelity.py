@@ -495,7 +495,7 @@ def error_split(
     out.update(split_live_s=0.0, split_num_cycles=0)
     keys = list(REPEAT_KEY)
     cols = ["verified_nodes", "draft_s", "verify_s", "h2d_s", "cycle_s", "decision_s", "cache_misses"]
-    late_calls = cost.overlap_h2d and cost.overlap_mode == "on" and cost.late_call_s > 0 and "layer_misses" in live
+    late_calls = cost.per_layer_overlap and cost.late_call_s > 0 and "layer_misses" in live
     if not len(live) or not len(sim) or any(c not in f.columns for c in keys + cols for f in (live, sim)):
         return out
     live = live.assign(stall_s=live["stall_s"] if "stall_s" in live.columns else _stall_s(live))

@@ -591,13 +591,7 @@ class Validator:
         report = {
             "version": OVERLAP_FIT_REPORT_VERSION,
             "cost": overlap.model.to_dict(),
-            "host_s_per_transfer": overlap.model.host_s_per_transfer,  # fitted on whole cycles
-            "placing_s_per_transfer": overlap.placing_s_per_transfer,  # measured: h2d_s beyond the copies
-            "late_call_s": overlap.late_call_s,
-            "terms_separable": overlap.separable,  # False: only late_call_s fitted (see notes)
-            "num_cycles": overlap.num_cycles,
-            "cycle_error_in_sample": vars(overlap.cycle_error),
-            "notes": list(overlap.notes),
+            **overlap.report_fields(),
         }
         (self.out / f"cost_{bandwidth:g}_overlap_report.json").write_text(
             json.dumps(report, indent=2, default=float) + "\n"

@@ -801,6 +801,24 @@ class OverlapFit:
     notes: tuple[str, ...] = ()
     separable: bool = True
 
+    def report_fields(self) -> dict[str, Any]:
+        """The fit's part of an ``overlap_fit`` report block (``calibration.fit``'s report,
+        ``analysis.validate``'s ``cost_<bw>_overlap_report.json``; version
+        :data:`OVERLAP_FIT_REPORT_VERSION`, which the caller writes with its own run labels or
+        cost): ``host_s_per_transfer`` (s, the model's per-miss term, fitted on whole cycles),
+        ``placing_s_per_transfer`` (s, measured: h2d_s beyond the copies), ``late_call_s`` (s),
+        ``terms_separable`` (False: only ``late_call_s`` fitted, see the notes), ``num_cycles``,
+        ``cycle_error_in_sample`` and ``notes``."""
+        return {
+            "host_s_per_transfer": self.model.host_s_per_transfer,
+            "placing_s_per_transfer": self.placing_s_per_transfer,
+            "late_call_s": self.late_call_s,
+            "terms_separable": self.separable,
+            "num_cycles": self.num_cycles,
+            "cycle_error_in_sample": vars(self.cycle_error),
+            "notes": list(self.notes),
+        }
+
     def term_split(self) -> dict[str, float]:
         """The non-link parts of ``model.h2d_s_per_transfer`` as :meth:`CostFit.term_split` gives
         them: ``host_s_per_transfer`` the measured placing (``placing_s_per_transfer``; the key
@@ -870,6 +888,8 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
 
     pre_router_frac = base.pre_router_frac or fit_pre_router_frac(cycles, notes)
 
+    misses = _stack(cycles["layer_misses"])  # [C, L]
+
     def priced(per_miss_s: float, late_s: float) -> tuple[CycleCostModel, np.ndarray]:
         model = replace(
             base,
@@ -884,7 +904,6 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
         rows = zip(cycles["num_draft_levels"], cycles["num_nodes_verified"], cycles["context_len"], misses)
         return model, np.array([model.cycle_s(int(lev), int(n), int(ctx), m) for lev, n, ctx, m in rows])
 
-    misses = _stack(cycles["layer_misses"])  # [C, L]
     measured = model_cycle_s(cycles)
     layers_with_misses = np.count_nonzero(misses, axis=1) if misses.size else np.zeros(len(cycles))
     total_misses = misses.sum(axis=1) if misses.size else np.zeros(len(cycles))
@@ -895,12 +914,13 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
     if fitted:
         design = np.column_stack([total_misses, layers_with_misses])[keep].astype(np.float64)
         scale = design.max(axis=0)  # columns at unit max-norm (both counts, misses the larger), scaled back below
+        unit = design / scale
         target = (measured - rest)[keep]
-        rank = np.linalg.matrix_rank(design / scale)
-        condition = float(np.linalg.cond(design / scale)) if rank == 2 else np.inf  # equal columns: rank 1
+        rank = np.linalg.matrix_rank(unit)
+        condition = float(np.linalg.cond(unit)) if rank == 2 else np.inf  # equal columns: rank 1
         separable = bool(np.isfinite(condition) and condition <= OVERLAP_MAX_CONDITION)
         if separable:
-            coef = lsq_linear(design / scale, target, bounds=(0.0, np.inf), method="bvls").x / scale
+            coef = lsq_linear(unit, target, bounds=(0.0, np.inf), method="bvls").x / scale
             per_miss_s, late_s = (max(float(x), 0.0) for x in coef)
         else:  # one column: non-negative least squares is the clipped projection
             layers, left = design[:, 1], target - per_miss_s * design[:, 0]
@@ -916,7 +936,7 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
     else:
         notes.append(f"late_call_s set to 0: {int(keep.sum())} overlap cycle(s) with misses (need >= 3)")
     model, predicted = priced(per_miss_s, late_s)
-    how = "fitted" if fitted and separable else "not fitted"
+    how = "fitted" if separable else "not fitted"  # separable only where fitted
     notes.append(
         f"overlap on: compute stream {per_miss_s * 1e6:.3g} us per miss ({how}; measured placing + memcpy "
         f"{host_s * 1e6:.3g} us, serial runs' per-miss compute {fit.compute_s_per_miss * 1e6:.3g} us), "
@@ -983,7 +1003,10 @@ __all__ = [
     "FitOptions",
     "fit_pre_router_frac",
     "NextLayerFit",
+    "OVERLAP_FIT_REPORT_VERSION",
     "OVERLAP_MAX_CONDITION",
+    "OverlapFit",
+    "fit_overlap_terms",
     "fit_next_layer_terms",
     "copies_per_transfer",
     "host_s_per_transfer",

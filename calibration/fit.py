@@ -357,13 +357,7 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
         report["overlap_fit"] = {
             "version": OVERLAP_FIT_REPORT_VERSION,
             "runs": overlap_labels,
-            "host_s_per_transfer": overlap.model.host_s_per_transfer,  # fitted on whole cycles
-            "placing_s_per_transfer": overlap.placing_s_per_transfer,  # measured: h2d_s beyond the copies
-            "late_call_s": overlap.late_call_s,
-            "terms_separable": overlap.separable,  # False: only late_call_s fitted (see notes)
-            "num_cycles": overlap.num_cycles,
-            "cycle_error_in_sample": vars(overlap.cycle_error),
-            "notes": list(overlap.notes),
+            **overlap.report_fields(),
         }
     report["runs"] = list(loaded.labels)
     report["cost_fit_runs"] = cost_labels

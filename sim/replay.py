@@ -665,16 +665,8 @@ class _Replayer:
             recent = np.zeros((0, self.num_layers, bitsets.num_words(self.num_experts)), np.uint64)
         # trusted: the tree was validated once per trace (_TreeData), the bitsets are packed
         # here (bitsets.pack checks the ids) and the miss fraction is the cache's own float64[L]
-        node_experts = self.predictor.predict(
-            mods["predictors"].PredictContext.trusted(
-                tree=tree,
-                num_experts=self.num_experts,
-                num_layers=self.num_layers,
-                context_len=dense.context_len,
-                recent_experts=recent,
-                true_experts=true_bits,
-                miss_fraction=planner_miss_fraction(self.cache, self.ledger, self.config.prefetch),
-            )
+        node_experts = self._predict(
+            dense, recent, true_bits, planner_miss_fraction(self.cache, self.ledger, self.config.prefetch)
         )
         oracle_accept = self.oracle_accept and path_ok is not None
         policy_ctx = mods["policies"].PolicyContext
@@ -727,6 +719,26 @@ class _Replayer:
         nodes = keep[chosen] if chosen.shape[0] == 1 else np.sort(keep[chosen])
         return plan, nodes, levels, node_experts.bits
 
+    def _predict(
+        self, dense: Any, recent: np.ndarray | None, true_bits: np.ndarray | None, miss_fraction: np.ndarray | None
+    ) -> Any:
+        """The predictor's ``NodeExperts`` for the recorded tree of ``dense`` (``recent``: uint64[H, L, W]
+        bitsets of the recent tokens' experts or None; ``true_bits``: uint64[N, L, W] of the recorded
+        routing for the oracle predictor or None; ``miss_fraction``: float64[L] observed, or None for
+        the predictor's own), through ``PredictContext.trusted``: the tree was validated once per trace
+        (``_TreeData``), the bitsets are packed by ``bitsets.pack`` (which checks the ids)."""
+        return self.predictor.predict(
+            self.mods["predictors"].PredictContext.trusted(
+                tree=dense.tree,
+                num_experts=self.num_experts,
+                num_layers=self.num_layers,
+                context_len=dense.context_len,
+                recent_experts=recent,
+                true_experts=true_bits,
+                miss_fraction=miss_fraction,
+            )
+        )
+
     def _drafted_levels(self, data: _TreeData, keep_drafting: Any) -> int:
         """The levels drafted under the stopping rule ``keep_drafting(levels) -> bool``, asked as
         ``live.spec`` asks it: before the first level (on the root alone) and after each drafted
@@ -761,17 +773,7 @@ class _Replayer:
             observed = planner_miss_fraction(self.cache, self.ledger, self.config.prefetch)
         template = self._union_template
         if template is None:
-            template = self._union_template = self.predictor.predict(
-                self.mods["predictors"].PredictContext.trusted(
-                    tree=dense.tree,
-                    num_experts=self.num_experts,
-                    num_layers=self.num_layers,
-                    context_len=dense.context_len,
-                    recent_experts=None,
-                    true_experts=None,
-                    miss_fraction=observed,
-                )
-            )
+            template = self._union_template = self._predict(dense, None, None, observed)
         questions.begin(template, cached, dense.context_len, observed)
         level = data.level
         levels = self._drafted_levels(data, lambda k: questions.ask(level(k)[0], k))

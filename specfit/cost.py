@@ -413,7 +413,7 @@ class CycleCostModel:
         nl = self.next_layer_prefetch and self.has_next_layer_share and not (self.overlap_h2d and not on)
         host, link = self.host_s_per_transfer, self.link_s_per_transfer
         terms = self._share_terms(self.next_layer_cover_frac, self.next_layer_waste_per_miss)
-        plain = host, link, link  # h = x = 0
+        plain = self.layer0_s_per_miss  # h = x = 0
         if knots is None:
             least = terms
             least_per_miss = terms[0] + terms[1]
@@ -578,6 +578,14 @@ class CycleCostModel:
         mode "on" (:attr:`per_layer_overlap`) or next-layer prefetch (:attr:`next_layer_priced`)."""
         return self._derived[2]
 
+    @property
+    def layer0_s_per_miss(self) -> tuple[float, float, float]:
+        """``(host, after, link)`` seconds per demand miss of layer 0, which no next-layer guess
+        covers (it has no layer before it: share ``h = 0``, waste ``x = 0``):
+        ``(host_s_per_transfer, link_s_per_transfer, link_s_per_transfer)``, the terms of
+        :meth:`next_layer_s_per_miss` at ``h = x = 0`` (issue 13; :meth:`cycle_s_layers`)."""
+        return self.host_s_per_transfer, self.link_s_per_transfer, self.link_s_per_transfer
+
     def next_layer_s_per_miss(self, num_nodes: Any = None) -> tuple[Any, Any, Any]:
         """``(host, after, link)`` seconds per demand miss ``m`` the planner counts in a cycle of
         ``num_nodes`` verified nodes (a count or an array: the terms broadcast alike), with
@@ -682,10 +690,10 @@ class CycleCostModel:
         host = host_s * m.sum(axis=-1)
         after, link = m * after_s, m * link_s
         if self._derived[1]:  # next-layer prefetch: layer 0 has no guess (h = x = 0)
-            plain = self.link_s_per_transfer
-            after[..., 0] = m[..., 0] * plain
-            link[..., 0] = m[..., 0] * plain
-            host = host + (self.host_s_per_transfer - host_s) * m[..., 0]
+            plain_host_s, plain_after_s, plain_link_s = self.layer0_s_per_miss
+            after[..., 0] = m[..., 0] * plain_after_s
+            link[..., 0] = m[..., 0] * plain_link_s
+            host = host + (plain_host_s - host_s) * m[..., 0]
         if self.overlap_h2d:  # mode "on" (next_layer_priced excludes "ideal"; cycle_s sends "ideal" elsewhere)
             host = host + self.late_call_s * np.count_nonzero(m, axis=-1)
         return self._layers_s(num_levels, c, after, link, host)
@@ -723,8 +731,9 @@ class CycleCostModel:
         :meth:`overlap_on_total_s`."""
         v = np.asarray(verify_s, dtype=np.float64)
         m = np.asarray(total_misses, dtype=np.float64)
-        plain = (self.host_s_per_transfer, self.link_s_per_transfer, self.link_s_per_transfer)  # layer 0's
-        host_s, after_s, link_s = (np.minimum(a, b) for a, b in zip(self.next_layer_s_per_miss(num_nodes), plain))
+        host_s, after_s, link_s = (
+            np.minimum(a, b) for a, b in zip(self.next_layer_s_per_miss(num_nodes), self.layer0_s_per_miss)
+        )
         if self.overlap_h2d:
             both = np.maximum(np.maximum(v, self.pre_router_frac * v + after_s * m), link_s * m)
             out = host_s * m + both + self.late_call_s * (m > 0)

@@ -194,7 +194,7 @@ def _min_added_h2d_s_per_size(ctx: PolicyContext, max_new: int) -> np.ndarray:
     num_layers = u.shape[1]
     host = np.repeat(host, num_layers, axis=1)
     after, link = np.repeat(after, num_layers, axis=1), np.repeat(link, num_layers, axis=1)
-    host[:, 0], after[:, 0], link[:, 0] = cost.host_s_per_transfer, cost.link_s_per_transfer, cost.link_s_per_transfer
+    host[:, 0], after[:, 0], link[:, 0] = cost.layer0_s_per_miss  # no guess covers layer 0
     out = np.empty(max_new)
     small = slice(0, size)
     for m in range(1, max_new + 1):

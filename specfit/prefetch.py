@@ -125,7 +125,8 @@ def next_layer_share(num_misses: int, num_used: int, num_wasted: int, num_first_
 
 
 NEXT_LAYER_MIN_KNOT_MISSES = 200
-"""The least planner misses (``M + U``) behind one knot of :func:`next_layer_share_by_nodes`: its
+"""The least planner misses (``M - M_0 + U``: layer 0's demand misses left out) behind one knot
+of :func:`next_layer_share_by_nodes`: its
 share's binomial standard error is then at most ``0.5 / sqrt(200) = 0.035``."""
 NEXT_LAYER_MAX_KNOTS = 8
 """The most knots :func:`next_layer_share_by_nodes` fits."""
@@ -142,7 +143,8 @@ def next_layer_share_by_nodes(
     alone sees 0.53 of its misses covered, a 60-node tree 0.14 (the guesses of one token's
     hidden state cover a tree's spread of experts less, and the cache holds fewer of them), so
     the share is fitted per verified-node count ``n``: cycles are grouped by ``n`` into runs of
-    consecutive counts, each closed once it holds ``max(min_knot_misses, (M + U) / max_knots)``
+    consecutive counts, each closed once it holds
+    ``max(min_knot_misses, (M - M_0 + U) / max_knots)``
     planner misses (a last short run joins the one before); a group's knot is its
     planner-miss-weighted mean ``n`` and its share and waste :func:`next_layer_share`'s ratios of
     its totals (planner misses of layers 1..L-1: ``first_layer_misses`` left out). ``specfit.cost.CycleCostModel`` interpolates between knots (``np.interp``: the end

@@ -292,6 +292,14 @@ class SpecDecoder:
         callback_s = 0.0
         # the policy's online guard (None for ar, top-N): looked up once, as sim.replay
         observe = getattr(getattr(chooser, "policy", None), "observe_cycle", None)
+        # the guard's issued prefetch copies per cycle (as sim.replay): the ledger counts up only
+        # when prefetch is on; without it a cycle's are zeros, made once here (no copy per cycle)
+        ledger = getattr(self.stats, "ledger", None)
+        track_issued = observe is not None and ledger is not None and getattr(self.stats, "prefetch", "none") != "none"
+        no_copies = None
+        if observe is not None and ledger is not None:
+            no_copies = np.zeros_like(ledger.layer_issued)
+            no_copies.setflags(write=False)
         while len(generated) < max_new_tokens and not eos:
             t0 = time.perf_counter()
             recent_arr = np.stack(list(recent)) if recent else np.zeros((0, num_layers, top_k), np.int64)
@@ -301,8 +309,7 @@ class SpecDecoder:
                 tuple(committed), len(generated), len(committed), recent_arr, cached, miss_fraction
             )
             choice = chooser.choose(state)
-            ledger = getattr(self.stats, "ledger", None)
-            issued_before = None if ledger is None or observe is None else ledger.layer_issued.copy()
+            issued_before = ledger.layer_issued.copy() if track_issued else None
             self._prefetch_draft(choice)
             self._forward_stats_begin()
             ver = self.verifier.verify(choice.draft.tree, choice.nodes)
@@ -348,7 +355,7 @@ class SpecDecoder:
                     event.context_len,
                     stats.layer_misses,
                     root_misses,
-                    None if issued_before is None else ledger.layer_issued - issued_before,  # as sim.replay
+                    no_copies if issued_before is None else ledger.layer_issued - issued_before,  # as sim.replay
                 )
             if on_cycle is not None:  # recording is not decoding: kept off the decode clock
                 callback_start = time.perf_counter()
