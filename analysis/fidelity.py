@@ -425,7 +425,9 @@ def sim_cycle_agreement(live_cycles: pd.DataFrame, sim_cycles: pd.DataFrame) -> 
     return out
 
 
-def _seconds(df: pd.DataFrame, column: str) -> np.ndarray:
+def _numeric(df: pd.DataFrame, column: str) -> np.ndarray:
+    """float64[rows] column ``column`` of ``df`` (seconds or counts: per-cycle means over repeats
+    may be fractional), a missing or non-numeric value read as 0."""
     return pd.to_numeric(df[column], errors="coerce").fillna(0.0).to_numpy(dtype=np.float64)
 
 
@@ -512,10 +514,10 @@ def error_split(
         dtype=bool,
     )
     both = both[same] if len(both) else both
-    live_s = _seconds(both, "cycle_s_l")
+    live_s = _numeric(both, "cycle_s_l")
     if not len(both) or live_s.sum() <= 0:
         return out
-    part = {side: {c: _seconds(both, f"{c}_{side}") for c in cols[1:] + optional} for side in ("l", "s")}
+    part = {side: {c: _numeric(both, f"{c}_{side}") for c in cols[1:] + optional} for side in ("l", "s")}
     lv, sm = part["l"], part["s"]
     stall_l = pd.to_numeric(both["stall_s"], errors="coerce").to_numpy(dtype=np.float64)
     stall_l = np.where(np.isfinite(stall_l), stall_l, lv["h2d_s"])
@@ -529,7 +531,7 @@ def error_split(
         "draft": sm["draft_s"] - lv["draft_s"],
         "decision": sm["decision_s"] - lv["decision_s"],
         "verify": sm["verify_s"] + c * m_l - lv["verify_s"] - rest_l
-        + (cost.late_call_s * _seconds(both, "layers_with_misses") if late_calls else 0.0),
+        + (cost.late_call_s * _numeric(both, "layers_with_misses") if late_calls else 0.0),
         "h2d": m_l * (s - c) - demand_h2d_l,
         "prefetch": i_s * s - (lv["h2d_s"] - demand_h2d_l),  # the simulator's price: the whole s
         "cache": (m_s - m_l) * s,

@@ -306,17 +306,14 @@ def union_growth(arrays: Any, num_experts: int, calibration: Any = None) -> np.n
         float64[L, M+1]: column ``n`` is :func:`specfit.predictors.union_size_from_trees`'s mean
         over the trees with at least ``n`` nodes (column 0 is 0).
     """
-    from specfit.predictors import union_size_from_trees
+    from specfit.predictors import union_size_from_node_arrays
 
-    bounds = [(int(arrays.offsets[i]), int(arrays.offsets[i + 1])) for i in range(arrays.num_trees)]
-    trees = [arrays.expert_ids[lo:hi] for lo, hi in bounds]
-    if calibration is None:
-        probs = [np.exp(arrays.path_logprob[lo:hi]) for lo, hi in bounds]
-    else:
+    probs = None
+    if calibration is not None:
         from specfit.acceptance import path_accept_probs
 
         probs = [path_accept_probs(arrays.tree(i).tree, calibration) for i in range(arrays.num_trees)]
-    return union_size_from_trees(trees, probs, num_experts, int(arrays.tree_sizes.max()))
+    return union_size_from_node_arrays(arrays, num_experts, probs)
 
 
 DRAFT_RANKED = "nodes ranked by draft path probability (the planner's union-size table)"

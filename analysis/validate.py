@@ -648,7 +648,7 @@ class Validator:
         for c in caches:
             fit = fits.get(c)
             # the knots' count (specfit.prefetch.next_layer_share_by_nodes): layer 0's misses left out
-            planner_misses = 0 if fit is None else fit.num_misses - fit.num_first_layer_misses + fit.num_used
+            planner_misses = 0 if fit is None else fit.num_planner_misses
             if planner_misses < NEXT_LAYER_MIN_KNOT_MISSES:
                 print(
                     f"warning: {bw:g} GB/s, cache {c}: next-layer prefetch share pooled over every cache size "

@@ -62,7 +62,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import lsq_linear
 
 from calibration.checks import (
     TRANSFER_COLUMNS,
@@ -844,11 +843,11 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
     link (bandwidth, latency per expert), verify and draft terms are kept. The two compute-stream
     terms of the cost model's overlap mode "on" (``specfit.cost``), ``host_s_per_transfer`` (per
     miss) and ``late_call_s`` (per layer with misses), enter a cycle's price linearly, so they are
-    fitted together by non-negative least squares (``scipy.optimize.lsq_linear``, BVLS, as
-    :mod:`calibration.lsq`; plain seconds, so the MEAN cycle time that throughput sums is what
+    fitted together by non-negative least squares (:func:`calibration.lsq.fit_non_negative`,
+    BVLS; plain seconds, so the MEAN cycle time that throughput sums is what
     it aims at: unbiased when the model's form is right, but with no intercept the residuals
     need not sum to 0, and the note gives the cycles' summed price over their summed time; the
-    target may be negative, so not ``fit_non_negative``) on the overlap-on cycles' measured
+    target may be negative, which plain residuals allow) on the overlap-on cycles' measured
     model cycle (``cycle_s - decision_s``) less the price of everything else, regressors the
     cycle's demand misses and its layers with misses. Both are what overlap costs per miss and per layer
     on the runs themselves: placing each miss and, on the CPU copy stream, its memcpy; the
@@ -913,15 +912,14 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
     separable = fitted = keep.sum() >= 3
     if fitted:
         design = np.column_stack([total_misses, layers_with_misses])[keep].astype(np.float64)
-        scale = design.max(axis=0)  # columns at unit max-norm (both counts, misses the larger), scaled back below
-        unit = design / scale
+        unit = design / design.max(axis=0)  # columns at unit max-norm (both counts), for the condition number
         target = (measured - rest)[keep]
         rank = np.linalg.matrix_rank(unit)
         condition = float(np.linalg.cond(unit)) if rank == 2 else np.inf  # equal columns: rank 1
         separable = bool(np.isfinite(condition) and condition <= OVERLAP_MAX_CONDITION)
         if separable:
-            coef = lsq_linear(unit, target, bounds=(0.0, np.inf), method="bvls").x / scale
-            per_miss_s, late_s = (max(float(x), 0.0) for x in coef)
+            coef = fit_non_negative(design, target, ("host_s_per_transfer", "late_call_s")).coef
+            per_miss_s, late_s = (float(x) for x in coef)
         else:  # one column: non-negative least squares is the clipped projection
             layers, left = design[:, 1], target - per_miss_s * design[:, 0]
             late_s = max(float(layers @ left / (layers @ layers)), 0.0)

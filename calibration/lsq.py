@@ -13,9 +13,10 @@ so each term is fitted as ``y ~ A @ x`` with ``x >= 0``:
   is not set by a start that the outliers dragged; a few cycles disturbed by the OS or the
   allocator then do not drag the fit.
 
-Residuals are plain seconds (``relative=False``, the default of ``calibration.fit``) or *relative*
-(each row divided by its measured value; rows whose measured value is 0 cannot carry one and must
-be filtered out by the caller). Throughput is a ratio of sums (committed tokens / summed cycle
+Residuals are plain seconds (``relative=False``, the default of ``calibration.fit``; any finite
+target, also 0 or negative, e.g. a measured time less the price of the other terms) or *relative*
+(each row divided by its measured value; rows whose measured value is <= 0 cannot carry one and
+must be filtered out by the caller). Throughput is a ratio of sums (committed tokens / summed cycle
 seconds), so the cost model must be unbiased for the MEAN cycle time: ordinary least squares on
 seconds is; relative least squares is biased low under right-skewed noise (measured on the shared
 2-core CPU, where contention adds whole scheduler slices to some cycles: relative weighting left
@@ -66,9 +67,13 @@ def fit_non_negative(
 ) -> LinearFit:
     """Fit ``target ~ design @ x`` with ``x >= 0`` minimising relative (or plain) residuals.
 
+    Plain residuals are weighted by one constant, ``1 / median(|target|)`` (1 when that median is
+    0), which only conditions the problem: the minimiser is that of the unweighted sum of squares.
+
     Args:
         design: float64[n, P] design matrix (columns: the regressors of the term).
-        target: float64[n] measured durations (> 0).
+        target: float64[n] measured durations (seconds; > 0 with ``relative``, any finite value
+            without).
         names: P parameter names (used in messages and the result).
         robust: refine with the soft-L1 loss (see module docstring).
         relative: divide each row by its measured value, or not (default).
@@ -77,8 +82,8 @@ def fit_non_negative(
         :class:`LinearFit`.
 
     Raises:
-        ValueError: shape mismatch, non-finite values, a non-positive target, or fewer rows than
-            parameters (names the parameters).
+        ValueError: shape mismatch, non-finite values, a non-positive target with ``relative``,
+            or fewer rows than parameters (names the parameters).
     """
     a = np.asarray(design, dtype=np.float64)
     y = np.asarray(target, dtype=np.float64)
@@ -88,9 +93,10 @@ def fit_non_negative(
         raise ValueError(f"fitting {list(names)}: need at least {a.shape[1]} rows, got {a.shape[0]}")
     if not (np.all(np.isfinite(a)) and np.all(np.isfinite(y))):
         raise ValueError(f"fitting {list(names)}: non-finite values in the data")
-    if np.any(y <= 0):
+    if relative and np.any(y <= 0):
         raise ValueError(f"fitting {list(names)}: measured values must be > 0 for relative residuals")
-    weights = 1.0 / y if relative else np.full_like(y, 1.0 / float(np.median(y)))
+    typical = float(np.median(np.abs(y)))  # = median(y) for positive targets
+    weights = 1.0 / y if relative else np.full_like(y, 1.0 / typical if typical > 0 else 1.0)
     weighted = a * weights[:, None]
     rhs = y * weights
     scale = np.abs(weighted).max(axis=0)

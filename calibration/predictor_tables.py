@@ -4,7 +4,7 @@ The fitting rules live in :mod:`specfit.predictors` (one implementation for ever
 feeds them the dense trees of recorded runs and stores the result:
 
 - ``union_size``: float64[L, M+1], mean distinct experts the ``n`` most probable nodes of a tree
-  route to at each layer (:func:`specfit.predictors.union_size_from_trees`, ranked by draft path
+  route to at each layer (:func:`specfit.predictors.union_size_from_node_arrays`, ranked by draft path
   probability, root first). It is also the report's "expert-union growth against tree size".
 - token table: for each node token seen at least ``min_token_count`` times, its ``K`` most
   frequent experts per layer (:func:`specfit.predictors.token_table_from_routing`), stored as
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from specfit import bitsets
-from specfit.predictors import token_table_from_routing, union_size_from_trees
+from specfit.predictors import token_table_from_routing, union_size_from_node_arrays
 from traces.reader import NodeArrays
 
 _ARRAYS = ("union_size", "token_ids", "token_bits", "layer_frequency", "num_trees")
@@ -120,14 +120,7 @@ def fit_predictor_tables(
     arrays = [a for a in arrays if a.num_trees > 0]
     if not arrays:
         raise ValueError("predictor tables: no dense trees in the given runs")
-    experts, probs = [], []
-    for na in arrays:
-        for i in range(na.num_trees):
-            lo, hi = int(na.offsets[i]), int(na.offsets[i + 1])
-            experts.append(na.expert_ids[lo:hi])
-            probs.append(np.exp(na.path_logprob[lo:hi]))
-    max_nodes = max(e.shape[0] for e in experts)
-    union = union_size_from_trees(experts, probs, num_experts, max_nodes)
+    union = union_size_from_node_arrays(arrays, num_experts)
     tokens = np.concatenate([na.token_id for na in arrays]).astype(np.int64)
     routed = np.concatenate([na.expert_ids for na in arrays]).astype(np.int64)  # [R, L, K]
     uniq, counts = np.unique(tokens, return_counts=True)
@@ -146,4 +139,4 @@ def fit_predictor_tables(
         ids = routed[:, layer].ravel()
         freq[layer] = np.bincount(ids[ids >= 0], minlength=num_experts)[:num_experts]
     freq /= max(tokens.size, 1)
-    return PredictorTables(union, token_ids, token_bits, freq, len(experts))
+    return PredictorTables(union, token_ids, token_bits, freq, sum(na.num_trees for na in arrays))

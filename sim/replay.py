@@ -480,11 +480,7 @@ class _Replayer:
                 )
             }
         if self.config.predictor == "union-size":
-            a = self.arrays
-            trees = [a.expert_ids[a.offsets[i] : a.offsets[i + 1]] for i in range(a.num_trees)]
-            probs = [np.exp(a.path_logprob[a.offsets[i] : a.offsets[i + 1]]) for i in range(a.num_trees)]
-            max_nodes = int(a.tree_sizes.max())
-            return {"union_size": preds.union_size_from_trees(trees, probs, self.num_experts, max_nodes)}
+            return {"union_size": preds.union_size_from_node_arrays(self.arrays, self.num_experts)}
         return {}
 
     def _prefill_ids(self, request_id: int) -> np.ndarray:

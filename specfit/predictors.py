@@ -51,6 +51,7 @@ __all__ = [
     "predictor_recall_precision",
     "score_predictor",
     "token_table_from_routing",
+    "union_size_from_node_arrays",
     "union_size_from_trees",
 ]
 
@@ -378,6 +379,48 @@ def union_size_from_trees(
     last = int(np.flatnonzero(seen).max())
     out[:, last + 1 :] = out[:, [last]]  # unmeasured sizes: flat (no data beyond the largest tree)
     return np.maximum.accumulate(out, axis=1)
+
+
+def union_size_from_node_arrays(
+    node_arrays: Any, num_experts: int, tree_probs: Sequence[np.ndarray] | None = None
+) -> np.ndarray:
+    """The ``union_size`` table of dense trees stored as flat node arrays (:func:`union_size_from_trees`).
+
+    The one place the planner's union-size table is fitted from a trace's dense trees
+    (``calibration.predictor_tables``, ``sim.replay``, ``live.spec.session``'s dense-trace tables
+    and ``analysis.figures``' union growth): each tree's nodes ranked by draft path probability
+    ``exp(path_logprob)`` (the root first), every size measured up to the largest tree.
+
+    Args:
+        node_arrays: one ``traces.reader.NodeArrays`` or a sequence of them (duck-typed:
+            ``offsets`` int[T+1], ``expert_ids`` int[R, L, K], ``path_logprob`` float[R]);
+            their trees are pooled in order.
+        num_experts: experts per layer ``E``.
+        tree_probs: None for draft path probabilities; or one float[N_i] per pooled tree to rank
+            its nodes by instead (e.g. calibrated acceptance, ``analysis.figures.union_growth``).
+
+    Returns:
+        float64[L, M+1] (M = the largest tree's node count; column 0 is 0).
+
+    Raises:
+        ValueError: no dense trees, or ``tree_probs`` not of one array per tree.
+    """
+    runs = node_arrays if isinstance(node_arrays, (list, tuple)) else [node_arrays]
+    trees, probs = [], []
+    for na in runs:
+        offsets = np.asarray(na.offsets, dtype=np.int64)
+        for lo, hi in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+            trees.append(na.expert_ids[lo:hi])
+            probs.append(np.exp(na.path_logprob[lo:hi]))
+    if not trees:
+        raise ValueError("union_size_from_node_arrays: no dense trees")
+    if tree_probs is not None:
+        if len(tree_probs) != len(trees):
+            raise ValueError(
+                f"union_size_from_node_arrays: {len(tree_probs)} probability arrays for {len(trees)} trees"
+            )
+        probs = list(tree_probs)
+    return union_size_from_trees(trees, probs, num_experts, max(t.shape[0] for t in trees))
 
 
 _PREDICTORS: dict[str, Any] = {

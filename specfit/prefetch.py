@@ -69,6 +69,11 @@ class NextLayerShare:
     waste_per_misses: tuple[float, ...] = ()
     num_first_layer_misses: int = 0
 
+    @property
+    def num_planner_misses(self) -> int:
+        """The planner misses of layers 1..L-1 the shares are of (count): :func:`planner_misses`."""
+        return planner_misses(self.num_misses, self.num_first_layer_misses, self.num_used)
+
     def knots_text(self) -> str:
         """The knots in words, e.g. ``"per tree size (nodes: covered/wasted per miss) 1: 0.53/0.02,
         60: 0.14/0.10"``; empty without knots."""
@@ -87,6 +92,19 @@ class NextLayerShare:
             "next_layer_cover_fracs": self.cover_fracs,
             "next_layer_waste_per_misses": self.waste_per_misses,
         }
+
+
+def planner_misses(num_misses: Any, num_first_layer_misses: Any, num_used: Any) -> Any:
+    """The planner misses next-layer prefetch can cover: ``B = M - M_0 + U`` (counts; ints or
+    int arrays, elementwise).
+
+    A used prefetch is a miss the planner (which prices the cache as it stands when it chooses)
+    counted and the prefetch covered, so the planner's misses are ``M + U``; layer 0 has no layer
+    before it to guess from (its misses ``M_0`` are all demand misses), so they are left out.
+    The denominator of :func:`next_layer_share`'s ratios and the count behind a knot of
+    :func:`next_layer_share_by_nodes` (and ``analysis.validate``'s check of it).
+    """
+    return num_misses - num_first_layer_misses + num_used
 
 
 def next_layer_share(num_misses: int, num_used: int, num_wasted: int, num_first_layer_misses: int = 0) -> NextLayerShare:
@@ -118,10 +136,11 @@ def next_layer_share(num_misses: int, num_used: int, num_wasted: int, num_first_
             f"next_layer_share: num_first_layer_misses ({counts['num_first_layer_misses']}) must be <= "
             f"num_misses ({counts['num_misses']}): layer 0's misses are part of them"
         )
-    base = counts["num_misses"] - counts["num_first_layer_misses"] + counts["num_used"]
+    share = NextLayerShare(0.0, 0.0, **counts)
+    base = share.num_planner_misses
     if base == 0:
-        return NextLayerShare(0.0, 0.0, **counts)
-    return NextLayerShare(counts["num_used"] / base, counts["num_wasted"] / base, **counts)
+        return share
+    return dataclasses.replace(share, cover_frac=counts["num_used"] / base, waste_per_miss=counts["num_wasted"] / base)
 
 
 NEXT_LAYER_MIN_KNOT_MISSES = 200
@@ -172,7 +191,7 @@ def next_layer_share_by_nodes(
     if np.any(counts[3] > counts[0]):
         raise ValueError("next_layer_share_by_nodes: first_layer_misses must be <= num_misses in every cycle")
     pooled = next_layer_share(*(int(c.sum()) for c in counts))
-    base = counts[0] - counts[3] + counts[1]
+    base = planner_misses(counts[0], counts[3], counts[1])
     if int(base.sum()) == 0:
         return pooled
     sizes, where = np.unique(nodes, return_inverse=True)

@@ -46,6 +46,25 @@ def test_nnls_exact_on_noiseless_data() -> None:
     assert fit.coef.min() >= 0.0
 
 
+def test_plain_residuals_take_non_positive_targets_relative_ones_refuse_them() -> None:
+    """A target less the price of other terms may be <= 0: plain residuals fit it (the result is
+    BVLS on the unit-max-norm columns, what ``fit_overlap_terms`` solved before calling this),
+    relative residuals name the problem."""
+    from scipy.optimize import lsq_linear
+
+    rng = np.random.default_rng(3)
+    a = np.column_stack([rng.integers(1, 30, 40), rng.integers(1, 6, 40)]).astype(np.float64)
+    y = a @ np.array([2e-5, 3e-4]) - 1.5e-3 + rng.normal(0.0, 1e-4, 40)
+    assert (y < 0).any() and (y > 0).any()
+    scale = a.max(axis=0)
+    direct = lsq_linear(a / scale, y, bounds=(0.0, np.inf), method="bvls").x / scale
+    fit = fit_non_negative(a, y, ("per_miss", "per_layer"))
+    np.testing.assert_allclose(fit.coef, np.maximum(direct, 0.0), rtol=1e-9, atol=1e-15)
+    assert fit_non_negative(a, np.zeros(40), ("per_miss", "per_layer")).coef.tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError, match="must be > 0 for relative residuals"):
+        fit_non_negative(a, y, ("per_miss", "per_layer"), relative=True)
+
+
 @pytest.mark.parametrize("weighting", ["relative", "absolute"])
 def test_fit_recovers_known_parameters_within_2_percent(tables, weighting) -> None:
     cycles, transfers = tables

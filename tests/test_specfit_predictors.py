@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,7 @@ from specfit.predictors import (
     predictor_recall_precision,
     score_predictor,
     token_table_from_routing,
+    union_size_from_node_arrays,
     union_size_from_trees,
 )
 from specfit.tree import DraftTree
@@ -83,6 +86,32 @@ def test_union_size_measured_and_used() -> None:
     truth = _pack([[[1, 2], [3, 4]], [[1, 5], [3, 6]], [[2, 5], [4, 6]]])  # 3 distinct per layer
     recall, precision = predictor_recall_precision(pred, truth)
     assert recall == pytest.approx(4 / 6) and precision == pytest.approx(1.0)
+
+
+def _flat(trees, probs) -> SimpleNamespace:
+    """A ``traces.reader.NodeArrays`` stand-in: the fields the union-size fit reads."""
+    offsets = np.cumsum([0] + [t.shape[0] for t in trees])
+    return SimpleNamespace(
+        offsets=offsets, expert_ids=np.concatenate(trees), path_logprob=np.log(np.concatenate(probs))
+    )
+
+
+def test_union_size_from_node_arrays_pools_runs_in_draft_order() -> None:
+    trees = [np.array([[[0], [0]], [[1], [0]], [[1], [2]]]), np.array([[[5], [5]], [[6], [6]]])]
+    probs = [np.array([1.0, 0.2, 0.5]), np.array([1.0, 0.9])]
+    three = [*trees, np.array([[[3], [4]]])]
+    expected = union_size_from_trees(three, [*probs, np.array([1.0])], E, max_nodes=3)
+    pooled = union_size_from_node_arrays([_flat(trees, probs), _flat(three[2:], [np.array([1.0])])], E)
+    np.testing.assert_array_equal(pooled, expected)  # every tree, sizes up to the largest tree
+    alone = union_size_from_node_arrays(_flat(trees, probs), E)
+    np.testing.assert_array_equal(alone, union_size_from_trees(trees, probs, E, max_nodes=3))
+    # other ranking probabilities: node 1 before node 2 in tree 1 -> layer 1 {0},{0},{0,2}
+    reranked = union_size_from_node_arrays(_flat(trees, probs), E, [np.array([1.0, 0.5, 0.2]), probs[1]])
+    assert reranked[1].tolist() == [0.0, 1.0, 1.5, 2.0]
+    with pytest.raises(ValueError, match="no dense trees"):
+        union_size_from_node_arrays([], E)
+    with pytest.raises(ValueError, match="1 probability arrays for 2 trees"):
+        union_size_from_node_arrays(_flat(trees, probs), E, [probs[0]])
 
 
 def test_names_and_errors() -> None:

@@ -67,6 +67,17 @@ def test_next_layer_share_is_the_ratio_of_totals_and_refuses_negative_counts() -
         next_layer_share(1, 1, -1)
 
 
+def test_planner_misses_leave_layer_0_out_for_counts_and_arrays() -> None:
+    """``B = M - M_0 + U`` in one place: the share's denominator, its property, per-cycle arrays."""
+    from specfit.prefetch import next_layer_share, planner_misses
+
+    share = next_layer_share(num_misses=30, num_used=10, num_wasted=4, num_first_layer_misses=8)
+    assert share.num_planner_misses == planner_misses(30, 8, 10) == 32
+    assert (share.cover_frac, share.waste_per_miss) == (10 / 32, 4 / 32)
+    assert next_layer_share(5, 0, 1, 5).num_planner_misses == 0
+    np.testing.assert_array_equal(planner_misses(np.array([3, 4]), np.array([1, 0]), np.array([2, 0])), [4, 4])
+
+
 def test_next_layer_share_by_nodes_groups_sizes_into_knots() -> None:
     """Knots over the verified nodes: consecutive sizes pooled until a group holds the least
     planner misses, each knot its group's planner-miss-weighted mean size and ratios of totals;

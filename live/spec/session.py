@@ -125,7 +125,7 @@ def _load_predictor_tables(path: str, num_layers: int, num_experts: int) -> dict
 
     ``path`` is either a ``predictor_tables.npz`` of ``calibration.fit`` or a dense trace run
     directory, whose trees give the ``union_size`` table exactly as ``sim.replay`` fits it for a
-    replay of that trace (:func:`specfit.predictors.union_size_from_trees` over every tree, nodes
+    replay of that trace (:func:`specfit.predictors.union_size_from_node_arrays` over every tree, nodes
     ranked by draft path probability, up to the largest tree), so a live run and a replay of the
     same dense trace price trees with the same table.
 
@@ -157,7 +157,7 @@ def union_size_from_dense_trace(path: str | Path, num_layers: int, num_experts: 
     Raises:
         SessionError: not a readable dense trace of an L-layer, E-expert model (names ``--predictor-tables``).
     """
-    from specfit.predictors import union_size_from_trees
+    from specfit.predictors import union_size_from_node_arrays
     from traces.reader import open_run
 
     try:
@@ -174,10 +174,7 @@ def union_size_from_dense_trace(path: str | Path, num_layers: int, num_experts: 
         )
     if arrays.num_trees == 0:
         raise SessionError("--predictor-tables", f"{path}: no dense trees (record it with --mode dense)")
-    bounds = [(int(arrays.offsets[i]), int(arrays.offsets[i + 1])) for i in range(arrays.num_trees)]
-    trees = [arrays.expert_ids[lo:hi] for lo, hi in bounds]
-    probs = [np.exp(arrays.path_logprob[lo:hi]) for lo, hi in bounds]
-    return union_size_from_trees(trees, probs, num_experts, int(arrays.tree_sizes.max()))
+    return union_size_from_node_arrays(arrays, num_experts)
 
 
 def _load_drafter(draft_dir: Path, target_dir: Path, target, config):
