@@ -41,9 +41,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks._threads import add_threads_flag  # noqa: E402
+from live.prompts import SHARED_DIR, SharedDataError, shared_prompt_file  # noqa: E402
 from specfit.cli import ArgumentParser, cli_main, comma_list, positive_int, print_summary  # noqa: E402
 
-DEFAULT_PROMPTS = ROOT.parent / "shared" / "data" / "prompts" / "spec_bench.jsonl"
+DEFAULT_PROMPTS = SHARED_DIR / "data" / "prompts" / "spec_bench.jsonl"
 DEFAULT_CATEGORIES = "writing,coding,math_reasoning,summarization,translation,qa,rag"
 
 
@@ -137,7 +138,8 @@ def build_parser() -> ArgumentParser:
         "--prompts",
         type=Path,
         default=None,
-        help=f"MT-bench layout .jsonl with categories (default: {DEFAULT_PROMPTS}, skipped when absent)",
+        help=f"MT-bench layout .jsonl with categories (default: {DEFAULT_PROMPTS}, skipped when absent or "
+        "not the expected file)",
     )
     p.add_argument(
         "--category", "--categories", dest="categories", type=comma_list(str), default=DEFAULT_CATEGORIES,
@@ -217,10 +219,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _check_flags(parser, args)
     if args.prompts is None:
-        args.prompts = DEFAULT_PROMPTS
-        if not args.prompts.is_file():
-            print(f"{args.prompts}: absent (needs ../shared/data/prompts); skipped")
-            print_summary({"skipped": f"no prompt file {args.prompts}"})
+        try:
+            args.prompts = shared_prompt_file(DEFAULT_PROMPTS.name)
+        except SharedDataError as exc:  # absent, or another/stale folder named shared
+            print(f"{exc}; skipped")
+            print_summary({"skipped": str(exc)})
             return 0
     prompts = _check_args(parser, args)
     drafters = {"causal-lm": DEFAULT_DIR / "draft", "eagle3": args.head or DEFAULT_DIR / "eagle3"}

