@@ -50,7 +50,15 @@ def slow_band_label(source: str) -> str:
 
 def informative_bands(slow_bandwidths: Any, drawn_bandwidths: Any) -> list[float]:
     """The bandwidths worth hatching: ``slow_bandwidths`` unless they are every bandwidth drawn
-    (a band over the whole axis distinguishes nothing; the panel title says it instead)."""
+    (a band over the whole axis distinguishes nothing; the panel title says it instead).
+
+    Args:
+        slow_bandwidths: iterable of bandwidths (GB/s) where a full tree is slower than AR.
+        drawn_bandwidths: iterable of every bandwidth (GB/s) the panel draws.
+
+    Returns:
+        The sorted, distinct ``slow_bandwidths`` (GB/s), or ``[]`` when they cover every drawn one.
+    """
     slow = sorted({float(b) for b in slow_bandwidths})
     return [] if set(slow) >= {float(b) for b in drawn_bandwidths} else slow
 
@@ -137,6 +145,20 @@ def throughput_vs_bandwidth(
     the live ones; cross-hatched when both), each band named in the legend; hatched only where it
     distinguishes (:func:`informative_bands`): when it holds at every bandwidth of the panel the
     panel title says so instead. Legends sit outside.
+
+    Args:
+        throughput: one row per cell: ``source`` (``sim`` / ``live``), ``policy``,
+            ``bandwidth_gb_per_s`` (GB/s), ``cache_experts_per_layer`` (count), ``tokens_per_s``
+            (committed tokens per second), optional ``config`` (``analysis.inputs``' throughput table).
+        path: the PNG to write (folders made).
+        max_configs: the most configurations (rows of panels) drawn, in table order.
+        max_caches: the most cache sizes (panels per row) drawn, smallest first.
+
+    Returns:
+        ``path``, or ``None`` when no row has a bandwidth and a throughput.
+
+    Raises:
+        KeyError: a column named above (other than ``config``) is missing.
     """
     df = with_config(throughput).dropna(subset=["bandwidth_gb_per_s", "tokens_per_s"])
     if df.empty:
@@ -214,7 +236,19 @@ def predicted_vs_measured(scatter: pd.DataFrame, path: Path) -> Path | None:
     """Per-cycle predicted vs measured cycle time (log-log, ms), y = x line, one series per ``label``
     with its median/p90 |error| in the legend, which sits below the axes (never over the points;
     the figure grows with the series). A ``"... calibrated: <policy>"`` series takes its policy's
-    colour; planner series (``"(planner)"``) are drawn as crosses."""
+    colour; planner series (``"(planner)"``) are drawn as crosses.
+
+    Args:
+        scatter: one row per cycle: ``label``, ``predicted_s`` and ``measured_s`` (seconds);
+            rows with a missing or non-positive time are left out.
+        path: the PNG to write (folders made).
+
+    Returns:
+        ``path``, or ``None`` when no row is left.
+
+    Raises:
+        KeyError: a column named above is missing.
+    """
     df = scatter.dropna()
     df = df[(df["measured_s"] > 0) & (df["predicted_s"] > 0)]
     if df.empty:
@@ -260,6 +294,13 @@ def dense_depth_acceptance(arrays: Any) -> np.ndarray:
 
     A tree reached depth d when the node its accepted path ends on at depth d - 1 has a child
     (``traces.stats.reached_depths``), the definition ``python -m traces.inspect`` uses too.
+
+    Args:
+        arrays: :class:`traces.reader.NodeArrays` of a dense run (T trees).
+
+    Returns:
+        float64[D]: ``alpha_d = accepted(d) / reached(d)`` for ``d = 1..D``
+        (:func:`analysis.metrics.per_depth_acceptance`).
     """
     from traces.stats import accepted_lengths, reached_depths
 
@@ -267,7 +308,16 @@ def dense_depth_acceptance(arrays: Any) -> np.ndarray:
 
 
 def acceptance_per_depth(dense: list, path: Path) -> Path | None:
-    """Conditional acceptance accepted(d) / reached(d) per depth, one bar series per dense run."""
+    """Conditional acceptance accepted(d) / reached(d) per depth, one bar series per dense run
+    (:func:`dense_depth_acceptance`, docs/metrics.md).
+
+    Args:
+        dense: ``(label, NodeArrays, num_experts)`` per dense run (``analysis.inputs``).
+        path: the PNG to write (folders made).
+
+    Returns:
+        ``path``, or ``None`` when ``dense`` is empty.
+    """
     if not dense:
         return None
     plt = _pyplot()
@@ -304,7 +354,12 @@ def union_growth(arrays: Any, num_experts: int, calibration: Any = None) -> np.n
 
     Returns:
         float64[L, M+1]: column ``n`` is :func:`specfit.predictors.union_size_from_trees`'s mean
-        over the trees with at least ``n`` nodes (column 0 is 0).
+        over the trees with at least ``n`` nodes (column 0 is 0), through
+        :func:`specfit.predictors.union_size_from_node_arrays` (the planner's table when
+        ``calibration`` is None).
+
+    Raises:
+        ValueError: a run without dense trees.
     """
     from specfit.predictors import union_size_from_node_arrays
 
@@ -328,6 +383,17 @@ def expert_union_growth(dense: list, path: Path, acceptance: dict | None = None)
     :class:`specfit.acceptance.AcceptanceCalibration` for the run's label (its ``acceptance.json``),
     the mean over layers with the nodes ranked by calibrated acceptance, the order SpecFit's
     planner asks in, is drawn beside it. The legend says which curve ranks how.
+
+    Args:
+        dense: ``(label, NodeArrays, num_experts)`` per dense run (``analysis.inputs``), one panel each.
+        path: the PNG to write (folders made).
+        acceptance: ``{label: AcceptanceCalibration or None}``; None: draft ranking only.
+
+    Returns:
+        ``path``, or ``None`` when ``dense`` is empty.
+
+    Raises:
+        ValueError: a run without dense trees (:func:`union_growth`).
     """
     if not dense:
         return None
@@ -359,7 +425,20 @@ def hit_rate_vs_cache(hit_rates: pd.DataFrame, path: Path, max_panels: int = 8) 
     """Expert-cache hit rate against cache size (experts per layer), per policy and source, one
     panel per bandwidth (runs at different bandwidths never share a panel or a line; rows
     without a known bandwidth get their own panel). Solid: SIMULATED, dashed: MEASURED live.
-    At most ``max_panels`` bandwidths are drawn (the lowest), the title says how many of how many."""
+    At most ``max_panels`` bandwidths are drawn (the lowest), the title says how many of how many.
+
+    Args:
+        hit_rates: one row per cell: ``source``, ``policy``, ``cache_experts_per_layer`` (count),
+            ``hit_rate`` (fraction in [0, 1]), optional ``bandwidth_gb_per_s`` (GB/s).
+        path: the PNG to write (folders made).
+        max_panels: the most bandwidths drawn.
+
+    Returns:
+        ``path``, or ``None`` when no row has a cache size and a hit rate.
+
+    Raises:
+        KeyError: a column named above (other than ``bandwidth_gb_per_s``) is missing.
+    """
     df = hit_rates.dropna(subset=["cache_experts_per_layer", "hit_rate"])
     if df.empty:
         return None
@@ -422,6 +501,18 @@ def time_split(split: pd.DataFrame, path: Path, max_bars: int | None = None) -> 
     ``max_bars`` rows are the remaining ones left out, which the title says (and the report lists
     them, :func:`time_split_rows`). Bars sit at their own positions, so rows sharing a label are
     still drawn apart.
+
+    Args:
+        split: one row per run or cell: ``label`` (``live ...`` / ``validate ...`` measured,
+            ``sim ...`` simulated), ``draft_s``, ``verify_s``, ``h2d_s``, ``other_s`` (seconds).
+        path: the PNG to write (folders made).
+        max_bars: the most rows drawn (default :data:`MAX_TIME_SPLIT_BARS`).
+
+    Returns:
+        ``path``, or ``None`` when ``split`` is empty.
+
+    Raises:
+        KeyError: a column named above is missing.
     """
     if split.empty:
         return None
@@ -453,7 +544,19 @@ def time_split(split: pd.DataFrame, path: Path, max_bars: int | None = None) -> 
 
 
 def sim_vs_live_throughput(table: pd.DataFrame, path: Path) -> Path | None:
-    """Simulated against live tokens/s per validation cell (``fidelity.csv`` rows), with a +/- 2 % band."""
+    """Simulated against live tokens/s per validation cell (``fidelity.csv`` rows), with a +/- 2 % band.
+
+    Args:
+        table: one row per cell: ``policy``, ``live_tokens_per_s``, ``sim_tokens_per_s``
+            (committed tokens per second).
+        path: the PNG to write (folders made).
+
+    Returns:
+        ``path``, or ``None`` when ``table`` is empty.
+
+    Raises:
+        KeyError: a column named above is missing.
+    """
     if table.empty:
         return None
     plt = _pyplot()
@@ -478,7 +581,17 @@ def cycle_error_distribution(errors: pd.DataFrame, path: Path) -> Path | None:
     When ``errors`` has a ``cycle_noise_pct`` column with measured values (``analysis.validate``
     with ``--repeats`` >= 2, ``cycle_errors.csv``), a second panel sets the pooled |error| beside
     the run-to-run noise (coefficient of variation of each cycle's time across repeats, %).
-    Returns ``None`` (nothing drawn) for an empty table.
+
+    Args:
+        errors: one row per cycle: ``policy``, ``cycle_error_pct`` (%, predicted - measured over
+            measured), optional ``cycle_noise_pct`` (%).
+        path: the PNG to write (folders made).
+
+    Returns:
+        ``path``, or ``None`` (nothing drawn) for an empty table.
+
+    Raises:
+        KeyError: a column named above (other than ``cycle_noise_pct``) is missing.
     """
     if errors.empty:
         return None

@@ -268,6 +268,11 @@ def live_throughput(path: Path, summary: dict) -> tuple[float, float, str]:
     tokens / sum of ``cycle_s`` (``summary`` here), also when the summary covers only the prompts
     of a ``--resume`` call (``summary_covers``), so counts and time share one scope.
 
+    Args:
+        path: the live run directory (``runs/<UTC time>/``).
+        summary: :func:`analysis.metrics.cycle_summary` of the run's cycles (``tokens_per_s``,
+            ``wall_s``).
+
     Returns:
         ``(tokens_per_s, wall_s, basis)`` with ``basis`` ``"decode_s"`` or ``"sum cycle_s"``.
 

@@ -177,7 +177,14 @@ def tokens_per_draft_round(num_committed: ArrayLike, num_draft_levels: ArrayLike
 
 
 def throughput_tokens_per_s(num_committed_total: float, wall_s: float) -> float:
-    """Committed tokens / wall seconds.
+    """Committed tokens / wall seconds (docs/metrics.md, throughput).
+
+    Args:
+        num_committed_total: committed tokens (count, bonus tokens included).
+        wall_s: wall-clock decode time (seconds).
+
+    Returns:
+        Throughput in tokens per second.
 
     Raises:
         ValueError: negative tokens or ``wall_s <= 0`` / not finite.
@@ -226,9 +233,18 @@ def percentage_error(predicted: ArrayLike, measured: ArrayLike) -> np.ndarray:
 
 
 def r_squared(predicted: ArrayLike, measured: ArrayLike) -> float:
-    """Coefficient of determination 1 - sum((m - p)^2) / sum((m - mean(m))^2).
+    """Coefficient of determination 1 - sum((m - p)^2) / sum((m - mean(m))^2) (the textbook
+    R^2 of predictions against measurements; may be negative).
 
-    Returns NaN when ``measured`` is constant (R^2 undefined) or has fewer than 2 values.
+    Args:
+        predicted, measured: float[n], same length (e.g. seconds).
+
+    Returns:
+        R^2 (dimensionless); NaN when ``measured`` is constant (R^2 undefined) or has fewer than 2
+        values.
+
+    Raises:
+        ValueError: mismatched lengths or non-finite values.
     """
     pred = _as_1d("predicted", predicted, allow_empty=True)
     meas = _as_1d("measured", measured, allow_empty=True)
@@ -280,7 +296,17 @@ def error_summary(predicted: ArrayLike, measured: ArrayLike) -> ErrorSummary:
 
 
 def hit_rate_difference_points(hit_rate_a: float, hit_rate_b: float) -> float:
-    """(a - b) in percentage points, for hit rates given as fractions in [0, 1]."""
+    """(a - b) in percentage points, for hit rates given as fractions in [0, 1].
+
+    Args:
+        hit_rate_a, hit_rate_b: hit rates (fractions in [0, 1]).
+
+    Returns:
+        ``100 * (hit_rate_a - hit_rate_b)`` (percentage points).
+
+    Raises:
+        ValueError: a hit rate outside [0, 1] (named).
+    """
     for name, v in (("hit_rate_a", hit_rate_a), ("hit_rate_b", hit_rate_b)):
         if not (0.0 <= float(v) <= 1.0):
             raise ValueError(f"{name}: expected a fraction in [0, 1], got {v!r}")

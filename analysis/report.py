@@ -189,7 +189,19 @@ def cell_names(table: pd.DataFrame) -> list[str]:
 def fidelity_section(validations: list, out_dir: Path) -> tuple[list[str], list[Path]]:
     """Markdown lines of the "Fidelity (analysis.validate)" section (one block per validate folder:
     targets line, noise-floor line, compact per-cell table, its two figures copied under
-    ``out_dir/figures/<folder>-<name>.png``) and the copied figure paths."""
+    ``out_dir/figures/<folder>-<name>.png``) and the copied figure paths.
+
+    Args:
+        validations: ``ReportData.validations``, one dict per ``analysis.validate`` output folder
+            (``label``, ``path``, ``table`` (its fidelity.csv), ``summary``, ``repeats``, ``figures``).
+        out_dir: the report folder (figures are copied under ``out_dir/figures``).
+
+    Returns:
+        ``(markdown lines, copied figure paths)``; both empty without validations.
+
+    Raises:
+        OSError: a figure cannot be copied.
+    """
     from analysis.validate import noise_line, targets_line
 
     if not validations:
@@ -253,8 +265,19 @@ VALIDATE_CAPTIONS = {
 
 
 def render_figures(data: ReportData, fig_dir: Path, progress: bool = True) -> dict[str, Path | None]:
-    """Draw every figure that the data allow; ``{name: path or None}`` in :data:`figures.FIGURES` order
-    (``progress``: a bar on stderr)."""
+    """Draw every figure that the data allow; ``{name: path or None}`` in :data:`figures.FIGURES` order.
+
+    Args:
+        data: the collected inputs (:class:`ReportData`).
+        fig_dir: folder of the PNGs (``<name>.png``; made when needed).
+        progress: a bar on stderr.
+
+    Returns:
+        ``{figure name: PNG path, or None where the data allow no figure}``.
+
+    Raises:
+        OSError: a PNG cannot be written.
+    """
     jobs = {
         "throughput_vs_bandwidth": lambda p: figures.throughput_vs_bandwidth(data.throughput, p),
         "predicted_vs_measured": lambda p: figures.predicted_vs_measured(data.cycle_scatter, p),
@@ -273,8 +296,21 @@ def write_report(
     data: ReportData, out_dir: Path, title: str, copied: list[Path] | None = None, progress: bool = True
 ) -> tuple[Path, dict[str, Path | None]]:
     """Render the figures and write ``report.md``; returns its path and the figure paths. The
-    validate folders' fidelity figures copied next to it are appended to ``copied`` when given
-    (``progress``: a bar on stderr while the figures render)."""
+    validate folders' fidelity figures copied next to it are appended to ``copied`` when given.
+
+    Args:
+        data: the collected inputs (:class:`ReportData`).
+        out_dir: the report folder (``report.md``, ``figures/``).
+        title: the report's first heading.
+        copied: a list to extend with the copied fidelity figures, or None.
+        progress: a bar on stderr while the figures render.
+
+    Returns:
+        ``(report.md path, {figure name: PNG path or None})``.
+
+    Raises:
+        OSError: the report or a figure cannot be written.
+    """
     fig_paths = render_figures(data, out_dir / "figures", progress)
     lines = [f"# {title}\n", "## Inputs\n"]
     lines += [f"- `{p}` ({kind})" for p, kind in data.inputs]
