@@ -414,6 +414,7 @@ class Validator:
     """Runs the grid (see the module docstring). ``args`` are the parsed flags."""
 
     def __init__(self, args: Any, out: Path) -> None:
+        """A validation of the parsed ``args`` (:func:`build_parser`) writing under ``out``."""
         self.args = args
         self.out = out
         self.cells_done: list[dict[str, Any]] = []
@@ -524,7 +525,20 @@ class Validator:
         return paths
 
     def cost_for(self, bandwidth: float, runs: list[Path], model: Any) -> tuple[CycleCostModel, Path]:
-        """The cost model of one bandwidth: ``--cost`` re-based, or fitted from ``runs``' cycles."""
+        """The cost model of one bandwidth: ``--cost`` re-based, or fitted from ``runs``' cycles.
+
+        Args:
+            bandwidth: the cell's link bandwidth (GB/s); an emulated link's bandwidth replaces
+                ``--cost``'s.
+            runs: the live runs to fit on (run folders; unused with ``--cost``).
+            model: the dense trace's ``ModelInfo`` (expert bytes, MoE layers).
+
+        Returns:
+            ``(cost model, its JSON under the output folder)``.
+
+        Raises:
+            CalibrationDataError: the runs cannot be read or fitted (run and field named).
+        """
         path = self.out / f"cost_{bandwidth:g}.json"
         emulated = self.args.device.startswith("cpu")
         if self.args.cost is not None:
@@ -570,7 +584,14 @@ class Validator:
         """The overlap-on cost model of one bandwidth: ``cost`` priced with overlap mode "on",
         its compute-stream terms (placing per miss, late-expert call) fitted on ``runs`` (the
         cost-free policies' overlap-on runs; ``calibration.costfit.fit_overlap_terms``) when the
-        serial cost was fitted here, else ``cost`` as given (``--cost``)."""
+        serial cost was fitted here, else ``cost`` as given (``--cost``).
+
+        Returns:
+            ``(cost model, its JSON under the output folder)``.
+
+        Raises:
+            CalibrationDataError: the runs cannot be read or fitted (run and field named).
+        """
         path = self.out / f"cost_{bandwidth:g}_overlap.json"
         fit = self.fits.get(bandwidth)
         if fit is None or not runs:
@@ -747,7 +768,21 @@ class Validator:
         self, dense: Any, cell: Cell, cost: CycleCostModel, decision_s: float, compute_speed: float = 1.0
     ) -> Any:
         """Replay one cell on the dense trace (its cycles timed at ``compute_speed`` x the cost's
-        compute, its planner pricing with ``cost``: ``sim.config.SimConfig.compute_speed``)."""
+        compute, its planner pricing with ``cost``: ``sim.config.SimConfig.compute_speed``).
+
+        Args:
+            dense: the open dense trace (``traces.reader.open_run``).
+            cell: the grid cell (bandwidth, cache, policy, overlap, prefetch).
+            cost: the cell's cost model.
+            decision_s: the planner time charged per cycle (seconds; the live runs' mean).
+            compute_speed: compute-time multiplier (1 = the cost's own).
+
+        Returns:
+            :func:`sim.replay.replay_policy`'s result (cycles and totals).
+
+        Raises:
+            ValidationError: the replay failed (cell named).
+        """
         from sim.config import SimConfig
         from sim.replay import replay_policy
 
@@ -912,7 +947,20 @@ class Validator:
         return {**out, **{f"norm_{n}": norm[n] for n in names}, "norm_within_noise": norm["within_noise"]}
 
     def run(self, progress: bool = True) -> tuple[pd.DataFrame, dict[str, Any]]:
-        """Run the whole grid; returns (fidelity table, summary)."""
+        """Run the whole grid; returns (fidelity table, summary).
+
+        Args:
+            progress: bars on stderr.
+
+        Returns:
+            ``(fidelity table: one row per cell, summary: analysis.fidelity.overall and the run's
+            figures)``.
+
+        Raises:
+            ValidationError: a ``--cache`` above the model's experts, a live run, fit or replay
+                that failed (named).
+            CalibrationDataError: runs that cannot be fitted (named).
+        """
         from sim.replay import level_tree_note
         from traces.reader import open_run
 

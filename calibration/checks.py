@@ -74,6 +74,11 @@ def validate_cycles(cycles: pd.DataFrame, num_layers: int, label: str = "cycles"
 def validate_transfers(transfers: pd.DataFrame, label: str = "transfers") -> None:
     """Check the transfers table (columns, finite non-negative bytes and seconds).
 
+    Args:
+        transfers: the runs' transfers table (``traces.schema`` transfer columns; ``bytes``,
+            seconds per copy).
+        label: the name the messages give the table (e.g. a run's folder).
+
     Raises:
         CalibrationDataError: naming the run, the field and the row.
     """

@@ -149,7 +149,18 @@ class TermError:
 
     @classmethod
     def of(cls, predicted: np.ndarray, measured: np.ndarray) -> TermError:
-        """Summary over rows with measured > 0 (a 0 s duration has no percentage error)."""
+        """Summary over rows with measured > 0 (a 0 s duration has no percentage error).
+
+        Args:
+            predicted, measured: float64[n] durations (seconds), row for row.
+
+        Returns:
+            :class:`TermError`: kept rows, median and p90 of ``|% error|``, R^2 (NaN with fewer
+            than 2 rows or a constant measurement; the definitions of ``analysis.metrics``).
+
+        Raises:
+            IndexError: ``predicted`` and ``measured`` of different lengths.
+        """
         pred = np.asarray(predicted, dtype=np.float64)
         meas = np.asarray(measured, dtype=np.float64)
         keep = meas > 0
@@ -232,6 +243,12 @@ def split_cycles(
     number of groups)`` of them, so the copies of one cycle (its repeats, e.g. ``analysis.validate
     --repeats``) never sit on both sides. Groups are numbered in order of first appearance, so
     distinct labels give the same mask as no labels.
+
+    Args:
+        num_cycles: rows ``n`` (count).
+        holdout_fraction: share held out (fraction in [0, 1]).
+        seed: seed of the permutation (``numpy.random.default_rng``).
+        groups: None, or one label per cycle.
 
     Returns:
         bool[num_cycles], True = held out.
@@ -382,7 +399,14 @@ def model_cycle_s(cycles: pd.DataFrame) -> np.ndarray:
 
 
 def verify_target_s(cycles: pd.DataFrame, target: str, overlap_h2d: bool) -> np.ndarray:
-    """float64[C] the durations the verify term is fitted on (see the module docstring)."""
+    """float64[C] the durations the verify term is fitted on (seconds; see the module docstring).
+
+    Args:
+        cycles: C rows of the cycles table.
+        target: ``"residual"`` (``cycle_s - decision_s - draft_s - h2d_s``) or ``"verify_s"``
+            (the recorded forward time), :data:`VERIFY_TARGETS`.
+        overlap_h2d: the runs overlapped copies with compute (``verify_s`` is then used).
+    """
     if target == "verify_s" or overlap_h2d:
         return cycles["verify_s"].to_numpy(dtype=np.float64)
     rest = model_cycle_s(cycles) - cycles["draft_s"].to_numpy(dtype=np.float64)
@@ -495,7 +519,14 @@ def measured_terms(
 ) -> dict[str, np.ndarray]:
     """Measured counterpart of :func:`predict_terms` (seconds), keyed the same way.
 
-    ``verify`` is the fitted verify target and ``cycle`` the model cycle (``cycle_s - decision_s``).
+    ``verify`` is the fitted verify target (:func:`verify_target_s` of ``verify_target`` and
+    ``overlap_h2d``) and ``cycle`` the model cycle (``cycle_s - decision_s``).
+
+    Args:
+        cycles: C rows of the cycles table.
+
+    Returns:
+        ``{term: float64[C]}`` (seconds) for ``draft``, ``verify``, ``h2d_cycle``, ``cycle``.
     """
     return {
         "draft": cycles["draft_s"].to_numpy(dtype=np.float64),
@@ -552,6 +583,15 @@ def cycle_predictions(
     """One row per cycle: keys, split, and ``measured_<term>_s`` / ``predicted_<term>_s`` per term.
 
     Terms: ``draft``, ``verify``, ``h2d_cycle``, ``cycle`` (model cycle, see module docstring).
+
+    Args:
+        model: the fitted cost model.
+        cycles: C rows of the cycles table.
+        heldout_mask: bool[C] (:func:`split_cycles`), True = held out (``split`` = ``heldout``).
+        verify_target, compute_s_per_miss: as :func:`measured_terms` / :func:`predict_terms`.
+
+    Returns:
+        DataFrame of C rows (seconds in the ``*_s`` columns).
     """
     keys = [
         c for c in ("run", "request_id", "cycle_index", "policy", "num_nodes_verified") if c in cycles.columns

@@ -173,7 +173,7 @@ def build_parser() -> ArgumentParser:
 
 
 def latency_from_h2d_table(path: str, kinds: Sequence[str]) -> float:
-    """Per-transfer latency (s) from a ``calibration.h2d`` JSON: the first of ``kinds`` it has a fit for.
+    """Per-transfer latency (s) from a ``calibration.h2d`` JSON (``path``): the first of ``kinds`` it has a fit for.
 
     ``kinds`` are tried in order (the run's ``hardware.link_kind``, then ``hardware.h2d_memory``).
 
@@ -198,6 +198,8 @@ def latency_from_h2d_table(path: str, kinds: Sequence[str]) -> float:
 
 def emulated_latency_s(loaded: LoadedRuns, labels: Sequence[str]) -> float | None:
     """The per-transfer latency (s) of the emulated link the runs ``labels`` share, else ``None``.
+
+    ``loaded``: the runs read by :func:`calibration.runs.load_runs`; ``labels``: which of them.
 
     An emulated link's latency is part of its definition (``live.record --latency-us``), recorded
     in ``manifest.hardware.emulated_s_per_transfer``; a real link's is not, so ``None`` then.
@@ -250,7 +252,8 @@ def _next_layer_runs(loaded: LoadedRuns, cycles: Any) -> tuple[Any, list[str], l
 
 
 def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
-    """Run the whole calibration for parsed ``args``; returns the summary dict.
+    """Run the whole calibration for parsed ``args`` (``parser``: to exit 2 naming a bad flag);
+    returns the summary dict.
 
     Raises:
         RunInputError, CalibrationDataError, AcceptanceDataError, ValueError: data problems.

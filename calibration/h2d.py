@@ -179,7 +179,20 @@ def fit_table(table: pd.DataFrame) -> dict[str, Any]:
 
 
 def plot(table: pd.DataFrame, fits: dict[str, Any], path: Path) -> Path:
-    """Bandwidth (GB/s) against transfer size (bytes, log scale) per kind, with the fitted curve."""
+    """Bandwidth (GB/s) against transfer size (bytes, log scale) per kind, with the fitted curve
+    ``size / (size / bytes_per_s + s_per_transfer)`` (latency + size / bandwidth).
+
+    Args:
+        table: one row per timed copy: ``kind``, ``bytes``, ``bytes_per_s``.
+        fits: per kind, ``{"bytes_per_s": ..., "s_per_transfer": ...}`` (bytes/s, seconds).
+        path: the PNG to write (folders made).
+
+    Returns:
+        ``path``.
+
+    Raises:
+        KeyError: a kind of ``table`` without a fit, or a missing column.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
