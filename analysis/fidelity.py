@@ -135,7 +135,16 @@ def same_subtree(live: pd.DataFrame, sim: pd.DataFrame) -> tuple[int, int]:
 
 def cycle_errors(cost: CycleCostModel, cycles: pd.DataFrame) -> np.ndarray:
     """Per-cycle signed % error of ``cost.cycle_s`` (recorded levels, nodes, context, misses)
-    against the measured model cycle (``cycle_s - decision_s``)."""
+    against the measured model cycle (``cycle_s - decision_s``).
+
+    Args:
+        cost: the cost model to score.
+        cycles: C rows of a cycles table (``calibration.costfit.predict_terms``' columns).
+
+    Returns:
+        float64[C'] ``100 * (predicted - measured) / measured`` (%) over the C' cycles whose
+        measured model cycle is > 0 (:func:`analysis.metrics.percentage_error`).
+    """
     if not len(cycles):
         return np.zeros(0)
     predicted = predict_terms(cost, cycles)["cycle"]

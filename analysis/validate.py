@@ -1094,7 +1094,17 @@ def prefetch_counts(live_cycles: Sequence[pd.DataFrame], sim_cycles: pd.DataFram
 def write_outputs(
     out: Path, table: pd.DataFrame, summary: dict[str, Any], per_cycle: list[pd.DataFrame]
 ) -> list[Path]:
-    """``fidelity.csv``, ``fidelity.json``, ``cycle_errors.csv`` and the figures; returns the figure paths."""
+    """``fidelity.csv``, ``fidelity.json``, ``cycle_errors.csv`` and the figures; returns the figure paths.
+
+    Args:
+        out: the output folder.
+        table: one row per cell (the fidelity table).
+        summary: the grid summary (:func:`analysis.fidelity.overall` and the run's figures).
+        per_cycle: per cell, its per-cycle errors and noise (concatenated into ``cycle_errors.csv``).
+
+    Raises:
+        OSError: a file cannot be written.
+    """
     from analysis import figures
 
     table.to_csv(out / "fidelity.csv", index=False)
@@ -1331,7 +1341,7 @@ def missed_lines(table: pd.DataFrame) -> list[str]:
 
 def noise_line(summary: dict[str, Any], repeats: int) -> str:
     """The grid's measured noise floor (from :func:`analysis.fidelity.overall`'s summary), printed
-    under the targets line."""
+    under the targets line; ``repeats``: live runs per cell (below 2 no noise is measured)."""
     if repeats < 2:
         return "noise floor: not measured (--repeats 1); within_noise = ok"
 
@@ -1365,7 +1375,14 @@ def _moe_layers(model: str) -> int | None:
 
 def check_cost(args: Any, parser: ArgumentParser) -> CycleCostModel | None:
     """Load and check ``--cost`` before any work: a readable, valid ``CycleCostModel`` JSON whose
-    ``num_layers`` matches the model's MoE layers. Exits 2 naming ``--cost`` and the field."""
+    ``num_layers`` matches the model's MoE layers. Exits 2 naming ``--cost`` and the field.
+
+    Args:
+        args: the parsed flags; parser: the ``specfit.cli.ArgumentParser`` that exits 2.
+
+    Returns:
+        The loaded cost model, or None without ``--cost``.
+    """
     if args.cost is None:
         return None
     if not Path(args.cost).is_file():
@@ -1396,7 +1413,8 @@ def check_model_and_prompts(args: Any, parser: ArgumentParser) -> None:
     """Flag checks that need the checkpoint or prompt file, made before any output is written:
     a checkpoint without ``config.json`` or with a truncated safetensors file, an unsupported
     architecture, a draft with a larger vocabulary (:func:`live.loader.check_checkpoints`), ``--cache`` above the experts per layer, a
-    prompt file that yields no prompts. Exits 2 naming the flag."""
+    prompt file that yields no prompts. Exits 2 naming the flag (``parser.fail``; ``args``: the
+    parsed flags)."""
     if args.model != "default" and not (Path(args.model) / "config.json").is_file():
         parser.fail("--model", f"{args.model!r} is not a Hugging Face checkpoint directory (no config.json)")
     from live.loader import check_checkpoints

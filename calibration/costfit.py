@@ -497,6 +497,14 @@ def predict_terms(
     miss (:attr:`CostFit.compute_s_per_miss`, fitted with ``miss_compute``); it is moved from the
     ``h2d_cycle`` prediction to the ``verify`` one so each term is compared with what it measures
     (the cycle prediction is unchanged).
+
+    Args:
+        model: the cost model.
+        cycles: C rows of a cycles table (levels, verified nodes, context, per-layer misses).
+        compute_s_per_miss: seconds per miss (see above).
+
+    Returns:
+        ``{term: float64[C]}`` (seconds).
     """
     out: dict[str, list[float]] = {"draft": [], "verify": [], "h2d_cycle": [], "cycle": []}
     for lev, n, ctx, misses in zip(
@@ -551,6 +559,15 @@ def evaluate(
     that are not link time (:class:`CostFit` fields): the per-copy ``h2d_transfer`` prediction
     leaves both out (a ``transfers`` row times one copy on the link), and ``compute_s_per_miss``
     is predicted in the verify term, not in ``h2d_cycle`` (see :func:`predict_terms`).
+
+    Args:
+        model: the cost model.
+        cycles, transfers: the rows scored (cycles and transfers tables).
+        verify_target: as :func:`verify_target_s`.
+        compute_s_per_miss, host_s_per_transfer: seconds per miss / per copy (see above).
+
+    Returns:
+        ``{term: TermError}`` for ``draft``, ``verify``, ``h2d_cycle``, ``h2d_transfer``, ``cycle``.
     """
     pred = (
         predict_terms(model, cycles, compute_s_per_miss)
@@ -616,7 +633,10 @@ def fit_pre_router_frac(cycles: pd.DataFrame, notes: list[str] | None = None) ->
     per-cycle fits here, so that a shared machine's slow spells do not move it), clipped to
     [0, 1]. Cycles without the column (traces recorded before it) or without compute are left
     out; with none left it is 0 (copies enqueued at the layer's start, the older model) and a
-    note says so.
+    note says so (appended to ``notes`` when given).
+
+    Returns:
+        The share (fraction in [0, 1]).
     """
     ratios = []
     if "layer_pre_router_s" in cycles.columns:
@@ -907,7 +927,8 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
     (a 60 us miss + 250 us late call came out 155 / 155 us, exact on those cycles, 4-miss layers
     mis-priced), so when the condition number of the unit-max-norm design exceeds
     :data:`OVERLAP_MAX_CONDITION` only ``late_call_s`` is fitted, ``separable`` is False and a
-    note says so.
+    note says so. ``transfers``: the overlap runs' transfers table (None or empty: the serial
+    fit's measured placing is used, with a note).
 
     Raises:
         CalibrationDataError: bad cycle values (run and field named) or no overlap cycle.

@@ -158,6 +158,13 @@ def synthetic_size_sweep(
 ) -> pd.DataFrame:
     """Timed copies of varied sizes from a known link: ``h2d_s = bytes / bytes_per_s + s_per_transfer``.
 
+    Args:
+        bytes_per_s: the link's bandwidth (bytes/s, > 0).
+        s_per_transfer: its latency per copy (seconds, >= 0).
+        sizes_bytes: copy sizes (bytes); repeats: copies per size.
+        noise_rel: relative Gaussian noise on each time (fraction).
+        seed: seed of ``numpy.random.default_rng``.
+
     Returns:
         DataFrame with ``bytes`` (int64) and ``h2d_s`` (float64, noisy by ``noise_rel``), one row
         per copy, ``len(sizes_bytes) * repeats`` rows.
