@@ -290,14 +290,40 @@ def _stall_s(cycles: pd.DataFrame) -> np.ndarray:
     )
 
 
-def cycle_noise_pct(match: RepeatMatch) -> np.ndarray:
+def run_speed_factors(match: RepeatMatch) -> np.ndarray:
+    """float64[R]: each repeat's whole-run speed factor, the median over the matched cycles of its
+    model cycle time (:func:`calibration.costfit.model_cycle_s`) divided by that cycle's mean over
+    the R repeats (1.2 = the run took 20 % longer than the repeats' average on the typical cycle).
+
+    On a machine whose speed drifts between runs (this project's 2-core microVM: 0.7-1.3 in idle
+    validate runs) most of the per-cycle noise across repeats is this factor, common to every
+    cycle of a run; the rest is per cycle. All 1 with R = 1; NaN with no matched cycle.
+    """
+    if not match.num_matched:
+        return np.full(match.num_repeats, np.nan)
+    measured = np.stack([model_cycle_s(t) for t in match.tables])  # R x M
+    mean = measured.mean(axis=0)
+    keep = mean > 0
+    if not keep.any():
+        return np.full(match.num_repeats, np.nan)
+    return np.median(measured[:, keep] / mean[keep], axis=1)
+
+
+def cycle_noise_pct(match: RepeatMatch, run_normalised: bool = False) -> np.ndarray:
     """float64[M] per matched cycle: coefficient of variation (%) of the model cycle time
     (``cycle_s - decision_s``, :func:`calibration.costfit.model_cycle_s`) across the repeats,
     ``100 * std(ddof=1) / mean``; all NaN with R = 1 (no noise measured), NaN where the mean is 0.
+
+    ``run_normalised``: each repeat's times divided by its :func:`run_speed_factors` first, so
+    what is left is the per-cycle part of the noise (the whole-run speed part removed).
     """
     if match.num_repeats < 2 or not match.num_matched:
         return np.full(match.num_matched, np.nan)
     measured = np.stack([model_cycle_s(t) for t in match.tables])
+    if run_normalised:
+        factors = run_speed_factors(match)
+        if np.all(np.isfinite(factors)) and np.all(factors > 0):
+            measured = measured / factors[:, None]
     mean = measured.mean(axis=0)
     std = measured.std(axis=0, ddof=1)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -354,7 +380,8 @@ def cycle_error_table(cost: CycleCostModel, match: RepeatMatch) -> pd.DataFrame:
     """One row per matched cycle: ``request_id``, ``cycle_index``, ``measured_cycle_s`` (mean
     over repeats of the model cycle, s), ``predicted_cycle_s`` (``cost.cycle_s`` with the
     recorded levels, nodes, context, misses; s), ``cycle_error_pct`` (signed %, NaN where the
-    measured mean is 0) and ``cycle_noise_pct`` (:func:`cycle_noise_pct`)."""
+    measured mean is 0), ``cycle_noise_pct`` (:func:`cycle_noise_pct`) and ``cycle_run_noise_pct``
+    (the same with each repeat divided by its :func:`run_speed_factors`: the per-cycle part)."""
     mean = mean_repeat_cycles(match)
     out = mean[list(REPEAT_KEY)].reset_index(drop=True).copy()
     if not len(mean):
@@ -369,6 +396,7 @@ def cycle_error_table(cost: CycleCostModel, match: RepeatMatch) -> pd.DataFrame:
     out["predicted_cycle_s"] = predicted
     out["cycle_error_pct"] = errors
     out["cycle_noise_pct"] = cycle_noise_pct(match)
+    out["cycle_run_noise_pct"] = cycle_noise_pct(match, run_normalised=True)
     return out
 
 
@@ -938,6 +966,83 @@ def overall(
     out["all_aims_met"] = bool(
         len(df) and df["ok"].astype(bool).all() and out["aim_cycle_median"] and out["aim_cycle_p90"]
     )
+    return out
+
+
+def _pooled(arrays: Sequence[np.ndarray] | None) -> np.ndarray:
+    return np.concatenate([np.asarray(a, dtype=np.float64) for a in arrays]) if arrays else np.zeros(0)
+
+
+def error_decomposition(
+    per_cycle_errors: Sequence[np.ndarray],
+    per_cycle_noise: Sequence[np.ndarray],
+    per_cycle_run_noise: Sequence[np.ndarray] | None,
+    repeats: int,
+    targets: Targets | None = None,
+) -> dict[str, Any]:
+    """Where the grid's per-cycle cost-model error lives: the noise of the R-repeat means, a bias
+    common to a whole cell, or cycle-to-cycle structure within cells; and how many repeats the
+    per-cycle aims need.
+
+    A cycle's error against the mean of R repeats is ``e = b + n`` with ``n`` the mean's noise,
+    ``E[n^2] = noise^2 / R`` (``noise`` the cycle's CV across the repeats, :func:`cycle_noise_pct`;
+    ddof = 1, so ``noise^2`` is unbiased). So ``sqrt(mean(e^2) - mean(noise^2) / R)`` estimates
+    the rms of the part that does NOT shrink with repeats (NaN-free cycles pooled; 0 when the
+    noise explains all). Each cell's signed median error is its offset, the error common to all
+    its cycles (a cost term off for that policy, or the machine running at another speed during
+    the cell's runs than during the cost's fit runs); ``e`` minus its cell's offset is the
+    within-cell error, where a term that is wrong for some kinds of cycle (tree size, misses,
+    context) shows.
+
+    Args:
+        per_cycle_errors: per cell, signed per-cycle errors (%, :func:`cycle_error_table`'s
+            ``cycle_error_pct``); NaN entries left out.
+        per_cycle_noise: per cell, per-cycle noise (%, ``cycle_noise_pct``), aligned with the errors.
+        per_cycle_run_noise: per cell, the run-normalised noise (%, ``cycle_run_noise_pct``) or
+            None (then the run-speed figures are NaN).
+        repeats: R, the repeats each error's mean was taken over.
+        targets: :class:`Targets` (the per-cycle median and p90 aims).
+
+    Returns:
+        ``cycle_error_bias_rms_pct`` (NaN with R < 2), ``cycle_error_cell_offset_rms_pct`` (rms of
+        the cells' signed medians, weighted by their cycles), ``cycle_error_within_cell_median_pct``
+        / ``cycle_error_within_cell_p90_pct`` (pooled ``|e - offset|``), ``noise_cycle_run_normalised_median_pct``,
+        ``noise_run_speed_share`` (the share of the per-cycle noise variance that is whole-run
+        speed, :func:`run_speed_factors`: ``1 - mean(run_noise^2) / mean(noise^2)``) and
+        ``repeats_for_aim_median`` / ``repeats_for_aim_p90``: the fewest repeats per cell at which
+        a model WITHOUT bias meets the per-cycle aims against this noise (:func:`noise_floor_pct`
+        scales as ``1 / sqrt(R)``, so ``ceil(2 * (floor_2 / aim)^2)``; assumes the repeats'
+        noise independent, which a machine drifting over minutes breaks; None without noise).
+    """
+    t = targets or Targets()
+    errors = [np.asarray(e, dtype=np.float64) for e in per_cycle_errors]
+    pooled, noise = _pooled(errors), _pooled(per_cycle_noise)
+    run_noise = _pooled(per_cycle_run_noise) if per_cycle_run_noise is not None else np.full(noise.size, np.nan)
+    cells = [e for e in errors if np.isfinite(e).any()]
+    offsets = np.array([_median(e) for e in cells])
+    counts = np.array([np.isfinite(e).sum() for e in cells])
+    within = _pooled([e - o for e, o in zip(cells, offsets)])
+    out: dict[str, Any] = {
+        "cycle_error_bias_rms_pct": np.nan,
+        "cycle_error_cell_offset_rms_pct": float(np.sqrt(np.average(offsets**2, weights=counts))) if cells else np.nan,
+        "cycle_error_within_cell_median_pct": _median(np.abs(within)),
+        "cycle_error_within_cell_p90_pct": _p90(np.abs(within)),
+        "noise_cycle_run_normalised_median_pct": _median(run_noise),
+        "noise_run_speed_share": np.nan,
+        "repeats_for_aim_median": None,
+        "repeats_for_aim_p90": None,
+    }
+    both = np.isfinite(pooled) & np.isfinite(noise) if pooled.size == noise.size else np.zeros(0, dtype=bool)
+    if repeats >= 2 and both.any():
+        excess = float(np.mean(pooled[both] ** 2) - np.mean(noise[both] ** 2) / repeats)
+        out["cycle_error_bias_rms_pct"] = float(np.sqrt(max(excess, 0.0)))
+    paired = np.isfinite(noise) & np.isfinite(run_noise) if run_noise.size == noise.size else np.zeros(0, dtype=bool)
+    if paired.any() and np.mean(noise[paired] ** 2) > 0:
+        out["noise_run_speed_share"] = float(1.0 - np.mean(run_noise[paired] ** 2) / np.mean(noise[paired] ** 2))
+    for name, q, aim in (("median", 0.5, t.cycle_median_pct), ("p90", 0.9, t.cycle_p90_pct)):
+        floor_2 = noise_floor_pct(noise, 2, q)
+        if np.isfinite(floor_2):
+            out[f"repeats_for_aim_{name}"] = max(2, int(np.ceil(2.0 * (floor_2 / aim) ** 2 - 1e-9)))
     return out
 
 

@@ -69,7 +69,9 @@ cell that misses an aim (the figure and the measured noise it was held to), the 
 of where the error lives (``error_split.csv``), the wall time and machine load, the aims line
 (with whether the grid aims were met), the grid's noise-floor line (with the per-cycle error a
 bias-free model would show against the repeats' means: ``cycle_error_floor_*_pct``,
-:func:`analysis.fidelity.noise_floor_pct`) and the cells' live compute speed against the cost's
+:func:`analysis.fidelity.noise_floor_pct`), where the per-cycle error lives (:func:`bias_line`:
+the bias beyond that noise, the cells' offsets, the error within cells, the whole-run speed share
+of the noise and the repeats the aims need; :func:`analysis.fidelity.error_decomposition`) and the cells' live compute speed against the cost's
 fit runs (``live_compute_speed_pct`` per cell, :meth:`Validator.compute_speed_pct`; its range and
 its correlation with the throughput errors in the summary), then the speed probe's line
 (:func:`probe_line`): each cell's ``probe_speed_index`` (its runs' ``live.record`` speed-probe
@@ -1041,6 +1043,14 @@ class Validator:
         noise = np.concatenate([d["cycle_noise_pct"].to_numpy(dtype=np.float64) for d in self.per_cycle] or [np.zeros(0)])
         for name, q in (("median", 0.5), ("p90", 0.9)):  # what a model without bias would show
             summary[f"cycle_error_floor_{name}_pct"] = fidelity.noise_floor_pct(noise, self.args.repeats, q)
+        summary.update(
+            fidelity.error_decomposition(
+                [d["cycle_error_pct"].to_numpy() for d in self.per_cycle],
+                [d["cycle_noise_pct"].to_numpy() for d in self.per_cycle],
+                [d["cycle_run_noise_pct"].to_numpy() for d in self.per_cycle],
+                self.args.repeats,
+            )
+        )
         summary["repeats"] = self.args.repeats
         summary["calibration"] = getattr(self.args, "calibration", "grid")
         summary["level_trees"] = level_note or "recorded"
@@ -1359,6 +1369,31 @@ def noise_line(summary: dict[str, Any], repeats: int) -> str:
     )
 
 
+def bias_line(summary: dict[str, Any], repeats: int) -> str:
+    """Where the grid's per-cycle error lives (:func:`analysis.fidelity.error_decomposition`'s
+    figures in ``summary``), printed under the noise-floor line; empty with one repeat."""
+    if repeats < 2:
+        return ""
+
+    def pct(key: str) -> str:
+        value = summary.get(key)
+        return f"{value:.2g} %" if isinstance(value, (int, float)) and np.isfinite(value) else "n/a"
+
+    share = summary.get("noise_run_speed_share")
+    share_text = f"{share:.0%}" if isinstance(share, float) and np.isfinite(share) else "n/a"
+    need = [summary.get(f"repeats_for_aim_{k}") for k in ("median", "p90")]
+    need_text = " / ".join(str(n) if n is not None else "n/a" for n in need)
+    return (
+        f"where the per-cycle error lives: beyond the noise of the {repeats}-repeat means "
+        f"{pct('cycle_error_bias_rms_pct')} rms; the cells' offsets (signed median, common to a "
+        f"cell's cycles) {pct('cycle_error_cell_offset_rms_pct')} rms; within cells (offset removed) "
+        f"median {pct('cycle_error_within_cell_median_pct')}, p90 {pct('cycle_error_within_cell_p90_pct')}; "
+        f"{share_text} of the per-cycle noise variance is whole-run speed (noise left after dividing each "
+        f"run by its speed factor: median {pct('noise_cycle_run_normalised_median_pct')}); a model without "
+        f"bias meets the per-cycle median / p90 aims from {need_text} independent repeats per cell"
+    )
+
+
 def _experts_per_layer(model: str) -> int | None:
     """Routed experts per layer from ``--model``'s ``config.json`` (:func:`live.loader.experts_per_layer`)."""
     from live.loader import experts_per_layer
@@ -1522,6 +1557,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(targets_line(summary=summary))
     print(noise_line(summary, args.repeats))
+    if args.repeats >= 2:
+        print(bias_line(summary, args.repeats))
     print(speed_line(summary))
     print(probe_line(summary, len(table)))
     summary.update(

@@ -150,6 +150,58 @@ def test_mean_table_and_cycle_noise_on_two_repeats() -> None:
     assert list(table["cycle_noise_pct"]) == pytest.approx(list(noise))
 
 
+def test_run_speed_factors_take_the_whole_run_speed_out_of_the_noise() -> None:
+    # three repeats of five cycles: repeat 2 ran 20 % slower on every cycle, repeat 3 10 % faster,
+    # and one cycle of repeat 1 had a per-cycle hiccup of +3 ms
+    keys = tuple((0, i) for i in range(5))
+    base = np.array([10.0, 12.0, 14.0, 16.0, 18.0])
+    nodes = [[0]] * 5
+    r1 = _repeat(list(base + np.array([0, 0, 3.0, 0, 0])), [None] * 5, nodes, keys=keys)
+    r2 = _repeat(list(base * 1.2), [None] * 5, nodes, keys=keys)
+    r3 = _repeat(list(base * 0.9), [None] * 5, nodes, keys=keys)
+    match = fidelity.match_repeats([r1, r2, r3])
+    factors = fidelity.run_speed_factors(match)
+    assert factors == pytest.approx([1.0, 1.2, 0.9] / np.mean([1.0, 1.2, 0.9]))
+    raw = fidelity.cycle_noise_pct(match)
+    normed = fidelity.cycle_noise_pct(match, run_normalised=True)
+    # the whole-run part is gone: the four cycles without the hiccup have no noise left
+    assert np.delete(normed, 2) == pytest.approx(np.zeros(4), abs=1e-9)
+    assert normed[2] > 5.0 and np.all(np.delete(raw, 2) > 10.0)
+    table = fidelity.cycle_error_table(COST, match)
+    assert list(table["cycle_run_noise_pct"]) == pytest.approx(list(normed))
+    one = fidelity.match_repeats([r1])
+    assert fidelity.run_speed_factors(one) == pytest.approx([1.0])
+    assert np.isnan(fidelity.cycle_noise_pct(one, run_normalised=True)).all()
+
+
+def test_error_decomposition_separates_cell_offsets_from_within_cell_error() -> None:
+    rng = np.random.default_rng(0)
+    # cell A: +10 % on every cycle (a whole-cell offset); cell B: unbiased; no per-cycle noise
+    a, b = np.full(400, 10.0), rng.normal(0.0, 1.0, 400)
+    zero = [np.zeros(400), np.zeros(400)]
+    out = fidelity.error_decomposition([a, b], zero, zero, repeats=3)
+    assert out["cycle_error_cell_offset_rms_pct"] == pytest.approx(np.sqrt((100 + np.median(b) ** 2) / 2))
+    assert out["cycle_error_within_cell_median_pct"] == pytest.approx(
+        np.median(np.abs(np.concatenate([a - 10.0, b - np.median(b)])))
+    )
+    assert out["cycle_error_bias_rms_pct"] == pytest.approx(np.sqrt(np.mean(np.concatenate([a, b]) ** 2)))
+    assert out["repeats_for_aim_median"] is None and np.isnan(out["noise_run_speed_share"])
+    # errors that are exactly the noise of 3-repeat means: no bias left; the run speed explains
+    # 3/4 of the noise variance (12 % raw, 6 % once each run is divided by its speed factor)
+    noise = np.full(20000, 12.0)
+    err = rng.normal(0.0, 12.0 / np.sqrt(3), 20000)
+    out = fidelity.error_decomposition([err], [noise], [np.full(20000, 6.0)], repeats=3)
+    assert out["cycle_error_bias_rms_pct"] < 0.5
+    assert out["noise_run_speed_share"] == pytest.approx(0.75)
+    assert out["noise_cycle_run_normalised_median_pct"] == pytest.approx(6.0)
+    # an unbiased model meets the 3 % median aim once 0.6745 * 12 / sqrt(R) <= 3: R >= 7.28 -> 8
+    assert out["repeats_for_aim_median"] == 8
+    assert out["repeats_for_aim_p90"] == int(np.ceil((1.64485 * 12 / 8.0) ** 2))  # 6.09 -> 7
+    assert fidelity.noise_floor_pct(noise, 8, 0.5) <= 3.0 < fidelity.noise_floor_pct(noise, 7, 0.5)
+    # one repeat measures no noise: no bias figure
+    assert np.isnan(fidelity.error_decomposition([err], [noise], None, repeats=1)["cycle_error_bias_rms_pct"])
+
+
 def test_repeat_spread_pct() -> None:
     assert fidelity.repeat_spread_pct([9.0, 10.0, 11.0]) == pytest.approx(20.0)
     assert np.isnan(fidelity.repeat_spread_pct([10.0]))
