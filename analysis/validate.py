@@ -1380,7 +1380,7 @@ def bias_line(summary: dict[str, Any], repeats: int) -> str:
         return f"{value:.2g} %" if isinstance(value, (int, float)) and np.isfinite(value) else "n/a"
 
     share = summary.get("noise_run_speed_share")
-    share_text = f"{share:.0%}" if isinstance(share, float) and np.isfinite(share) else "n/a"
+    share_text = f"{100 * share:.0f} %" if isinstance(share, float) and np.isfinite(share) else "n/a"
     need = [summary.get(f"repeats_for_aim_{k}") for k in ("median", "p90")]
     need_text = " / ".join(str(n) if n is not None else "n/a" for n in need)
     return (

@@ -78,7 +78,14 @@ def test_validate_tiny_grid(tiny_models, tmp_path, capsys) -> None:
         and summary["noise_cycle_p90_pct"] >= summary["noise_cycle_median_pct"]
     )
     assert summary["max_live_repeat_spread_pct"] == pytest.approx(table["live_repeat_spread_pct"].max())
-    assert lines[-5].startswith("targets") and lines[-4].startswith("noise floor (2 repeats per cell)")
+    assert lines[-6].startswith("targets") and lines[-5].startswith("noise floor (2 repeats per cell)")
+    assert lines[-4].startswith("where the per-cycle error lives: beyond the noise of the 2-repeat means")
+    # the decomposition (analysis.fidelity.error_decomposition) in the summary, and the per-cycle part
+    # of the noise (each run divided by its whole-run speed factor) in cycle_errors.csv
+    assert summary["cycle_error_cell_offset_rms_pct"] >= 0 and summary["cycle_error_bias_rms_pct"] >= 0
+    assert 0 <= summary["cycle_error_within_cell_median_pct"] <= summary["cycle_error_within_cell_p90_pct"]
+    assert summary["noise_run_speed_share"] <= 1 and summary["repeats_for_aim_median"] >= 2
+    assert errors["cycle_run_noise_pct"].notna().all()
     assert lines[-3].startswith("live compute speed vs the cost's fit runs")
     assert lines[-2].startswith("speed probe (index = ")
     # what a bias-free model would show against the 2-repeat means, per cell and over the grid
@@ -302,7 +309,7 @@ def test_validate_summary_says_ran_and_whether_targets_were_met(tmp_path, capsys
     header = lines[0].split()
     assert header[-2:] == ["within_noise", "ok"] and "spread%" in header
     # within_noise reads the p90 noise too: printed (short headers, mapped on the line under the table)
-    assert "noise_med%" in header and "noise_p90%" in header and lines[-5].startswith("targets")
+    assert "noise_med%" in header and "noise_p90%" in header and lines[-6].startswith("targets")
     legend = lines[3]
     assert legend.startswith("columns (fidelity.csv names):")
     assert lines[4] == "missed aims (figure > the noise it is held to):"
@@ -311,10 +318,11 @@ def test_validate_summary_says_ran_and_whether_targets_were_met(tmp_path, capsys
         assert f"= {full}" in legend
     assert "nan" not in lines[1].split()[header.index("noise_p90%")]  # the rows carry the value
     for needle in ("median <= 3 % (met)", "p90 <= 8 % (met)", "repeat spread", "within 0.5 points", ">= 99%"):
-        assert needle in lines[-5]
-    assert lines[-4].startswith("noise floor (2 repeats per cell)")
+        assert needle in lines[-6]
+    assert lines[-5].startswith("noise floor (2 repeats per cell)")
     for needle in ("spread median 3 %", "(max 5.5 %)", "median 1.2 %", "p90 4.4 %"):
-        assert needle in lines[-4]
+        assert needle in lines[-5]
+    assert lines[-4].startswith("where the per-cycle error lives") and "n/a" in lines[-4]  # not in this summary
     assert lines[-3].startswith("live compute speed vs the cost's fit runs: not measured")
     assert lines[-2].startswith("speed probe: not measured")
     table["ok"] = table["within_noise"] = True
