@@ -303,7 +303,7 @@ def test_legends_do_not_cover_data(tmp_path, monkeypatch) -> None:
     errors = pd.DataFrame({"policy": ["ar"] * 5, "cycle_error_pct": [-3.0, -1.0, 0.0, 1.0, 4.0]})
     figures.cycle_error_distribution(errors, tmp_path / "e.png")
     texts = [t.get_text() for t in figs[2].axes[0].get_legend().get_texts()]
-    assert sorted(texts) == ["+/- 2 % target", "+/- 5 % target", "ar"]
+    assert sorted(texts) == ["+/- 3 % (median aim)", "+/- 8 % (p90 aim)", "ar"]  # fidelity.Targets' aims
 
 
 def _split_rows() -> pd.DataFrame:
