@@ -188,7 +188,8 @@ def cell_names(table: pd.DataFrame) -> list[str]:
 
 def fidelity_section(validations: list, out_dir: Path) -> tuple[list[str], list[Path]]:
     """Markdown lines of the "Fidelity (analysis.validate)" section (one block per validate folder:
-    targets line, noise-floor line, compact per-cell table, its two figures copied under
+    targets line, noise-floor line, where the per-cycle error lives (:func:`analysis.validate.bias_line`,
+    when its ``fidelity.json`` has the figures), compact per-cell table, its two figures copied under
     ``out_dir/figures/<folder>-<name>.png``) and the copied figure paths.
 
     Args:
@@ -202,7 +203,7 @@ def fidelity_section(validations: list, out_dir: Path) -> tuple[list[str], list[
     Raises:
         OSError: a figure cannot be copied.
     """
-    from analysis.validate import noise_line, targets_line
+    from analysis.validate import bias_line, noise_line, targets_line
 
     if not validations:
         return [], []
@@ -215,6 +216,8 @@ def fidelity_section(validations: list, out_dir: Path) -> tuple[list[str], list[
             lines.append(f"### {v['label']}\n")
         lines.append(f"- {targets_line(summary=v['summary'])}")
         lines.append(f"- {noise_line(v['summary'], v['repeats'])}")
+        if v["repeats"] >= 2 and "cycle_error_bias_rms_pct" in v["summary"]:  # validate folders since this release
+            lines.append(f"- {bias_line(v['summary'], v['repeats'])}")
         lines.append(
             f"- cells: {len(table)}; ok (every per-cell aim met): {_count(table, 'ok')}; within_noise (every "
             f"miss within the measured noise floor): {_count(table, 'within_noise')}\n"

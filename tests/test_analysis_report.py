@@ -450,6 +450,10 @@ def _validate_dir(root: Path, policy_run: Path, with_json: bool = True) -> Path:
             "max_live_repeat_spread_pct": 4.5,
             "noise_cycle_median_pct": 3.25,
             "noise_cycle_p90_pct": 8.5,
+            "cycle_error_bias_rms_pct": 2.5,
+            "cycle_error_cell_offset_rms_pct": 1.5,
+            "noise_run_speed_share": 0.4,
+            "repeats_for_aim_median": 7,
         }
         (val / "fidelity.json").write_text(json.dumps(summary))
     figures.sim_vs_live_throughput(table, val / "figures" / "sim_vs_live_throughput.png")
@@ -486,7 +490,7 @@ def test_validate_folder_plots_the_calibrated_model_not_the_planner(inputs, tmp_
 
 def test_report_of_a_validate_folder_has_its_fidelity_section(inputs, tmp_path, capsys) -> None:
     from analysis import fidelity
-    from analysis.validate import noise_line, targets_line
+    from analysis.validate import bias_line, noise_line, targets_line
 
     val = _validate_dir(tmp_path, inputs["policy"])
     out = tmp_path / "report"
@@ -496,6 +500,8 @@ def test_report_of_a_validate_folder_has_its_fidelity_section(inputs, tmp_path, 
     section = text[text.index("## Fidelity (analysis.validate)") : text.index("## Figures")]
     assert targets_line(summary=json.loads((val / "fidelity.json").read_text())) in section
     assert noise_line(json.loads((val / "fidelity.json").read_text()), 2) in section
+    bias = bias_line(json.loads((val / "fidelity.json").read_text()), 2)  # where the per-cycle error lives
+    assert f"- {bias}" in section and "2.5 % rms" in bias and "40 %" in bias and "from 7 / n/a" in bias
     assert "median 3.2 %" in section and "p90 8.5 %" in section  # from fidelity.json
     header = next(line for line in section.splitlines() if line.startswith("| cell |"))
     for short in ("tput_err%", "spread%", "err_med%", "err_p90%", "noise_med%", "noise_p90%"):
