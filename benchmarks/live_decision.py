@@ -215,15 +215,12 @@ def _empty_question_entry() -> Any:
     result tuple's types: what one compiled call costs before any work."""
     from numba import njit
 
-    from specfit.decide_kernels import question_signature
+    from specfit.decide_kernels import question_entry
 
     def empty(parents, values, work, table, miss, context_len, num_levels, root_alpha, ask):
         return False, False, 0.0, 0.0, 0.0, -1.0, 0, parents.shape[0]
 
-    kernel = njit(empty)  # not cached on disk: compiled once per run (~1 s)
-    signature = question_signature()
-    kernel.compile(signature)
-    return kernel.overloads[signature].entry_point
+    return question_entry(njit(empty))  # not cached on disk: compiled once per run (~1 s)
 
 
 def cold_calls(pristine: Any, cycles: list[dict[str, Any]], gap_s: float, calls: int) -> dict[str, float] | None:
@@ -232,8 +229,11 @@ def cold_calls(pristine: Any, cycles: list[dict[str, Any]], gap_s: float, calls:
     tree of the last drafted cycle, each call after a busy-wait of ``gap_s`` seconds, the two
     interleaved, ``calls`` each. None when the chooser has no compiled questions, no cycle
     drafted a level, or the questions or the tree do not have the types the unchecked entry
-    point was compiled for (``UnionSizeQuestions.ask`` checks the same before using it: such
-    arrays would be misread, not converted)."""
+    point was compiled for (``UnionSizeQuestions.ask`` takes it only for the same: a
+    ``specfit.tree.TypedTree``, int levels, typed questions; other arrays would be misread, not
+    converted)."""
+    from specfit.tree import TypedTree
+
     drafted = [c for c in cycles if c["trees"]]
     chooser = copy.deepcopy(pristine)
     questions = getattr(chooser, "_questions", None)
@@ -244,13 +244,9 @@ def cold_calls(pristine: Any, cycles: list[dict[str, Any]], gap_s: float, calls:
     chooser.drafter.cycle = cycle
     chooser.choose(cycle["state"])  # the cycle's begin: its union table, miss fractions, context
     tree, levels = max(cycle["trees"], key=lambda offered: len(offered[0].parents))
-    parents, logprobs = tree.parents, tree.draft_logprobs
-    if not (
-        questions._typed and type(levels) is int
-        and type(parents) is np.ndarray and parents.dtype == np.int64 and parents.ndim == 1
-        and type(logprobs) is np.ndarray and logprobs.dtype == np.float64 and logprobs.ndim == 1
-    ):  # fmt: skip
+    if not (questions._typed and isinstance(tree, TypedTree) and type(levels) is int):
         return None
+    parents, logprobs = tree.parents, tree.draft_logprobs
     empty = _empty_question_entry()
     arrays = (parents, logprobs, questions.work, questions.table, questions.miss)
     alpha = float(chooser.policy.root_alpha)

@@ -604,9 +604,10 @@ def question_room(n, layers):
     return 11 * n + 4 * layers
 
 
-def question_entry():
-    """The compiled entry point of :func:`union_size_question` for one fixed argument signature,
-    loaded (or compiled) now: ``parents`` int64[N], ``values`` float64[N], ``union_table``
+def question_entry(kernel=None):
+    """The compiled entry point of :func:`union_size_question` (or of ``kernel``, a numba
+    dispatcher taking the same arguments, e.g. the benchmark's empty call) for one fixed argument
+    signature (:func:`question_signature`), loaded (or compiled) now: ``parents`` int64[N], ``values`` float64[N], ``union_table``
     float64[M, L] and ``miss`` float64[L] of any strides (layout ``"A"``; read only), ``work``
     float64[W] C-contiguous (written), ``context_len`` and ``num_levels`` int64, ``root_alpha``
     float64, ``ask`` bool.
@@ -616,22 +617,23 @@ def question_entry():
     costs ~15 us per question (issue 14). The entry point skips those checks and does NOT check
     the array types itself (an array of another dtype or number of axes would be read as if it
     had these: wrong values or a crash), so a caller may use it only for arguments it has checked
-    to have exactly these types (:meth:`specfit.policies.UnionSizeQuestions` checks the tree's
-    two arrays per question, ``type(x) is np.ndarray``, the dtype and the number of axes, and its
-    own arrays when it makes them; anything else goes through the dispatcher). Scalars are
+    to have exactly these types (:meth:`specfit.policies.UnionSizeQuestions` passes the arrays of
+    a :class:`specfit.tree.TypedTree`, whose types were checked when the tree was made, and the
+    cycle's table and miss fractions, checked once per cycle; anything else goes through the
+    dispatcher). Scalars are
     converted by Python's number protocol (a wrong type raises ``TypeError``). Same code as the
     dispatcher's specialisations, so the same values bit for bit
     (``tests/test_specfit_decide_kernels.py``).
     """
+    kernel = union_size_question if kernel is None else kernel
     signature = question_signature()
-    union_size_question.compile(signature)
-    return union_size_question.overloads[signature].entry_point
+    kernel.compile(signature)
+    return kernel.overloads[signature].entry_point
 
 
 def question_signature() -> tuple:
     """The numba argument types of :func:`question_entry` (see there), as a tuple for
-    ``Dispatcher.compile`` (also used by ``benchmarks/live_decision.py`` to time an empty
-    compiled call with the same arguments)."""
+    ``Dispatcher.compile``."""
     from numba import types
 
     def array(dtype, ndim, layout="A", readonly=True):

@@ -356,7 +356,8 @@ def union_size_plan(
     answer: tuple, num_nodes: int, started: float
 ) -> Plan:
     """The :class:`Plan` of a compiled union-size answer ``(nodes, cycle_s, expected, misses, ok)``
-    (:func:`specfit.decide_kernels.union_size_plan_rule`).
+    (:func:`specfit.decide_kernels.union_size_plan_rule`; ``nodes`` int64[k], read-only: the
+    caller makes it so, without a numpy call where it can, issue 14).
 
     A top-by-P prefix is ancestor-closed (P never rises along a path, parents have smaller ids),
     so the plan is built directly; its scores are :func:`specfit.context.evaluate_nodes`' (same
@@ -368,7 +369,6 @@ def union_size_plan(
     ids, cycle_s, expected, misses, ok = answer[:5]
     if not ok:
         raise ValueError("cost model: a cycle time of 0 s makes the throughput unbounded")
-    ids.setflags(write=False)
     # one plan per cycle on the live decide path: built as Plan.trusted builds it, but its fields
     # as one dict literal (no classmethod frame, keyword dict or update: ~20 us less after a model
     # forward on the build machine, paired A/B; issue 14)
@@ -410,6 +410,7 @@ def plan_union_size(ctx: PolicyContext, root_alpha: float = 1.0, max_depth: int 
     )  # fmt: skip
     plan = _PLANS.get(ctx)
     if plan is None:
+        answer[0].setflags(write=False)  # the plan's nodes, read-only as every plan's
         plan = _PLANS[ctx] = union_size_plan(answer, p.shape[0], started)
     return plan, bool(answer[5])
 

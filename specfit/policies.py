@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -35,6 +34,7 @@ from specfit.planner import (
     union_size_plan,
     union_table,
 )
+from specfit.tree import DraftTree, TypedTree
 
 TREE_POLICIES: tuple[str, ...] = ("ar", "chain", "topn", "specfit", "cascade")
 #: One line per tree policy for ``--help``.
@@ -775,8 +775,7 @@ class SpecFitPolicy(TreePolicy):
         return bool(np.any(gain > best * cost_s))
 
 
-_TREE_ARRAYS = ("token_ids", "parents", "depths", "draft_logprobs", "path_logprobs")
-_FLOAT64, _INT64 = np.dtype(np.float64), np.dtype(np.int64)
+_FLOAT64 = np.dtype(np.float64)
 
 
 class UnionSizeQuestions:
@@ -824,6 +823,7 @@ class UnionSizeQuestions:
             cost_params(cost), self.calibrated, self.edge, self.max_depth, *knots, room
         )
         self._ids = self.work.view(np.int64)  # the answer's node ids, as the kernel writes them
+        self._id_bytes = memoryview(self._ids)  # the same ids, for the plan's own copy (no numpy call)
         self._kernel = kernels.union_size_question  # numba's dispatcher: checks every argument's type
         self._entry = kernels.question_entry()  # no checks: only for the types checked in _answer
         self.node_experts = self.cached_bits = self.table = self.miss = None
@@ -831,16 +831,17 @@ class UnionSizeQuestions:
         self.context_len = 0
         self.observed = False  # the miss fractions are an observed one, cleaned in the kernel
         self.last: tuple | None = None  # (tree, levels, answer) of the last question
-        # the root alone as the drafter's trees hold it (writable int64 / float64 arrays): the
-        # question asked before drafting, without a tree object per cycle
-        self.root = SimpleNamespace(
-            parents=np.full(1, -1, np.int64), draft_logprobs=np.zeros(1), path_logprobs=np.zeros(1)
-        )
+        # the root alone: the question asked before drafting, without a tree object per cycle
+        zeros = np.zeros(1)
+        self.root = DraftTree.trusted(
+            token_ids=np.zeros(1, np.int64), parents=np.full(1, -1, np.int64), depths=np.zeros(1, np.int64),
+            draft_logprobs=zeros, path_logprobs=zeros,
+        )  # fmt: skip
         self._warm_up()
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        del state["_ids"]  # a view of ``work``: a copy would not see the kernel's answers
+        del state["_ids"], state["_id_bytes"]  # views of ``work``: a copy would not see the kernel's answers
         del state["_kernel"], state["_entry"], state["_room"]  # compiled code: loaded again, not pickled
         return state
 
@@ -853,23 +854,20 @@ class UnionSizeQuestions:
         ):  # fmt: skip  (e.g. read-only from pickle protocol 5's out-of-band buffers)
             self.work = np.array(work, dtype=np.float64, order="C").reshape(-1)
         self._ids = self.work.view(np.int64)
+        self._id_bytes = memoryview(self._ids)
         kernels = decide_kernels()
         self._kernel, self._entry = kernels.union_size_question, kernels.question_entry()
         self._room = kernels.question_room
 
     def _warm_up(self) -> None:
-        """Run the kernel once on the arrays a cycle passes (the drafter's writable arrays, a
-        converted tree's read-only ones: both through the entry point loaded in ``__init__``),
-        so the first cycle runs code that already ran."""
-        from specfit.tree import DraftTree
-
-        tree = DraftTree.from_parents(np.arange(2), np.array([-1, 0]), np.log([1.0, 0.5]))  # read-only arrays
-        writable = SimpleNamespace(**{name: np.array(getattr(tree, name)) for name in _TREE_ARRAYS})
+        """Run the kernel once through the entry point loaded in ``__init__`` (what every
+        :class:`specfit.tree.TypedTree` takes) and build a plan from its answer, so the first
+        cycle runs code that already ran."""
+        tree = DraftTree.from_parents(np.arange(2), np.array([-1, 0]), np.log([1.0, 0.5]))
         table = np.ones((2 + self.max_depth, 1))
         table.setflags(write=False)  # as specfit.planner.union_table hands it
         self._set_arrays(table, np.ones(1))
-        for t in (tree, writable):
-            self._answer(t, 1, True)
+        self._plan(tree, self._answer(tree, 1, True), 0.0)
         self.table = self.miss = self.last = None
         self._typed = False
 
@@ -877,10 +875,12 @@ class UnionSizeQuestions:
         """Keep the cycle's ``table`` and ``miss`` and whether they have the types of the compiled
         entry point (float64, 2 and 1 axes: :func:`specfit.decide_kernels.question_entry`); checked
         here, once per cycle, with ``==`` (an unpickled dtype is an equal but distinct object)."""
+        if table is not self.table:  # a new table (the same one serves cycle after cycle)
+            self._table_typed = type(table) is np.ndarray and table.dtype == _FLOAT64 and table.ndim == 2
         self.table, self.miss = table, miss
         self._typed = (
-            type(table) is np.ndarray and table.dtype == _FLOAT64 and table.ndim == 2
-            and type(miss) is np.ndarray and miss.dtype == _FLOAT64 and miss.ndim == 1
+            self._table_typed and type(miss) is np.ndarray and miss.ndim == 1
+            and (miss.dtype is _FLOAT64 or miss.dtype == _FLOAT64)
         )  # fmt: skip
 
     def begin(
@@ -908,7 +908,7 @@ class UnionSizeQuestions:
             miss = np.array(node_experts.layer_miss_fraction(cached_bits), dtype=np.float64)  # own, writable
         else:  # the engine's own float64[L] copy is taken as it is (no numpy call)
             miss = observed
-            if type(miss) is not np.ndarray or miss.dtype is not _FLOAT64:
+            if type(miss) is not np.ndarray or (miss.dtype is not _FLOAT64 and miss.dtype != _FLOAT64):
                 miss = np.array(observed, dtype=np.float64)
         self._set_arrays(table, miss)  # miss's length is checked by the compiled question
         self.last = None
@@ -925,21 +925,18 @@ class UnionSizeQuestions:
             values = tree.path_logprobs
         else:  # path_accept_probs' own np.exp: the simulator's values everywhere
             values = np.exp(tree.path_logprobs)
-        parents = tree.parents
-        # the compiled entry point for the types it was compiled for, checked here (a type and
-        # identity test each: numba's dispatcher checks cost ~15 us per question live, issue 14);
-        # anything else goes through the dispatcher, which checks (and may compile) as usual
-        if (
-            self._typed and type(parents) is np.ndarray and parents.dtype is _INT64 and parents.ndim == 1
-            and type(values) is np.ndarray and values.dtype is _FLOAT64 and values.ndim == 1
-            and type(levels) is int
-        ):  # fmt: skip
+        # the compiled entry point for the types it was compiled for: a TypedTree's arrays (their
+        # types checked where the tree was made) and the cycle's table and miss fractions (checked
+        # in begin); numba's dispatcher checks each argument per call, ~15 us per question live
+        # (issue 14). Anything else goes through the dispatcher, which checks (and may compile).
+        if self._typed and isinstance(tree, TypedTree) and type(levels) is int:
             kernel = self._entry
         else:
             kernel = self._kernel
         while True:
             answer = kernel(
-                parents, values, self.work, self.table, self.miss, self.context_len, levels, self.policy.root_alpha, ask
+                tree.parents, values, self.work, self.table, self.miss, self.context_len, levels,
+                self.policy.root_alpha, ask,
             )  # fmt: skip
             if answer[6] >= 0:
                 break
@@ -955,6 +952,7 @@ class UnionSizeQuestions:
             if room > self.work.shape[0] - self.answer_at:
                 self.work = np.concatenate((self.work[: self.answer_at], np.zeros(room)))
                 self._ids = self.work.view(np.int64)
+                self._id_bytes = memoryview(self._ids)
             if n + self.max_depth > self.table.shape[0]:
                 self._set_arrays(union_table(self.node_experts, n + self.max_depth), self.miss)
         self.last = (tree, levels, answer)
@@ -965,7 +963,7 @@ class UnionSizeQuestions:
         its ``decision_s`` counts from ``started`` (``time.perf_counter`` seconds)."""
         n = answer[7]
         at = self.answer_at + n
-        nodes = self._ids[at : at + answer[6]].copy()
+        nodes = np.frombuffer(self._id_bytes[at : at + answer[6]].tobytes(), np.int64)  # its own, read-only
         return union_size_plan((nodes, answer[2], answer[3], answer[4], answer[0]), n, started)
 
     def _answer_for(self, tree, levels: int) -> tuple:
@@ -977,10 +975,11 @@ class UnionSizeQuestions:
         return self._answer(tree, levels, False)
 
     def ask(self, tree, levels: int) -> bool:
-        """``policy.keep_drafting(ctx, max_depth)`` for the context of ``tree`` (a
-        :class:`specfit.tree.DraftTree` or anything with its int64 ``parents``, ``depths`` and
-        float64 ``draft_logprobs``, ``path_logprobs`` arrays, e.g. the live ``TokenTree``) after
-        ``levels`` (int) drafted levels.
+        """``policy.keep_drafting(ctx, max_depth)`` for the context of ``tree`` after ``levels``
+        (int) drafted levels. ``tree``: a :class:`specfit.tree.TypedTree` (``DraftTree``, the live
+        ``TokenTree``: its arrays' types were checked when it was made, so the compiled entry point
+        reads them unchecked) or anything with int ``parents`` and float ``draft_logprobs``,
+        ``path_logprobs`` arrays (through numba's dispatcher, which checks their types per call).
 
         Raises:
             ValueError: the cost model makes a cycle take 0 s.
@@ -1015,7 +1014,9 @@ class UnionSizeQuestions:
         if answer[5] != -1.0:  # a drafted tree (NaN too: np.max's NaN moves it as select does)
             self.policy.observe_root(answer[5])
         at = self.answer_at + answer[7]
-        nodes = self._ids[at : at + answer[6]].copy()
+        # the plan's own read-only copy: one numpy call (a slice, a copy and setflags are three,
+        # ~25 us more after a model forward, issue 14)
+        nodes = np.frombuffer(self._id_bytes[at : at + answer[6]].tobytes(), np.int64)
         return union_size_plan((nodes, answer[2], answer[3], answer[4], answer[0]), answer[7], started - asked_s)
 
     def context(self, tree, draft_tree, levels: int) -> PolicyContext:

@@ -32,21 +32,55 @@ class _Count(int):
         return int(self)
 
 
-def _as_1d(name: str, values: object, dtype: type) -> np.ndarray:
+#: The dtype of each array field of a draft tree (:class:`DraftTree`, ``live.spec.tree.TokenTree``).
+TREE_FIELD_DTYPES = {
+    "token_ids": np.dtype(np.int64),
+    "parents": np.dtype(np.int64),
+    "depths": np.dtype(np.int64),
+    "draft_logprobs": np.dtype(np.float64),
+    "path_logprobs": np.dtype(np.float64),
+}
+
+
+class TypedTree:
+    """Base of the tree records whose construction guarantees each array field's type: a 1-D
+    ``np.ndarray`` of :data:`TREE_FIELD_DTYPES`'s dtype (:class:`DraftTree`, its ``trusted``
+    constructor included, and ``live.spec.tree.TokenTree``).
+
+    The planner's compiled questions (``specfit.policies.UnionSizeQuestions``) read such a
+    tree's arrays through numba's unchecked entry point after one ``isinstance`` test instead of
+    checking the arrays' types per question (issue 14: each check costs microseconds after a
+    model forward); a tree of another class goes through numba's dispatcher, which checks.
+    """
+
+    __slots__ = ()
+
+
+def tree_array(owner: str, name: str, values: object, dtype: type) -> np.ndarray:
+    """``values`` as a C-contiguous 1-D array of ``dtype`` (int64 or float64), shared when it is
+    one already, else a converted copy.
+
+    Raises:
+        ValueError: naming ``owner.name``: not one axis, or non-integral values for int64.
+    """
     arr = np.asarray(values)
     if arr.ndim != 1:
-        raise ValueError(f"DraftTree.{name}: expected a 1-D array, got shape {arr.shape}")
+        raise ValueError(f"{owner}.{name}: expected a 1-D array, got shape {arr.shape}")
     if dtype is np.int64:
         if arr.size and not np.issubdtype(arr.dtype, np.integer):
             if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
-                raise ValueError(f"DraftTree.{name}: expected integers, got dtype {arr.dtype}")
-    out = np.ascontiguousarray(arr, dtype=dtype)
+                raise ValueError(f"{owner}.{name}: expected integers, got dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def _as_1d(name: str, values: object, dtype: type) -> np.ndarray:
+    out = tree_array("DraftTree", name, values, dtype)
     out.setflags(write=False)
     return out
 
 
 @dataclass(frozen=True, eq=False)
-class DraftTree:
+class DraftTree(TypedTree):
     """A validated draft tree of ``N`` nodes (arrays are read-only copies).
 
     Attributes:
@@ -70,15 +104,9 @@ class DraftTree:
     path_logprobs: np.ndarray
 
     def __post_init__(self) -> None:
-        fields = {
-            "token_ids": np.int64,
-            "parents": np.int64,
-            "depths": np.int64,
-            "draft_logprobs": np.float64,
-            "path_logprobs": np.float64,
-        }
+        fields = TREE_FIELD_DTYPES
         for name, dtype in fields.items():
-            object.__setattr__(self, name, _as_1d(name, getattr(self, name), dtype))
+            object.__setattr__(self, name, _as_1d(name, getattr(self, name), dtype.type))
         n = self.token_ids.shape[0]
         if n == 0:
             raise ValueError("DraftTree.token_ids: a tree needs at least the root node")
@@ -141,11 +169,22 @@ class DraftTree:
         trees, the live drafter's :class:`live.spec.tree.TokenTree`): the caller guarantees
         int64 ``token_ids``/``parents``/``depths`` and float64 ``draft_logprobs``/``path_logprobs``
         of one length, consistent as the constructor would check. The arrays are made read-only.
-        Bad input here gives wrong plans, not errors: use the constructor for anything external.
+        Only their types are checked (a :class:`TypedTree`'s arrays are read unchecked by compiled
+        code); other bad input gives wrong plans, not errors: use the constructor for anything
+        external.
+
+        Raises:
+            ValueError: a field that is not a 1-D ``np.ndarray`` of its dtype (naming it).
         """
         tree = object.__new__(cls)
-        for name in ("token_ids", "parents", "depths", "draft_logprobs", "path_logprobs"):
-            fields[name].setflags(write=False)
+        for name, dtype in TREE_FIELD_DTYPES.items():
+            arr = fields[name]
+            if type(arr) is not np.ndarray or arr.ndim != 1 or (arr.dtype is not dtype and arr.dtype != dtype):
+                raise ValueError(
+                    f"DraftTree.trusted: {name}: expected a 1-D {dtype} ndarray, got "
+                    f"{type(arr).__name__} {getattr(arr, 'dtype', '')} {getattr(arr, 'shape', '')}"
+                )
+            arr.setflags(write=False)
         tree.__dict__.update(  # the fields, as the frozen dataclass's __init__ stores them
             token_ids=fields["token_ids"],
             parents=fields["parents"],

@@ -21,6 +21,7 @@ replaced, written out as the reference, on random trees, maps, cost models and c
 from __future__ import annotations
 
 import math
+import pickle
 from types import SimpleNamespace
 
 import numpy as np
@@ -28,6 +29,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from live.spec.tree import TokenTree
 from specfit import bitsets
 from specfit.acceptance import AcceptanceCalibration, path_accept_probs, top_child_mask
 from specfit.context import PolicyContext, layer_misses, make_plan
@@ -449,17 +451,25 @@ def test_live_questions_take_the_entry_point_only_for_its_checked_types(seed, n,
         calls.clear()
         return _answer_bytes(questions, t, lv), list(calls)
 
-    want, path = asked(tree)  # a DraftTree: read-only C-contiguous int64 / float64 arrays
+    want, path = asked(tree)  # a DraftTree (a TypedTree): read-only C-contiguous int64 / float64 arrays
     assert path == ["entry"] * len(path) and path
-    writable = SimpleNamespace(**{k: np.array(getattr(tree, k)) for k in ("parents", "draft_logprobs", "path_logprobs")})
-    strided = SimpleNamespace(**{k: np.repeat(getattr(tree, k), 2)[::2] for k in ("parents", "draft_logprobs", "path_logprobs")})
+    names = ("token_ids", "parents", "depths", "draft_logprobs", "path_logprobs")
+    strided = DraftTree.trusted(**{k: np.repeat(getattr(tree, k), 2)[::2] for k in names})
     assert n == 1 or not strided.parents.flags.c_contiguous
-    for same_types in (writable, strided):  # any strides: the entry point's layout "A"
+    unpickled = pickle.loads(pickle.dumps(tree))  # equal dtypes, not numpy's own dtype objects
+    assert unpickled.parents.dtype is not np.dtype(np.int64)
+    token_tree = TokenTree(tree.token_ids, tree.parents, tree.depths, list(tree.draft_logprobs), tree.path_logprobs)
+    assert token_tree.draft_logprobs.dtype == np.float64  # converted where the tree is made
+    for same_types in (strided, unpickled, token_tree):  # any strides: the entry point's layout "A"
         assert asked(same_types) == (want, ["entry"])
+    writable = SimpleNamespace(**{k: np.array(getattr(tree, k)) for k in names})
     other = SimpleNamespace(  # other dtypes: numba's dispatcher checks them (and compiles for them)
         parents=tree.parents.astype(np.int32), draft_logprobs=tree.draft_logprobs, path_logprobs=tree.path_logprobs
     )
-    assert asked(other) == (want, ["dispatcher"])
+    for untyped in (writable, other):  # not a TypedTree: numba's dispatcher checks the arrays
+        assert asked(untyped) == (want, ["dispatcher"])
+    with pytest.raises(ValueError, match="DraftTree.trusted: parents"):  # the check moved to where trees are made
+        DraftTree.trusted(**{k: other.parents if k == "parents" else getattr(tree, k) for k in names})
     assert asked(tree, np.int64(levels)) == (want, ["dispatcher"])  # levels not an int
     questions._typed = False  # as after a table or miss fraction of other types
     assert asked(tree) == (want, ["dispatcher"])

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from specfit.tree import TREE_FIELD_DTYPES, TypedTree, tree_array
+
 
 def ancestor_matrix(parents: Any) -> np.ndarray:
     """bool[N, N] from parent ids (``parents[0] == -1``, parents precede children); ``[a, v]``: a is v or an ancestor."""
@@ -26,8 +28,12 @@ def ancestor_matrix(parents: Any) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class TokenTree:
+class TokenTree(TypedTree):
     """A drafted token tree, nodes in creation (breadth-first) order.
+
+    Its arrays are 1-D ndarrays of the dtypes below whatever the constructor is given (converted
+    once here, shared when they are already: ``specfit.tree.TypedTree``, so the planner's
+    compiled questions read them without checking their types per question, issue 14).
 
     Attributes (``N`` nodes):
         token_ids: int64[N]; node 0 holds the root token.
@@ -37,8 +43,8 @@ class TokenTree:
         path_logprobs: float64[N]; sum of ``draft_logprobs`` along the root path (0 at the root).
 
     Raises:
-        ValueError: naming the field and node when the arrays disagree in length or the parent
-            order is broken.
+        ValueError: naming the field and node when the arrays disagree in length, an array has
+            more than one axis or non-integral ids, or the parent order is broken.
     """
 
     token_ids: np.ndarray
@@ -48,6 +54,10 @@ class TokenTree:
     path_logprobs: np.ndarray
 
     def __post_init__(self) -> None:
+        for name, dtype in TREE_FIELD_DTYPES.items():
+            values = getattr(self, name)
+            if type(values) is not np.ndarray or values.dtype is not dtype or values.ndim != 1:
+                object.__setattr__(self, name, tree_array("TokenTree", name, values, dtype.type))
         n = len(self.token_ids)
         for name in ("parents", "depths", "draft_logprobs", "path_logprobs"):
             if len(getattr(self, name)) != n:
