@@ -131,27 +131,34 @@ class _KeyedLayerAccesses(LayerAccesses):
     when first read (most simulated cycles read only the counts and the id lists)."""
 
     @classmethod
-    def of(
-        cls, num_experts: int, hit_keys: np.ndarray, miss_keys: np.ndarray, evicted_keys: np.ndarray, counts: np.ndarray
-    ) -> _KeyedLayerAccesses:
-        """From the keys and int64[3, L] per-layer counts (hits, misses, evictions)."""
-        out = object.__new__(cls)  # the frozen dataclass's fields, without its __init__
-        out.__dict__.update(
+    def of(cls, num_experts: int, out: np.ndarray, num_counts: int, hits: int, misses: int) -> _KeyedLayerAccesses:
+        """From the compiled access's result ``out``: int64[3, L] per-layer counts (hits, misses,
+        evictions; ``num_counts`` = 3 L words), then the keys of its ``hits`` hits, ``misses``
+        misses and the evictions, back to back (``cache_kernels.layout``'s ``out``)."""
+        counts = out[:num_counts].reshape(3, -1)
+        out_ = object.__new__(cls)  # the frozen dataclass's fields, without its __init__
+        out_.__dict__.update(
             num_hits=counts[0],
             num_misses=counts[1],
             num_evicted=counts[2],
-            _keys=(hit_keys, miss_keys, evicted_keys),
+            _out=out,
+            _ends=(num_counts, num_counts + hits, num_counts + hits + misses, out.shape[0]),
             _num_experts=num_experts,
             _masks={},
         )
-        return out
+        return out_
+
+    def _keys(self, kind: int) -> np.ndarray:
+        """The ascending ``layer * E + expert`` keys of the hits (0), misses (1) or evictions (2)."""
+        ends = self._ends
+        return self._out[ends[kind] : ends[kind + 1]]
 
     def _mask(self, kind: int) -> np.ndarray:
         mask = self._masks.get(kind)
         if mask is None:
             num_layers = self.num_hits.shape[0]
             mask = np.zeros(num_layers * self._num_experts, dtype=bool)
-            mask[self._keys[kind]] = True
+            mask[self._keys(kind)] = True
             mask = self._masks[kind] = mask.reshape(num_layers, self._num_experts)
         return mask
 
@@ -161,15 +168,15 @@ class _KeyedLayerAccesses(LayerAccesses):
 
     def hit_ids(self) -> list[np.ndarray]:
         """Per layer, the int64[] expert ids that hit, ascending (``L`` arrays)."""
-        return _keys_to_ids(self._keys[0], self.num_hits, self._num_experts)
+        return _keys_to_ids(self._keys(0), self.num_hits, self._num_experts)
 
     def miss_ids(self) -> list[np.ndarray]:
         """Per layer, the int64[] expert ids that missed, ascending (``L`` arrays)."""
-        return _keys_to_ids(self._keys[1], self.num_misses, self._num_experts)
+        return _keys_to_ids(self._keys(1), self.num_misses, self._num_experts)
 
     def evicted_ids(self) -> list[np.ndarray]:
         """Per layer, the int64[] expert ids evicted, ascending (``L`` arrays)."""
-        return _keys_to_ids(self._keys[2], self.num_evicted, self._num_experts)
+        return _keys_to_ids(self._keys(2), self.num_evicted, self._num_experts)
 
 
 @dataclass
@@ -256,6 +263,19 @@ class CacheStats:
         return self.hits / total if total else float("nan")
 
 
+def _header_int(slot: int, doc: str) -> property:
+    """An int property of :class:`ExpertCache` held in its state buffer's header, at the slot
+    ``self._slots[slot]``."""
+
+    def get(self: ExpertCache) -> int:
+        return int(self._buf[self._slots[slot]])
+
+    def put(self: ExpertCache, value: int) -> None:
+        self._buf[self._slots[slot]] = value
+
+    return property(get, put, doc=doc)
+
+
 class ExpertCache:
     """Per-layer expert caches with one policy (build with :func:`make_expert_cache`).
 
@@ -263,7 +283,10 @@ class ExpertCache:
     :meth:`access_layers` does one access at every layer in one go: ``stamp[l, e]`` is -1 when
     expert ``e`` is not cached at layer ``l``, else its recency (larger = used later; an access
     stamps its hits in ascending id order, then its kept misses in ascending id order, exactly
-    the order an LRU list would hold them); LFU keeps ``freq[l, e]`` and ``tick[l, e]``.
+    the order an LRU list would hold them); LFU keeps ``freq[l, e]`` and ``tick[l, e]``. These
+    arrays, the statistics' per-layer arrays and the cached sets' bitsets are views of one int64
+    state buffer (``specfit.cache_kernels.layout``), which the compiled access takes as its one
+    state argument (issue 14: 17 arguments before, ~3 us each in numba's dispatcher once cold).
 
     Attributes:
         policy: one of :data:`CACHE_POLICIES`.
@@ -286,21 +309,26 @@ class ExpertCache:
         self.num_layers = num_layers
         self.num_experts = num_experts
         self.capacity = capacity
-        self._cap = np.asarray(capacity, dtype=np.int64)
-        self.stats = CacheStats(num_layers)
         self._ids = np.arange(num_experts, dtype=np.int64)
         self._words = bitsets.num_words(num_experts)  # uint64 words per layer's bitset
-        self._stamp = np.full((num_layers, num_experts), -1, dtype=np.int64)
-        self._count = np.zeros(num_layers, dtype=np.int64)  # cached experts per layer
-        self._next_stamp = 0
-        self._freq = np.zeros((num_layers, num_experts), dtype=np.int64)
-        self._tick = np.full((num_layers, num_experts), -1, dtype=np.int64)
-        self._clock = 0
+        kernels = _cache_kernels()  # the state buffer's layout (numba loads; nothing compiles)
+        parts = kernels.layout(num_layers, num_experts, self._words)
+        at, size = parts["out"]
+        self._buf = np.zeros(at + size, dtype=np.int64)
+        header = (num_layers, num_experts, self._words, kernels.POLICY_CODES.get(policy, -1), 0, 0, 0)
+        self._buf[: len(header)] = header
+        self._buf[kernels.WEIGHT : kernels.WEIGHT + 1].view(np.float64)[0] = MISS_EMA_WEIGHT
+        self._buf[kernels.AT_STAMP : kernels.AT_STAMP + len(parts)] = [offset for offset, _ in parts.values()]
+        self._slots = (kernels.STAMP_BASE, kernels.CLOCK, kernels.BITS_VALID)
+        self._out = (parts["out"][0], 3 * num_layers)  # an access's result: (offset, its counts' length)
+        self._bind()  # also makes self.stats
+        self._stamp[:] = -1
+        self._tick[:] = -1
+        self._cap[:] = np.asarray(capacity, dtype=np.int64)
+        self.stats._layer_miss_ema[:] = np.nan
         self._uses: list[dict[int, list[int]]] = []
         self._ptr: list[dict[int, int]] = []
         self._step = [0] * num_layers
-        self._bits: np.ndarray | None = None  # cached_bits() after the last batched access, if unchanged
-        self._flat: np.ndarray | None = None  # the compiled access's output keys (scratch)
         if policy == "static":
             if frequency is None:
                 raise ValueError("ExpertCache: policy 'static' needs frequency (float[L, E])")
@@ -318,6 +346,51 @@ class ExpertCache:
                         uses.setdefault(e, []).append(k)
                 self._uses.append(uses)
                 self._ptr.append(dict.fromkeys(uses, 0))
+
+    def _bind(self) -> None:
+        """Make the state's arrays views of the buffer ``self._buf`` (:func:`cache_kernels.layout`):
+        ``_stamp``, ``_freq``, ``_tick`` int64[L, E], ``_count``, ``_cap`` int64[L], the cached
+        sets ``_bits_words`` uint64[L, W] and the statistics' arrays (``self.stats``, made here
+        when missing)."""
+        buf, shape = self._buf, (self.num_layers, self.num_experts)
+        kernels = _cache_kernels()
+        stamp, freq, tick, count, cap, stats, ema, bits = (
+            buf[int(buf[slot]) : int(buf[slot + 1])] for slot in range(kernels.AT_STAMP, kernels.AT_OUT)
+        )
+        self._stamp, self._freq, self._tick = stamp.reshape(shape), freq.reshape(shape), tick.reshape(shape)
+        self._count, self._cap = count, cap
+        self._bits_words = bits.view(np.uint64).reshape(self.num_layers, self._words)
+        if "stats" not in self.__dict__:
+            self.stats = CacheStats(self.num_layers, _layer_counts=stats.reshape(3, -1), _layer_miss_ema=ema.view(np.float64))
+        else:  # a copy's statistics: their counts, on this buffer
+            self.stats._layer_counts = stats.reshape(3, -1)
+            self.stats._layer_miss_ema = ema.view(np.float64)
+
+    def __getstate__(self) -> dict:
+        """The state without the buffer's views (``copy.deepcopy`` and pickle; made again on load)."""
+        state = self.__dict__.copy()
+        for name in ("_stamp", "_freq", "_tick", "_count", "_cap", "_bits_words"):
+            del state[name]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._bind()
+
+    _next_stamp = _header_int(0, "The next access's first recency stamp (the buffer's header).")
+    _clock = _header_int(1, "The LFU clock: experts accessed so far (the buffer's header).")
+
+    @property
+    def _bits(self) -> np.ndarray | None:
+        """uint64[L, W] the cached sets as the last batched access left them, or None when the
+        cache changed since (the header's flag; the compiled access then rebuilds them)."""
+        return self._bits_words if self._buf[self._slots[2]] else None
+
+    @_bits.setter
+    def _bits(self, value: None) -> None:
+        if value is not None:
+            raise ValueError("ExpertCache._bits: only None (the cached sets changed) can be set")
+        self._buf[self._slots[2]] = 0
 
     # ---- internals -------------------------------------------------------------------------
     def _next_use(self, layer: int, e: int, after: int) -> float:
@@ -537,9 +610,8 @@ class ExpertCache:
                 f"ExpertCache.access_layers: expert_mask must be bool[{self.num_layers}, "
                 f"{self.num_experts}], got {need.dtype}{list(need.shape)}"
             )
-        if not reference and self.policy != "belady":
-            kernels = _cache_kernels()  # numba: imported (compiled once, cached) on first use
-            return self._compiled(kernels.access_layers, need if need.flags.c_contiguous else np.ascontiguousarray(need))
+        if not reference and self.policy != "belady":  # compiled once, cached by numba
+            return self._compiled(_cache_kernels().access_layers, need if need.flags.c_contiguous else np.ascontiguousarray(need))
         hit, miss, evicted, num_hit, num_miss, num_evicted = self._apply(slice(None), need, True)
         if self.policy == "belady":
             self._step = [s + 1 for s in self._step]
@@ -586,43 +658,16 @@ class ExpertCache:
 
     def _compiled(self, kernel: Any, *inputs: np.ndarray) -> LayerAccesses:
         """One compiled access (``kernel``: ``cache_kernels.access_layers`` or ``.access_nodes``
-        with its ``inputs``), the cache's state, statistics and bitsets updated in place."""
-        kernels = _cache_kernels()
-        flat = self._flat
-        if flat is None:  # scratch of the compiled access, kept (only its first entries are written)
-            flat = self._flat = np.empty((3, self.num_layers * self.num_experts), dtype=np.int64)
-        counts = np.empty((3, self.num_layers), dtype=np.int64)
-        bits = self._bits  # the sets before this access, updated where they change
-        bits_valid = bits is not None
-        if bits is None:
-            bits = np.empty((self.num_layers, self._words), dtype=np.uint64)
+        with its ``inputs``), the cache's state, statistics and bitsets updated in place in its
+        buffer; the result is one copy of the buffer's ``out`` part."""
+        hits, misses, evictions = kernel(*inputs, self._buf)
         stats = self.stats
-        clock, hits, misses, evictions = kernel(
-            kernels.POLICY_CODES[self.policy],
-            *inputs,
-            self._stamp,
-            self._count,
-            self._cap,
-            self._freq,
-            self._tick,
-            self._next_stamp,
-            self._clock,
-            flat,
-            counts,
-            bits,
-            stats._layer_counts,
-            stats._layer_miss_ema,
-            MISS_EMA_WEIGHT,
-            bits_valid,
-        )
-        self._next_stamp += 2 * self.num_experts
-        self._clock = int(clock)
-        stats.hits += int(hits)
-        stats.misses += int(misses)
-        stats.evictions += int(evictions)
-        self._bits = bits
-        keys = flat[:, : max(hits, misses, evictions)].copy()  # one copy, three views
-        return _KeyedLayerAccesses.of(self.num_experts, keys[0, :hits], keys[1, :misses], keys[2, :evictions], counts)
+        stats.hits += hits
+        stats.misses += misses
+        stats.evictions += evictions
+        at, num_counts = self._out
+        out = self._buf[at : at + num_counts + hits + misses + evictions].copy()
+        return _KeyedLayerAccesses.of(self.num_experts, out, num_counts, hits, misses)
 
     def warm(self, layer: int, expert_ids: object) -> None:
         """Insert ``expert_ids`` without counting hits, misses or frequencies (static: no-op).
@@ -666,8 +711,9 @@ _KERNELS: list = []  # specfit.cache_kernels once imported
 
 
 def _cache_kernels() -> Any:
-    """:mod:`specfit.cache_kernels`, imported on first use (numba loads then, not when ``specfit``
-    is imported) and kept: the simulator accesses the cache once per cycle."""
+    """:mod:`specfit.cache_kernels`, imported on first use (when the first cache is built: numba
+    loads then, not when ``specfit`` is imported) and kept: the simulator accesses the cache once
+    per cycle."""
     if not _KERNELS:
         from specfit import cache_kernels
 

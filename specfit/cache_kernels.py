@@ -4,8 +4,10 @@ One access at every layer for the ``lru``, ``lfu`` and ``static`` policies, as o
 plain arrays: the same rules and the same state updates as the vectorised reference
 ``ExpertCache._apply`` (which stays, and which ``tests/test_specfit_cache_kernels.py`` compares
 this with on random access sequences), without its ``[L, E]`` temporaries. Belady's MIN keeps the
-Python path. Imported lazily by :mod:`specfit.cache` on the first batched access, so importing
-``specfit`` never compiles anything (numba's on-disk cache makes later processes load it in ~1 s).
+Python path. The whole cache state is one int64 buffer (:func:`layout`), the compiled access's
+one state argument. Imported lazily by :mod:`specfit.cache` when the first cache is built (for
+the buffer's :func:`layout`), so importing ``specfit`` loads no numba; nothing compiles before
+the first batched access (numba's on-disk cache makes later processes load it in ~1 s).
 """
 
 from __future__ import annotations
@@ -26,62 +28,88 @@ for _i in range(64):
 del _i
 
 
+# The cache's state buffer (``ExpertCache._buf``, one C-contiguous int64[] per cache): one
+# argument to every compiled access, where its parts as separate arrays made 17 (numba's
+# dispatcher checks and unboxes each argument on every call: ~3 us per argument on this
+# project's machine once its code is cold, issue 14). Header slots first, then the parts at the
+# offsets the header holds (``layout``); the float64 and uint64 parts are views of their int64 words.
+LAYERS, EXPERTS, WORDS, POLICY, STAMP_BASE, CLOCK, BITS_VALID, WEIGHT = range(8)  # header slots
+AT_STAMP, AT_FREQ, AT_TICK, AT_COUNT, AT_CAP, AT_STATS, AT_EMA, AT_BITS, AT_OUT = range(8, 17)  # offsets
+HEADER = 17
+
+
+def layout(num_layers: int, num_experts: int, num_words: int) -> dict[str, tuple[int, int]]:
+    """The parts of a state buffer for ``L`` layers, ``E`` experts, ``W`` words per bitset:
+    name -> (offset, length) in int64 words, in buffer order (after the :data:`HEADER` slots).
+
+    ``stamp``, ``freq``, ``tick``: [L, E] (``ExpertCache._stamp`` etc.); ``count``, ``cap``: [L];
+    ``stats``: [3, L] running hits, misses, evictions (``CacheStats``); ``ema``: float64[L]
+    miss-fraction averages; ``bits``: uint64[L, W] cached sets; ``out``: an access's result, the
+    int64[3, L] per-layer hits, misses, evictions, then the ascending ``layer * E + expert`` keys
+    of its hits, misses and evictions back to back (3 L E words: scratch while it runs).
+    """
+    sizes = {
+        "stamp": num_layers * num_experts,
+        "freq": num_layers * num_experts,
+        "tick": num_layers * num_experts,
+        "count": num_layers,
+        "cap": num_layers,
+        "stats": 3 * num_layers,
+        "ema": num_layers,
+        "bits": num_layers * num_words,
+        "out": 3 * num_layers + 3 * num_layers * num_experts,
+    }
+    parts, at = {}, HEADER
+    for name, size in sizes.items():
+        parts[name] = (at, size)
+        at += size
+    return parts
+
+
 @njit(cache=True, error_model="numpy")
-def _access(
-    policy,
-    needed,
-    ptr,
-    stamp,
-    count,
-    cap,
-    freq,
-    tick,
-    base,
-    clock,
-    flat,
-    counts,
-    bits,
-    stats,
-    ema,
-    weight,
-    bits_valid,
-):
+def _access(needed, ptr, buf):
     """One access at every layer (``ExpertCache._apply(slice(None), need, True)``), in place.
 
     Args:
-        policy: 0 = lru, 1 = lfu, 2 = static (:data:`POLICY_CODES`).
         needed, ptr: the experts each layer needs, as int64 ids ascending per layer:
             ``needed[ptr[l]:ptr[l + 1]]`` for layer ``l`` (``ptr``: int64[L + 1]).
-        stamp: int64[L, E] cache state (-1 = not cached, else recency; updated).
-        count: int64[L] cached experts per layer (updated). cap: int64[L] capacities.
-        freq, tick: int64[L, E] LFU access counts and last-access ticks (updated for lfu).
-        base: the access's first stamp (hits get ``base + e``, kept misses ``base + E + e``).
-        clock: LFU clock before the access.
-        flat: int64[3, L * E] output: its rows' first entries are the ``layer * E + expert``
-            keys of the hits, the misses and the evictions, each ascending (as many as the
-            returned totals; the rest is left as it was: a few of ``L * E`` are written, where
-            bool[L, E] masks would write all). counts: int64[3, L] outputs (hits, misses,
-            evictions per layer). bits: uint64[L, W] output, the cached experts
-            after the access as bitsets (``ExpertCache.cached_bits``); with ``bits_valid`` it
-            holds the sets before the access (else each layer's words are first rebuilt from
-            ``stamp``), the eviction candidates are read from it, and the bits of the evicted
-            and inserted experts change.
-        stats: int64[3, L] running hits, misses, evictions per layer (``CacheStats``; updated).
-        ema: float64[L] per-layer moving average of the miss fraction (NaN before a layer's first
-            access; updated as ``CacheStats.record``: ``old + weight * (frac - old)``).
-        bits_valid: whether ``bits`` holds the cached sets before the access.
+        buf: the cache's state buffer (:func:`layout`; updated): its header gives the policy
+            (0 = lru, 1 = lfu, 2 = static, :data:`POLICY_CODES`), the access's first stamp
+            (hits get ``base + e``, kept misses ``base + E + e``; advanced by ``2 E``), the LFU
+            clock (advanced by the experts accessed, for lfu) and whether ``bits`` holds the
+            cached sets before the access (else each layer's words are first rebuilt from
+            ``stamp``; set after it). Parts: ``stamp`` (-1 = not cached, else recency),
+            ``count``, ``freq`` and ``tick`` (lfu) are updated; ``stats`` and ``ema`` (the
+            per-layer moving average of the miss fraction, NaN before a layer's first access,
+            updated as ``CacheStats.record``: ``old + weight * (frac - old)``, the weight in the
+            header) accumulate; ``bits`` ends as the cached sets after the access (the evicted
+            and inserted experts' bits change; the eviction candidates are read from it);
+            ``out`` receives the result (its counts, then its keys back to back).
 
     Returns:
-        ``(clock, hits, misses, evictions)``: the LFU clock after the access (``clock`` plus the
-        experts accessed, for lfu; else ``clock``) and this access's totals over layers.
+        ``(hits, misses, evictions)``: this access's totals over layers (the keys' lengths).
 
     Rules (module docstring of :mod:`specfit.cache`): hits are refreshed; misses in ascending id
     fill free slots, then replace evictable experts (cached, not in this access) in the policy's
     victim order (lru: smallest stamp; lfu: smallest ``(freq, tick, id)``); once none is left the
     remaining misses are transient; static inserts and evicts nothing.
     """
-    num_layers, num_experts = stamp.shape
-    num_words = bits.shape[1]
+    num_layers = buf[LAYERS]
+    num_experts = buf[EXPERTS]
+    num_words = buf[WORDS]
+    policy = buf[POLICY]
+    base = buf[STAMP_BASE]
+    clock = buf[CLOCK]
+    bits_valid = buf[BITS_VALID] != 0
+    ubuf = buf.view(np.uint64)  # the bitsets' words
+    fbuf = buf.view(np.float64)  # the moving averages and their weight
+    weight = fbuf[WEIGHT]
+    at_stamp, at_freq, at_tick = buf[AT_STAMP], buf[AT_FREQ], buf[AT_TICK]
+    at_count, at_cap, at_stats = buf[AT_COUNT], buf[AT_CAP], buf[AT_STATS]
+    at_ema, at_bits, at_out = buf[AT_EMA], buf[AT_BITS], buf[AT_OUT]
+    at_hit = at_out + 3 * num_layers  # the hits' keys, then (moved there at the end) the others
+    at_miss = at_hit + num_layers * num_experts  # scratch: the misses' keys as they come
+    at_evicted = at_miss + num_layers * num_experts  # scratch: the evictions' keys
     needed_bits = np.zeros(num_words, np.uint64)  # this layer's needed experts
     cand = np.empty(num_experts, np.int64)
     keys = np.empty(num_experts, np.int64)
@@ -97,39 +125,42 @@ def _access(
         # ascending (the reference's flattened cumsum; a layer reads only its own ticks)
         num_hit = 0
         num_miss = 0
-        row = layer * num_experts
+        row = layer * num_experts  # the layer's row in [L, E] parts and its keys' base
+        stamp = at_stamp + row  # buf[stamp + e]: the layer's stamp of expert e
+        bits = at_bits + layer * num_words  # ubuf[bits + w]: the layer's words
         if not bits_valid:  # the layer's cached set before the access, as bitsets
             for w in range(num_words):
                 word = np.uint64(0)
                 for b in range(min(64, num_experts - w * 64)):
-                    word |= np.uint64(stamp[layer, w * 64 + b] >= 0) << np.uint64(b)
-                bits[layer, w] = word
+                    word |= np.uint64(buf[stamp + w * 64 + b] >= 0) << np.uint64(b)
+                ubuf[bits + w] = word
         for i in range(ptr[layer], ptr[layer + 1]):
             e = needed[i]
             needed_bits[e >> 6] |= np.uint64(1) << np.uint64(e & 63)
             if policy == 1:
                 clock += 1
-                tick[layer, e] = clock
-                freq[layer, e] += 1
-            if stamp[layer, e] >= 0:
-                stamp[layer, e] = base + e
-                flat[0, total_hit + num_hit] = row + e
+                buf[at_tick + row + e] = clock
+                buf[at_freq + row + e] += 1
+            if buf[stamp + e] >= 0:
+                buf[stamp + e] = base + e
+                buf[at_hit + total_hit + num_hit] = row + e
                 num_hit += 1
             else:
-                flat[1, total_miss + num_miss] = row + e
+                buf[at_miss + total_miss + num_miss] = row + e
                 missed[num_miss] = e
                 num_miss += 1
-        cached = count[layer]
+        cached = buf[at_count + layer]
         kept_count = 0
         num_evicted = 0
         if policy != 2:
-            free = cap[layer] - cached
+            free = buf[at_cap + layer] - cached
             kept_count = min(num_miss, free + cached - num_hit)
             num_evicted = max(kept_count - free, 0)
+        evicted = at_evicted + total_evicted  # buf[evicted + i]: this layer's i-th eviction key
         if num_evicted > 0:
             n = 0
             for w in range(num_words):  # the evictable experts (cached, not needed), ascending
-                word = bits[layer, w] & ~needed_bits[w]
+                word = ubuf[bits + w] & ~needed_bits[w]
                 while word:
                     low = word & (~word + np.uint64(1))
                     cand[n] = w * 64 + _BIT_INDEX[(low * _DEBRUIJN) >> np.uint64(58)]
@@ -146,7 +177,7 @@ def _access(
                 # order[:filled]: the smallest stamps seen so far, ascending (insertion, one pass)
                 filled = 0
                 for i in range(n):
-                    k = stamp[layer, cand[i]]
+                    k = buf[stamp + cand[i]]
                     keys[i] = k
                     if filled < num_evicted:
                         j = filled
@@ -164,52 +195,53 @@ def _access(
                 for i in range(n):
                     if keys[i] <= limit:
                         e = cand[i]
-                        flat[2, total_evicted + num_out] = row + e
-                        stamp[layer, e] = -1
+                        buf[evicted + num_out] = row + e
+                        buf[stamp + e] = -1
                         num_out += 1
             else:
+                freq, tick = at_freq + row, at_tick + row
                 for i in range(n):
                     order[i] = cand[i]
                 for i in range(num_evicted):
                     best = i
                     for j in range(i + 1, n):
                         a, b = order[j], order[best]
-                        fa, fb = freq[layer, a], freq[layer, b]
-                        ta, tb = tick[layer, a], tick[layer, b]
+                        fa, fb = buf[freq + a], buf[freq + b]
+                        ta, tb = buf[tick + a], buf[tick + b]
                         if fa < fb or (fa == fb and (ta < tb or (ta == tb and a < b))):
                             best = j
                     e = order[best]
                     order[best] = order[i]
                     order[i] = e
                 last = order[num_evicted - 1]
-                fl, tl = freq[layer, last], tick[layer, last]
+                fl, tl = buf[freq + last], buf[tick + last]
                 num_out = 0
                 for i in range(n):
                     a = cand[i]
-                    fa, ta = freq[layer, a], tick[layer, a]
+                    fa, ta = buf[freq + a], buf[tick + a]
                     if fa < fl or (fa == fl and (ta < tl or (ta == tl and a <= last))):
-                        flat[2, total_evicted + num_out] = row + a
-                        stamp[layer, a] = -1
+                        buf[evicted + num_out] = row + a
+                        buf[stamp + a] = -1
                         num_out += 1
         # the first kept_count misses in ascending id are inserted
         for i in range(kept_count):
             e = missed[i]
-            stamp[layer, e] = base + num_experts + e
+            buf[stamp + e] = base + num_experts + e
         # the cached set as bitsets (the set before the access, see above): the evicted experts'
         # bits cleared, the inserted ones' set
         for i in range(num_evicted):
-            e = flat[2, total_evicted + i] - row
-            bits[layer, e >> 6] &= ~(np.uint64(1) << np.uint64(e & 63))
+            e = buf[evicted + i] - row
+            ubuf[bits + (e >> 6)] &= ~(np.uint64(1) << np.uint64(e & 63))
         for i in range(kept_count):
             e = missed[i]
-            bits[layer, e >> 6] |= np.uint64(1) << np.uint64(e & 63)
-        count[layer] = cached + kept_count - num_evicted
-        counts[0, layer] = num_hit
-        counts[1, layer] = num_miss
-        counts[2, layer] = num_evicted
-        stats[0, layer] += num_hit
-        stats[1, layer] += num_miss
-        stats[2, layer] += num_evicted
+            ubuf[bits + (e >> 6)] |= np.uint64(1) << np.uint64(e & 63)
+        buf[at_count + layer] = cached + kept_count - num_evicted
+        buf[at_out + layer] = num_hit
+        buf[at_out + num_layers + layer] = num_miss
+        buf[at_out + 2 * num_layers + layer] = num_evicted
+        buf[at_stats + layer] += num_hit
+        buf[at_stats + num_layers + layer] += num_miss
+        buf[at_stats + 2 * num_layers + layer] += num_evicted
         total_hit += num_hit
         total_miss += num_miss
         total_evicted += num_evicted
@@ -217,15 +249,24 @@ def _access(
             needed_bits[w] = 0
         if num_hit + num_miss > 0:
             frac = num_miss / (num_hit + num_miss)
-            old_ema = ema[layer]
-            ema[layer] = frac if np.isnan(old_ema) else old_ema + weight * (frac - old_ema)
-    return clock, total_hit, total_miss, total_evicted
+            old_ema = fbuf[at_ema + layer]
+            fbuf[at_ema + layer] = frac if np.isnan(old_ema) else old_ema + weight * (frac - old_ema)
+    # the misses' and the evictions' keys right after the hits' (each destination is below its
+    # source: a layer's hits, misses and evictions are distinct experts, at most E in all)
+    for i in range(total_miss):
+        buf[at_hit + total_hit + i] = buf[at_miss + i]
+    for i in range(total_evicted):
+        buf[at_hit + total_hit + total_miss + i] = buf[at_evicted + i]
+    buf[STAMP_BASE] = base + 2 * num_experts
+    buf[CLOCK] = clock
+    buf[BITS_VALID] = 1
+    return total_hit, total_miss, total_evicted
 
 
 @njit(cache=True, error_model="numpy")
-def access_layers(policy, need, *state):
+def access_layers(need, buf):
     """One access at every layer with the sets ``need`` bool[L, E] (row ``l`` = the experts layer
-    ``l`` needs): ``_access`` with ``state`` = its arguments after ``ptr`` (same returns)."""
+    ``l`` needs) on the state buffer ``buf``: ``_access`` (same returns)."""
     num_layers, num_experts = need.shape
     needed = np.empty(num_layers * num_experts, np.int64)
     ptr = np.empty(num_layers + 1, np.int64)
@@ -237,11 +278,11 @@ def access_layers(policy, need, *state):
                 needed[n] = e
                 n += 1
         ptr[layer + 1] = n
-    return _access(policy, needed, ptr, *state)
+    return _access(needed, ptr, buf)
 
 
 @njit(cache=True, error_model="numpy")
-def access_nodes(policy, expert_ids, nodes, *state):
+def access_nodes(expert_ids, nodes, buf):
     """One access at every layer with the experts the tokens ``nodes`` route to: ``access_layers``
     with ``expert_mask(expert_ids, nodes, E)``; for a few routed ids per layer the mask is never
     built (per layer the routed ids are gathered, deduplicated and sorted by insertion: a few of
@@ -250,7 +291,7 @@ def access_nodes(policy, expert_ids, nodes, *state):
     Args:
         expert_ids: int16 or int64 [N, L, K] routing (negative ids are padding, skipped).
         nodes: int64[] the tokens of the forward pass (rows of ``expert_ids``).
-        state: ``_access``'s arguments after ``ptr`` (``stamp`` first: its shape gives L, E).
+        buf: the cache's state buffer (:func:`layout`; its header gives L and E).
 
     Returns:
         ``_access``'s.
@@ -259,13 +300,13 @@ def access_nodes(policy, expert_ids, nodes, *state):
         ValueError: an expert id is ``>= E`` or a node id is not a row (``expert_mask``'s
             messages), before the cache is changed.
     """
-    num_layers, num_experts = state[0].shape
+    num_layers, num_experts = buf[LAYERS], buf[EXPERTS]
     top_k = expert_ids.shape[2]
     # a few routed ids per layer (ar, small trees): sorted by insertion as they come (~ids**2 / 4
     # moves); more (big trees): the bool[L, E] mask set in the routing's memory order, then read
     # in id order per layer (access_layers)
     if nodes.shape[0] * top_k * nodes.shape[0] * top_k > 4 * num_experts:
-        return access_layers(policy, expert_mask(expert_ids, nodes, num_experts), *state)
+        return access_layers(expert_mask(expert_ids, nodes, num_experts), buf)
     for v in nodes:
         if v < 0 or v >= expert_ids.shape[0]:
             raise ValueError(_BAD_NODE)
@@ -293,7 +334,7 @@ def access_nodes(policy, expert_ids, nodes, *state):
         for i in range(start, n):
             seen[needed[i]] = False
         ptr[layer + 1] = n
-    return _access(policy, needed, ptr, *state)
+    return _access(needed, ptr, buf)
 
 
 @njit(cache=True, error_model="numpy")

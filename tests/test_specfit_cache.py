@@ -124,6 +124,43 @@ def test_cached_bits_copy_and_warm() -> None:
     assert cache.cached_ids(0).tolist() == [1, 2]
 
 
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_copies_and_pickles_keep_their_own_state_buffer(policy: str) -> None:
+    """The cache's arrays are views of one state buffer (what the compiled access takes, one
+    argument): a copy or an unpickled cache gets its own buffer with its views bound to it, and
+    goes on exactly as the original would, through the compiled and the per-layer paths."""
+    import pickle
+
+    rng = np.random.default_rng(7)
+    cache = make_expert_cache(policy, 3, 70, 5)
+    for _ in range(4):
+        cache.access_layers(rng.random((3, 70)) < 0.1)
+    twins = [cache.copy(), pickle.loads(pickle.dumps(cache))]
+    masks = [rng.random((3, 70)) < 0.1 for _ in range(3)]
+    want = []
+    for mask in masks:  # the original's future, then the twins' must be the same
+        got = cache.access_layers(mask)
+        want.append((got.miss_ids(), got.evicted_ids(), cache.stats.layer_miss_fraction.tobytes()))
+    cache.access(0, [1, 2, 3])
+    for twin in twins:
+        assert twin._stamp.base is not None and np.shares_memory(twin._stamp, twin._buf)
+        assert not np.shares_memory(twin._buf, cache._buf)
+        for mask, (misses, evicted, ema) in zip(masks, want):
+            got = twin.access_layers(mask)
+            assert [a.tolist() for a in got.miss_ids()] == [a.tolist() for a in misses]
+            assert [a.tolist() for a in got.evicted_ids()] == [a.tolist() for a in evicted]
+            assert twin.stats.layer_miss_fraction.tobytes() == ema
+        twin.access(0, [1, 2, 3])
+        assert twin.cached_mask().tolist() == cache.cached_mask().tolist()
+        assert np.array_equal(twin.cached_bits(), cache.cached_bits())
+        assert (twin.stats.hits, twin.stats.misses, twin.stats.evictions) == (
+            cache.stats.hits,
+            cache.stats.misses,
+            cache.stats.evictions,
+        )
+        assert twin.stats.layer_misses.tolist() == cache.stats.layer_misses.tolist()
+
+
 def test_bad_arguments_name_the_problem() -> None:
     assert CACHE_POLICIES == ("lru", "lfu", "static", "belady")
     with pytest.raises(ValueError, match="expected one of"):
