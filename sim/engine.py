@@ -18,35 +18,52 @@ Model (issue 6, "The discrete-event model"):
   (``expert_bytes / bandwidth``). With ``concurrency = c > 1`` up to ``c`` copies are in flight:
   their dispatch latencies overlap while the wire (the bandwidth) is shared, one copy at a time.
 * Demand misses of layer ``l`` are enqueued once layer ``l``'s router has run (its pre-router
-  compute done), as the live engine does (``live.offload``), after the compute stream has spent
+  compute done), as the live engine does (``live.offload``), and the compute stream spends
   ``host_ns_per_transfer`` per miss placing them (slot bookkeeping, and on the emulated CPU link
-  the memcpy: host work a copy engine does not do; the live engine counts it as stall).
+  the memcpy: host work a copy engine does not do; the live engine counts it as stall). A batch
+  on the copy stream (the live engine's ``H2DLink.enqueue``: overlap "on", or any prefetch mode)
+  is enqueued once the part of its placing that precedes the enqueue is done (``host -
+  placing`` per copy: the live engine's slot bookkeeping for every miss of the layer), starts
+  on the link then, and is copied while the rest is placed (``CyclePlan.placing_ns_per_transfer``
+  per copy: the CPU link's memcpy): copy ``j`` lands at ``max(landed_{j-1} + transfer, enqueue
+  + (j + 1) placing)`` (``_batch_landings``; the live CPU link's landing clock,
+  ``live.h2d.H2DLink._copy_ahead``, is this recurrence per tensor copy;
+  ``tests/test_live_golden_cycle.py`` checks it to the nanosecond). With ``placing = 0`` (the
+  default, and what ``sim.replay`` uses: calibration measures placing as one term, bookkeeping
+  and memcpy together, and the cost model, ``specfit.cost``, prices it before the enqueue) the
+  whole placing precedes the enqueue. Without a copy stream (overlap "off" and no prefetch: the
+  live engine's synchronous ``H2DLink.fetch``; ``CyclePlan.copy_stream``) the misses are
+  placed, then copied.
   ``overlap="off"``: the compute stream blocks on them (and on the layer's prefetched experts
-  still in flight) before the layer's experts compute, so with an idle link the cycle is exactly
-  ``draft + decision + verify + sum_l misses_l * (host + latency + wire)``:
-  ``specfit.cost.CycleCostModel.cycle_s`` with overlap off.
+  still in flight) before the layer's experts compute, so with an idle link and no placing
+  after the enqueue the cycle is exactly ``draft + decision + verify + sum_l misses_l * (host +
+  latency + wire)``: ``specfit.cost.CycleCostModel.cycle_s`` with overlap off.
   ``overlap="on"`` (the live engine's ``--overlap on``): the layer computes its resident experts
   (those whose copies have landed included) at once, in one kernel call, while its copies are in
   flight; then, until every late expert is computed, it waits for the next copy to land and
   computes every late expert landed by then in one more kernel call of ``late_call_ns`` (the
   live engine's late-expert groups: a call's fixed cost dominates a few experts' work on the
-  CPU). So on an idle link with copies landing one by one (``transfer >= late_call``) a layer
-  with misses lasts ``host + max(compute, pre_router + h2d) + late_call``
-  (``CycleCostModel.cycle_s``, mode "on"). ``overlap="ideal"`` is a BOUND no engine reaches (a
+  CPU). So on an idle link with copies landing one by one (``transfer >= late_call``) and no
+  placing after the enqueue a layer with misses lasts ``host + max(compute, pre_router + h2d) +
+  late_call`` (``CycleCostModel.cycle_s``, mode "on"); with all of its placing ``h`` after the
+  enqueue, ``max(n h + compute, pre_router + n max(h, transfer))`` plus the late call when
+  ``transfer > h``. ``overlap="ideal"`` is a BOUND no engine reaches (a
   layer's experts are known only once its router has run): as "on", but the demand misses of
   every layer are enqueued when verification starts, in layer order, so copies of later layers
   also proceed while earlier layers compute, their own attention included (placing and late
   calls as in "on"; the analytic bound ``draft + max(verify, h2d)`` leaves them out). ``True``/``False`` are read as ``"ideal"``/``"off"``.
 * Prefetch: the draft prefetch's copies (``CyclePlan.prefetch``) are enqueued when the subtree is
-  chosen (after ``decision_ns``), before any demand copy. The next-layer prefetch's copies of
+  chosen (after ``decision_ns``), before any demand copy, layer by layer, each batch placed
+  and enqueued as the demand batches. The next-layer prefetch's copies of
   layer ``l+1`` (``CyclePlan.next_layer[l]``; Pre-gated MoE, Hwang et al., ISCA 2024: layer l+1's
   router on layer l's input) are enqueued where the live engine enqueues them: right behind layer
   ``l``'s demand copies once they are placed (overlap "on"/"ideal"), or, with overlap "off", when
   layer ``l`` starts computing (the live engine issues them after the layer's wait). Each
-  prefetch copy, like a demand miss, first costs the compute stream ``host_ns_per_transfer`` to
+  prefetch copy, like a demand miss, costs the compute stream ``host_ns_per_transfer`` to
   place (the live engine places and enqueues prefetches on the compute thread: the draft
   prefetch's layer by layer before the forward starts, a layer's next-layer copies before its
-  first kernel call; on the emulated CPU link that includes the memcpy). A prefetched expert is
+  first kernel call; on the emulated CPU link that includes the memcpy), its batch enqueued
+  and copied as above. A prefetched expert is
   resident in the cache from its enqueue but usable only once its copy arrives; copies still in flight at the end of a cycle stay in flight into the next one (the
   engine keeps their arrival times).
 
@@ -133,6 +150,18 @@ class CyclePlan:
             ``layer_compute_ns[l]`` computed before the layer's router has run (attention,
             norms, router; 0 <= it <= ``layer_compute_ns[l]``): the layer's demand copies are
             enqueued after it (``CycleCostModel.pre_router_frac``).
+        copy_stream: whether the demand copies go on the copy stream (``live.offload`` enqueues
+            them with overlap or with any prefetch mode: the link starts at the enqueue and
+            copies while the rest are placed, ``_batch_landings``) or, with ``False`` and overlap
+            "off" (the live engine's synchronous ``H2DLink.fetch``), are copied once all are
+            placed; ``None`` (default): ``overlap != "off"``. Prefetch copies always go on the
+            copy stream.
+        placing_ns_per_transfer: the part of ``host_ns_per_transfer`` a copy-stream batch spends
+            placing AFTER its enqueue, while the link already copies (the CPU link's memcpy,
+            ``live.h2d.H2DLink.enqueue``; a CUDA copy's launch), 0 <= it <= ``host_ns_per_transfer``;
+            the rest (slot bookkeeping, before the enqueue) delays the enqueue. 0 (default): the
+            whole placing precedes the enqueue, the model before issue 13's item 3 (and the cost
+            model's, ``specfit.cost``, which has no such term).
     """
 
     draft_ns: int
@@ -147,6 +176,8 @@ class CyclePlan:
     demand_counts: Sequence[int] | None = None
     next_layer: Sequence[Sequence[int]] = ()
     layer_pre_router_ns: Sequence[int] = ()
+    copy_stream: bool | None = None
+    placing_ns_per_transfer: int = 0
 
     @classmethod
     def build(cls, **fields: object) -> CyclePlan:
@@ -178,6 +209,8 @@ _CYCLE_PLAN_DEFAULTS = {
     "demand_counts": None,
     "next_layer": (),
     "layer_pre_router_ns": (),
+    "copy_stream": None,
+    "placing_ns_per_transfer": 0,
 }
 
 
@@ -273,6 +306,11 @@ def _check_plan(plan: CyclePlan, checked: tuple = (None, None)) -> None:
     compute = () if known else plan.layer_compute_ns
     if min(plan.draft_ns, plan.decision_ns, plan.host_ns_per_transfer, plan.late_call_ns, *compute, 0) < 0:
         raise ValueError("CyclePlan: durations must be >= 0 ns")
+    if not 0 <= plan.placing_ns_per_transfer <= plan.host_ns_per_transfer:
+        raise ValueError(
+            f"CyclePlan.placing_ns_per_transfer: expected 0 <= it <= host_ns_per_transfer "
+            f"({plan.host_ns_per_transfer}), got {plan.placing_ns_per_transfer!r}"
+        )
     if len(plan.next_layer) not in (0, n) or (n and len(plan.next_layer) and len(plan.next_layer[-1])):
         raise ValueError(
             f"CyclePlan.next_layer: expected no entry or one per layer ({n}), the last empty; "
@@ -383,6 +421,7 @@ class FastEngine(_EngineBase):
         draft_end = start + int(plan.draft_ns)
         verify_start = draft_end + int(plan.decision_ns)
         mode = plan.overlap_mode
+        stream = mode != "off" if plan.copy_stream is None else bool(plan.copy_stream)
         if (  # most simulated cycles: timed before any per-layer state is built
             self.vectorised
             and not self.record_copies
@@ -390,6 +429,7 @@ class FastEngine(_EngineBase):
             and not any(plan.next_layer)
             and self._link_free_ns <= verify_start
             and (mode == "off" or (mode == "on" and not int(plan.late_call_ns)))
+            and not (stream and int(plan.placing_ns_per_transfer))
             and not any(self._pending)
         ):
             counts = plan.demand_counts
@@ -402,42 +442,49 @@ class FastEngine(_EngineBase):
         num_transfers = 0
         copies: list[tuple[int, int, int, int, int]] | None = [] if self.record_copies else None
 
-        def log(layer: int, experts, enqueued: int, started: int) -> None:  # FIFO, back to back
+        def log(layer: int, experts, enqueued: int, started: int, landings) -> None:  # FIFO: each starts as the last lands
             copies.extend(
-                (layer, int(e), enqueued, started + k * t_ns, started + (k + 1) * t_ns)
+                (layer, int(e), enqueued, started if k == 0 else landings[k - 1], landings[k])
                 for k, e in enumerate(experts)
             )
 
-        def prefetch_next(layer: int, at: int) -> None:  # layer l+1's next-layer copies, enqueued at ``at``
+        def enqueue(layer: int, experts, n: int, at: int, host: int | None = None, overlapped: int | None = None) -> list[int]:
+            """A batch of ``n`` copies whose placing starts at ``at`` (``host`` each, default
+            ``host_ns``): enqueued after the part of it the copies cannot overlap (``host -
+            overlapped`` each; ``overlapped`` default ``placing_ns``), then copied while the rest
+            is placed; their landings (``_batch_landings``); the link, logs and counts updated."""
             nonlocal link_free, num_transfers
+            host = host_ns if host is None else host
+            overlapped = placing_ns if overlapped is None else overlapped
+            at += (host - overlapped) * n
+            landings = _batch_landings(n, at, link_free, overlapped, t_ns)
+            if copies is not None:
+                log(layer, experts, at, max(at, link_free), landings)
+            link_free = landings[-1]
+            layer_h2d[layer] += n * t_ns
+            num_transfers += n
+            return landings
+
+        def prefetch_next(layer: int, at: int) -> None:  # layer l+1's next-layer copies, placed from ``at``
             experts = next_layer[layer]
             if not experts:
                 return
-            if copies is not None:
-                log(layer + 1, experts, at, max(at, link_free))
             arrivals = self._pending[layer + 1]
-            for e in experts:
-                link_free = max(at, link_free) + t_ns
-                arrivals[int(e)] = link_free
-            layer_h2d[layer + 1] += len(experts) * t_ns
-            num_transfers += len(experts)
+            for e, landed in zip(experts, enqueue(layer + 1, experts, len(experts), at)):
+                arrivals[int(e)] = landed
 
         next_layer = plan.next_layer
 
         host_ns, late_ns = int(plan.host_ns_per_transfer), int(plan.late_call_ns)
+        placing_ns = int(plan.placing_ns_per_transfer)
         forward_start = verify_start  # after the draft prefetch's placing
-        for layer, batch in _layer_batches(plan.prefetch):  # placed, then enqueued, layer by layer
+        for layer, batch in _layer_batches(plan.prefetch):  # placed and enqueued layer by layer
+            for expert, landed in zip(batch, enqueue(layer, batch, len(batch), forward_start)):
+                self._pending[layer][int(expert)] = landed
             forward_start += len(batch) * host_ns
-            for expert in batch:
-                if copies is not None:
-                    log(layer, (expert,), forward_start, max(forward_start, link_free))
-                link_free = max(forward_start, link_free) + t_ns
-                self._pending[layer][int(expert)] = link_free
-                layer_h2d[layer] += t_ns
-                num_transfers += 1
 
         demand_arrival = [0] * self.num_layers
-        demand_first = [0] * self.num_layers  # start of the layer's first demand copy
+        demand_landings: list[list[int]] = [[] for _ in range(self.num_layers)]  # each demand copy's landing
         demand = plan.demand
         counts = plan.demand_counts
         if counts is None:
@@ -446,14 +493,9 @@ class FastEngine(_EngineBase):
             counts = counts.tolist()
         if mode == "ideal":
             for layer, n in enumerate(counts):
-                if n:
-                    first = demand_first[layer] = max(forward_start, link_free)
-                    if copies is not None:
-                        log(layer, demand[layer], forward_start, first)
-                    link_free = first + n * t_ns
+                if n:  # placed later, at each layer: copied back to back from now
+                    demand_landings[layer] = enqueue(layer, demand[layer], n, forward_start, 0, 0)
                     demand_arrival[layer] = link_free
-                    layer_h2d[layer] += n * t_ns
-                    num_transfers += n
 
         compute_free = forward_start
         starts, ends, waits = [], [], []
@@ -468,28 +510,24 @@ class FastEngine(_EngineBase):
                     arrival = pending.get(int(e))
                     if arrival is not None and arrival > late:
                         late = arrival
-            placed = routed + n * host_ns  # the misses placed: their copies enqueued
+            placed = routed + n * host_ns  # the misses placed
             if n and mode != "ideal":  # enqueued once the layer's router has run
-                first = demand_first[layer] = placed if placed > link_free else link_free
-                if copies is not None:
-                    log(layer, demand[layer], placed, first)
-                link_free = first + n * t_ns
+                # the copy stream copies while the rest are placed; without one (overlap "off" and
+                # no prefetch: the synchronous fetch) the misses are placed, then copied back to back
+                demand_landings[layer] = enqueue(layer, demand[layer], n, routed, host_ns, placing_ns if stream else 0)
                 demand_arrival[layer] = link_free
-                layer_h2d[layer] += n * t_ns
-                num_transfers += n
             if demand_arrival[layer] > late:
                 late = demand_arrival[layer]
             if mode != "off":  # resident experts compute at once, late ones as they land
                 begin = placed  # the first kernel call, after placing the next-layer prefetch
-                if next_layer and next_layer[layer]:  # placed and enqueued behind the demand copies
-                    begin += len(next_layer[layer]) * host_ns
+                if next_layer and next_layer[layer]:  # enqueued behind the demand copies, then placed
                     prefetch_next(layer, begin)
+                    begin += len(next_layer[layer]) * host_ns
                 starts.append(compute_free)
                 cur = begin + int(compute_ns) - pre
                 stall = placed - routed
                 if late_ns and late > begin:  # one kernel call per group of late experts landed together
-                    first = demand_first[layer]
-                    arrivals = [first + (k + 1) * t_ns for k in range(n)]
+                    arrivals = list(demand_landings[layer])
                     if pending:
                         arrivals += [pending[int(e)] for e in hits[layer] if int(e) in pending]
                     arrivals = sorted(a for a in arrivals if a > begin)
@@ -510,8 +548,8 @@ class FastEngine(_EngineBase):
                 ready = late if late > placed else placed
                 begin = ready
                 if next_layer and next_layer[layer]:  # the live engine issues them after the wait
-                    begin += len(next_layer[layer]) * host_ns
                     prefetch_next(layer, begin)
+                    begin += len(next_layer[layer]) * host_ns
                 starts.append(compute_free if pre else ready)
                 waits.append(ready - routed if pre else 0)
                 compute_free = begin + int(compute_ns) - pre
@@ -564,9 +602,9 @@ class FastEngine(_EngineBase):
         layer lasts ``n (h + t) + c`` and waits ``n (h + t)`` after ``p`` (overlap "off"; with
         ``p = 0`` it starts after the wait), or lasts ``n h + max(c, p + n t)``, waiting
         ``n h + max(p + n t - c, 0)`` (overlap "on" without a late-call cost): running sums of
-        integers (exact). Only for "off" and such "on" cycles, without
-        prefetch (draft or next-layer) or recorded copies; ``tests/test_sim_engine.py`` checks it
-        against the loop.
+        integers (exact). Only for "off" and such "on" cycles, without prefetch (draft or
+        next-layer), recorded copies or placing after the enqueue (``placing_ns_per_transfer``
+        on a copy stream); ``tests/test_sim_engine.py`` checks it against the loop.
         """
         kernels, entry = _engine_kernels()
         compute, pre = plan.layer_compute_ns, plan.layer_pre_router_ns
@@ -620,7 +658,7 @@ class SimPyEngine(_EngineBase):
 
     def _copy_engine(self):  # SimPy process generator
         while True:
-            layer, expert, enqueued, done = yield self._jobs.get()
+            layer, expert, enqueued, ready, done = yield self._jobs.get()
             started = int(self.env.now)
             if self.link.latency_ns:
                 yield self.env.timeout(self.link.latency_ns)
@@ -628,23 +666,44 @@ class SimPyEngine(_EngineBase):
                 yield req
                 if self.link.wire_ns:
                     yield self.env.timeout(self.link.wire_ns)
+            if ready > self.env.now:  # its placing (the memcpy on the CPU link) not done yet
+                yield self.env.timeout(ready - int(self.env.now))
             if self.record_copies:
                 self._copies.append((layer, expert, enqueued, started, int(self.env.now)))
             done.succeed(int(self.env.now))
 
-    def _enqueue(self, layer: int, expert: int) -> simpy.Event:
+    def _enqueue(self, layer: int, expert: int, ready: int = 0) -> simpy.Event:
+        """Put one copy on the copy stream now; it lands no sooner than ``ready`` (its placing's end)."""
         done = self.env.event()
-        self._jobs.put((layer, int(expert), int(self.env.now), done))
+        self._jobs.put((layer, int(expert), int(self.env.now), int(ready), done))
         return done
 
-    def _prefetch_next(self, plan: CyclePlan, layer: int, layer_h2d: list[int]) -> int:
-        """Enqueue the next-layer prefetch copies of layer ``layer + 1`` now; returns their count."""
-        if not plan.next_layer:
+    def _place_batch(self, layer: int, experts, host_ns: int, overlapped_ns: int):  # SimPy process generator
+        """Place a batch from now, ``host_ns`` per copy: the part the copies cannot overlap
+        (``host_ns - overlapped_ns`` each), then enqueue it and place the rest while the link
+        copies (copy ``j`` lands no sooner than ``(j + 1) overlapped_ns`` after the enqueue,
+        ``_batch_landings``). Returns the copies' events."""
+        n = len(experts)
+        if (host_ns - overlapped_ns) * n:
+            yield self.env.timeout((host_ns - overlapped_ns) * n)
+        now = int(self.env.now)
+        events = [self._enqueue(layer, e, now + (j + 1) * overlapped_ns) for j, e in enumerate(experts)]
+        if overlapped_ns * n:
+            yield self.env.timeout(overlapped_ns * n)
+        return events
+
+    def _prefetch_next(self, plan: CyclePlan, layer: int, layer_h2d: list[int]):  # SimPy process generator
+        """Place and enqueue the next-layer prefetch copies of layer ``layer + 1`` now
+        (:meth:`_place_batch`); returns their count."""
+        if not plan.next_layer or not plan.next_layer[layer]:
             return 0
-        for e in plan.next_layer[layer]:
-            self._events[layer + 1][int(e)] = self._enqueue(layer + 1, e)
+        experts = plan.next_layer[layer]
+        host_ns, placing_ns = int(plan.host_ns_per_transfer), int(plan.placing_ns_per_transfer)
+        events = yield self.env.process(self._place_batch(layer + 1, experts, host_ns, placing_ns))
+        for e, event in zip(experts, events):
+            self._events[layer + 1][int(e)] = event
             layer_h2d[layer + 1] += self.link.transfer_ns
-        return len(plan.next_layer[layer])
+        return len(experts)
 
     def _cycle(self, plan: CyclePlan, out: dict):  # SimPy process generator
         env = self.env
@@ -659,15 +718,16 @@ class SimPyEngine(_EngineBase):
         layer_h2d = [0] * self.num_layers
         count = 0
         host_ns, late_ns = int(plan.host_ns_per_transfer), int(plan.late_call_ns)
-        for layer, batch in _layer_batches(plan.prefetch):  # placed, then enqueued, layer by layer
-            if host_ns:
-                yield env.timeout(len(batch) * host_ns)
-            for expert in batch:
-                self._events[layer][int(expert)] = self._enqueue(layer, expert)
+        placing_ns = int(plan.placing_ns_per_transfer)
+        for layer, batch in _layer_batches(plan.prefetch):  # placed and enqueued layer by layer
+            events = yield env.process(self._place_batch(layer, batch, host_ns, placing_ns))
+            for expert, event in zip(batch, events):
+                self._events[layer][int(expert)] = event
                 layer_h2d[layer] += t_ns
                 count += 1
         demand_events: list[list[simpy.Event]] = [[] for _ in range(self.num_layers)]
         mode = plan.overlap_mode
+        stream = mode != "off" if plan.copy_stream is None else bool(plan.copy_stream)
         if mode == "ideal":
             for layer, experts in enumerate(plan.demand):
                 demand_events[layer] = [self._enqueue(layer, e) for e in experts]
@@ -679,10 +739,11 @@ class SimPyEngine(_EngineBase):
                 yield env.timeout(pre)
             routed = int(env.now)
             n = len(plan.demand[layer])
-            if n and host_ns:  # placing the misses
+            if mode != "ideal":  # placed and enqueued once the router has run (no copy stream: then copied)
+                overlapped = placing_ns if stream else 0
+                demand_events[layer] = yield env.process(self._place_batch(layer, plan.demand[layer], host_ns, overlapped))
+            elif n and host_ns:  # placing the misses, already enqueued
                 yield env.timeout(n * host_ns)
-            if mode != "ideal":  # enqueued once the layer's router has run
-                demand_events[layer] = [self._enqueue(layer, e) for e in plan.demand[layer]]
             layer_h2d[layer] += n * t_ns
             count += n
             waits = list(demand_events[layer])
@@ -692,9 +753,7 @@ class SimPyEngine(_EngineBase):
             if mode != "off":  # the compute stream: resident experts first, then the late ones
                 starts.append(layer_start)
                 stall = int(env.now) - routed
-                if plan.next_layer and plan.next_layer[layer] and host_ns:  # placing the next-layer prefetch
-                    yield env.timeout(len(plan.next_layer[layer]) * host_ns)
-                count += self._prefetch_next(plan, layer, layer_h2d)
+                count += yield env.process(self._prefetch_next(plan, layer, layer_h2d))
                 if late_ns:  # copies landing at this very instant count as landed
                     yield env.timeout(0)
                 late = [w for w in waits if not w.triggered]
@@ -719,9 +778,7 @@ class SimPyEngine(_EngineBase):
                     yield simpy.AllOf(env, waits)
                 starts.append(layer_start if pre else int(env.now))
                 layer_waits.append(int(env.now) - routed if pre else 0)
-                if plan.next_layer and plan.next_layer[layer] and host_ns:  # placing the next-layer prefetch
-                    yield env.timeout(len(plan.next_layer[layer]) * host_ns)
-                count += self._prefetch_next(plan, layer, layer_h2d)
+                count += yield env.process(self._prefetch_next(plan, layer, layer_h2d))
                 if plan.layer_compute_ns[layer] - pre:
                     yield env.timeout(int(plan.layer_compute_ns[layer]) - pre)
             ends.append(int(env.now))
@@ -753,6 +810,20 @@ class SimPyEngine(_EngineBase):
             layer_wait_ns=tuple(out["waits"]),
             copies=tuple(sorted(self._copies, key=lambda c: (c[2], c[3]))),
         )
+
+
+def _batch_landings(n: int, at: int, link_free: int, host_ns: int, transfer_ns: int) -> list[int]:
+    """Landing instants (ns) of a batch of ``n`` copies enqueued at ``at`` on the FIFO copy
+    stream, free from ``link_free``, while the compute stream places them (``host_ns`` each
+    after the enqueue: ``CyclePlan.placing_ns_per_transfer``), as the live engine does
+    (``live.h2d.H2DLink.enqueue``): the link takes the batch at ``b = max(at, link_free)`` and
+    copy ``j`` lands once its wire time has passed and its own placing is done,
+    ``landed_j = max(landed_{j-1} + transfer_ns, at + (j + 1) host_ns)`` (``landed_{-1} = b``),
+    which is ``max(b + (j + 1) transfer_ns, at + (j + 1) host_ns)`` in closed form (the
+    maximum over the ``k`` copies placed last of ``at + k host + (j + 1 - k) transfer`` is at
+    ``k = 0`` or ``k = j + 1``, the expression being linear in ``k``)."""
+    b = at if at > link_free else link_free
+    return [max(b + k * transfer_ns, at + k * host_ns) for k in range(1, n + 1)]
 
 
 def _layer_batches(prefetch: Sequence[tuple[int, int]]) -> list[tuple[int, list[int]]]:

@@ -899,6 +899,7 @@ class _Replayer:
                 demand_counts=access.num_misses,
                 next_layer=next_layer,
                 layer_pre_router_ns=layer_pre_router,
+                copy_stream=self._prefetches or None,  # live.offload: any prefetch mode enqueues demand copies too
             )
         )
         if next_layer:  # the next-layer copies count as prefetch copies of the layer they fill

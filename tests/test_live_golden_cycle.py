@@ -11,7 +11,12 @@ together) ``LATE_NS``; everything else takes no time. The simulator gets the sam
 ``CyclePlan`` (the live engine's own hits, demand misses and prefetch, the next-layer copies at
 the layer that issued them, the measured pre-router time) with ``overlap="on"`` and
 ``late_call_ns=LATE_NS``. With ``PRE_NS`` the demand copies (``TRANSFER_NS`` each) are enqueued
-only once the router has run and outlast the layer's remaining compute.
+only once the router has run and outlast the layer's remaining compute. With ``HOST_NS`` (third
+case) each expert's memcpy on the CPU copy stream takes ``HOST_NS`` (the compute thread's
+placing; slot bookkeeping takes no time here): the link starts at the enqueue and copies while
+the rest of the layer's misses are being placed, each copy landing no sooner than its own memcpy
+(``live.h2d.H2DLink._copy_ahead``), which the simulator models as ``host_ns_per_transfer`` placed
+after the enqueue (``placing_ns_per_transfer``; ``sim.engine._batch_landings``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ TRANSFER_NS = 300_000
 COMPUTE_NS = 200_000
 LATE_NS = 50_000
 PRE_NS = 120_000
+HOST_NS = 40_000  # per expert: two tensor copies of 20 us each
 CAPACITY = 8
 
 
@@ -48,9 +54,20 @@ def _fake_clock_link() -> H2DLink:
     return link
 
 
-@pytest.mark.parametrize("pre_ns", [0, PRE_NS])
+class _TimedCopy:
+    """A copy destination whose ``copy_`` lets ``seconds`` pass on the fake clock (the memcpy)."""
+
+    def __init__(self, dst: torch.Tensor, clock: FakeClock, seconds: float) -> None:
+        self.dst, self.clock, self.seconds = dst, clock, seconds
+
+    def copy_(self, src: torch.Tensor) -> torch.Tensor:
+        self.clock.advance(self.seconds)
+        return self.dst.copy_(src)
+
+
+@pytest.mark.parametrize(("pre_ns", "host_ns"), [(0, 0), (PRE_NS, 0), (PRE_NS, HOST_NS)])
 @pytest.mark.parametrize("prefetch", ["draft", "both"])
-def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpoint, monkeypatch, prefetch, pre_ns):
+def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpoint, monkeypatch, prefetch, pre_ns, host_ns):
     path = tiny_checkpoint("qwen3_moe")
     probe = load_target(path)
     spec = describe_moe(probe)
@@ -99,6 +116,14 @@ def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpo
         return original_prepare(layer, top_k_index, top_k_weights)
 
     engine._prepare_layer = routed_after_pre
+    original_enqueue = engine.link.enqueue
+
+    def timed_enqueue(transfers):  # each expert's memcpy takes host_ns, split over its tensor copies
+        return original_enqueue(
+            [[(_TimedCopy(dst, clock, host_ns / 1e9 / len(t)), src) for dst, src in t] for t in transfers]
+        )
+
+    engine.link.enqueue = timed_enqueue
     issue_log: list[tuple[int, int]] = []  # (layer, expert) of every prefetch copy, in issue order
     original_issue = engine.ledger.issue
 
@@ -117,9 +142,12 @@ def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpo
     engine.ledger.issue = logged_issue
     engine._prefetch_next_layer = watched_next
 
+    prefetch_at = clock.now_s  # the draft prefetch is enqueued now, then placed (host_ns)
     assert engine.prefetch_predicted(bitsets.pack(predicted, spec.num_experts)) == 1
     engine.begin_forward()
-    origin = engine._state.origin  # the draft prefetch was enqueued at this very instant
+    origin = engine._state.origin  # the draft prefetch's placing ended at this very instant
+    assert _ns(origin - prefetch_at) == host_ns
+    shift = host_ns / 1e9  # the simulator's clock starts when the draft prefetch is enqueued
     with torch.no_grad():
         model(PROMPT)
     stats = engine.end_forward()
@@ -128,7 +156,7 @@ def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpo
     first = np.r_[True, (log.layers[1:] != log.layers[:-1]) | (log.experts[1:] != log.experts[:-1])]
     last = np.r_[first[1:], True]
     live_copies = sorted(
-        (int(lay), int(e), _ns(enq), _ns(start), _ns(end))
+        (int(lay), int(e), _ns(enq + shift), _ns(start + shift), _ns(end + shift))
         for lay, e, enq, start, end in zip(
             log.layers[first],
             log.experts[first],
@@ -160,12 +188,14 @@ def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpo
         overlap="on",
         late_call_ns=LATE_NS,
         next_layer=tuple(tuple(n) for n in next_layer),
+        host_ns_per_transfer=host_ns,
+        placing_ns_per_transfer=host_ns,  # all of it after the enqueue: the memcpys (no bookkeeping time here)
     )
     assert stats.misses == sum(len(d) for d in demand)  # the prefetched experts are hits, no misses
     assert stats.num_prefetch_issued == len(issue_log) and stats.num_prefetch_used >= 1
     marks = engine._last_state.marks
-    live_starts = tuple(_ns(marks[layer][0][0] - origin) for layer in range(num_layers))
-    live_ends = tuple(_ns(marks[layer][0][1] - origin) for layer in range(num_layers))
+    live_starts = tuple(_ns(marks[layer][0][0] - origin + shift) for layer in range(num_layers))
+    live_ends = tuple(_ns(marks[layer][0][1] - origin + shift) for layer in range(num_layers))
     assert [_ns(s) for s in stats.layer_pre_router_s] == [pre_ns] * num_layers  # measured live
     demand_enqueued = {(c[0], c[1]): c[2] for c in live_copies if c[1] in demand[c[0]]}
     assert demand_enqueued  # each demand copy enqueued once its layer's router had run
@@ -179,7 +209,7 @@ def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpo
         assert sorted(timing.copies) == live_copies
         assert timing.layer_start_ns == live_starts and timing.layer_end_ns == live_ends
         assert timing.layer_wait_ns == tuple(_ns(s) for s in stats.layer_stall_s)
-        assert timing.end_ns == _ns(stats.wall_s)
+        assert timing.end_ns == _ns(stats.wall_s + shift)
     assert sum(timing.layer_wait_ns) > 0  # the cycle did wait for copies: the test has teeth
     if pre_ns:  # the copies outlasted the layer's compute after its router: a layer waited for them
         assert any(
@@ -187,8 +217,18 @@ def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpo
         )
     assert sum(calls.values()) > num_layers  # and computed late experts in calls of their own
     landed = {(lay, e): end for lay, e, _, _, end in live_copies}
-    late = [(lay, e, _ns(at / 1e9 - origin)) for lay, e, at in computed_at if (lay, e) in landed]
+    late = [(lay, e, _ns(at / 1e9 - origin + shift)) for lay, e, at in computed_at if (lay, e) in landed]
     assert late and all(at >= landed[(lay, e)] for lay, e, at in late)
+    if host_ns:  # a layer with several misses: the link started before its last miss was placed
+        batches = {}  # per layer, its demand batch: the copies enqueued once its router had run
+        for lay, e, enqueued, started, landed in live_copies:
+            if e in demand[lay] and enqueued == live_starts[lay] + pre_ns:
+                batches.setdefault(lay, []).append((enqueued, started, landed))
+        several = {lay: spans for lay, spans in batches.items() if len(spans) >= 2}
+        assert any(  # copying while the layer's later misses were still being placed
+            min(c[1] for c in spans) < spans[0][0] + len(spans) * host_ns for spans in several.values()
+        )
+        assert all(c[2] >= c[0] + host_ns for spans in several.values() for c in spans)  # none before a memcpy
 
 
 def test_fake_clock_link_is_fifo(monkeypatch):

@@ -40,7 +40,11 @@ def _random_plan(
             if next_layer[layer] and rng.random() < 0.7:
                 hits[layer + 1] = (*hits[layer + 1], next_layer[layer][0])
     compute = tuple(int(x) for x in rng.integers(50_000, 400_000, num_layers))
+    host_ns = int(rng.integers(0, 40_000)) if late else 0
     return CyclePlan(
+        host_ns_per_transfer=host_ns,
+        placing_ns_per_transfer=int(rng.integers(0, host_ns + 1)) if late and rng.random() < 0.7 else 0,
+        copy_stream=bool(rng.random() < 0.5) if late else None,
         draft_ns=int(rng.integers(0, 5_000_000)),
         decision_ns=int(rng.integers(0, 50_000)),
         layer_compute_ns=compute,
@@ -49,7 +53,6 @@ def _random_plan(
         demand=tuple(demand),
         prefetch=tuple(pre),
         overlap=overlap,
-        host_ns_per_transfer=int(rng.integers(0, 40_000)) if late else 0,
         late_call_ns=int(rng.integers(0, 600_000)) if late else 0,
         next_layer=tuple(next_layer),
     )
@@ -463,3 +466,47 @@ def test_next_layer_price_against_the_simulated_cycle(mode, wire_ns, pre_ns) -> 
     for engine in (FastEngine(LinkSpec(0, wire_ns), 4), SimPyEngine(LinkSpec(0, wire_ns), 4)):
         simulated_ns = engine.run_cycle(plan).cycle_ns
         assert price_ns == pytest.approx(simulated_ns, abs=1e-6), engine
+
+
+def test_the_copy_stream_copies_while_the_rest_of_its_batch_is_placed() -> None:
+    """Issue 13 item 3: the live copy stream starts at the enqueue and copies while the compute
+    stream places the batch's later misses (``live.h2d.H2DLink.enqueue``: the CPU memcpys run
+    after the link clock started, each copy landing no sooner than its own memcpy).
+    ``placing_ns_per_transfer`` = the whole placing (20 per miss): layer 0 enqueues its 3 misses
+    once its router has run (at 0) and places them 0-60 while the link copies them (land at 300,
+    600, 900), computes its resident experts 60-460; copy 1 landed: one call 460-510; wait for
+    copy 2 (600), call 600-650; copy 3 at 900, call 900-950 (placing before the enqueue: 1010,
+    ``test_late_experts_landing_together_take_one_call_and_placing_stalls``). Overlap "off"
+    without a copy stream (the live engine's synchronous fetch) places all three, then copies
+    them (1360); with one (any prefetch mode live) they land 300-900, then compute (1300). A
+    placing of 200 per miss, longer than a copy: each lands as its placing ends (200, 400, 600)."""
+    link = LinkSpec(latency_ns=0, wire_ns=300)
+    plan = CyclePlan(0, 0, (400,), hits=((9,),), demand=((1, 2, 3),), overlap="on", host_ns_per_transfer=20,
+                     late_call_ns=50, placing_ns_per_transfer=20)  # fmt: skip
+    for engine in (FastEngine(link, 1), SimPyEngine(link, 1)):
+        engine.record_copies = True
+        timing = engine.run_cycle(plan)
+        assert timing.layer_end_ns == (950,) and timing.layer_wait_ns == (60 + 90 + 250,)
+        assert [c[2:] for c in timing.copies] == [(0, 0, 300), (0, 300, 600), (0, 600, 900)]
+    off = CyclePlan(**{**plan.__dict__, "overlap": "off"})
+    streamed = CyclePlan(**{**off.__dict__, "copy_stream": True})
+    slow = CyclePlan(**{**plan.__dict__, "host_ns_per_transfer": 200, "placing_ns_per_transfer": 200})
+    half = CyclePlan(**{**plan.__dict__, "placing_ns_per_transfer": 10})  # 10 before the enqueue, 10 after
+    for engine_cls in (FastEngine, SimPyEngine):
+        assert engine_cls(link, 1).run_cycle(off).end_ns == 60 + 900 + 400
+        assert engine_cls(link, 1).run_cycle(streamed).end_ns == 900 + 400
+        engine = engine_cls(link, 1)
+        engine.record_copies = True
+        assert [c[4] for c in engine.run_cycle(slow).copies] == [300, 600, 900]
+        engine = engine_cls(link, 1)
+        engine.record_copies = True
+        assert [c[2:] for c in engine.run_cycle(half).copies] == [(30, 30, 330), (30, 330, 630), (30, 630, 930)]
+    for engine_cls in (FastEngine, SimPyEngine):  # placing longer than a copy: each lands as its placing ends
+        slow = CyclePlan(0, 0, (400,), hits=((9,),), demand=((1, 2, 3),), overlap="on", host_ns_per_transfer=400,
+                         placing_ns_per_transfer=400)  # fmt: skip
+        engine = engine_cls(link, 1)
+        engine.record_copies = True
+        timing = engine.run_cycle(slow)
+        assert [c[4] for c in timing.copies] == [400, 800, 1200] and timing.end_ns == 1200 + 400
+    with pytest.raises(ValueError, match="placing_ns_per_transfer"):
+        FastEngine(link, 1).run_cycle(CyclePlan(**{**plan.__dict__, "placing_ns_per_transfer": 21}))
