@@ -385,7 +385,9 @@ def cycle_error_table(cost: CycleCostModel, match: RepeatMatch) -> pd.DataFrame:
     mean = mean_repeat_cycles(match)
     out = mean[list(REPEAT_KEY)].reset_index(drop=True).copy()
     if not len(mean):
-        return out.assign(measured_cycle_s=[], predicted_cycle_s=[], cycle_error_pct=[], cycle_noise_pct=[])
+        return out.assign(
+            measured_cycle_s=[], predicted_cycle_s=[], cycle_error_pct=[], cycle_noise_pct=[], cycle_run_noise_pct=[]
+        )
     measured = model_cycle_s(mean)
     predicted = predict_terms(cost, mean)["cycle"]
     errors = np.full(len(mean), np.nan)

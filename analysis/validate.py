@@ -1040,21 +1040,44 @@ class Validator:
         )
         summary.update(speed_summary(table))
         summary.update(probe_summary(table, pd.DataFrame(self.speed_runs)))
-        noise = np.concatenate([d["cycle_noise_pct"].to_numpy(dtype=np.float64) for d in self.per_cycle] or [np.zeros(0)])
-        for name, q in (("median", 0.5), ("p90", 0.9)):  # what a model without bias would show
-            summary[f"cycle_error_floor_{name}_pct"] = fidelity.noise_floor_pct(noise, self.args.repeats, q)
-        summary.update(
-            fidelity.error_decomposition(
-                [d["cycle_error_pct"].to_numpy() for d in self.per_cycle],
-                [d["cycle_noise_pct"].to_numpy() for d in self.per_cycle],
-                [d["cycle_run_noise_pct"].to_numpy() for d in self.per_cycle],
-                self.args.repeats,
-            )
-        )
+        summary.update(cycle_noise_summary(self.per_cycle, self.args.repeats))
         summary["repeats"] = self.args.repeats
         summary["calibration"] = getattr(self.args, "calibration", "grid")
         summary["level_trees"] = level_note or "recorded"
         return table, summary
+
+
+def cycle_noise_summary(per_cycle: Sequence[pd.DataFrame], repeats: int) -> dict[str, Any]:
+    """The grid's per-cycle noise figures: ``cycle_error_floor_median_pct`` / ``_p90_pct`` (what a
+    model without bias would show, :func:`analysis.fidelity.noise_floor_pct`) and
+    :func:`analysis.fidelity.error_decomposition`'s fields.
+
+    Args:
+        per_cycle: per cell, its :func:`analysis.fidelity.cycle_error_table` (``cycle_error_pct``,
+            ``cycle_noise_pct``, ``cycle_run_noise_pct``; a cell without matched cycles has none:
+            it adds nothing, and a table lacking a column counts as NaN there).
+        repeats: live runs per cell (R).
+
+    Returns:
+        The fields above (NaN / None where nothing was measured); never raises for empty cells,
+        so validate always writes its outputs.
+    """
+
+    def column(name: str) -> list[np.ndarray]:
+        return [
+            d[name].to_numpy(dtype=np.float64) if name in d.columns else np.full(len(d), np.nan) for d in per_cycle
+        ]
+
+    noise = np.concatenate(column("cycle_noise_pct") or [np.zeros(0)])
+    out: dict[str, Any] = {}
+    for name, q in (("median", 0.5), ("p90", 0.9)):  # what a model without bias would show
+        out[f"cycle_error_floor_{name}_pct"] = fidelity.noise_floor_pct(noise, repeats, q)
+    out.update(
+        fidelity.error_decomposition(
+            column("cycle_error_pct"), column("cycle_noise_pct"), column("cycle_run_noise_pct"), repeats
+        )
+    )
+    return out
 
 
 PREFETCH_COUNTS = ("num_prefetch_issued", "num_prefetch_used", "num_prefetch_wasted")

@@ -542,3 +542,26 @@ def test_error_split_with_overlap_on_books_live_compute_as_compute() -> None:
     assert fidelity.error_split(live.drop(columns="layer_misses"), sim, cost, 0.4e-3)["split_verify_pct"] == (
         pytest.approx(100 * (expected_ms["verify"] - 0.6) / 13)
     )
+
+
+def test_a_cell_without_matched_cycles_keeps_every_column_and_the_grid_summary_goes_through(tmp_path) -> None:
+    # repeat 2 verified one more node on every cycle: no (request, cycle) does the same work, so the
+    # cell has no matched cycle (compare_cell accepts it with a warning); validate must still sum up
+    # the grid and write its outputs (it crashed with KeyError 'cycle_run_noise_pct' before)
+    from analysis import validate
+
+    c1, t1 = synthetic_tables(COST, num_cycles=20, noise_rel=0.0, seed=0)
+    c2 = c1.copy()
+    c2["verified_nodes"] = [[*v, 99] for v in c2["verified_nodes"]]
+    tot = fidelity.live_totals(c1)
+    sim = {"tokens_per_s": tot["tokens_per_s"], "hit_rate": tot["hit_rate"], "tau": tot["tau"]}
+    row = fidelity.compare_cell(KEY, [c1, c2], [t1, t1], sim, c1, COST)
+    assert row["num_cycles_matched"] == 0
+    empty = fidelity.cycle_error_table(COST, fidelity.match_repeats([c1, c2]))
+    full = fidelity.cycle_error_table(COST, fidelity.match_repeats([c1, c1.copy()]))
+    assert len(empty) == 0 and list(empty.columns) == list(full.columns)
+    summary = validate.cycle_noise_summary([empty, full], repeats=2)
+    assert np.isnan(summary["cycle_error_floor_median_pct"])  # no noise measured anywhere
+    assert np.isnan(validate.cycle_noise_summary([empty], repeats=2)["cycle_error_bias_rms_pct"])
+    validate.write_outputs(tmp_path, pd.DataFrame([row]), summary, [empty])
+    assert {"fidelity.csv", "fidelity.json", "cycle_errors.csv"} <= {p.name for p in tmp_path.iterdir()}
