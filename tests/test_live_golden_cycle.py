@@ -9,7 +9,9 @@ attention and router take ``PRE_NS`` (in the second case; 0 in the first), its f
 (its resident experts) ``COMPUTE_NS`` and each later call (a group of late experts landed
 together) ``LATE_NS``; everything else takes no time. The simulator gets the same cycle as a
 ``CyclePlan`` (the live engine's own hits, demand misses and prefetch, the next-layer copies at
-the layer that issued them, the measured pre-router time) with ``overlap="on"`` and
+the layer that issued them, the measured pre-router time) with ``overlap="on"`` (and, in a
+last case, the live ``overlap=False`` with prefetch, whose demand copies still go on the copy
+stream: ``overlap="off"``, ``copy_stream=True``) and
 ``late_call_ns=LATE_NS``. With ``PRE_NS`` the demand copies (``TRANSFER_NS`` each) are enqueued
 only once the router has run and outlast the layer's remaining compute. With ``HOST_NS`` (third
 case) each expert's memcpy on the CPU copy stream takes ``HOST_NS`` (the compute thread's
@@ -65,9 +67,12 @@ class _TimedCopy:
         return self.dst.copy_(src)
 
 
-@pytest.mark.parametrize(("pre_ns", "host_ns"), [(0, 0), (PRE_NS, 0), (PRE_NS, HOST_NS)])
+@pytest.mark.parametrize(
+    ("pre_ns", "host_ns", "overlap"),
+    [(0, 0, True), (PRE_NS, 0, True), (PRE_NS, HOST_NS, True), (PRE_NS, HOST_NS, False)],
+)
 @pytest.mark.parametrize("prefetch", ["draft", "both"])
-def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpoint, monkeypatch, prefetch, pre_ns, host_ns):
+def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpoint, monkeypatch, prefetch, pre_ns, host_ns, overlap):
     path = tiny_checkpoint("qwen3_moe")
     probe = load_target(path)
     spec = describe_moe(probe)
@@ -83,7 +88,7 @@ def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpo
     clock = FakeClock(tick_s=0.0, start_s=0.0).install(monkeypatch)
     cache = make_cache("lru", num_layers, spec.num_experts, CAPACITY)
     engine = OffloadedMoE.install(
-        model, cache, _fake_clock_link(), capacity_per_layer=CAPACITY, overlap=True, prefetch=prefetch
+        model, cache, _fake_clock_link(), capacity_per_layer=CAPACITY, overlap=overlap, prefetch=prefetch
     )
     for layer in range(num_layers):  # half of each layer's experts resident: hits and misses
         engine.warm(layer, union[layer][: len(union[layer]) // 2])
@@ -185,7 +190,8 @@ def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpo
         ),
         demand=tuple(tuple(d) for d in demand),
         prefetch=((1, prefetched),),
-        overlap="on",
+        overlap="on" if overlap else "off",
+        copy_stream=True,  # with any prefetch mode the live engine enqueues the demand copies too
         late_call_ns=LATE_NS,
         next_layer=tuple(tuple(n) for n in next_layer),
         host_ns_per_transfer=host_ns,
@@ -215,10 +221,15 @@ def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpo
         assert any(
             landed > live_starts[lay] + pre_ns + COMPUTE_NS for lay, e, _, _, landed in live_copies if e in demand[lay]
         )
-    assert sum(calls.values()) > num_layers  # and computed late experts in calls of their own
-    landed = {(lay, e): end for lay, e, _, _, end in live_copies}
-    late = [(lay, e, _ns(at / 1e9 - origin + shift)) for lay, e, at in computed_at if (lay, e) in landed]
-    assert late and all(at >= landed[(lay, e)] for lay, e, at in late)
+    if overlap:  # computed late experts in calls of their own, none before its copy landed
+        assert sum(calls.values()) > num_layers
+        landed = {(lay, e): end for lay, e, _, _, end in live_copies}
+        late = [(lay, e, _ns(at / 1e9 - origin + shift)) for lay, e, at in computed_at if (lay, e) in landed]
+        assert late and all(at >= landed[(lay, e)] for lay, e, at in late)
+    else:  # one call per layer, after every copy the layer needs has landed
+        assert sum(calls.values()) == num_layers
+        needed = {(lay, e): end for lay, e, _, _, end in live_copies if e in union[lay]}
+        assert all(live_ends[lay] - COMPUTE_NS >= end for (lay, _), end in needed.items())
     if host_ns:  # a layer with several misses: the link started before its last miss was placed
         batches = {}  # per layer, its demand batch: the copies enqueued once its router had run
         for lay, e, enqueued, started, landed in live_copies:
