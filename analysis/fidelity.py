@@ -330,39 +330,75 @@ def cycle_noise_pct(match: RepeatMatch, run_normalised: bool = False) -> np.ndar
         return np.where(mean > 0, 100.0 * std / mean, np.nan)
 
 
-def noise_floor_pct(noise_pct: np.ndarray, repeats: int, quantile: float) -> float:
-    """The ``quantile`` of the per-cycle |error| (%) that a model WITHOUT bias would show against
-    the mean of ``repeats`` repeats whose per-cycle noise is ``noise_pct`` (float[M], the
-    :func:`cycle_noise_pct` of each matched cycle; NaN entries left out): NaN with fewer than 2
-    repeats or no finite noise.
+DEVIATION_PREFIX = "cycle_deviation_pct_"  # cycle_error_table's per-repeat deviation columns: <prefix><r>
 
-    Each cycle's mean over R repeats has standard deviation ``noise / sqrt(R)`` (% of the mean), so
-    an exact prediction still misses it by ``|N(0, noise / sqrt(R))|``; over the M cycles the
-    |errors| follow the equal-weight mixture of those half-normal laws, and the returned value
-    solves ``mean_i (2 Phi(x sqrt(R) / noise_i) - 1) = quantile`` (``scipy.optimize.brentq``;
-    a cycle without noise contributes 0). The measured noise is itself estimated from R samples,
-    so this is an estimate. A cell's per-cycle error median near its floor is noise, not bias.
+
+def cycle_deviation_pct(match: RepeatMatch) -> np.ndarray:
+    """float64[R, M]: each repeat's leave-one-out deviation per matched cycle, the error (signed %)
+    that ONE repeat shows against the others, scaled to the 1-repeat error of a model without bias:
+    ``100 * (x_r - mean of the other repeats) * sqrt((R - 1) / R) / mean`` (= ``100 * sqrt(R / (R -
+    1)) * (x_r - mean) / mean``) of the model cycle time (:func:`calibration.costfit.model_cycle_s`).
+
+    With Gaussian per-cycle noise of standard deviation ``s_i`` (% of the mean), each deviation is
+    ``N(0, s_i)`` exactly (``x_r - mean_{-r}`` has variance ``s_i^2 R / (R - 1)``), so the pooled
+    |deviations| sample the mixture of the cycles' half-normal laws without the bias that quantiles
+    of per-cycle CVs estimated from R samples carry (their scatter lowers the mixture's median ~2x
+    at R = 2-3; reviewer rev1's finding 2). All NaN with R = 1 or no matched cycle; NaN where a
+    cycle's mean is 0.
+    """
+    r = match.num_repeats
+    if r < 2 or not match.num_matched:
+        return np.full((r, match.num_matched), np.nan)
+    measured = np.stack([model_cycle_s(t) for t in match.tables])  # R x M
+    mean = measured.mean(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(mean > 0, 100.0 * np.sqrt(r / (r - 1)) * (measured - mean) / mean, np.nan)
+
+
+def _deviation_quantile(deviation_pct: np.ndarray, quantile: float) -> float:
+    """The ``quantile`` of the finite |deviations| (%), NaN without one; ValueError outside (0, 1)."""
+    if not 0.0 < quantile < 1.0:
+        raise ValueError(f"quantile: expected a fraction in (0, 1), got {quantile!r}")
+    dev = np.abs(np.asarray(deviation_pct, dtype=np.float64).ravel())
+    dev = dev[np.isfinite(dev)]
+    return float(np.quantile(dev, quantile)) if dev.size else float("nan")
+
+
+def noise_floor_pct(deviation_pct: np.ndarray, repeats: int, quantile: float) -> float:
+    """The ``quantile`` of the per-cycle |error| (%) that a model WITHOUT bias would show against
+    the mean of ``repeats`` repeats, from the cycles' leave-one-out deviations (``deviation_pct``,
+    :func:`cycle_deviation_pct`, any shape, pooled; NaN entries left out).
+
+    A bias-free model misses a 1-repeat measurement by the deviation's law; the mean of R repeats
+    has ``1 / sqrt(R)`` of each cycle's noise, and the quantile of a mixture of zero-centred
+    laws scaled alike scales alike, so the floor is ``quantile(|deviation|) / sqrt(R)`` (exact
+    for Gaussian noise, up to the sample quantile). 0 when every deviation is 0; NaN with fewer
+    than 2 repeats or no finite deviation. A cell's per-cycle error median near its floor is
+    noise, not bias.
 
     Raises:
         ValueError: ``quantile`` outside (0, 1).
     """
-    from scipy.optimize import brentq
-    from scipy.special import ndtr
+    value = _deviation_quantile(deviation_pct, quantile)
+    return value / np.sqrt(repeats) if repeats >= 2 else float("nan")
 
-    if not 0.0 < quantile < 1.0:
-        raise ValueError(f"quantile: expected a fraction in (0, 1), got {quantile!r}")
-    noise = np.asarray(noise_pct, dtype=np.float64)
-    sigma = noise[np.isfinite(noise)] / np.sqrt(max(int(repeats), 1))
-    if repeats < 2 or not sigma.size or not np.any(sigma > 0):
-        return float("nan")
-    positive, share_zero = sigma[sigma > 0], float(np.mean(sigma <= 0))
-    if share_zero >= quantile:
-        return 0.0
 
-    def below(x: float) -> float:  # share of the mixture's |error| at most x, minus the quantile
-        return share_zero + (1.0 - share_zero) * float(np.mean(2.0 * ndtr(x / positive) - 1.0)) - quantile
+def repeats_for_aim(deviation_pct: np.ndarray, aim_pct: float, quantile: float) -> int | None:
+    """The fewest repeats per cell (at least 2, the fewest that measure noise) at which a model
+    WITHOUT bias meets ``aim_pct`` at ``quantile`` of the per-cycle |error|: the smallest R with
+    :func:`noise_floor_pct` ``<= aim_pct``, ``ceil((quantile(|deviation|) / aim)^2)``. Assumes the
+    repeats' noise independent, which a machine drifting over minutes breaks. None without a finite
+    deviation (2 when all are 0).
 
-    return float(brentq(below, 0.0, 10.0 * float(positive.max()), xtol=1e-9))
+    Raises:
+        ValueError: ``quantile`` outside (0, 1) or ``aim_pct <= 0``.
+    """
+    if not aim_pct > 0:
+        raise ValueError(f"aim_pct: expected a percentage > 0, got {aim_pct!r}")
+    value = _deviation_quantile(deviation_pct, quantile)
+    if not np.isfinite(value):
+        return None
+    return max(2, int(np.ceil((value / aim_pct) ** 2 - 1e-9)))
 
 
 def repeat_spread_pct(tokens_per_s: Sequence[float]) -> float:
@@ -381,13 +417,17 @@ def cycle_error_table(cost: CycleCostModel, match: RepeatMatch) -> pd.DataFrame:
     over repeats of the model cycle, s), ``predicted_cycle_s`` (``cost.cycle_s`` with the
     recorded levels, nodes, context, misses; s), ``cycle_error_pct`` (signed %, NaN where the
     measured mean is 0), ``cycle_noise_pct`` (:func:`cycle_noise_pct`) and ``cycle_run_noise_pct``
-    (the same with each repeat divided by its :func:`run_speed_factors`: the per-cycle part)."""
+    (the same with each repeat divided by its :func:`run_speed_factors`: the per-cycle part), and
+    per repeat r (1-based) ``cycle_deviation_pct_<r>`` (:func:`cycle_deviation_pct`: its
+    leave-one-out deviation, what :func:`noise_floor_pct` and :func:`repeats_for_aim` read). Every
+    column is there even when no cycle matched."""
     mean = mean_repeat_cycles(match)
     out = mean[list(REPEAT_KEY)].reset_index(drop=True).copy()
     if not len(mean):
-        return out.assign(
+        out = out.assign(
             measured_cycle_s=[], predicted_cycle_s=[], cycle_error_pct=[], cycle_noise_pct=[], cycle_run_noise_pct=[]
         )
+        return out.assign(**{f"{DEVIATION_PREFIX}{r + 1}": [] for r in range(match.num_repeats)})
     measured = model_cycle_s(mean)
     predicted = predict_terms(cost, mean)["cycle"]
     errors = np.full(len(mean), np.nan)
@@ -399,7 +439,16 @@ def cycle_error_table(cost: CycleCostModel, match: RepeatMatch) -> pd.DataFrame:
     out["cycle_error_pct"] = errors
     out["cycle_noise_pct"] = cycle_noise_pct(match)
     out["cycle_run_noise_pct"] = cycle_noise_pct(match, run_normalised=True)
+    for r, deviation in enumerate(cycle_deviation_pct(match)):
+        out[f"{DEVIATION_PREFIX}{r + 1}"] = deviation
     return out
+
+
+def table_deviations_pct(table: pd.DataFrame) -> np.ndarray:
+    """float64[R * M]: the leave-one-out deviations (%) a :func:`cycle_error_table` (or
+    ``cycle_errors.csv``) holds in its ``cycle_deviation_pct_<r>`` columns, pooled (empty without)."""
+    columns = [c for c in table.columns if str(c).startswith(DEVIATION_PREFIX)]
+    return table[columns].to_numpy(dtype=np.float64).ravel() if columns else np.zeros(0)
 
 
 def _floor(target: float, noise: float) -> float:
@@ -785,6 +834,7 @@ def compare_cell(
     match = match_repeats(cycles_r)
     mean_cycles = mean_repeat_cycles(match)
     noise = cycle_noise_pct(match)
+    deviation = cycle_deviation_pct(match)
     nonempty = [x for x in transfers_r if len(x)]
     transfers = pd.concat(nonempty, ignore_index=True) if len(nonempty) > 1 else (nonempty or transfers_r)[0]
     sim_tps, sim_hit = float(sim_totals["tokens_per_s"]), float(sim_totals["hit_rate"])
@@ -830,8 +880,8 @@ def compare_cell(
         live_repeat_spread_pct=spread,
         cycle_noise_median_pct=_median(noise),
         cycle_noise_p90_pct=_p90(noise),
-        cycle_error_floor_median_pct=noise_floor_pct(noise, match.num_repeats, 0.5),
-        cycle_error_floor_p90_pct=noise_floor_pct(noise, match.num_repeats, 0.9),
+        cycle_error_floor_median_pct=noise_floor_pct(deviation, match.num_repeats, 0.5),
+        cycle_error_floor_p90_pct=noise_floor_pct(deviation, match.num_repeats, 0.9),
         **sim_cycle_agreement(cycles_r[0], sim_cycles),
         **error_split(mean_cycles, sim_cycles, cost, (cost_split or {}).get("compute_s_per_miss", 0.0)),
     )
@@ -975,12 +1025,16 @@ def _pooled(arrays: Sequence[np.ndarray] | None) -> np.ndarray:
     return np.concatenate([np.asarray(a, dtype=np.float64) for a in arrays]) if arrays else np.zeros(0)
 
 
+MIN_CYCLES_RUN_SPEED = 10  # cells with fewer matched cycles are left out of noise_run_speed_fraction
+
+
 def error_decomposition(
     per_cycle_errors: Sequence[np.ndarray],
     per_cycle_noise: Sequence[np.ndarray],
     per_cycle_run_noise: Sequence[np.ndarray] | None,
     repeats: int,
     targets: Targets | None = None,
+    per_cycle_deviation: Sequence[np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """Where the grid's per-cycle cost-model error lives: the noise of the R-repeat means, a bias
     common to a whole cell, or cycle-to-cycle structure within cells; and how many repeats the
@@ -1004,17 +1058,21 @@ def error_decomposition(
             None (then the run-speed figures are NaN).
         repeats: R, the repeats each error's mean was taken over.
         targets: :class:`Targets` (the per-cycle median and p90 aims).
+        per_cycle_deviation: per cell, the leave-one-out deviations (%, any shape,
+            :func:`cycle_deviation_pct` / :func:`table_deviations_pct`) or None (then the
+            repeats needed are None).
 
     Returns:
         ``cycle_error_bias_rms_pct`` (NaN with R < 2), ``cycle_error_cell_offset_rms_pct`` (rms of
         the cells' signed medians, weighted by their cycles), ``cycle_error_within_cell_median_pct``
         / ``cycle_error_within_cell_p90_pct`` (pooled ``|e - offset|``), ``noise_cycle_run_normalised_median_pct``,
-        ``noise_run_speed_share`` (the share of the per-cycle noise variance that is whole-run
-        speed, :func:`run_speed_factors`: ``1 - mean(run_noise^2) / mean(noise^2)``) and
-        ``repeats_for_aim_median`` / ``repeats_for_aim_p90``: the fewest repeats per cell at which
-        a model WITHOUT bias meets the per-cycle aims against this noise (:func:`noise_floor_pct`
-        scales as ``1 / sqrt(R)``, so ``ceil(2 * (floor_2 / aim)^2)``; assumes the repeats'
-        noise independent, which a machine drifting over minutes breaks; None without noise).
+        ``noise_run_speed_fraction`` (the fraction of the per-cycle noise variance that is
+        whole-run speed, :func:`run_speed_factors`: ``1 - mean(run_noise^2) / mean(noise^2)``,
+        over the cells with at least :data:`MIN_CYCLES_RUN_SPEED` matched cycles: the speed factor
+        is fitted on the cycles it normalises, so a cell of few cycles overstates it, a 1-cycle
+        cell is all "run speed"; NaN without such a cell; may be < 0 when normalising raised
+        the noise) and ``repeats_for_aim_median`` / ``repeats_for_aim_p90``
+        (:func:`repeats_for_aim` with the pooled deviations and the per-cycle aims).
     """
     t = targets or Targets()
     errors = [np.asarray(e, dtype=np.float64) for e in per_cycle_errors]
@@ -1030,7 +1088,7 @@ def error_decomposition(
         "cycle_error_within_cell_median_pct": _median(np.abs(within)),
         "cycle_error_within_cell_p90_pct": _p90(np.abs(within)),
         "noise_cycle_run_normalised_median_pct": _median(run_noise),
-        "noise_run_speed_share": np.nan,
+        "noise_run_speed_fraction": np.nan,
         "repeats_for_aim_median": None,
         "repeats_for_aim_p90": None,
     }
@@ -1038,13 +1096,22 @@ def error_decomposition(
     if repeats >= 2 and both.any():
         excess = float(np.mean(pooled[both] ** 2) - np.mean(noise[both] ** 2) / repeats)
         out["cycle_error_bias_rms_pct"] = float(np.sqrt(max(excess, 0.0)))
-    paired = np.isfinite(noise) & np.isfinite(run_noise) if run_noise.size == noise.size else np.zeros(0, dtype=bool)
-    if paired.any() and np.mean(noise[paired] ** 2) > 0:
-        out["noise_run_speed_share"] = float(1.0 - np.mean(run_noise[paired] ** 2) / np.mean(noise[paired] ** 2))
-    for name, q, aim in (("median", 0.5, t.cycle_median_pct), ("p90", 0.9, t.cycle_p90_pct)):
-        floor_2 = noise_floor_pct(noise, 2, q)
-        if np.isfinite(floor_2):
-            out[f"repeats_for_aim_{name}"] = max(2, int(np.ceil(2.0 * (floor_2 / aim) ** 2 - 1e-9)))
+    if per_cycle_run_noise is not None:
+        large = [
+            (np.asarray(n, dtype=np.float64), np.asarray(rn, dtype=np.float64))
+            for n, rn in zip(per_cycle_noise, per_cycle_run_noise)
+            if np.size(n) >= MIN_CYCLES_RUN_SPEED and np.size(n) == np.size(rn)
+        ]
+        big_noise, big_run = _pooled([n for n, _ in large]), _pooled([rn for _, rn in large])
+        paired = np.isfinite(big_noise) & np.isfinite(big_run)
+        if paired.any() and np.mean(big_noise[paired] ** 2) > 0:
+            out["noise_run_speed_fraction"] = float(
+                1.0 - np.mean(big_run[paired] ** 2) / np.mean(big_noise[paired] ** 2)
+            )
+    if per_cycle_deviation is not None:
+        deviation = _pooled([np.ravel(d) for d in per_cycle_deviation])
+        for name, q, aim in (("median", 0.5, t.cycle_median_pct), ("p90", 0.9, t.cycle_p90_pct)):
+            out[f"repeats_for_aim_{name}"] = repeats_for_aim(deviation, aim, q)
     return out
 
 

@@ -245,7 +245,7 @@ def fidelity_section(validations: list, out_dir: Path) -> tuple[list[str], list[
             copied.append(dst)
             lines.append(
                 f"{level} {v['label']}: {name.replace('_', ' ')}\n\n![{name}](figures/{dst.name})\n\n"
-                f"{VALIDATE_CAPTIONS[name]}\n"
+                f"{validate_captions()[name]}\n"
             )
         lines.append("")
     return lines, copied
@@ -258,14 +258,20 @@ def _count(table: pd.DataFrame, column: str) -> str:
     return f"{int(values.sum())} of {len(table)}"
 
 
-VALIDATE_CAPTIONS = {
-    "sim_vs_live_throughput": "Simulated against live throughput per cell (live pooled over the "
-    "repeats; grey band: +/- 2 % target). Copied from the validate folder.",
-    "cycle_error_distribution": "Per-cycle error of the calibrated cost model against the mean "
-    "measured cycle over repeats (dashed: the grid's median aim, 3 %; dotted: its p90 aim, 8 %), and, "
-    "with repeats, the |error| "
-    "beside the per-cycle run-to-run noise. Copied from the validate folder.",
-}
+def validate_captions(targets: fidelity.Targets | None = None) -> dict[str, str]:
+    """The captions of validate's figures copied into the report; the per-cycle figure's aims are
+    :class:`analysis.fidelity.Targets`' (the defaults unless given), as
+    :func:`analysis.figures.cycle_error_distribution` draws them."""
+    t = targets or fidelity.Targets()
+    return {
+        "sim_vs_live_throughput": "Simulated against live throughput per cell (live pooled over the "
+        "repeats; grey band: +/- 2 %, as figures.sim_vs_live_throughput draws it). Copied from the validate "
+        "folder.",
+        "cycle_error_distribution": "Per-cycle error of the calibrated cost model against the mean "
+        f"measured cycle over repeats (dashed: the grid's median aim, {t.cycle_median_pct:g} %; dotted: its "
+        f"p90 aim, {t.cycle_p90_pct:g} %), and, with repeats, the |error| beside the per-cycle run-to-run "
+        "noise. Copied from the validate folder.",
+    }
 
 
 def render_figures(data: ReportData, fig_dir: Path, progress: bool = True) -> dict[str, Path | None]:

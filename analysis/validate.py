@@ -1054,7 +1054,7 @@ def cycle_noise_summary(per_cycle: Sequence[pd.DataFrame], repeats: int) -> dict
 
     Args:
         per_cycle: per cell, its :func:`analysis.fidelity.cycle_error_table` (``cycle_error_pct``,
-            ``cycle_noise_pct``, ``cycle_run_noise_pct``; a cell without matched cycles has none:
+            ``cycle_noise_pct``, ``cycle_run_noise_pct``, ``cycle_deviation_pct_<r>``; a cell without matched cycles has none:
             it adds nothing, and a table lacking a column counts as NaN there).
         repeats: live runs per cell (R).
 
@@ -1068,13 +1068,18 @@ def cycle_noise_summary(per_cycle: Sequence[pd.DataFrame], repeats: int) -> dict
             d[name].to_numpy(dtype=np.float64) if name in d.columns else np.full(len(d), np.nan) for d in per_cycle
         ]
 
-    noise = np.concatenate(column("cycle_noise_pct") or [np.zeros(0)])
+    deviations = [fidelity.table_deviations_pct(d) for d in per_cycle]
+    pooled = np.concatenate(deviations or [np.zeros(0)])
     out: dict[str, Any] = {}
     for name, q in (("median", 0.5), ("p90", 0.9)):  # what a model without bias would show
-        out[f"cycle_error_floor_{name}_pct"] = fidelity.noise_floor_pct(noise, repeats, q)
+        out[f"cycle_error_floor_{name}_pct"] = fidelity.noise_floor_pct(pooled, repeats, q)
     out.update(
         fidelity.error_decomposition(
-            column("cycle_error_pct"), column("cycle_noise_pct"), column("cycle_run_noise_pct"), repeats
+            column("cycle_error_pct"),
+            column("cycle_noise_pct"),
+            column("cycle_run_noise_pct"),
+            repeats,
+            per_cycle_deviation=deviations,
         )
     )
     return out
@@ -1372,6 +1377,14 @@ def missed_lines(table: pd.DataFrame) -> list[str]:
     )
 
 
+def _pct_text(value: Any) -> str:
+    """A percentage for the printed lines: 3 significant digits ("7.12 %", "123 %"), "n/a" when
+    missing or not finite."""
+    if not isinstance(value, (int, float)) or not np.isfinite(value):
+        return "n/a"
+    return f"{value:.3g} %" if abs(value) < 1000 else f"{value:.0f} %"
+
+
 def noise_line(summary: dict[str, Any], repeats: int) -> str:
     """The grid's measured noise floor (from :func:`analysis.fidelity.overall`'s summary), printed
     under the targets line; ``repeats``: live runs per cell (below 2 no noise is measured)."""
@@ -1379,8 +1392,7 @@ def noise_line(summary: dict[str, Any], repeats: int) -> str:
         return "noise floor: not measured (--repeats 1); within_noise = ok"
 
     def pct(key: str) -> str:
-        value = summary.get(key)
-        return f"{value:.2g} %" if isinstance(value, (int, float)) and np.isfinite(value) else "n/a"
+        return _pct_text(summary.get(key))
 
     return (
         f"noise floor ({repeats} repeats per cell): live throughput spread median "
@@ -1399,11 +1411,11 @@ def bias_line(summary: dict[str, Any], repeats: int) -> str:
         return ""
 
     def pct(key: str) -> str:
-        value = summary.get(key)
-        return f"{value:.2g} %" if isinstance(value, (int, float)) and np.isfinite(value) else "n/a"
+        return _pct_text(summary.get(key))
 
-    share = summary.get("noise_run_speed_share")
-    share_text = f"{100 * share:.0f} %" if isinstance(share, float) and np.isfinite(share) else "n/a"
+    share = summary.get("noise_run_speed_fraction")
+    finite = isinstance(share, float) and np.isfinite(share)  # < 0 when normalising raised the noise: none
+    share_text = f"{100 * max(share, 0.0):.0f} %" if finite else "n/a"
     need = [summary.get(f"repeats_for_aim_{k}") for k in ("median", "p90")]
     need_text = " / ".join(str(n) if n is not None else "n/a" for n in need)
     return (
@@ -1580,8 +1592,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(targets_line(summary=summary))
     print(noise_line(summary, args.repeats))
-    if args.repeats >= 2:
-        print(bias_line(summary, args.repeats))
+    bias = bias_line(summary, args.repeats)  # empty with one repeat
+    if bias:
+        print(bias)
     print(speed_line(summary))
     print(probe_line(summary, len(table)))
     summary.update(

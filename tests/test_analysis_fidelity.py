@@ -185,21 +185,27 @@ def test_error_decomposition_separates_cell_offsets_from_within_cell_error() -> 
         np.median(np.abs(np.concatenate([a - 10.0, b - np.median(b)])))
     )
     assert out["cycle_error_bias_rms_pct"] == pytest.approx(np.sqrt(np.mean(np.concatenate([a, b]) ** 2)))
-    assert out["repeats_for_aim_median"] is None and np.isnan(out["noise_run_speed_share"])
+    assert out["repeats_for_aim_median"] is None and np.isnan(out["noise_run_speed_fraction"])
     # errors that are exactly the noise of 3-repeat means: no bias left; the run speed explains
     # 3/4 of the noise variance (12 % raw, 6 % once each run is divided by its speed factor)
     noise = np.full(20000, 12.0)
     err = rng.normal(0.0, 12.0 / np.sqrt(3), 20000)
-    out = fidelity.error_decomposition([err], [noise], [np.full(20000, 6.0)], repeats=3)
+    deviation = rng.normal(0.0, 12.0, (3, 20000))  # the 1-repeat errors of a bias-free model
+    out = fidelity.error_decomposition([err], [noise], [np.full(20000, 6.0)], repeats=3, per_cycle_deviation=[deviation])
     assert out["cycle_error_bias_rms_pct"] < 0.5
-    assert out["noise_run_speed_share"] == pytest.approx(0.75)
+    assert out["noise_run_speed_fraction"] == pytest.approx(0.75)
     assert out["noise_cycle_run_normalised_median_pct"] == pytest.approx(6.0)
     # an unbiased model meets the 3 % median aim once 0.6745 * 12 / sqrt(R) <= 3: R >= 7.28 -> 8
     assert out["repeats_for_aim_median"] == 8
     assert out["repeats_for_aim_p90"] == int(np.ceil((1.64485 * 12 / 8.0) ** 2))  # 6.09 -> 7
-    assert fidelity.noise_floor_pct(noise, 8, 0.5) <= 3.0 < fidelity.noise_floor_pct(noise, 7, 0.5)
+    assert fidelity.noise_floor_pct(deviation, 8, 0.5) <= 3.0 < fidelity.noise_floor_pct(deviation, 7, 0.5)
     # one repeat measures no noise: no bias figure
     assert np.isnan(fidelity.error_decomposition([err], [noise], None, repeats=1)["cycle_error_bias_rms_pct"])
+    # a cell of few cycles is left out of the run-speed fraction (its speed factor is fitted on the
+    # cycles it normalises: one cycle is all "run speed"); no noise at all: 2 repeats suffice
+    few = fidelity.error_decomposition([err[:5]], [noise[:5]], [np.zeros(5)], 3, per_cycle_deviation=[np.zeros(5)])
+    assert np.isnan(few["noise_run_speed_fraction"])
+    assert few["repeats_for_aim_median"] == few["repeats_for_aim_p90"] == 2
 
 
 def test_repeat_spread_pct() -> None:
@@ -207,23 +213,55 @@ def test_repeat_spread_pct() -> None:
     assert np.isnan(fidelity.repeat_spread_pct([10.0]))
 
 
-def test_noise_floor_is_the_half_normal_quantile_of_the_mean_of_the_repeats() -> None:
+def _mixture_quantile(sigma: np.ndarray, quantile: float) -> float:
+    """The ``quantile`` of the equal-weight mixture of |N(0, sigma_i)| (the exact truth)."""
+    from scipy.optimize import brentq
     from scipy.special import ndtr
 
-    # one noise level: |N(0, s / sqrt(R))| has median 0.6745 s / sqrt(R) and p90 1.6449 s / sqrt(R)
-    noise = np.full(40, 12.0)
-    assert fidelity.noise_floor_pct(noise, 3, 0.5) == pytest.approx(0.67449 * 12 / np.sqrt(3), rel=1e-4)
-    assert fidelity.noise_floor_pct(noise, 4, 0.9) == pytest.approx(1.64485 * 12 / 2, rel=1e-4)
-    # a mixture: the returned value is where the pooled half-normal CDFs reach the quantile
-    mixed = np.array([2.0, 5.0, 30.0, np.nan])
-    x = fidelity.noise_floor_pct(mixed, 2, 0.9)
-    assert np.mean(2 * ndtr(x * np.sqrt(2) / mixed[:3]) - 1) == pytest.approx(0.9, abs=1e-7)
-    # cycles without noise count as exact; one repeat (or no noise at all) measures nothing
-    assert fidelity.noise_floor_pct(np.array([0.0, 0.0, 9.0]), 3, 0.5) == 0.0
-    assert np.isnan(fidelity.noise_floor_pct(noise, 1, 0.5))
+    return brentq(lambda x: np.mean(2 * ndtr(x / sigma) - 1) - quantile, 0.0, 10 * sigma.max(), xtol=1e-9)
+
+
+@pytest.mark.parametrize("repeats", [2, 3, 6])
+def test_noise_floor_and_repeats_needed_match_the_truth_of_simulated_noise(repeats: int) -> None:
+    # Gaussian per-cycle noise whose level is spread over the cycles (lognormal, median 12 %): the
+    # bias-free floor against R-repeat means is the mixture quantile of |N(0, s_i / sqrt(R))|. The
+    # per-cycle CVs estimated from R samples scatter, and the mixture of their half-normals has a
+    # median ~2x too low at R = 2-3 (the former estimator: 4 repeats at R = 3 where 7 are needed);
+    # the leave-one-out deviations are each N(0, s_i) and give the truth from any R
+    rng = np.random.default_rng(1)
+    num_cycles = 1500
+    sigma = np.clip(12.0 * np.exp(rng.normal(0.0, 0.4, num_cycles)), 1.0, 30.0)
+    base = rng.uniform(10.0, 20.0, num_cycles)
+    keys = tuple((0, i) for i in range(num_cycles))
+    nodes = [[0]] * num_cycles
+    tables = [
+        _repeat(list(base * (1 + sigma / 100 * rng.normal(size=num_cycles))), [None] * num_cycles, nodes, keys=keys)
+        for _ in range(repeats)
+    ]
+    deviation = fidelity.cycle_deviation_pct(fidelity.match_repeats(tables))
+    assert deviation.shape == (repeats, num_cycles)
+    for q, aim in ((0.5, 3.0), (0.9, 8.0)):
+        truth = _mixture_quantile(sigma, q)
+        assert fidelity.noise_floor_pct(deviation, repeats, q) == pytest.approx(truth / np.sqrt(repeats), rel=0.07)
+        need = fidelity.repeats_for_aim(deviation, aim, q)
+        assert abs(need - max(2, int(np.ceil((truth / aim) ** 2)))) <= 1
+    assert fidelity.repeats_for_aim(deviation, 3.0, 0.5) >= 6  # truth ~7-8; the CV-based figure was 3-4
+
+
+def test_noise_floor_and_repeats_edge_cases() -> None:
+    dev = np.array([[3.0, -1.0, np.nan], [-3.0, 1.0, np.nan]])
+    assert fidelity.noise_floor_pct(dev, 4, 0.5) == pytest.approx(2.0 / 2)  # median |dev| 2, / sqrt(4)
+    assert fidelity.noise_floor_pct(np.zeros(4), 3, 0.5) == 0.0  # no noise: an exact model meets any aim
+    assert fidelity.repeats_for_aim(np.zeros(4), 3.0, 0.5) == 2
+    assert np.isnan(fidelity.noise_floor_pct(dev, 1, 0.5))  # one repeat measures nothing
     assert np.isnan(fidelity.noise_floor_pct(np.full(3, np.nan), 3, 0.5))
+    assert fidelity.repeats_for_aim(np.full(3, np.nan), 3.0, 0.5) is None
     with pytest.raises(ValueError, match="quantile"):
-        fidelity.noise_floor_pct(noise, 3, 1.0)
+        fidelity.noise_floor_pct(dev, 3, 1.0)
+    with pytest.raises(ValueError, match="aim_pct"):
+        fidelity.repeats_for_aim(dev, 0.0, 0.5)
+    one = fidelity.match_repeats([_repeat([10.0, 12.0], [None, None], [[0], [0]])])
+    assert fidelity.cycle_deviation_pct(one).shape == (1, 2) and np.isnan(fidelity.cycle_deviation_pct(one)).all()
 
 
 def _pre_router_cycles(speed: float, nodes: list[int], seed: int) -> pd.DataFrame:
@@ -561,7 +599,19 @@ def test_a_cell_without_matched_cycles_keeps_every_column_and_the_grid_summary_g
     full = fidelity.cycle_error_table(COST, fidelity.match_repeats([c1, c1.copy()]))
     assert len(empty) == 0 and list(empty.columns) == list(full.columns)
     summary = validate.cycle_noise_summary([empty, full], repeats=2)
-    assert np.isnan(summary["cycle_error_floor_median_pct"])  # no noise measured anywhere
+    assert summary["cycle_error_floor_median_pct"] == 0.0  # identical repeats: no noise anywhere
+    assert summary["repeats_for_aim_median"] == 2  # so 2 repeats suffice
     assert np.isnan(validate.cycle_noise_summary([empty], repeats=2)["cycle_error_bias_rms_pct"])
     validate.write_outputs(tmp_path, pd.DataFrame([row]), summary, [empty])
     assert {"fidelity.csv", "fidelity.json", "cycle_errors.csv"} <= {p.name for p in tmp_path.iterdir()}
+
+
+def test_bias_line_prints_large_figures_and_a_negative_run_speed_fraction_plainly() -> None:
+    from analysis import validate
+
+    line = validate.bias_line(
+        {"cycle_error_bias_rms_pct": 123.4, "noise_run_speed_fraction": -0.12, "repeats_for_aim_median": 9}, 3
+    )
+    assert "123 % rms" in line and "e+" not in line  # was "1.2e+02 %"
+    assert "0 % of the per-cycle noise variance is whole-run speed" in line  # was "-12 %"
+    assert "from 9 / n/a independent repeats" in line and validate.bias_line({}, 1) == ""

@@ -452,7 +452,7 @@ def _validate_dir(root: Path, policy_run: Path, with_json: bool = True) -> Path:
             "noise_cycle_p90_pct": 8.5,
             "cycle_error_bias_rms_pct": 2.5,
             "cycle_error_cell_offset_rms_pct": 1.5,
-            "noise_run_speed_share": 0.4,
+            "noise_run_speed_fraction": 0.4,
             "repeats_for_aim_median": 7,
         }
         (val / "fidelity.json").write_text(json.dumps(summary))
@@ -502,7 +502,7 @@ def test_report_of_a_validate_folder_has_its_fidelity_section(inputs, tmp_path, 
     assert noise_line(json.loads((val / "fidelity.json").read_text()), 2) in section
     bias = bias_line(json.loads((val / "fidelity.json").read_text()), 2)  # where the per-cycle error lives
     assert f"- {bias}" in section and "2.5 % rms" in bias and "40 %" in bias and "from 7 / n/a" in bias
-    assert "median 3.2 %" in section and "p90 8.5 %" in section  # from fidelity.json
+    assert "median 3.25 %" in section and "p90 8.5 %" in section  # from fidelity.json
     header = next(line for line in section.splitlines() if line.startswith("| cell |"))
     for short in ("tput_err%", "spread%", "err_med%", "err_p90%", "noise_med%", "noise_p90%"):
         assert f"| {short} |" in header
@@ -530,7 +530,7 @@ def test_report_of_a_validate_folder_has_its_fidelity_section(inputs, tmp_path, 
     )
     line = noise_line(expected, 2)
     assert line.startswith("noise floor (2 repeats per cell)") and f"- {line}" in text
-    assert f"p90 {np.percentile(errors['cycle_noise_pct'], 90):.2g} %" in line
+    assert f"p90 {np.percentile(errors['cycle_noise_pct'], 90):.3g} %" in line
 
 
 def test_regime_map_says_which_source_is_slower(tmp_path, monkeypatch) -> None:
