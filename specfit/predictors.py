@@ -392,7 +392,7 @@ def union_size_from_node_arrays(
     ``exp(path_logprob)`` (the root first), every size measured up to the largest tree.
 
     Args:
-        node_arrays: one ``traces.reader.NodeArrays`` or a sequence of them (duck-typed:
+        node_arrays: one ``traces.reader.NodeArrays`` or any iterable of them (duck-typed:
             ``offsets`` int[T+1], ``expert_ids`` int[R, L, K], ``path_logprob`` float[R]);
             their trees are pooled in order.
         num_experts: experts per layer ``E``.
@@ -403,23 +403,37 @@ def union_size_from_node_arrays(
         float64[L, M+1] (M = the largest tree's node count; column 0 is 0).
 
     Raises:
-        ValueError: no dense trees, or ``tree_probs`` not of one array per tree.
+        ValueError: no dense trees, an item that is not NodeArrays, or ``tree_probs`` not of one
+            array per tree with one probability per node.
     """
-    runs = node_arrays if isinstance(node_arrays, (list, tuple)) else [node_arrays]
-    trees, probs = [], []
-    for na in runs:
+    runs = [node_arrays] if hasattr(node_arrays, "offsets") else list(node_arrays)
+    trees, logprobs = [], []
+    for i, na in enumerate(runs):
+        if not all(hasattr(na, name) for name in ("offsets", "expert_ids", "path_logprob")):
+            raise ValueError(
+                f"union_size_from_node_arrays: item {i} is a {type(na).__name__}, expected NodeArrays "
+                "(offsets, expert_ids, path_logprob)"
+            )
         offsets = np.asarray(na.offsets, dtype=np.int64)
         for lo, hi in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
             trees.append(na.expert_ids[lo:hi])
-            probs.append(np.exp(na.path_logprob[lo:hi]))
+            logprobs.append(na.path_logprob[lo:hi])
     if not trees:
         raise ValueError("union_size_from_node_arrays: no dense trees")
-    if tree_probs is not None:
-        if len(tree_probs) != len(trees):
+    if tree_probs is None:
+        probs = [np.exp(lp) for lp in logprobs]
+    else:
+        probs = [np.asarray(p) for p in tree_probs]
+        if len(probs) != len(trees):
             raise ValueError(
-                f"union_size_from_node_arrays: {len(tree_probs)} probability arrays for {len(trees)} trees"
+                f"union_size_from_node_arrays: {len(probs)} probability arrays for {len(trees)} trees"
             )
-        probs = list(tree_probs)
+        short = [i for i, (p, t) in enumerate(zip(probs, trees)) if p.shape != (t.shape[0],)]
+        if short:
+            raise ValueError(
+                f"union_size_from_node_arrays: tree_probs[{short[0]}] has shape {probs[short[0]].shape}, "
+                f"expected ({trees[short[0]].shape[0]},), one probability per node"
+            )
     return union_size_from_trees(trees, probs, num_experts, max(t.shape[0] for t in trees))
 
 

@@ -112,6 +112,14 @@ def test_union_size_from_node_arrays_pools_runs_in_draft_order() -> None:
         union_size_from_node_arrays([], E)
     with pytest.raises(ValueError, match="1 probability arrays for 2 trees"):
         union_size_from_node_arrays(_flat(trees, probs), E, [probs[0]])
+    # any iterable of runs pools like a list (a generator was taken as one run: AttributeError)
+    gen = union_size_from_node_arrays((r for r in [_flat(trees, probs), _flat(three[2:], [np.array([1.0])])]), E)
+    np.testing.assert_array_equal(gen, expected)
+    with pytest.raises(ValueError, match="item 0 is a int, expected NodeArrays"):
+        union_size_from_node_arrays([3], E)
+    # one probability per node, or a clear error (a shorter array silently ranked fewer nodes)
+    with pytest.raises(ValueError, match=r"tree_probs\[0\] has shape \(2,\), expected \(3,\)"):
+        union_size_from_node_arrays(_flat(trees, probs), E, [np.array([1.0, 0.5]), probs[1]])
 
 
 def test_names_and_errors() -> None:
