@@ -70,7 +70,7 @@ of where the error lives (``error_split.csv``), the wall time and machine load, 
 (with whether the grid aims were met), the grid's noise-floor line (with the per-cycle error a
 bias-free model would show against the repeats' means: ``cycle_error_floor_*_pct``,
 :func:`analysis.fidelity.noise_floor_pct`), where the per-cycle error lives (:func:`bias_line`:
-the bias beyond that noise, the cells' offsets, the error within cells, the whole-run speed share
+the bias beyond that noise, the cells' offsets, the error within cells, the whole-run speed fraction
 of the noise and the repeats the aims need; :func:`analysis.fidelity.error_decomposition`) and the cells' live compute speed against the cost's
 fit runs (``live_compute_speed_pct`` per cell, :meth:`Validator.compute_speed_pct`; its range and
 its correlation with the throughput errors in the summary), then the speed probe's line
