@@ -230,9 +230,9 @@ def cold_calls(pristine: Any, cycles: list[dict[str, Any]], gap_s: float, calls:
     interleaved, ``calls`` each. None when the chooser has no compiled questions, no cycle
     drafted a level, or the questions or the tree do not have the types the unchecked entry
     point was compiled for (``UnionSizeQuestions.ask`` takes it only for the same: a
-    ``specfit.tree.TypedTree``, int levels, typed questions; other arrays would be misread, not
-    converted)."""
-    from specfit.tree import TypedTree
+    ``DraftTree``/``TokenTree`` (``specfit.tree.is_typed_tree``), int levels, typed questions;
+    other arrays would be misread, not converted)."""
+    from specfit.tree import is_typed_tree
 
     drafted = [c for c in cycles if c["trees"]]
     chooser = copy.deepcopy(pristine)
@@ -244,7 +244,7 @@ def cold_calls(pristine: Any, cycles: list[dict[str, Any]], gap_s: float, calls:
     chooser.drafter.cycle = cycle
     chooser.choose(cycle["state"])  # the cycle's begin: its union table, miss fractions, context
     tree, levels = max(cycle["trees"], key=lambda offered: len(offered[0].parents))
-    if not (questions._typed and isinstance(tree, TypedTree) and type(levels) is int):
+    if not (questions._typed and is_typed_tree(tree) and type(levels) is int):
         return None
     parents, logprobs = tree.parents, tree.draft_logprobs
     empty = _empty_question_entry()

@@ -514,8 +514,11 @@ def union_size_question(parents, values, work, union_table, miss, context_len, n
     ``union_table`` (``N + max_depth`` rows) or for the room (:func:`question_room`) is not
     answered: ``k = -1`` and nothing else is meaningful (the caller grows them and asks again),
     so the caller needs no numpy call per question to measure the tree; ``miss`` of another
-    length than the table's layers: ``k = -2``; a tree without a root (``N = 0``): ``k = -3`` (the
-    caller raises on both).
+    length than the table's layers: ``k = -2``; a tree without a root (``N = 0``): ``k = -3``;
+    ``values`` shorter than ``parents``: ``k = -4``; ``parents[0] != -1`` or a node ``v >= 1`` whose
+    parent is not in ``[0, v)``: ``k = -5`` with that node as the last value instead of ``N``
+    (the caller raises on each; these O(N) compares keep every read in bounds whatever arrays the
+    unchecked entry point is handed, as long as their types are right).
 
     ``parents`` int64[N] (parents before children; depths follow from them). ``p`` float64[N] is
     :func:`specfit.acceptance.path_accept_probs` of the tree: calibrated, :func:`level_accept_probs`
@@ -543,6 +546,13 @@ def union_size_question(parents, values, work, union_table, miss, context_len, n
         return False, False, 0.0, 0.0, 0.0, -1.0, -2, n
     if n < 1:  # no root: the scratch below would write past the room (numba has no bounds checks)
         return False, False, 0.0, 0.0, 0.0, -1.0, -3, n
+    if values.shape[0] < n:  # a shorter values array would be read past its end
+        return False, False, 0.0, 0.0, 0.0, -1.0, -4, n
+    if parents[0] != -1:
+        return False, False, 0.0, 0.0, 0.0, -1.0, -5, 0
+    for v in range(1, n):  # parents precede children: every parents[.] read below is in [0, N)
+        if parents[v] < 0 or parents[v] >= v:
+            return False, False, 0.0, 0.0, 0.0, -1.0, -5, v
     layers = miss.shape[0]
     if n + int(work[_Q_MAX_DEPTH]) > union_table.shape[0] or answer_at + question_room(n, layers) > work.shape[0]:
         return False, False, 0.0, 0.0, 0.0, -1.0, -1, n

@@ -34,7 +34,7 @@ from specfit.planner import (
     union_size_plan,
     union_table,
 )
-from specfit.tree import DraftTree, TypedTree
+from specfit.tree import DraftTree, is_typed_tree
 
 TREE_POLICIES: tuple[str, ...] = ("ar", "chain", "topn", "specfit", "cascade")
 #: One line per tree policy for ``--help``.
@@ -925,11 +925,13 @@ class UnionSizeQuestions:
             values = tree.path_logprobs
         else:  # path_accept_probs' own np.exp: the simulator's values everywhere
             values = np.exp(tree.path_logprobs)
-        # the compiled entry point for the types it was compiled for: a TypedTree's arrays (their
-        # types checked where the tree was made) and the cycle's table and miss fractions (checked
-        # in begin); numba's dispatcher checks each argument per call, ~15 us per question live
-        # (issue 14). Anything else goes through the dispatcher, which checks (and may compile).
-        if self._typed and isinstance(tree, TypedTree) and type(levels) is int:
+        # the compiled entry point for the types it was compiled for: the arrays of a DraftTree or
+        # TokenTree, exactly (is_typed_tree: types checked where the tree was made; not any
+        # subclass, whose float parents would be misread: a crash) and the cycle's table and miss
+        # fractions (checked in begin); numba's dispatcher checks each argument per call, ~15 us
+        # per question live (issue 14). Anything else goes through the dispatcher, which checks
+        # (and may compile). The kernel checks lengths and parent order itself (k = -4, -5).
+        if self._typed and is_typed_tree(tree) and type(levels) is int:
             kernel = self._entry
         else:
             kernel = self._kernel
@@ -947,6 +949,18 @@ class UnionSizeQuestions:
                 )
             if answer[6] == -3:
                 raise ValueError("UnionSizeQuestions: the tree has no nodes (expected the root at least)")
+            if answer[6] == -4:
+                name = "draft_logprobs" if self.edge and self.calibrated else "path_logprobs"
+                raise ValueError(
+                    f"UnionSizeQuestions: tree.{name}: expected {answer[7]} values (= len(parents)), "
+                    f"got {values.shape[0]}"
+                )
+            if answer[6] == -5:
+                v = answer[7]
+                if tree.parents.dtype != np.int64:  # read as int64 unchecked: a field replaced after construction
+                    raise ValueError(f"UnionSizeQuestions: tree.parents: expected int64, got {tree.parents.dtype}")
+                want = "-1 for the root" if v == 0 else f"a node id in [0, {v})"
+                raise ValueError(f"UnionSizeQuestions: tree.parents[{v}]: expected {want}, got {tree.parents[v]}")
             n = answer[7]  # grow both to hold n nodes (and max_depth more table rows)
             room = self._room(n + self.max_depth, self.table.shape[1])
             if room > self.work.shape[0] - self.answer_at:
@@ -976,13 +990,16 @@ class UnionSizeQuestions:
 
     def ask(self, tree, levels: int) -> bool:
         """``policy.keep_drafting(ctx, max_depth)`` for the context of ``tree`` after ``levels``
-        (int) drafted levels. ``tree``: a :class:`specfit.tree.TypedTree` (``DraftTree``, the live
-        ``TokenTree``: its arrays' types were checked when it was made, so the compiled entry point
-        reads them unchecked) or anything with int ``parents`` and float ``draft_logprobs``,
-        ``path_logprobs`` arrays (through numba's dispatcher, which checks their types per call).
+        (int) drafted levels. ``tree``: a ``DraftTree`` or the live ``TokenTree``
+        (:func:`specfit.tree.is_typed_tree`: its arrays' types were checked when it was made, so
+        the compiled entry point reads them unchecked) or anything with int ``parents`` and float
+        ``draft_logprobs``, ``path_logprobs`` arrays (through numba's dispatcher, which checks
+        their types per call).
 
         Raises:
-            ValueError: the cost model makes a cycle take 0 s.
+            ValueError: the cost model makes a cycle take 0 s; the tree's ``parents`` break the
+            order (``parents[0] == -1``, ``0 <= parents[v] < v``) or its log-probs are shorter
+            than ``parents`` (naming the field).
         """
         policy = self.policy
         answer = self._answer(tree, levels, True)  # the plan on the tree: no side effect

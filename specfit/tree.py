@@ -51,9 +51,35 @@ class TypedTree:
     tree's arrays through numba's unchecked entry point after one ``isinstance`` test instead of
     checking the arrays' types per question (issue 14: each check costs microseconds after a
     model forward); a tree of another class goes through numba's dispatcher, which checks.
+
+    Only the two classes above are trusted so (:func:`is_typed_tree`: the exact class, not any
+    subclass): a subclass elsewhere, whatever it promises, goes through the dispatcher, since
+    the entry point would misread arrays of another dtype of the same item size (a crash). The
+    trusted classes' arrays are read-only; replacing a field with ``object.__setattr__`` voids
+    the guarantee. The compiled question still checks the lengths and the parent order
+    (``0 <= parents[v] < v``), so a read-only array changed through a writable base cannot make
+    it read out of bounds.
     """
 
     __slots__ = ()
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if (cls.__module__, cls.__qualname__) in _TRUSTED_TREE_NAMES:
+            _TYPED_TREE_TYPES.add(cls)
+
+
+#: The classes whose constructors guarantee their arrays' types (module, name): the only ones
+#: :func:`is_typed_tree` trusts.
+_TRUSTED_TREE_NAMES = frozenset({("specfit.tree", "DraftTree"), ("live.spec.tree", "TokenTree")})
+_TYPED_TREE_TYPES: set[type] = set()
+
+
+def is_typed_tree(tree: object) -> bool:
+    """True when ``tree``'s exact class is :class:`DraftTree` or ``live.spec.tree.TokenTree``
+    (one set lookup): its arrays are 1-D read-only ndarrays of :data:`TREE_FIELD_DTYPES`'s dtypes
+    of one length, so compiled code may read them without checking their types (issue 14)."""
+    return type(tree) in _TYPED_TREE_TYPES
 
 
 def tree_array(owner: str, name: str, values: object, dtype: type) -> np.ndarray:
@@ -169,14 +195,16 @@ class DraftTree(TypedTree):
         trees, the live drafter's :class:`live.spec.tree.TokenTree`): the caller guarantees
         int64 ``token_ids``/``parents``/``depths`` and float64 ``draft_logprobs``/``path_logprobs``
         of one length, consistent as the constructor would check. The arrays are made read-only.
-        Only their types are checked (a :class:`TypedTree`'s arrays are read unchecked by compiled
-        code); other bad input gives wrong plans, not errors: use the constructor for anything
-        external.
+        Only their types and lengths are checked (a :class:`TypedTree`'s arrays are read unchecked
+        by compiled code); other bad input gives wrong plans, not errors: use the constructor for
+        anything external.
 
         Raises:
-            ValueError: a field that is not a 1-D ``np.ndarray`` of its dtype (naming it).
+            ValueError: a field that is not a 1-D ``np.ndarray`` of its dtype, or of another
+            length than ``token_ids`` (naming it).
         """
         tree = object.__new__(cls)
+        n = -1
         for name, dtype in TREE_FIELD_DTYPES.items():
             arr = fields[name]
             if type(arr) is not np.ndarray or arr.ndim != 1 or (arr.dtype is not dtype and arr.dtype != dtype):
@@ -184,6 +212,10 @@ class DraftTree(TypedTree):
                     f"DraftTree.trusted: {name}: expected a 1-D {dtype} ndarray, got "
                     f"{type(arr).__name__} {getattr(arr, 'dtype', '')} {getattr(arr, 'shape', '')}"
                 )
+            if n < 0:
+                n = arr.shape[0]
+            elif arr.shape[0] != n:
+                raise ValueError(f"DraftTree.trusted: {name}: expected length {n} (= len(token_ids)), got {arr.shape[0]}")
             arr.setflags(write=False)
         tree.__dict__.update(  # the fields, as the frozen dataclass's __init__ stores them
             token_ids=fields["token_ids"],

@@ -456,11 +456,12 @@ def test_live_questions_take_the_entry_point_only_for_its_checked_types(seed, n,
     names = ("token_ids", "parents", "depths", "draft_logprobs", "path_logprobs")
     strided = DraftTree.trusted(**{k: np.repeat(getattr(tree, k), 2)[::2] for k in names})
     assert n == 1 or not strided.parents.flags.c_contiguous
-    unpickled = pickle.loads(pickle.dumps(tree))  # equal dtypes, not numpy's own dtype objects
-    assert unpickled.parents.dtype is not np.dtype(np.int64)
+    unpickled = pickle.loads(pickle.dumps(tree))  # (today) equal dtypes, not numpy's own dtype objects
+    distinct = {"<i8": np.dtype("<i8").newbyteorder("="), "<f8": np.dtype("<f8").newbyteorder("=")}
+    equal_dtypes = DraftTree.trusted(**{k: np.array(getattr(tree, k)).view(distinct[getattr(tree, k).dtype.str]) for k in names})
     token_tree = TokenTree(tree.token_ids, tree.parents, tree.depths, list(tree.draft_logprobs), tree.path_logprobs)
     assert token_tree.draft_logprobs.dtype == np.float64  # converted where the tree is made
-    for same_types in (strided, unpickled, token_tree):  # any strides: the entry point's layout "A"
+    for same_types in (strided, unpickled, equal_dtypes, token_tree):  # any strides: the entry point's layout "A"
         assert asked(same_types) == (want, ["entry"])
     writable = SimpleNamespace(**{k: np.array(getattr(tree, k)) for k in names})
     other = SimpleNamespace(  # other dtypes: numba's dispatcher checks them (and compiles for them)
@@ -477,3 +478,102 @@ def test_live_questions_take_the_entry_point_only_for_its_checked_types(seed, n,
     questions.begin(ne, cached, 0, np.full(ne.union_size.shape[0] + 1, 0.5))  # float64: the entry point checks the length
     with pytest.raises(ValueError, match="observed miss fraction"):
         questions.ask(tree, levels)
+
+
+#: rev2's crash repros (segfaults before the fix), run in a child process so that a regression
+#: fails the test instead of killing pytest. Each case prints ``name: outcome``.
+_CRASH_REPROS = r"""
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from test_specfit_decide_kernels import _live_questions
+from live.spec.tree import TokenTree
+from specfit.planner import decide_kernels
+from specfit.tree import DraftTree, TypedTree, is_typed_tree
+
+rng = np.random.default_rng(1)
+tree, ne, cached, levels, q = _live_questions(rng, 20, "none")
+q.begin(ne, cached, 10, rng.random(ne.union_size.shape[0]))
+names = ("token_ids", "parents", "depths", "draft_logprobs", "path_logprobs")
+
+def outcome(name, call):
+    try:
+        print(f"{name}: ok {call()}", flush=True)
+    except Exception as e:
+        print(f"{name}: {type(e).__name__} {str(e).splitlines()[0][:120]}", flush=True)
+
+class MyTree(TypedTree):  # a caller's own record marked typed, float parents (same item size)
+    def __init__(self, parents, draft_logprobs, path_logprobs):
+        self.parents, self.draft_logprobs, self.path_logprobs = parents, draft_logprobs, path_logprobs
+
+class MyDraftTree(DraftTree):
+    pass
+
+print("trusted:", is_typed_tree(tree), is_typed_tree(TokenTree(*(getattr(tree, k) for k in names))),
+      is_typed_tree(MyTree(None, None, None)), is_typed_tree(MyDraftTree(*(getattr(tree, k) for k in names))))
+outcome("subclass", lambda: q.ask(MyTree(tree.parents.astype(np.float64), tree.draft_logprobs, tree.path_logprobs), levels))
+replaced = TokenTree(*(getattr(tree, k) for k in names))
+object.__setattr__(replaced, "parents", tree.parents.astype(np.float64))
+outcome("replaced", lambda: q.ask(replaced, levels))
+p = np.array(tree.parents)
+shared = TokenTree(tree.token_ids, p, tree.depths, tree.draft_logprobs, tree.path_logprobs)
+def write():
+    p[-1] = 1 << 40
+outcome("alias-write", write)
+p.setflags(write=True)  # it owns its memory: a caller may make it writable again
+p[-1] = 1 << 40
+outcome("alias-ask", lambda: q.ask(shared, levels))
+base = np.array(tree.parents)
+viewed = TokenTree(tree.token_ids, base[:], tree.depths, tree.draft_logprobs, tree.path_logprobs)
+base[-1] = 1 << 40
+outcome("view", lambda: (viewed.parents.base is None, int(viewed.parents[-1]) == int(tree.parents[-1])))
+short = {k: np.array(getattr(tree, k)) for k in names}
+short["path_logprobs"] = short["path_logprobs"][:1].copy()
+outcome("trusted-length", lambda: DraftTree.trusted(**short))
+entry = decide_kernels().question_entry()
+def kernel(parents, values):
+    return entry(parents, values, q.work, q.table, q.miss, 10, levels, 1.0, True)[6:]
+outcome("kernel-short-values", lambda: kernel(tree.parents, np.exp(tree.path_logprobs)[:1].copy()))
+bad = np.array(tree.parents)
+bad[-1] = len(bad) - 1  # its own parent
+outcome("kernel-self-parent", lambda: kernel(bad, np.exp(tree.path_logprobs)))
+bad[-1] = -7
+outcome("kernel-negative-parent", lambda: kernel(bad, np.exp(tree.path_logprobs)))
+root = np.array(tree.parents)
+root[0] = 3
+outcome("kernel-root", lambda: kernel(root, np.exp(tree.path_logprobs)))
+print("done", flush=True)
+"""
+
+
+def test_rev2_crash_repros_raise_instead_of_crashing() -> None:
+    """rev2 findings 1 and 2: a ``TypedTree`` subclass or a replaced field (float parents read as
+    int64 by the unchecked entry point), a caller's array shared by a ``TokenTree`` and written
+    afterwards, short arrays through ``DraftTree.trusted`` or to the kernel: each raises a
+    ValueError (or numba's TypingError through the dispatcher) or is refused by the kernel with
+    its error code; none crashes the process (a child process: a segfault fails the test)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(here.parent), os.environ.get("PYTHONPATH")])))
+    done = subprocess.run(
+        [sys.executable, "-c", _CRASH_REPROS, str(here)], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, f"rc={done.returncode}\n{done.stdout}\n{done.stderr[-2000:]}"
+    lines = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
+    assert lines["trusted"] == "True True False False"
+    assert lines["subclass"].startswith("TypingError")  # numba's dispatcher checked the float parents
+    assert lines["replaced"] == "ValueError UnionSizeQuestions: tree.parents: expected int64, got float64"
+    assert lines["alias-write"] == "ValueError assignment destination is read-only"
+    last = len(_random_tree(np.random.default_rng(1), 20).parents) - 1
+    assert lines["alias-ask"] == f"ValueError UnionSizeQuestions: tree.parents[{last}]: expected a node id in [0, {last}), got {1 << 40}"
+    assert lines["view"] == "ok (True, True)"
+    assert lines["trusted-length"] == "ValueError DraftTree.trusted: path_logprobs: expected length 20 (= len(token_ids)), got 1"
+    assert lines["kernel-short-values"] == "ok (-4, 20)"
+    assert lines["kernel-self-parent"] == f"ok (-5, {last})"
+    assert lines["kernel-negative-parent"] == f"ok (-5, {last})"
+    assert lines["kernel-root"] == "ok (-5, 0)"
+    assert "done" in done.stdout

@@ -31,9 +31,11 @@ def ancestor_matrix(parents: Any) -> np.ndarray:
 class TokenTree(TypedTree):
     """A drafted token tree, nodes in creation (breadth-first) order.
 
-    Its arrays are 1-D ndarrays of the dtypes below whatever the constructor is given (converted
-    once here, shared when they are already: ``specfit.tree.TypedTree``, so the planner's
-    compiled questions read them without checking their types per question, issue 14).
+    Its arrays are read-only 1-D ndarrays of the dtypes below whatever the constructor is given
+    (converted once here; an array of the right dtype that owns its memory is shared and made
+    read-only, so the caller's own later write raises; a view is copied, since its base could
+    still be written): ``specfit.tree.TypedTree``, so the planner's compiled questions read them
+    without checking their types per question (issue 14).
 
     Attributes (``N`` nodes):
         token_ids: int64[N]; node 0 holds the root token.
@@ -56,8 +58,12 @@ class TokenTree(TypedTree):
     def __post_init__(self) -> None:
         for name, dtype in TREE_FIELD_DTYPES.items():
             values = getattr(self, name)
-            if type(values) is not np.ndarray or values.dtype is not dtype or values.ndim != 1:
-                object.__setattr__(self, name, tree_array("TokenTree", name, values, dtype.type))
+            if type(values) is not np.ndarray or values.ndim != 1 or (values.dtype is not dtype and values.dtype != dtype):
+                values = tree_array("TokenTree", name, values, dtype.type)
+            if values.base is not None:  # a view: whatever owns the memory could still write it
+                values = values.copy()
+            values.setflags(write=False)
+            object.__setattr__(self, name, values)
         n = len(self.token_ids)
         for name in ("parents", "depths", "draft_logprobs", "path_logprobs"):
             if len(getattr(self, name)) != n:
@@ -138,25 +144,15 @@ class TokenTree(TypedTree):
         Built with ``DraftTree.trusted``: this tree's constructor has checked the parent order and
         depths, and its arrays are the drafter's own (log-softmax log-probs, their path sums); the
         planner asks for it after every draft level, where re-validation costs more than the plan.
-        Arrays already of the right dtype are shared, not copied (both trees are immutable; the
-        shared arrays become read-only).
+        The arrays are shared, not copied (this tree's constructor made them read-only arrays of
+        the right dtypes that own their memory).
         """
         from specfit.tree import DraftTree
 
         return DraftTree.trusted(
-            token_ids=_owned(self.token_ids, _INT64),
-            parents=_owned(self.parents, _INT64),
-            depths=_owned(self.depths, _INT64),
-            draft_logprobs=_owned(self.draft_logprobs, _FLOAT64),
-            path_logprobs=_owned(self.path_logprobs, _FLOAT64),
+            token_ids=self.token_ids,
+            parents=self.parents,
+            depths=self.depths,
+            draft_logprobs=self.draft_logprobs,
+            path_logprobs=self.path_logprobs,
         )
-
-
-def _owned(values: Any, dtype: np.dtype) -> np.ndarray:
-    """``values`` itself when it is a 1-D ndarray of ``dtype`` that owns its memory, else a copy."""
-    if type(values) is np.ndarray and values.base is None and values.dtype is dtype and values.ndim == 1:
-        return values  # owns its memory, one axis: contiguous
-    return np.array(values, dtype=dtype)
-
-
-_INT64, _FLOAT64 = np.dtype(np.int64), np.dtype(np.float64)
