@@ -78,6 +78,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from numbers import Integral
 from typing import Any
 
 import numpy as np
@@ -306,11 +307,17 @@ def _check_plan(plan: CyclePlan, checked: tuple = (None, None)) -> None:
     compute = () if known else plan.layer_compute_ns
     if min(plan.draft_ns, plan.decision_ns, plan.host_ns_per_transfer, plan.late_call_ns, *compute, 0) < 0:
         raise ValueError("CyclePlan: durations must be >= 0 ns")
-    if not 0 <= plan.placing_ns_per_transfer <= plan.host_ns_per_transfer:
+    placing = plan.placing_ns_per_transfer
+    if (type(placing) is not int and (isinstance(placing, bool) or not isinstance(placing, Integral))) or not (
+        0 <= placing <= plan.host_ns_per_transfer
+    ):  # an int (not bool: the engines would take True as 1 ns, a float truncated)
         raise ValueError(
-            f"CyclePlan.placing_ns_per_transfer: expected 0 <= it <= host_ns_per_transfer "
-            f"({plan.host_ns_per_transfer}), got {plan.placing_ns_per_transfer!r}"
+            f"CyclePlan.placing_ns_per_transfer: expected an int in [0, host_ns_per_transfer "
+            f"({plan.host_ns_per_transfer})], got {placing!r}"
         )
+    stream = plan.copy_stream
+    if not (stream is None or stream is True or stream is False or type(stream) is np.bool_):
+        raise ValueError(f"CyclePlan.copy_stream: expected True, False or None, got {stream!r}")
     if len(plan.next_layer) not in (0, n) or (n and len(plan.next_layer) and len(plan.next_layer[-1])):
         raise ValueError(
             f"CyclePlan.next_layer: expected no entry or one per layer ({n}), the last empty; "

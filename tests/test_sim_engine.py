@@ -40,10 +40,14 @@ def _random_plan(
             if next_layer[layer] and rng.random() < 0.7:
                 hits[layer + 1] = (*hits[layer + 1], next_layer[layer][0])
     compute = tuple(int(x) for x in rng.integers(50_000, 400_000, num_layers))
-    host_ns = int(rng.integers(0, 40_000)) if late else 0
+    transfer_ns = LINK.latency_ns + LINK.wire_ns  # one copy alone on the link
+    # placing (host_ns per miss) from none to twice a copy: the link idles between batches, and
+    # with copy_stream the copies follow their placing (rev2 finding 4)
+    host_ns = int(rng.integers(0, 2 * transfer_ns + 50_000)) if late else 0
+    placing_ns = (0, host_ns, int(rng.integers(0, host_ns + 1)))[int(rng.integers(0, 3))] if late else 0
     return CyclePlan(
         host_ns_per_transfer=host_ns,
-        placing_ns_per_transfer=int(rng.integers(0, host_ns + 1)) if late and rng.random() < 0.7 else 0,
+        placing_ns_per_transfer=placing_ns,
         copy_stream=bool(rng.random() < 0.5) if late else None,
         draft_ns=int(rng.integers(0, 5_000_000)),
         decision_ns=int(rng.integers(0, 50_000)),
@@ -149,6 +153,19 @@ def test_bad_inputs_raise_clear_errors() -> None:
         make_engine("warp", LINK, 1)
     with pytest.raises(ValueError, match="one entry per layer"):
         FastEngine(LINK, 2).run_cycle(CyclePlan(0, 0, (1, 1), hits=((),), demand=((), ())))
+    plan = CyclePlan(0, 0, (1,), hits=((),), demand=((3,),), host_ns_per_transfer=20)
+    for placing in (10.7, True, -1, 21, "5"):  # a float was truncated, True taken as 1 ns
+        bad = dataclasses.replace(plan, placing_ns_per_transfer=placing)
+        for engine in (FastEngine(LINK, 1), SimPyEngine(LINK, 1)):
+            with pytest.raises(ValueError, match="CyclePlan.placing_ns_per_transfer: expected an int"):
+                engine.run_cycle(bad)
+    for stream in ("no", 1, 0.0):  # "no" was taken as True
+        bad = dataclasses.replace(plan, copy_stream=stream)
+        for engine in (FastEngine(LINK, 1), SimPyEngine(LINK, 1)):
+            with pytest.raises(ValueError, match="CyclePlan.copy_stream: expected True, False or None"):
+                engine.run_cycle(bad)
+    good = [dataclasses.replace(plan, placing_ns_per_transfer=p, copy_stream=c) for p, c in ((np.int64(10), np.bool_(True)), (10, True))]
+    assert FastEngine(LINK, 1).run_cycle(good[0]) == FastEngine(LINK, 1).run_cycle(good[1])
     assert isinstance(make_engine("auto", LinkSpec(0, 1, concurrency=2), 1), SimPyEngine)
     assert isinstance(make_engine("auto", LINK, 1), FastEngine)
 
