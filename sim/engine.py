@@ -234,6 +234,9 @@ class CycleTiming:
             gap between a layer's start and the previous layer's end).
         copies: with ``record_copies`` on the engine, each copy enqueued this cycle as
             ``(layer, expert, enqueued_ns, started_ns, landed_ns)`` in enqueue order (empty otherwise).
+            :class:`SimPyEngine` logs a copy in the cycle it LANDS in instead (in landing order), so
+            a prefetch still in flight at the cycle's end appears in the next cycle's log there;
+            the timings are the same (rev2 finding 3, not reconciled).
     """
 
     start_ns: int
