@@ -93,6 +93,8 @@ def test_window_changes_the_reference(checkpoints, arch):
     assert windowed != full
 
 
+# The tree's arrays are read-only (TokenTree); the runner must copy them, not share them with a warning.
+@pytest.mark.filterwarnings("error:The given NumPy array is not writable")
 @pytest.mark.parametrize("arch", list(SLIDING))
 def test_tree_logits_equal_sequential_paths_beyond_the_window(checkpoints, arch):
     target = _load(checkpoints[arch])

@@ -86,8 +86,10 @@ class CachedLM:
         self, token_ids: Sequence[int], position_ids: Sequence[int], mask: torch.Tensor | None, keep: int = 0
     ):
         positions = np.asarray(position_ids, dtype=np.int64)
-        ids = torch.as_tensor(np.asarray(token_ids, dtype=np.int64), device=self.device)[None]
-        pos = torch.as_tensor(positions, device=self.device)[None]
+        # torch.tensor copies: a tree's arrays are read-only (live.spec.tree.TokenTree), which
+        # torch.as_tensor would share with a warning; these are a few int64 values per forward.
+        ids = torch.tensor(np.asarray(token_ids, dtype=np.int64), device=self.device)[None]
+        pos = torch.tensor(positions, device=self.device)[None]
         out = self.model(
             input_ids=ids,
             position_ids=pos,
