@@ -1414,7 +1414,7 @@ def bias_line(summary: dict[str, Any], repeats: int) -> str:
         return _pct_text(summary.get(key))
 
     share = summary.get("noise_run_speed_fraction")
-    finite = isinstance(share, float) and np.isfinite(share)  # < 0 when normalising raised the noise: none
+    finite = isinstance(share, (int, float)) and np.isfinite(share)  # < 0 when normalising raised the noise: none
     share_text = f"{100 * max(share, 0.0):.0f} %" if finite else "n/a"
     need = [summary.get(f"repeats_for_aim_{k}") for k in ("median", "p90")]
     need_text = " / ".join(str(n) if n is not None else "n/a" for n in need)

@@ -326,7 +326,8 @@ def _collector_paused(pause: bool = True) -> Iterator[None]:
     every object as usual.
 
     A replay's cycles on the fast engine make no reference cycles (``tests/test_sim_replay.py``
-    checks that ``gc.collect()`` finds nothing unreachable after replays of every policy; the
+    checks that ``gc.collect()`` finds nothing unreachable after replays of ar, top-N, SpecFit and
+    cascade, with LRU/LFU/Belady, overlap and draft prefetch; not chain or next-layer prefetch; the
     SimPy engine's processes do make them, so it is not paused there), so the collector
     has nothing to reclaim there, while its passes, triggered by the cycles' short-lived
     objects, walk the process's tracked objects (~200,000 once a 48-layer trace is decoded):

@@ -628,9 +628,11 @@ def question_entry(kernel=None):
     the array types itself (an array of another dtype or number of axes would be read as if it
     had these: wrong values or a crash), so a caller may use it only for arguments it has checked
     to have exactly these types (:meth:`specfit.policies.UnionSizeQuestions` passes the arrays of
-    a :class:`specfit.tree.TypedTree`, whose types were checked when the tree was made, and the
+    an exact :class:`specfit.tree.DraftTree` or ``live.spec.tree.TokenTree``
+    (:func:`specfit.tree.is_typed_tree`), whose types were checked when the tree was made, and the
     cycle's table and miss fractions, checked once per cycle; anything else goes through the
-    dispatcher). Scalars are
+    dispatcher). The kernel's own guards (k = -4, -5) cover the lengths and the parent order,
+    not the dtypes. Scalars are
     converted by Python's number protocol (a wrong type raises ``TypeError``). Same code as the
     dispatcher's specialisations, so the same values bit for bit
     (``tests/test_specfit_decide_kernels.py``).

@@ -823,7 +823,7 @@ class UnionSizeQuestions:
             cost_params(cost), self.calibrated, self.edge, self.max_depth, *knots, room
         )
         self._ids = self.work.view(np.int64)  # the answer's node ids, as the kernel writes them
-        self._id_bytes = memoryview(self._ids)  # the same ids, for the plan's own copy (no numpy call)
+        self._id_view = memoryview(self._ids)  # the same ids, for the plan's own copy (no numpy call)
         self._kernel = kernels.union_size_question  # numba's dispatcher: checks every argument's type
         self._entry = kernels.question_entry()  # no checks: only for the types checked in _answer
         self.node_experts = self.cached_bits = self.table = self.miss = None
@@ -841,7 +841,7 @@ class UnionSizeQuestions:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        del state["_ids"], state["_id_bytes"]  # views of ``work``: a copy would not see the kernel's answers
+        del state["_ids"], state["_id_view"]  # views of ``work``: a copy would not see the kernel's answers
         del state["_kernel"], state["_entry"], state["_room"]  # compiled code: loaded again, not pickled
         return state
 
@@ -854,7 +854,7 @@ class UnionSizeQuestions:
         ):  # fmt: skip  (e.g. read-only from pickle protocol 5's out-of-band buffers)
             self.work = np.array(work, dtype=np.float64, order="C").reshape(-1)
         self._ids = self.work.view(np.int64)
-        self._id_bytes = memoryview(self._ids)
+        self._id_view = memoryview(self._ids)
         kernels = decide_kernels()
         self._kernel, self._entry = kernels.union_size_question, kernels.question_entry()
         self._room = kernels.question_room
@@ -957,7 +957,7 @@ class UnionSizeQuestions:
                 )
             if answer[6] == -5:
                 v = answer[7]
-                if tree.parents.dtype != np.int64:  # read as int64 unchecked: a field replaced after construction
+                if kernel is self._entry and tree.parents.dtype != np.int64:  # read as int64 unchecked: a field replaced
                     raise ValueError(f"UnionSizeQuestions: tree.parents: expected int64, got {tree.parents.dtype}")
                 want = "-1 for the root" if v == 0 else f"a node id in [0, {v})"
                 raise ValueError(f"UnionSizeQuestions: tree.parents[{v}]: expected {want}, got {tree.parents[v]}")
@@ -966,7 +966,7 @@ class UnionSizeQuestions:
             if room > self.work.shape[0] - self.answer_at:
                 self.work = np.concatenate((self.work[: self.answer_at], np.zeros(room)))
                 self._ids = self.work.view(np.int64)
-                self._id_bytes = memoryview(self._ids)
+                self._id_view = memoryview(self._ids)
             if n + self.max_depth > self.table.shape[0]:
                 self._set_arrays(union_table(self.node_experts, n + self.max_depth), self.miss)
         self.last = (tree, levels, answer)
@@ -977,7 +977,7 @@ class UnionSizeQuestions:
         its ``decision_s`` counts from ``started`` (``time.perf_counter`` seconds)."""
         n = answer[7]
         at = self.answer_at + n
-        nodes = np.frombuffer(self._id_bytes[at : at + answer[6]].tobytes(), np.int64)  # its own, read-only
+        nodes = np.frombuffer(self._id_view[at : at + answer[6]].tobytes(), np.int64)  # its own, read-only
         return union_size_plan((nodes, answer[2], answer[3], answer[4], answer[0]), n, started)
 
     def _answer_for(self, tree, levels: int) -> tuple:
@@ -1033,7 +1033,7 @@ class UnionSizeQuestions:
         at = self.answer_at + answer[7]
         # the plan's own read-only copy: one numpy call (a slice, a copy and setflags are three,
         # ~25 us more after a model forward, issue 14)
-        nodes = np.frombuffer(self._id_bytes[at : at + answer[6]].tobytes(), np.int64)
+        nodes = np.frombuffer(self._id_view[at : at + answer[6]].tobytes(), np.int64)
         return union_size_plan((nodes, answer[2], answer[3], answer[4], answer[0]), answer[7], started - asked_s)
 
     def context(self, tree, draft_tree, levels: int) -> PolicyContext:

@@ -577,3 +577,24 @@ def test_rev2_crash_repros_raise_instead_of_crashing() -> None:
     assert lines["kernel-negative-parent"] == f"ok (-5, {last})"
     assert lines["kernel-root"] == "ok (-5, 0)"
     assert "done" in done.stdout
+
+
+def test_a_broken_parent_order_is_named_for_int32_parents_too() -> None:
+    """A tree outside the trusted classes with int32 parents goes through numba's dispatcher; a
+    broken parent order there names ``parents[v]`` (the int64 message is for a trusted tree whose
+    field was replaced, read unchecked)."""
+    rng = np.random.default_rng(11)
+    ne, cost, cached = _random_union_problem(rng, 20, False, "off")
+    questions = SpecFitPolicy().union_size_questions(cost, None, 2, 3)
+    questions.begin(ne, cached, 0, np.full(ne.union_size.shape[0], 0.5))
+    tree = _random_tree(rng, 4)
+    parents = np.array(tree.parents, dtype=np.int32)
+    parents[2] = 3  # a node whose parent comes after it
+    broken = SimpleNamespace(
+        parents=parents,
+        depths=np.array(tree.depths),
+        draft_logprobs=np.array(tree.draft_logprobs),
+        path_logprobs=np.array(tree.path_logprobs),
+    )
+    with pytest.raises(ValueError, match=r"tree\.parents\[2\]: expected a node id in \[0, 2\), got 3"):
+        questions.ask(broken, 1)
