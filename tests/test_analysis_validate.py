@@ -82,7 +82,17 @@ def test_validate_tiny_grid(tiny_models, tmp_path, capsys) -> None:
     assert lines[-4].startswith("where the per-cycle error lives: beyond the noise of the 2-repeat means")
     # the decomposition (analysis.fidelity.error_decomposition) in the summary, and the per-cycle part
     # of the noise (each run divided by its whole-run speed factor) in cycle_errors.csv
-    assert summary["cycle_error_cell_offset_rms_pct"] >= 0 and summary["cycle_error_bias_rms_pct"] >= 0
+    # recomputed from cycle_errors.csv: the bias beyond the noise of the 2-repeat means, and the
+    # cells' signed-median offsets (rms weighted by their cycles)
+    e, n = errors["cycle_error_pct"].to_numpy(float), errors["cycle_noise_pct"].to_numpy(float)
+    both = np.isfinite(e) & np.isfinite(n)
+    bias = np.sqrt(max(np.mean(e[both] ** 2) - np.mean(n[both] ** 2) / 2, 0.0))
+    assert summary["cycle_error_bias_rms_pct"] == pytest.approx(bias)
+    cell_keys = [k for k in ("bandwidth_gb_per_s", "cache_experts_per_layer", "policy", "overlap", "prefetch") if k in errors]
+    cells = errors.groupby(cell_keys, sort=False)["cycle_error_pct"]
+    offsets, counts = cells.median().to_numpy(float), cells.count().to_numpy(float)
+    assert len(offsets) == len(table)
+    assert summary["cycle_error_cell_offset_rms_pct"] == pytest.approx(np.sqrt(np.average(offsets**2, weights=counts)))
     assert 0 <= summary["cycle_error_within_cell_median_pct"] <= summary["cycle_error_within_cell_p90_pct"]
     assert summary["repeats_for_aim_median"] >= 2
     # the floors and repeats needed come from each repeat's leave-one-out deviation, in cycle_errors.csv
