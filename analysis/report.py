@@ -258,11 +258,11 @@ def _count(table: pd.DataFrame, column: str) -> str:
     return f"{int(values.sum())} of {len(table)}"
 
 
-def validate_captions(targets: fidelity.Targets | None = None) -> dict[str, str]:
+def validate_captions() -> dict[str, str]:
     """The captions of validate's figures copied into the report; the per-cycle figure's aims are
-    :class:`analysis.fidelity.Targets`' (the defaults unless given), as
+    the default :class:`analysis.fidelity.Targets`', as
     :func:`analysis.figures.cycle_error_distribution` draws them."""
-    t = targets or fidelity.Targets()
+    t = fidelity.Targets()
     return {
         "sim_vs_live_throughput": "Simulated against live throughput per cell (live pooled over the "
         "repeats; grey band: +/- 2 %, as figures.sim_vs_live_throughput draws it). Copied from the validate "

@@ -494,7 +494,7 @@ class FastEngine(_EngineBase):
             forward_start += len(batch) * host_ns
 
         demand_arrival = [0] * self.num_layers
-        demand_landings: list[list[int]] = [[] for _ in range(self.num_layers)]  # each demand copy's landing
+        demand_landings: list[Sequence[int]] = [()] * self.num_layers  # each demand copy's landing (replaced, never grown)
         demand = plan.demand
         counts = plan.demand_counts
         if counts is None:
