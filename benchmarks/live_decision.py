@@ -33,9 +33,23 @@ path itself, twice:
    (``UnionSizeQuestions.ask``: Python checks, the compiled question, the answer) on the largest
    tree of the last drafted cycle. Their ratio says how much of a question is the call boundary.
 
+Comparing runs or releases: the live run's cost model is by default the session's quick
+estimate (``live.record`` without ``--cost``), timed when the session opens, so each run prices
+cycles differently, makes other decisions and asks another number of questions per cycle
+(3.4-5.0 on the build machine); the per-cycle figure then moves with the count.
+``--cost fixed`` plans with one cost model written in this file (:data:`FIXED_COST`, a quick
+estimate of the embedded default rounded) and ``--cost PATH`` with a ``CycleCostModel`` JSON:
+the decisions then no longer depend on timing, so two runs, or two releases whose decisions are
+equal, ask the same questions (the same ``decisions_sha256``). Beside each per-cycle figure the
+table prints microseconds per question (the per-cycle seconds over ``questions_per_cycle``: the
+stopping-rule questions, the one before drafting included). The aim's figure,
+``live_decision_s_per_cycle``, is the live summary's under whichever cost model the run used:
+the aim is stated on the default (the quick estimate).
+
 Usage::
 
     python benchmarks/live_decision.py                  # 4 prompts, 5 repeats
+    python benchmarks/live_decision.py --cost fixed     # the same questions in every run
     python benchmarks/live_decision.py --cold-gap-ms 5  # a longer gap before each question
     python benchmarks/live_decision.py --num-prompts 8 --predictor recent
     python benchmarks/live_decision.py --overlap on --prefetch both   # the engine's overlapped copies
@@ -64,6 +78,17 @@ from specfit.cli import ArgumentParser, cli_main, non_negative_float, positive_i
 AIM_S_PER_CYCLE = 0.3e-3
 COLD_GAP_MS = 3.0  # busy-wait before each question of the cold replay (ms): ~one draft forward here
 COLD_CALLS = 60  # cold call: timed calls of each kind
+FIXED_COST = {  # --cost fixed: the quick estimate of the embedded default on the build machine, rounded
+    "draft_s_per_level": 3.0e-3,
+    "draft_base_s": 6.0e-3,
+    "verify_base_s": 28.0e-3,
+    "verify_s_per_node": 0.45e-3,
+    "verify_s_per_context_token": 0.0,
+    "h2d_bytes_per_s": 16e9,
+    "h2d_s_per_transfer": 0.0,
+    "expert_bytes": 98304,  # the embedded default's expert (bytes) and MoE layers
+    "num_layers": 6,
+}
 
 
 def _parser() -> ArgumentParser:
@@ -84,6 +109,12 @@ def _parser() -> ArgumentParser:
         type=positive_int,
         default=COLD_CALLS,
         help=f"cold call: timed calls of each kind (default {COLD_CALLS})",
+    )
+    p.add_argument(
+        "--cost",
+        default="estimate",
+        help="the planner's cost model: estimate (live.record's quick estimate, timed per run: the "
+        "default), fixed (FIXED_COST in this file: the same decisions in every run) or a CycleCostModel JSON",
     )
     p.add_argument(
         "--predictor",
@@ -263,6 +294,33 @@ def cold_calls(pristine: Any, cycles: list[dict[str, Any]], gap_s: float, calls:
     return {key: float(np.median(values)) for key, values in timed.items()}
 
 
+def cost_file(choice: str, folder: Path) -> str | None:
+    """The ``live.record --cost`` file for ``--cost choice``: None for ``estimate`` (the quick
+    estimate), :data:`FIXED_COST` written under ``folder`` for ``fixed``, else ``choice`` (a path)."""
+    if choice == "estimate":
+        return None
+    if choice != "fixed":
+        return choice
+    from specfit.cost import CycleCostModel
+
+    source = "benchmarks/live_decision.py FIXED_COST (the embedded default's quick estimate, rounded)"
+    return str(CycleCostModel(**FIXED_COST, source=source).save(folder / "fixed_cost.json"))
+
+
+def decisions_digest(cycles: list[dict[str, Any]]) -> str:
+    """SHA-256 (hex) of every cycle's questions and decision: the levels and node count of each
+    tree the stopping rule was asked about, and the chosen subtree's node ids, in cycle order. Two
+    runs with the same digest asked the same questions and chose the same subtrees."""
+    import hashlib
+    import json
+
+    rows = [
+        [[[int(levels), len(tree.parents)] for tree, levels in c["trees"]], [int(v) for v in c["nodes"]]]
+        for c in cycles
+    ]
+    return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()
+
+
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print a table and the JSON summary line. Returns 0."""
@@ -271,7 +329,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from live.record import build_parser, explicit_flags, resolve_config
     from live.spec.session import RecordSession, SessionError
 
+    if args.cost not in ("estimate", "fixed") and not Path(args.cost).is_file():
+        parser.fail("--cost", f"{args.cost!r} is not a file (expected estimate, fixed or a CycleCostModel JSON)")
     with tempfile.TemporaryDirectory() as tmp:
+        cost = cost_file(args.cost, Path(tmp))
         record_argv = [
             "--mode", "policy", "--policy", "specfit", "--predictor", args.predictor,
             "--num-prompts", str(args.num_prompts), "--max-new-tokens", str(args.max_new_tokens),
@@ -279,6 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             *(["--stopping", args.stopping] if args.stopping else []),
             *(["--overlap", args.overlap] if args.overlap else []),
             *(["--prefetch", args.prefetch] if args.prefetch else []),
+            *(["--cost", cost] if cost is not None else []),
         ]  # fmt: skip
         record_parser = build_parser()
         config = resolve_config(
@@ -296,7 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         session.chooser = _RecordingChooser(inner, cycles)
         session.run(progress=False)
         live_decision_s = session.run_totals.decision_s
+        cost_source = session.cost.source
     n = len(cycles)
+    questions_per_cycle = sum(len(c["trees"]) + 1 for c in cycles) / max(n, 1)
     best_cpu = best_decision = float("inf")
     same = 0
     for _ in range(args.repeats):
@@ -321,8 +385,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "prefetch": args.prefetch or "none",
         "num_prompts": args.num_prompts,
         "num_cycles": n,
-        "questions_per_cycle": sum(len(c["trees"]) + 1 for c in cycles) / max(n, 1),
+        "cost": args.cost,
+        "cost_source": cost_source,
+        "decisions_sha256": decisions_digest(cycles),
+        "questions_per_cycle": questions_per_cycle,
         "live_decision_s_per_cycle": live_decision_s / max(n, 1),
+        "live_decision_s_per_question": live_decision_s / max(n * questions_per_cycle, 1),
         "replay_decision_cpu_s_per_cycle": best_cpu / max(n, 1),
         "replay_decision_s_per_cycle": best_decision / max(n, 1),
         "cold_replay_decision_s_per_cycle": float(np.median(cold)) / max(n, 1) if cold else None,
@@ -335,7 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "aim_decision_s_per_cycle_max": AIM_S_PER_CYCLE,
     }
     print(f"SpecFit live decide path, embedded default, predictor {summary['predictor']}: {n} cycles")
-    print(f"{'measure':<48}{'ms/cycle':>10}")
+    print(f"cost model: {cost_source}; {questions_per_cycle:.2f} questions per cycle")
+    print(f"{'measure':<48}{'ms/cycle':>10}{'us/question':>13}")
     for label, key in (
         ("live (wall, as the live summary)", "live_decision_s_per_cycle"),
         ("replay, CPU time (best of repeats)", "replay_decision_cpu_s_per_cycle"),
@@ -344,7 +413,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         (f"cold replay ({args.cold_gap_ms:g} ms gaps), decision_s (median)", "cold_replay_decision_s_per_cycle"),
     ):
         if summary[key] is not None:
-            print(f"{label:<48}{1e3 * summary[key]:>10.3f}")
+            per_question_us = 1e6 * summary[key] / questions_per_cycle if questions_per_cycle else float("nan")
+            print(f"{label:<48}{1e3 * summary[key]:>10.3f}{per_question_us:>13.1f}")
     if anatomy is not None:
         print(f"{'one cold question (' + format(args.cold_gap_ms, 'g') + ' ms gaps, median)':<48}{'us/call':>10}")
         for label, key in (

@@ -29,6 +29,42 @@ def test_replay_makes_the_live_decisions(capsys):
         assert summary[key] >= 0.0
 
 
+def test_fixed_cost_asks_the_same_questions_in_every_run(capsys):
+    """``--cost fixed``: the planner's cost model is the benchmark's constant one, not a quick
+    estimate timed per run, so two runs make the same decisions (the same digest of questions and
+    subtrees); the JSON line says which cost model ran and gives the per-question figure."""
+    pytest.importorskip("live.assets")
+    bench = load_benchmark("live_decision")
+    argv = ["--num-prompts", "1", "--max-new-tokens", "10", "--repeats", "1", "--cold-gap-ms", "0", "--cost", "fixed"]
+    summaries = []
+    for _ in range(2):
+        assert bench.main(argv) == 0
+        summaries.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    first, second = summaries
+    assert first["cost"] == "fixed" and "FIXED_COST" in first["cost_source"]
+    assert first["decisions_sha256"] == second["decisions_sha256"]
+    assert first["same_decisions"] and second["same_decisions"]
+    n = first["num_cycles"] * first["questions_per_cycle"]
+    assert first["live_decision_s_per_question"] == pytest.approx(first["live_decision_s_per_cycle"] * first["num_cycles"] / n)
+
+
+def test_decisions_digest_sees_each_question_and_decision():
+    """The digest changes with the levels or size of an asked tree and with the chosen nodes."""
+    import numpy as np
+
+    from specfit.tree import DraftTree
+
+    bench = load_benchmark("live_decision")
+    small = DraftTree.from_parents(np.arange(2), [-1, 0], np.log([1.0, 0.5]))
+    large = DraftTree.from_parents(np.arange(3), [-1, 0, 0], np.log([1.0, 0.5, 0.4]))
+    base = [{"trees": [(small, 1)], "nodes": [0, 1]}]
+    digest = bench.decisions_digest(base)
+    assert digest == bench.decisions_digest([{"trees": [(small, 1)], "nodes": [0, 1]}])
+    assert digest != bench.decisions_digest([{"trees": [(small, 2)], "nodes": [0, 1]}])
+    assert digest != bench.decisions_digest([{"trees": [(large, 1)], "nodes": [0, 1]}])
+    assert digest != bench.decisions_digest([{"trees": [(small, 1)], "nodes": [0]}])
+
+
 def test_bad_flags_exit_2():
     bench = load_benchmark("live_decision")
     with pytest.raises(SystemExit) as err:
@@ -39,6 +75,9 @@ def test_bad_flags_exit_2():
     assert err.value.code == 2
     with pytest.raises(SystemExit) as err:
         bench.main(["--cold-calls", "0"])
+    assert err.value.code == 2
+    with pytest.raises(SystemExit) as err:
+        bench.main(["--cost", "/nonexistent/cost.json"])
     assert err.value.code == 2
 
 
