@@ -61,6 +61,10 @@ class Targets:
     same_subtree_fraction: float = 0.99
 
 
+CELL_KEY = ("bandwidth_gb_per_s", "cache_experts_per_layer", "policy", "overlap", "prefetch")
+"""The columns that name one validation cell in ``fidelity.csv`` and ``cycle_errors.csv``
+(``analysis.validate.Cell.key``); files written before overlap and prefetch cells lack the last two."""
+
 SPLIT_TERMS = ("draft", "decision", "verify", "h2d", "prefetch", "cache", "overlap")
 """The terms :func:`error_split` splits a cell's simulated-minus-live time into."""
 

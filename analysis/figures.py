@@ -544,7 +544,8 @@ def time_split(split: pd.DataFrame, path: Path, max_bars: int | None = None) -> 
 
 
 def sim_vs_live_throughput(table: pd.DataFrame, path: Path) -> Path | None:
-    """Simulated against live tokens/s per validation cell (``fidelity.csv`` rows), with a +/- 2 % band.
+    """Simulated against live tokens/s per validation cell (``fidelity.csv`` rows), with a grey band of
+    +/- the throughput aim (:class:`analysis.fidelity.Targets` ``throughput_pct``, 2 % by default).
 
     Args:
         table: one row per cell: ``policy``, ``live_tokens_per_s``, ``sim_tokens_per_s``
@@ -567,7 +568,13 @@ def sim_vs_live_throughput(table: pd.DataFrame, path: Path) -> Path | None:
     hi = float(table[["live_tokens_per_s", "sim_tokens_per_s"]].max().max())
     xs = np.array([lo, hi])
     ax.plot(xs, xs, "k-", lw=1)
-    ax.fill_between(xs, xs * 0.98, xs * 1.02, color="gray", alpha=0.2, label="+/- 2 %")
+    from analysis.fidelity import Targets
+
+    aim_pct = Targets().throughput_pct
+    band = aim_pct / 100.0
+    ax.fill_between(
+        xs, xs * (1.0 - band), xs * (1.0 + band), color="gray", alpha=0.2, label=f"+/- {aim_pct:g} % (aim)"
+    )
     ax.set_xlabel("MEASURED live throughput (tokens/s)")
     ax.set_ylabel("SIMULATED throughput (tokens/s)")
     ax.set_title("SIMULATED vs MEASURED (live) throughput per cell")

@@ -527,8 +527,7 @@ def _add_validate(data: ReportData, path: Path) -> None:
     summary = _validate_summary(path, df, errors)
     repeats = summary.get("repeats")
     if not isinstance(repeats, (int, float)) or not np.isfinite(repeats):
-        nr = pd.to_numeric(df.get("num_repeats", pd.Series(dtype=float)), errors="coerce").dropna()
-        repeats = int(nr.max()) if len(nr) else 1
+        repeats = _table_repeats(df)
     data.validations.append(
         {
             "label": path.name,
@@ -580,9 +579,18 @@ def _read_cycle_errors(path: Path) -> pd.DataFrame:
     return df
 
 
+def _table_repeats(table: pd.DataFrame) -> int:
+    """The largest ``num_repeats`` of a ``fidelity.csv`` table (1 without the column or a value)."""
+    nr = pd.to_numeric(table.get("num_repeats", pd.Series(dtype=float)), errors="coerce").dropna()
+    return int(nr.max()) if len(nr) else 1
+
+
 def _validate_summary(path: Path, table: pd.DataFrame, errors: pd.DataFrame) -> dict:
-    """``fidelity.json`` of a validate folder, or the same summary recomputed from ``fidelity.csv``
-    and ``cycle_errors.csv`` (:func:`analysis.fidelity.overall`) when the file is absent.
+    """``fidelity.json`` of a validate folder, or the same summary recomputed when the file is
+    absent: :func:`analysis.fidelity.overall` and :func:`analysis.validate.cycle_noise_summary`
+    from ``fidelity.csv`` and ``cycle_errors.csv``, the cycles grouped per cell by
+    :data:`analysis.fidelity.CELL_KEY` (files without its ``overlap`` / ``prefetch`` columns: by
+    the others), ``repeats`` the table's largest ``num_repeats`` (1 without).
 
     Raises:
         ReportInputError: ``fidelity.json`` is not valid JSON.
@@ -593,21 +601,26 @@ def _validate_summary(path: Path, table: pd.DataFrame, errors: pd.DataFrame) -> 
         if isinstance(summary, dict):
             return {k: (np.nan if v is None else v) for k, v in summary.items()}
     from analysis import fidelity
+    from analysis.validate import cycle_noise_summary
 
-    keys = ["bandwidth_gb_per_s", "cache_experts_per_layer", "policy"]
-    per_cell_err, per_cell_noise = [], []
-    if len(errors) and set(keys) <= set(errors.columns):
-        for _, g in errors.groupby(keys, sort=False):
-            per_cell_err.append(pd.to_numeric(g.get("cycle_error_pct"), errors="coerce").to_numpy(float))
-            if "cycle_noise_pct" in g.columns:
-                per_cell_noise.append(pd.to_numeric(g["cycle_noise_pct"], errors="coerce").to_numpy(float))
+    keys = [k for k in fidelity.CELL_KEY if k in errors.columns]
+    cells = (
+        [g for _, g in errors.groupby(keys, sort=False, dropna=False)]
+        if len(errors) and set(fidelity.CELL_KEY[:3]) <= set(keys)
+        else []
+    )
+    numeric = [g.apply(pd.to_numeric, errors="coerce") for g in cells]
     rows = (
         table.to_dict("records")
         if {"ok", "throughput_error_pct", "hit_rate_diff_points", "same_subtree_fraction"}
         <= set(table.columns)
         else []
     )
-    return fidelity.overall(rows, per_cell_err, per_cell_noise)
+    noise = [g["cycle_noise_pct"].to_numpy(float) for g in numeric if "cycle_noise_pct" in g.columns]
+    summary = fidelity.overall(rows, [g["cycle_error_pct"].to_numpy(float) for g in numeric], noise)
+    summary["repeats"] = _table_repeats(table)
+    summary.update(cycle_noise_summary(numeric, summary["repeats"]))
+    return summary
 
 
 _READERS = {

@@ -259,14 +259,14 @@ def _count(table: pd.DataFrame, column: str) -> str:
 
 
 def validate_captions() -> dict[str, str]:
-    """The captions of validate's figures copied into the report; the per-cycle figure's aims are
-    the default :class:`analysis.fidelity.Targets`', as
-    :func:`analysis.figures.cycle_error_distribution` draws them."""
+    """The captions of validate's figures copied into the report; their aims are the default
+    :class:`analysis.fidelity.Targets`', as :func:`analysis.figures.sim_vs_live_throughput` and
+    :func:`analysis.figures.cycle_error_distribution` draw them."""
     t = fidelity.Targets()
     return {
         "sim_vs_live_throughput": "Simulated against live throughput per cell (live pooled over the "
-        "repeats; grey band: +/- 2 %, as figures.sim_vs_live_throughput draws it). Copied from the validate "
-        "folder.",
+        f"repeats; grey band: +/- the throughput aim, {t.throughput_pct:g} %, as figures.sim_vs_live_throughput "
+        "draws it). Copied from the validate folder.",
         "cycle_error_distribution": "Per-cycle error of the calibrated cost model against the mean "
         f"measured cycle over repeats (dashed: the grid's median aim, {t.cycle_median_pct:g} %; dotted: its "
         f"p90 aim, {t.cycle_p90_pct:g} %), and, with repeats, the |error| beside the per-cycle run-to-run "

@@ -212,14 +212,8 @@ class Cell:
         return f"{name}-cal" if self.calibration else name
 
     def key(self) -> dict[str, Any]:
-        """The fidelity row's key columns."""
-        return {
-            "bandwidth_gb_per_s": self.bandwidth_gb_per_s,
-            "cache_experts_per_layer": self.cache_experts_per_layer,
-            "policy": self.policy,
-            "overlap": self.overlap,
-            "prefetch": self.prefetch,
-        }
+        """The fidelity row's key columns (:data:`analysis.fidelity.CELL_KEY`, in that order)."""
+        return {column: getattr(self, column) for column in fidelity.CELL_KEY}
 
 
 def cell_cost(costs: dict[Any, Any], cell: Cell) -> Any:

@@ -306,6 +306,25 @@ def test_legends_do_not_cover_data(tmp_path, monkeypatch) -> None:
     assert sorted(texts) == ["+/- 3 % (median aim)", "+/- 8 % (p90 aim)", "ar"]  # fidelity.Targets' aims
 
 
+def test_throughput_band_and_caption_follow_the_throughput_aim(tmp_path, monkeypatch) -> None:
+    """sim_vs_live_throughput's grey band and its report caption are +/- Targets.throughput_pct
+    (they were a hard-coded 2 %): with the aim set to 5 %, both say 5 % and the band spans 0.95-1.05x."""
+    import functools
+
+    from analysis import fidelity
+
+    monkeypatch.setattr(fidelity, "Targets", functools.partial(fidelity.Targets, throughput_pct=5.0))
+    figs = _capture(monkeypatch)
+    table = pd.DataFrame({"policy": ["ar", "ar"], "live_tokens_per_s": [10.0, 20.0], "sim_tokens_per_s": [11.0, 19.0]})
+    figures.sim_vs_live_throughput(table, tmp_path / "s.png")
+    ax = figs[0].axes[0]
+    assert "+/- 5 % (aim)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    (band,) = ax.collections[1:]  # after the scatter: the fill
+    ys = band.get_paths()[0].vertices[:, 1]
+    assert min(ys) == pytest.approx(10.0 * 0.95) and max(ys) == pytest.approx(20.0 * 1.05)
+    assert "+/- the throughput aim, 5 %" in report_cli.validate_captions()["sim_vs_live_throughput"]
+
+
 def _split_rows() -> pd.DataFrame:
     """39 time-split rows like a sweep of 3 policies x 4 bandwidths x 3 caches plus 3 live runs."""
     sim = [
@@ -531,6 +550,45 @@ def test_report_of_a_validate_folder_has_its_fidelity_section(inputs, tmp_path, 
     line = noise_line(expected, 2)
     assert line.startswith("noise floor (2 repeats per cell)") and f"- {line}" in text
     assert f"p90 {np.percentile(errors['cycle_noise_pct'], 90):.3g} %" in line
+
+
+def test_recomputed_summary_keeps_overlap_and_prefetch_cells_apart(tmp_path) -> None:
+    """Without fidelity.json, the summary is recomputed from cycle_errors.csv with the cycles grouped
+    per full cell key (two cells that differ only in overlap or prefetch keep their own offsets; they
+    were pooled by bandwidth, cache and policy) and, as validate writes it, with where the per-cycle
+    error lives (cycle_noise_summary; it was missing, so the report had no bias line)."""
+    from analysis import fidelity
+    from analysis.inputs import _validate_summary
+    from analysis.validate import cycle_noise_summary
+
+    rng = np.random.default_rng(0)
+    cells = [("off", "none", 6.0), ("on", "none", -6.0), ("off", "draft", 2.0)]
+    errors = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "bandwidth_gb_per_s": 8.0,
+                    "cache_experts_per_layer": 4,
+                    "policy": "specfit",
+                    "overlap": overlap,
+                    "prefetch": prefetch,
+                    "cycle_error_pct": offset + rng.normal(0.0, 1.0, 20),
+                    "cycle_noise_pct": rng.uniform(0.0, 2.0, 20),
+                }
+            )
+            for overlap, prefetch, offset in cells
+        ]
+    )
+    table = pd.DataFrame({"num_repeats": [2, 2, 2]})
+    got = _validate_summary(tmp_path, table, errors)
+    want = cycle_noise_summary([g for _, g in errors.groupby(list(fidelity.CELL_KEY), sort=False)], 2)
+    pooled = cycle_noise_summary([g for _, g in errors.groupby(list(fidelity.CELL_KEY[:3]))], 2)
+    name = "cycle_error_cell_offset_rms_pct"
+    assert got[name] == pytest.approx(want[name]) and want[name] > 4.0 > pooled[name]
+    assert got["cycle_error_bias_rms_pct"] == pytest.approx(want["cycle_error_bias_rms_pct"]) and got["repeats"] == 2
+    # an older file without the overlap and prefetch columns is still read, as one cell
+    old = _validate_summary(tmp_path, table, errors.drop(columns=["overlap", "prefetch"]))
+    assert old[name] == pytest.approx(pooled[name])
 
 
 def test_regime_map_says_which_source_is_slower(tmp_path, monkeypatch) -> None:
