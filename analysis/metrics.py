@@ -234,7 +234,8 @@ def percentage_error(predicted: ArrayLike, measured: ArrayLike) -> np.ndarray:
 
 def r_squared(predicted: ArrayLike, measured: ArrayLike) -> float:
     """Coefficient of determination 1 - sum((m - p)^2) / sum((m - mean(m))^2) (the textbook
-    R^2 of predictions against measurements; may be negative).
+    R^2 of predictions against measurements; may be negative), checked: the form is
+    :func:`calibration.lsq.r_squared`, which ``calibration.costfit.TermError`` reports too.
 
     Args:
         predicted, measured: float[n], same length (e.g. seconds).
@@ -250,12 +251,9 @@ def r_squared(predicted: ArrayLike, measured: ArrayLike) -> float:
     meas = _as_1d("measured", measured, allow_empty=True)
     if pred.shape != meas.shape:
         raise ValueError(f"predicted and measured: lengths differ ({pred.size} vs {meas.size})")
-    if meas.size < 2:
-        return float("nan")
-    ss_tot = float(np.sum((meas - meas.mean()) ** 2))
-    if ss_tot == 0.0:
-        return float("nan")
-    return 1.0 - float(np.sum((meas - pred) ** 2)) / ss_tot
+    from calibration.lsq import r_squared as r_squared_of
+
+    return r_squared_of(pred, meas)
 
 
 @dataclass(frozen=True)

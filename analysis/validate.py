@@ -1265,12 +1265,15 @@ def speed_probe_gauge(run_dir: Path) -> str:
 
 
 def _pearson(x: pd.Series, y: pd.Series) -> float:
-    """Pearson r of the pairs where both are finite; NaN below 3 pairs or without spread."""
+    """Pearson r (``scipy.stats.pearsonr``) of the pairs where both are finite; NaN below 3 pairs
+    or without spread."""
+    from scipy.stats import pearsonr
+
     x, y = pd.to_numeric(x, errors="coerce"), pd.to_numeric(y, errors="coerce")
     keep = np.isfinite(x) & np.isfinite(y)
     if keep.sum() < 3 or x[keep].std() == 0 or y[keep].std() == 0:
         return np.nan
-    return float(np.corrcoef(x[keep], y[keep])[0, 1])
+    return float(pearsonr(x[keep].to_numpy(np.float64), y[keep].to_numpy(np.float64)).statistic)
 
 
 def probe_summary(table: pd.DataFrame, runs: pd.DataFrame) -> dict[str, Any]:

@@ -70,7 +70,7 @@ from calibration.checks import (
     validate_transfers,
 )
 from calibration.link import LinkFit, fit_link
-from calibration.lsq import fit_non_negative
+from calibration.lsq import fit_non_negative, r_squared
 from specfit.cost import CycleCostModel
 from specfit.prefetch import (
     PREFETCH_COUNT_COLUMNS,
@@ -156,7 +156,7 @@ class TermError:
 
         Returns:
             :class:`TermError`: kept rows, median and p90 of ``|% error|``, R^2 (NaN with fewer
-            than 2 rows or a constant measurement; the definitions of ``analysis.metrics``).
+            than 2 rows or a constant measurement; :func:`calibration.lsq.r_squared`).
 
         Raises:
             IndexError: ``predicted`` and ``measured`` of different lengths.
@@ -168,11 +168,7 @@ class TermError:
         if meas.size == 0:
             return cls(0, float("nan"), float("nan"), float("nan"))
         ape = 100.0 * np.abs(pred - meas) / meas
-        ss_tot = float(np.sum((meas - meas.mean()) ** 2))
-        r2 = (
-            1.0 - float(np.sum((meas - pred) ** 2)) / ss_tot if meas.size > 1 and ss_tot > 0 else float("nan")
-        )
-        return cls(int(meas.size), float(np.median(ape)), float(np.percentile(ape, 90)), r2)
+        return cls(int(meas.size), float(np.median(ape)), float(np.percentile(ape, 90)), r_squared(pred, meas))
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,30 @@ MAD_TO_SIGMA = 1.4826  # consistency constant of the median absolute deviation f
 ROBUST_ROUNDS = 3  # soft-L1 refits, each with the MAD scale of the previous fit's residuals
 
 
+def r_squared(predicted: np.ndarray, measured: np.ndarray) -> float:
+    """Coefficient of determination ``1 - sum((m - p)^2) / sum((m - mean(m))^2)``: the textbook
+    R^2 of predictions against measurements (may be negative). The one form that
+    ``calibration.costfit.TermError`` and ``analysis.metrics.r_squared`` report.
+
+    Args:
+        predicted, measured: float[n] (e.g. seconds), row for row; not checked for finiteness.
+
+    Returns:
+        R^2 (dimensionless); NaN with fewer than 2 values or a constant ``measured``.
+
+    Raises:
+        ValueError: ``predicted`` and ``measured`` of different lengths (numpy's broadcast error).
+    """
+    pred = np.asarray(predicted, dtype=np.float64)
+    meas = np.asarray(measured, dtype=np.float64)
+    if meas.size < 2:
+        return float("nan")
+    ss_tot = float(np.sum((meas - meas.mean()) ** 2))
+    if ss_tot == 0.0:
+        return float("nan")
+    return 1.0 - float(np.sum((meas - pred) ** 2)) / ss_tot
+
+
 @dataclass(frozen=True)
 class LinearFit:
     """Result of :func:`fit_non_negative`.

@@ -667,3 +667,13 @@ def test_grid_calibration_fits_the_next_layer_share_per_cache(tmp_path, monkeypa
     assert v._priced_per_cache(cost, tmp_path / "cost_1.json", {}, [4, 8]) == {c: (cost, tmp_path / "cost_1.json") for c in (4, 8)}
     v.args = SimpleNamespace(cost="given.json")
     assert v._next_layer_shares(1.0, live_paths, [4, 8]) == {}
+
+
+def test_pearson_pairs_the_finite_rows_and_needs_three_with_spread() -> None:
+    """validate._pearson: scipy's Pearson r over the rows where both are finite (here the first
+    three: r of (1, 2, 3) and (2, 4, 7), 0.99339 by hand); NaN below 3 such rows or for a constant."""
+    x = pd.Series([1.0, 2.0, 3.0, np.nan, 5.0])
+    y = pd.Series([2.0, 4.0, 7.0, 1.0, np.inf])
+    assert validate._pearson(x, y) == pytest.approx(5.0 / np.sqrt(2.0 * 38.0 / 3.0))
+    assert np.isnan(validate._pearson(x[:2], y[:2]))
+    assert np.isnan(validate._pearson(pd.Series([1.0, 1.0, 1.0]), pd.Series([1.0, 2.0, 3.0])))

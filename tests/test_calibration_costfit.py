@@ -494,3 +494,16 @@ def test_fit_link_price_at_mean_names_why_on_grouped_samples() -> None:
     fit = fit_link(b, n, s, relative=False, price_at_mean=True)
     assert (b / fit.bytes_per_s + n * fit.s_per_transfer).sum() == pytest.approx(s.sum(), rel=1e-9)
     assert fit.s_per_transfer > 0 and "(copy counts that differ between samples)" in fit.note, fit.note
+
+
+def test_term_error_r2_is_the_one_shared_form() -> None:
+    """TermError's R^2 is calibration.lsq.r_squared (also analysis.metrics.r_squared's) on the rows
+    with measured > 0: 1 - 1/2 here by hand; NaN for a constant measurement or one row."""
+    from analysis.metrics import r_squared as checked_r_squared
+    from calibration.costfit import TermError
+    from calibration.lsq import r_squared
+
+    pred, meas = np.array([1.0, 2.0, 4.0, 9.0]), np.array([1.0, 2.0, 3.0, 0.0])  # the 0 s row is left out
+    assert TermError.of(pred, meas).r2 == pytest.approx(0.5) == r_squared(pred[:3], meas[:3])
+    assert checked_r_squared(pred[:3], meas[:3]) == r_squared(pred[:3], meas[:3])
+    assert np.isnan(TermError.of(pred[:2], np.array([2.0, 2.0])).r2) and np.isnan(r_squared(pred[:1], meas[:1]))
