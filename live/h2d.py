@@ -34,7 +34,10 @@ passes that instant, and waiting for it sleeps (then spins the last millisecond)
 thread: a copy-stream thread would compete with the compute thread for the GIL and for the cores
 (on 2 shared cores it made overlap slower than no overlap), and its sleep overshoot would move
 the landings. Every copy records when it was enqueued, started and landed
-(:meth:`H2DFetch.copy_spans`).
+(:meth:`H2DFetch.copy_spans`), and on the CPU copy stream also when its memcpy ended
+(:meth:`H2DFetch.placed_at`): the compute stream's placing after the enqueue, which
+``calibration.costfit.placing_after_enqueue_s`` fits and ``sim.engine`` models
+(``CyclePlan.placing_ns_per_transfer``).
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ class H2DFetch:
         "_events",
         "_start",
         "_stamps",
+        "_placed",
         "_landing_s",
         "_spin_below_s",
         "_device",
@@ -135,6 +139,7 @@ class H2DFetch:
         self.enqueued_at = None
         self._start = None  # CPU: perf_counter when the copy stream began the batch
         self._stamps = None  # CPU: float64[M] perf_counter instant each copy landed
+        self._placed: list[float] | None = None  # CPU copy stream: perf_counter instant each memcpy ended
         self._landing_s: np.ndarray | None = None  # CPU enqueue: float64[num_transfers] landings
         self._spin_below_s = _SPIN_BELOW_S
         self._device: torch.device | None = None  # CUDA: the device whose current stream waits
@@ -223,6 +228,17 @@ class H2DFetch:
         started = np.concatenate(([self._start - origin], landed[:-1]))
         enqueued = self.enqueued_at if self.enqueued_at is not None else self._start
         return np.full(m, enqueued - origin), started, landed
+
+
+    def placed_at(self, origin) -> np.ndarray:
+        """float64[M]: seconds from ``origin`` (a ``perf_counter`` value) to the end of each copy's
+        host memcpy on the CPU copy stream (:meth:`H2DLink.enqueue`: the memcpys run on the
+        compute thread after the batch's enqueue, so the last one's end minus the enqueue is the
+        batch's placing after the enqueue). NaN where not measured: a batch from
+        :meth:`H2DLink.fetch` (no copy stream) and CUDA (the host only queues its copies)."""
+        if self._placed is None:
+            return np.full(self.copy_bytes.size, np.nan)
+        return np.array(self._placed, dtype=np.float64) - origin
 
 
 def _wait_until(deadline_s: float, spin_below_s: float = _SPIN_BELOW_S) -> None:
@@ -455,7 +471,7 @@ class H2DLink:
         latency_s = self.latency_s if self.emulated else 0.0
         clock = time.perf_counter
         start_s = landed_s = max(fetch.enqueued_at, self._link_free_s)
-        stamps, landings = [], []
+        stamps, landings, placed = [], [], []
         nbytes = iter(fetch.copy_bytes.tolist())
         for transfer in transfers:
             latency_each_s = latency_s / len(transfer)
@@ -463,12 +479,14 @@ class H2DLink:
                 dst.copy_(src)
                 landed_s += (next(nbytes) / bw if bw else 0.0) + latency_each_s
                 now_s = clock()
+                placed.append(now_s)
                 if now_s > landed_s:  # the memcpy outlasted the emulated wire
                     landed_s = now_s
                 stamps.append(landed_s)
             landings.append(landed_s)
         self._link_free_s = landed_s
         fetch._landing_s = landings
+        fetch._placed = placed
         fetch._spin_below_s = self.spin_below_s
         self._finish(fetch, start_s, np.array(stamps))
 

@@ -59,7 +59,9 @@ class TransferLog:
     (int64[M]): bytes of the copy; ``h2d_s`` (float64[M]): its measured seconds;
     ``enqueued_at_s``, ``started_at_s``, ``landed_at_s`` (float64[M]): seconds from the start of
     the forward pass to the copy's enqueue on the copy stream (the layer's router has run), to its
-    start and to its landing (``live.h2d.H2DFetch.copy_spans``). One expert is
+    start and to its landing (``live.h2d.H2DFetch.copy_spans``); ``placed_at_s`` (float64[M]): to
+    the end of the copy's host memcpy on the CPU copy stream, NaN where not measured (synchronous
+    fetches, CUDA; ``live.h2d.H2DFetch.placed_at``). One expert is
     one *transfer* made of one or more tensor copies (gate/up and down: 2 for every supported
     architecture); ``copies_per_transfer`` gives that count. These are the rows of the trace's
     ``transfers`` table (``traces.writer.TraceWriter.add_transfers``).
@@ -72,13 +74,14 @@ class TransferLog:
     enqueued_at_s: np.ndarray
     started_at_s: np.ndarray
     landed_at_s: np.ndarray
+    placed_at_s: np.ndarray
 
     @classmethod
     def empty(cls) -> TransferLog:
         """No copies."""
         ints = np.zeros(0, dtype=np.int64)
         floats = np.zeros(0, dtype=np.float64)
-        return cls(ints, ints, ints, floats, floats, floats, floats)
+        return cls(ints, ints, ints, floats, floats, floats, floats, floats)
 
     @classmethod
     def concat(cls, logs) -> TransferLog:
@@ -737,6 +740,7 @@ class OffloadedMoE:
                         fetch.copy_bytes,
                         fetch.copy_seconds(),
                         *fetch.copy_spans(state.origin),
+                        fetch.placed_at(state.origin),
                     )
                 )
         return TransferLog.concat(parts)

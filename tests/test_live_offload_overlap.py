@@ -81,6 +81,12 @@ def test_no_expert_computes_before_its_copy_lands(tiny_checkpoint):
             log.landed_at_s[rows] - log.started_at_s[rows], log.h2d_s[rows], rtol=1e-9, atol=1e-12
         )
     assert stats.layer_stall_s.shape == (engine.num_layers,)  # how long: a timing, benchmarks/overlap.py
+    # each copy's memcpy ends after its batch's enqueue, in issue order, and the copy lands no
+    # sooner (landed = max(wire clock, memcpy end)): the placing after the enqueue is measured
+    placed = log.placed_at_s
+    assert np.all(np.isfinite(placed)) and np.all(log.enqueued_at_s <= placed) and np.all(placed <= log.landed_at_s)
+    for layer in range(engine.num_layers):
+        assert np.all(np.diff(placed[log.layers == layer]) >= 0)
 
 
 @pytest.mark.parametrize("overlap", [True, False])
@@ -121,6 +127,7 @@ def test_stall_is_the_whole_h2d_time_without_overlap(tiny_checkpoint):
         np.testing.assert_array_equal(s.layer_stall_s, s.layer_h2d_s)
         log = s.transfers
         assert np.all(log.started_at_s <= log.landed_at_s)
+        assert np.all(np.isnan(log.placed_at_s))  # synchronous copies: no placing after an enqueue
 
 
 def test_link_enqueue_is_fifo_and_waits_per_transfer():
@@ -173,6 +180,10 @@ def test_cpu_copy_stream_lands_on_the_fifo_link_clock(fake_clock):
     assert started[0] == first_landed[-1]  # FIFO behind the first batch
     assert fake_clock.now_s >= t0 + 0.0063 - 1e-9 and first.done() and second.done()
     np.testing.assert_allclose(first.copy_seconds(), np.diff(first_landed, prepend=0.0), atol=1e-9)
+    # each memcpy's end is one read of the fake clock (a tick of 0.1 us per read) after the last
+    np.testing.assert_allclose(first.placed_at(t0), 1e-7 * np.arange(1, 5), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(second.placed_at(second.enqueued_at), [1e-7, 2e-7], rtol=0, atol=1e-12)
+    assert np.isnan(link.fetch([expert]).placed_at(t0)).all()  # synchronous: not measured
 
 
 @pytest.mark.gpu

@@ -34,7 +34,7 @@ def _serial_batch(rng, count: int, origin: float) -> tuple[np.ndarray, ...]:
 
 def _transfers(rng, batches: list[tuple[int, int, int, bool]]) -> pa.Table:
     """A transfers table in the writer's schema: one serial batch per (request, cycle, copies, spans)."""
-    columns: dict[str, list] = {name: [] for name in ("request_id", "cycle_index", "h2d_s", *SPANS)}
+    columns: dict[str, list] = {name: [] for name in ("request_id", "cycle_index", "h2d_s", "placed_at_s", *SPANS)}
     for request, cycle, count, spans in batches:
         enqueued, started, landed, h2d = _serial_batch(rng, count, rng.uniform(10.0, 1e5))
         columns["request_id"] += [request] * count
@@ -42,6 +42,7 @@ def _transfers(rng, batches: list[tuple[int, int, int, bool]]) -> pa.Table:
         columns["h2d_s"] += list(h2d if spans else rng.uniform(0, 1e-4, count))
         for name, values in zip(SPANS, (enqueued, started, landed)):
             columns[name] += list(values) if spans else [None] * count
+        columns["placed_at_s"] += list(enqueued + rng.uniform(0, 1e-5, count)) if spans else [None] * count
     rows = len(columns["request_id"])
     schema = arrow_schema("transfers", small_manifest().model)
     data = {
@@ -157,6 +158,34 @@ def test_writer_stores_transfers_compactly_and_reads_them_back(tmp_path):
     assert transfers["h2d_s"].tolist() == [*h2d.tolist(), 1e-6, 2e-6]
     assert transfers["enqueued_at_s"].iloc[:6].tolist() == enqueued.tolist()
     assert transfers["landed_at_s"].iloc[6:].isna().all()
+    assert transfers["placed_at_s"].isna().all()  # not given: null
+
+
+def test_memcpy_ends_are_stored_as_written_and_nan_reads_null(tmp_path):
+    rng = np.random.default_rng(3)
+    enqueued, started, landed, h2d = _serial_batch(rng, 4, 7.0)
+    placed = enqueued + np.array([1e-5, 2e-5, 3e-5, np.nan])
+    with TraceWriter(tmp_path / "run", small_manifest()) as writer:
+        writer.add_cycle(small_cycle(0, 0))
+        writer.add_transfers(0, 0, [0] * 4, [0, 1, 2, 3], 768, h2d, spans=(enqueued, started, landed), placed_at_s=placed)
+        writer.add_request(0, [7, 8, 9, 10], [1, 2, 3], "unit")
+    transfers = open_run(tmp_path / "run").transfers
+    assert transfers["placed_at_s"].iloc[:3].tolist() == placed[:3].tolist()
+    assert transfers["placed_at_s"].isna().tolist() == [False, False, False, True]
+    assert transfers["started_at_s"].tolist() == started.tolist()  # the other spans still packed and rebuilt
+
+
+def test_a_run_without_the_memcpy_column_reads_it_as_null(tmp_path):
+    """Traces written before ``placed_at_s`` existed load, the column null (no placing fitted)."""
+    run_dir = write_small_run(tmp_path / "old", num_requests=1, positions=2)
+    parts = sorted(run_dir.glob("transfers/part-*.parquet"))
+    rows = 0
+    for part in parts:
+        table = pq.read_table(part)
+        rows += table.num_rows
+        pq.write_table(table.drop(["placed_at_s"]).replace_schema_metadata(table.schema.metadata), part)
+    transfers = open_run(run_dir).transfers
+    assert parts and rows > 0 and len(transfers) == rows and transfers["placed_at_s"].isna().all()
 
 
 def _as_format_v2(run_dir) -> None:

@@ -769,6 +769,11 @@ TABLES: dict[str, tuple[ColumnSpec, ...]] = {
                 ("enqueued_at_s", "copy enqueued on the copy stream (its layer's router has run)"),
                 ("started_at_s", "copy started on the copy stream"),
                 ("landed_at_s", "copy landed in device memory"),
+                (
+                    "placed_at_s",
+                    "the copy's host memcpy ended on the CPU copy stream (the compute stream's placing "
+                    "after the enqueue; null for synchronous copies, on CUDA and in traces written before it)",
+                ),
             )
         ),
     ),

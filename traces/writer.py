@@ -57,6 +57,13 @@ def _as_int_array(name: str, values: Any, shape: tuple[int, ...] | None = None) 
     return arr.astype(np.int64, copy=False)
 
 
+def _nan_as_null(values: np.ndarray | None, count: int) -> list:
+    """A float column's values with NaN (not measured) as None (null); all None without values."""
+    if values is None:
+        return [None] * count
+    return [None if v != v else v for v in values.tolist()]
+
+
 def _as_float_array(name: str, values: Any, shape: tuple[int, ...] | None = None) -> np.ndarray:
     arr = np.asarray(values, dtype=np.float64)
     if shape is not None and arr.shape != shape:
@@ -541,11 +548,14 @@ class TraceWriter:
         num_bytes: Any,
         h2d_s: Any,
         spans: tuple[Any, Any, Any] | None = None,
+        placed_at_s: Any = None,
     ) -> None:
         """Per-transfer H2D timings of one cycle: ``layers``, ``experts``, ``num_bytes`` (scalar or
         ``[M]``, bytes) and ``h2d_s`` (``[M]``, seconds); ``spans``: optional ``(enqueued_at_s,
         started_at_s, landed_at_s)``, each ``[M]`` seconds from the verification forward's start
-        (null columns without it).
+        (null columns without it); ``placed_at_s``: optional ``[M]`` seconds from the same start to
+        the end of each copy's host memcpy on the CPU copy stream (NaN or None: not measured,
+        written as null).
 
         Raises:
             ValueError: lengths differ, or a layer/expert out of range.
@@ -581,6 +591,10 @@ class TraceWriter:
                         ("enqueued_at_s", "started_at_s", "landed_at_s"), spans or (None,) * 3
                     )
                 },
+                "placed_at_s": _nan_as_null(
+                    None if placed_at_s is None else _as_float_array("add_transfers: placed_at_s", placed_at_s, (count,)),
+                    count,
+                ),
             },
         )
 

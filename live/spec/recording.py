@@ -105,6 +105,7 @@ def write_transfers(writer, request_id: int, event: CycleEvent) -> int:
         log.num_bytes,
         log.h2d_s,
         spans=(log.enqueued_at_s, log.started_at_s, log.landed_at_s),
+        placed_at_s=log.placed_at_s,
     )
     return len(log)
 
