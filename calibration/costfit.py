@@ -619,8 +619,8 @@ def cycle_predictions(
     return out
 
 
-def fit_pre_router_frac(cycles: pd.DataFrame, notes: list[str] | None = None) -> float:
-    """``CycleCostModel.pre_router_frac``: the share of a layer's compute spent before its router
+def fit_pre_router_fraction(cycles: pd.DataFrame, notes: list[str] | None = None) -> float:
+    """``CycleCostModel.pre_router_fraction``: the share of a layer's compute spent before its router
     has chosen its experts (attention, norms, the router), from the cycles' ``layer_pre_router_s``
     (recorded live by ``live.offload``: decoder-layer start to the experts module's call) over
     their ``layer_compute_s``.
@@ -644,7 +644,7 @@ def fit_pre_router_frac(cycles: pd.DataFrame, notes: list[str] | None = None) ->
                 ratios.append(float(np.sum(pre)) / total)
     if not ratios:
         if notes is not None:
-            notes.append("pre_router_frac set to 0: no cycle recorded layer_pre_router_s (record with a newer live.record)")
+            notes.append("pre_router_fraction set to 0: no cycle recorded layer_pre_router_s (record with a newer live.record)")
         return 0.0
     return float(np.clip(np.median(ratios), 0.0, 1.0))
 
@@ -652,7 +652,7 @@ def fit_pre_router_frac(cycles: pd.DataFrame, notes: list[str] | None = None) ->
 @dataclass(frozen=True)
 class NextLayerFit(NextLayerShare):
     """Outcome of :func:`fit_next_layer_terms`: the share :class:`specfit.prefetch.NextLayerShare`
-    (``cover_frac``, ``waste_per_miss`` and the summed counts) and
+    (``cover_fraction``, ``waste_per_miss`` and the summed counts) and
 
     Attributes:
         num_cycles: cycles with prefetch counts used (count).
@@ -672,7 +672,7 @@ def fit_next_layer_terms(cycles: pd.DataFrame) -> NextLayerFit:
     counted and the prefetch covered, so the planner's misses are ``M + U`` (``M`` the recorded
     demand misses, ``U`` the used prefetches) and
 
-        next_layer_cover_frac      = sum U / (sum M - sum M_0 + sum U)
+        next_layer_cover_fraction      = sum U / (sum M - sum M_0 + sum U)
         next_layer_waste_per_miss  = sum W / (sum M - sum M_0 + sum U)   (W: wasted, evicted unused)
 
     ratios of the runs' totals (:func:`specfit.prefetch.next_layer_share`, which ``sim.sweep``'s
@@ -717,7 +717,7 @@ def fit_next_layer_terms(cycles: pd.DataFrame) -> NextLayerFit:
     if misses + used == 0:
         notes.append(f"next-layer prefetch terms set to 0: {len(table)} cycle(s) with prefetch counts and no miss")
         return NextLayerFit(0.0, 0.0, misses, used, wasted, num_cycles=len(table), notes=tuple(notes))
-    cover, waste = share.cover_frac, share.waste_per_miss
+    cover, waste = share.cover_fraction, share.waste_per_miss
     notes.append(
         f"next-layer prefetch: {cover:.3f} of the planner's misses covered, {waste:.3f} wasted copies per "
         f"miss ({used} used, {wasted} wasted, {misses} demand misses in {len(table)} cycles)"
@@ -794,7 +794,7 @@ def fit_cost_model(
         num_layers=int(num_layers),
         overlap_h2d=bool(opts.overlap_h2d),
         source=source,
-        pre_router_frac=fit_pre_router_frac(fit_cycles, notes),
+        pre_router_fraction=fit_pre_router_fraction(fit_cycles, notes),
     )
     split = {"compute_s_per_miss": miss_compute_s, "host_s_per_transfer": host_s}
     fit_err = evaluate(model, fit_cycles, fit_transfers, opts.verify_target, **split)
@@ -942,7 +942,7 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
         notes.append("no transfers table in the overlap runs: the serial runs' placing time is used")
     link_latency_s = max(base.h2d_s_per_transfer - fit.h2d_host_s_per_transfer - fit.compute_s_per_miss, 0.0)
 
-    pre_router_frac = base.pre_router_frac or fit_pre_router_frac(cycles, notes)
+    pre_router_fraction = base.pre_router_fraction or fit_pre_router_fraction(cycles, notes)
 
     misses = _stack(cycles["layer_misses"])  # [C, L]
 
@@ -954,7 +954,7 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
             h2d_s_per_transfer=link_latency_s + per_miss_s,
             host_s_per_transfer=per_miss_s,
             late_call_s=late_s,
-            pre_router_frac=pre_router_frac,
+            pre_router_fraction=pre_router_fraction,
             source=f"{base.source}; overlap terms from {len(cycles)} overlap-on cycles",
         )
         rows = zip(cycles["num_draft_levels"], cycles["num_nodes_verified"], cycles["context_len"], misses)
@@ -1023,7 +1023,7 @@ def fit_tables(fit: CostFit) -> tuple[pd.DataFrame, pd.DataFrame]:
         ("  link latency", fit.h2d_link_s_per_transfer, "s/transfer"),
         ("  host placing", fit.h2d_host_s_per_transfer, "s/transfer"),
         ("  compute per miss", fit.compute_s_per_miss, "s/miss"),
-        ("pre_router_frac", m.pre_router_frac, "fraction"),
+        ("pre_router_fraction", m.pre_router_fraction, "fraction"),
     ]
     params = pd.DataFrame(rows, columns=["parameter", "value", "unit"])
     errors = pd.DataFrame(
@@ -1056,7 +1056,7 @@ def worst_term(errors: dict[str, TermError]) -> str | None:
 __all__ = [
     "CostFit",
     "FitOptions",
-    "fit_pre_router_frac",
+    "fit_pre_router_fraction",
     "NextLayerFit",
     "OVERLAP_FIT_REPORT_VERSION",
     "OVERLAP_MAX_CONDITION",

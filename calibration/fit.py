@@ -344,10 +344,10 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
     if next_layer is not None:
         report["next_layer_fit"] = {
             "runs": next_layer_labels,
-            "next_layer_cover_frac": next_layer.cover_frac,
+            "next_layer_cover_fraction": next_layer.cover_fraction,
             "next_layer_waste_per_miss": next_layer.waste_per_miss,
             "next_layer_nodes": list(next_layer.nodes),
-            "next_layer_cover_fracs": list(next_layer.cover_fracs),
+            "next_layer_cover_fractions": list(next_layer.cover_fractions),
             "next_layer_waste_per_misses": list(next_layer.waste_per_misses),
             "num_cycles": next_layer.num_cycles,
             "num_misses": next_layer.num_misses,
@@ -399,7 +399,7 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
         "h2d_identifiable": fit.h2d_identifiable,
     }
     if next_layer is not None:
-        summary.update(next_layer_cover_frac=next_layer.cover_frac, next_layer_waste_per_miss=next_layer.waste_per_miss)
+        summary.update(next_layer_cover_fraction=next_layer.cover_fraction, next_layer_waste_per_miss=next_layer.waste_per_miss)
     if overlap is not None:
         summary.update(
             overlap_mode="on",

@@ -8,7 +8,7 @@ true misses) and a zero ``decision_s``, as the live engine logs its planner's vi
 Transfers are one row per missed expert with ``bytes = expert_bytes`` and their own noisy time,
 as the live engine records them; :func:`synthetic_size_sweep` gives copies of varied sizes (what
 ``calibration.h2d`` measures), the data that separate bandwidth from per-transfer latency.
-With next-layer prefetch terms in the model (``next_layer_cover_frac``, ``next_layer_waste_per_miss``)
+With next-layer prefetch terms in the model (``next_layer_cover_fraction``, ``next_layer_waste_per_miss``)
 each cycle also records prefetch counts drawn from them: of a layer's ``w`` drawn misses
 ``Binomial(w, cover)`` were prefetched and used (the rest are its demand misses, ``layer_misses``;
 none at layer 0, which no guess covers), and ``Poisson(waste * w)`` wrong guesses were wasted
@@ -128,7 +128,7 @@ def synthetic_tables(
                 "layer_h2d_bytes": layer_bytes,
                 "layer_h2d_s": layer_s,
                 "layer_compute_s": np.full(num_layers, verify_s / num_layers),
-                "layer_pre_router_s": np.full(num_layers, model.pre_router_frac * verify_s / num_layers),
+                "layer_pre_router_s": np.full(num_layers, model.pre_router_fraction * verify_s / num_layers),
                 "cache_hits": int(rng.integers(0, 8 * num_layers)),
                 "cache_misses": int(misses.sum()),
                 "predicted_expected_committed": None if policy == "ar" else float(num_accepted + 1),

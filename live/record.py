@@ -309,7 +309,7 @@ def quick_cost_next_layer_note(config: RecordConfig) -> str | None:
 
     Without ``--cost`` a planned policy (:data:`live.spec.names.PLANNED_POLICIES`) prices cycles
     with the session's quick cost estimate (``live.spec.costs.estimate_cost_model``), which times
-    compute and the link but has no next-layer prefetch share (``next_layer_cover_frac`` and
+    compute and the link but has no next-layer prefetch share (``next_layer_cover_fraction`` and
     ``next_layer_waste_per_miss`` are 0: they are fitted from a run's prefetch counts), so with
     ``--prefetch next-layer|both`` the planner prices the copies as if nothing were prefetched one
     layer ahead; ``--cost`` files are checked by :func:`check_input_files`
@@ -318,7 +318,7 @@ def quick_cost_next_layer_note(config: RecordConfig) -> str | None:
     if config.cost is not None or not uses_next_layer(config.prefetch) or config.policy not in PLANNED_POLICIES:
         return None
     return (
-        "the quick cost estimate (no --cost) has no next-layer prefetch share (next_layer_cover_frac and "
+        "the quick cost estimate (no --cost) has no next-layer prefetch share (next_layer_cover_fraction and "
         "next_layer_waste_per_miss are 0), so the planner prices no next-layer prefetch; fit them with "
         "`python -m calibration.fit` on runs recorded with --prefetch next-layer and pass its cost.json as --cost"
     )

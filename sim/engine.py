@@ -11,7 +11,7 @@ Model (issue 6, "The discrete-event model"):
 * The compute stream runs the draft levels (``draft_ns``), then the planner (``decision_ns``, a
   modelled constant), then the verification forward pass layer by layer. Layer ``l`` computes
   for ``layer_compute_ns[l]`` in all: first its part before the router (``layer_pre_router_ns[l]``:
-  attention, norms, the router; ``CycleCostModel.pre_router_frac`` of it), which needs no expert,
+  attention, norms, the router; ``CycleCostModel.pre_router_fraction`` of it), which needs no expert,
   then its experts, each only once it is on the device.
 * The H2D link is a FIFO copy stream (a CUDA copy stream: copies run in the order they were
   enqueued). Each expert copy takes ``latency_ns`` (per-transfer dispatch cost) then ``wire_ns``
@@ -150,7 +150,7 @@ class CyclePlan:
         layer_pre_router_ns: empty (0 for every layer), or per layer the part of
             ``layer_compute_ns[l]`` computed before the layer's router has run (attention,
             norms, router; 0 <= it <= ``layer_compute_ns[l]``): the layer's demand copies are
-            enqueued after it (``CycleCostModel.pre_router_frac``).
+            enqueued after it (``CycleCostModel.pre_router_fraction``).
         copy_stream: whether the demand copies go on the copy stream (``live.offload`` enqueues
             them with overlap or with any prefetch mode: the link starts at the enqueue and
             copies while the rest are placed, ``_batch_landings``) or, with ``False`` and overlap

@@ -19,9 +19,9 @@ determine the three unknowns exactly (:func:`derive_compute_costs`): 1.766 ms pe
 4.475 ms base and 19.8 us per node. The context term is not identifiable from these figures
 and is set to 0. The report does not name the GPU model, so the preset names the setup instead.
 
-The compute preset's ``pre_router_frac`` (the share of a layer's compute before its router has
+The compute preset's ``pre_router_fraction`` (the share of a layer's compute before its router has
 chosen its experts, after which ``--overlap on`` enqueues the layer's copies) is not in any public
-figure, so it is derived from the preset model's shape (:func:`pre_router_frac_of`). Assumption:
+figure, so it is derived from the preset model's shape (:func:`pre_router_fraction_of`). Assumption:
 decoding is memory-bound, so a layer's time is proportional to the weight bytes it reads; before
 the router it reads the attention projections (q, k, v, o) and the router, after it the top-k
 active experts (3 SwiGLU matrices each). Norm weights (< 0.03 %) and the KV cache are left out
@@ -105,8 +105,8 @@ QWEN3_30B_A3B_ATTENTION = AttentionShape(num_heads=32, num_kv_heads=4, head_dim=
 ``num_key_value_heads`` 4, ``head_dim`` 128; not in docs/reference-figures.md)."""
 
 
-def pre_router_frac_of(shape, attention: AttentionShape) -> float:
-    """``CycleCostModel.pre_router_frac`` of a model from its shape, decode assumed memory-bound.
+def pre_router_fraction_of(shape, attention: AttentionShape) -> float:
+    """``CycleCostModel.pre_router_fraction`` of a model from its shape, decode assumed memory-bound.
 
     A layer's time is taken proportional to the weights it reads in a one-token decode step:
     before its router the attention projections, ``2 * hidden * heads * head_dim`` (q, o) ``+ 2 *
@@ -143,7 +143,7 @@ class ComputePreset:
     verify_s_per_node: float
     verify_s_per_context_token: float
     source: str
-    pre_router_frac: float = 0.0
+    pre_router_fraction: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ def compute_presets() -> dict[str, ComputePreset]:
     from specfit.shapes import get_model_shape
 
     d, base, per_node = derive_compute_costs(QWEN3_30B_A3B_2GPU_POINTS)
-    pre = pre_router_frac_of(get_model_shape("qwen3-30b-a3b"), QWEN3_30B_A3B_ATTENTION)
+    pre = pre_router_fraction_of(get_model_shape("qwen3-30b-a3b"), QWEN3_30B_A3B_ATTENTION)
     figures = "; ".join(
         f"{p.label}: {p.tokens_per_s} tok/s at tau {p.tau} -> {p.cycle_s * 1e3:.3f} ms/cycle"
         for p in QWEN3_30B_A3B_2GPU_POINTS
@@ -200,10 +200,10 @@ def compute_presets() -> dict[str, ComputePreset]:
                 f"public EAGLE-3 figures on Qwen3-30B-A3B ({REFERENCE}): {figures}; solved for "
                 f"draft {d * 1e3:.3f} ms/level, verify {base * 1e3:.3f} ms + {per_node * 1e6:.1f} us/node; "
                 "context term 0 (not identifiable); "
-                f"pre_router_frac {pre:.3f} from the model's shape (attention + router weights over "
+                f"pre_router_fraction {pre:.3f} from the model's shape (attention + router weights over "
                 "those + the top-8 experts', decode memory-bound; sim/presets.py)"
             ),
-            pre_router_frac=pre,
+            pre_router_fraction=pre,
         )
     }
 
@@ -271,7 +271,7 @@ def cost_from_preset(
         expert_bytes=int(expert_bytes),
         num_layers=int(num_layers),
         overlap_h2d=bool(overlap_h2d),
-        pre_router_frac=c.pre_router_frac,
+        pre_router_fraction=c.pre_router_fraction,
         source=f"preset {compute_name}+{link_name}: compute: {c.source}; link: {lk.source}",
     )
 

@@ -535,10 +535,10 @@ class _Replayer:
 
     def _layer_split(self, verify_ns: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Per-layer compute of a verification forward of ``verify_ns`` (:func:`split_ns`) and the
-        part of each computed before the layer's router (``cost.pre_router_frac``, rounded to
+        part of each computed before the layer's router (``cost.pre_router_fraction``, rounded to
         the nanosecond; empty when 0), after which the layer's demand copies are enqueued."""
         compute = split_ns(verify_ns, self.num_layers)
-        frac = self.timed.pre_router_frac
+        frac = self.timed.pre_router_fraction
         return compute, tuple(min(round(frac * c), c) for c in compute) if frac else ()
 
     def _access(self, expert_ids: np.ndarray, nodes: np.ndarray, mask: np.ndarray | None = None) -> Any:

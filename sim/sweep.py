@@ -737,7 +737,7 @@ def pilot_next_layer_share(cell: CellSpec, policies: Sequence[str] = PILOT_POLIC
         policies: pilot policies (canonical names), default :data:`PILOT_POLICIES`.
 
     Returns:
-        ``specfit.prefetch.NextLayerShare`` (``cover_frac`` h, ``waste_per_miss`` x, counts, knots).
+        ``specfit.prefetch.NextLayerShare`` (``cover_fraction`` h, ``waste_per_miss`` x, counts, knots).
 
     Raises:
         ReplayError / ValueError: from the replays (a trace without next-layer guesses).
@@ -786,7 +786,7 @@ def _price_next_layer(
 ) -> tuple[list[CellSpec], str | None]:
     """Cells whose next-layer prefetch the sweep prices, and the header line saying how.
 
-    A cost with its own share (``next_layer_cover_frac`` or ``next_layer_waste_per_miss`` > 0,
+    A cost with its own share (``next_layer_cover_fraction`` or ``next_layer_waste_per_miss`` > 0,
     e.g. ``calibration.fit`` on runs recorded with ``--prefetch next-layer``) keeps it. One
     without (a preset, the default, an older or next-layer-free fit) would price none, so the
     cells with ``--prefetch next-layer|both`` get the share :func:`pilot_next_layer_share`
@@ -807,11 +807,11 @@ def _price_next_layer(
         return cells, None
     if cost.has_next_layer_share:  # versions 1-4 load without one
         own = NextLayerShare(
-            cost.next_layer_cover_frac, cost.next_layer_waste_per_miss, 0, 0, 0,
-            cost.next_layer_nodes, cost.next_layer_cover_fracs, cost.next_layer_waste_per_misses,
+            cost.next_layer_cover_fraction, cost.next_layer_waste_per_miss, 0, 0, 0,
+            cost.next_layer_nodes, cost.next_layer_cover_fractions, cost.next_layer_waste_per_misses,
         )  # fmt: skip
         return cells, (
-            f"next-layer prefetch: priced with the cost's own share {cost.next_layer_cover_frac:.3f} of the "
+            f"next-layer prefetch: priced with the cost's own share {cost.next_layer_cover_fraction:.3f} of the "
             f"planner's misses covered, {cost.next_layer_waste_per_miss:.3f} wasted copies per miss"
             + (f", {own.knots_text()}" if own.nodes else " at every tree size")
             + f" ({cost_file or cost.source})"
@@ -829,7 +829,7 @@ def _price_next_layer(
             cell = dataclasses.replace(cell, cost={**cell.cost, **share})
         priced.append(cell)
     per_cache = "; ".join(
-        f"cache {size} {policy}: {fit.cover_frac:.3f} covered, {fit.waste_per_miss:.3f} wasted/miss "
+        f"cache {size} {policy}: {fit.cover_fraction:.3f} covered, {fit.waste_per_miss:.3f} wasted/miss "
         f"({fit.num_used} used, {fit.num_wasted} wasted, {fit.num_misses} demand misses)"
         + (f", {fit.knots_text()}" if fit.nodes else "")
         for (size, policy), fit in fits.items()

@@ -9,8 +9,8 @@
     T_verify = verify_base_s + verify_s_per_node * nodes + verify_s_per_context_token * context_len
     T_h2d    = sum over layers of misses_l * (expert_bytes / h2d_bytes_per_s + h2d_s_per_transfer)
     T_link   = expert_bytes / h2d_bytes_per_s + h2d_s_per_transfer - host_s_per_transfer
-    T_pre    = pre_router_frac * T_verify / L     (a layer's attention + router, before its copies)
-  with next-layer prefetch (next_layer_prefetch; h = next_layer_cover_frac, x = next_layer_waste_per_miss,
+    T_pre    = pre_router_fraction * T_verify / L     (a layer's attention + router, before its copies)
+  with next-layer prefetch (next_layer_prefetch; h = next_layer_cover_fraction, x = next_layer_waste_per_miss,
   c = T_verify / L), each layer's part above but the first's (layer 0 has no layer before it to guess
   from: it keeps h = x = 0) becomes
     (1 + x) * host_s_per_transfer * m_l + max(c + (1 - h) T_link m_l, (1 + x) T_link m_l)     (no overlap)
@@ -24,15 +24,15 @@ Overlap mode "on" is the live engine's ``--overlap on`` (``live.offload``; ``sim
 layer l's misses are placed by the compute stream (``host_s_per_transfer`` each: slot
 bookkeeping, the emulated link's memcpy, per-miss compute; the part of ``h2d_s_per_transfer`` that
 is not link time), their copies are enqueued once its router has run (after the first
-``pre_router_frac`` of the layer's compute: attention, norms and the router, measured live per
+``pre_router_fraction`` of the layer's compute: attention, norms and the router, measured live per
 layer) and overlap only the rest of that layer's compute (its experts), and the experts whose copies land after the resident ones were computed take one
 more kernel call (``late_call_s``, once per layer when copies land one by one, the usual case:
 ``sim.engine`` models the groups exactly). Both are fitted by ``calibration.costfit`` from
-overlap-on runs (``fit_overlap_terms``); with them and ``pre_router_frac`` at 0 a layer lasts
+overlap-on runs (``fit_overlap_terms``); with them and ``pre_router_fraction`` at 0 a layer lasts
 ``max(compute_l, h2d_l)`` on an idle link. The totals-only paths (:meth:`CycleCostModel.cycle_s_total`, the planner's
 exact search, which knows a subtree's total misses only) price mode "on" with its lower bound
 from the total ``M`` (:meth:`CycleCostModel.overlap_on_total_s`: ``host * M + max(T_verify,
-pre_router_frac * T_verify + T_link * M) + late_call_s * (M > 0)``, equal to the per-layer form
+pre_router_fraction * T_verify + T_link * M) + late_call_s * (M > 0)``, equal to the per-layer form
 when all layers are compute-bound or all copy-bound); the planner prices its plan per layer and
 certifies the gap (``specfit.planner``). Mode "ideal" is ``max(T_verify, T_h2d)``, a bound no
 engine reaches (every layer's copies enqueued when verification starts). Files without ``overlap_mode`` keep the "ideal" meaning they had. The simulator gives the
@@ -71,15 +71,17 @@ import numpy as np
 from specfit.units import gb_per_s_to_bytes_per_s
 
 COST_MODEL_FORMAT = "specfit.CycleCostModel"
-COST_MODEL_VERSION = 7  # 2: draft_base_s (version 1 loads with 0); 3: host_s_per_transfer,
+COST_MODEL_VERSION = 8  # 2: draft_base_s (version 1 loads with 0); 3: host_s_per_transfer,
 # late_call_s (versions 1-2 load with 0: all of h2d_s_per_transfer is link time, no late calls);
-# 4: pre_router_frac (versions 1-3 load with 0: copies enqueued at the layer's start);
-# 5: next_layer_cover_frac, next_layer_waste_per_miss (versions 1-4 load with 0: next-layer
-# prefetch not priced); 6: next_layer_nodes, next_layer_cover_fracs, next_layer_waste_per_misses
+# 4: pre_router_fraction (versions 1-3 load with 0: copies enqueued at the layer's start);
+# 5: next_layer_cover_fraction, next_layer_waste_per_miss (versions 1-4 load with 0: next-layer
+# prefetch not priced); 6: next_layer_nodes, next_layer_cover_fractions, next_layer_waste_per_misses
 # (the share per tree size; versions 1-5 load without knots: one share at every size); 7: the
 # share and waste are of the misses of layers 1..L-1 (layer 0 has no guess and is priced without
 # them); versions 5-6 averaged them over every layer and load scaled by L / (L - 1) (share capped
-# at 1): :func:`share_of_guessed_layers`
+# at 1): :func:`share_of_guessed_layers`; 8: the fraction fields named ``*_fraction(s)`` (versions
+# 4-7 wrote pre_router_frac, next_layer_cover_frac and next_layer_cover_fracs: read under those
+# names too, :data:`FORMER_FIELD_NAMES`)
 COST_FIT_REPORT_NAME = "cost_fit_report.json"  # written by calibration.fit beside its cost.json
 
 
@@ -104,10 +106,31 @@ def failed_fit_note(cost_path: str | Path) -> str | None:
 
 def _no_pre_router_text(where: str, version: int) -> str:
     return (
-        f"{where}: a version-{version} cost model has no pre_router_frac; it is taken as 0 (a "
+        f"{where}: a version-{version} cost model has no pre_router_fraction; it is taken as 0 (a "
         "layer's copies enqueued at the layer's start, before its attention and router: optimistic "
         "with overlap). Refit with `python -m calibration.fit` on runs that record layer_pre_router_s."
     )
+
+
+def _current_names(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a cost JSON object) with its fields, and those of its ``units``, under their current
+    names (:data:`FORMER_FIELD_NAMES`); where a file gives both names, the current one's value."""
+
+    def renamed(mapping: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in mapping.items() if k not in FORMER_FIELD_NAMES}
+        for old, new in FORMER_FIELD_NAMES.items():
+            if old in mapping and new not in mapping:
+                out[new] = mapping[old]
+        return out
+
+    if not any(name in data for name in FORMER_FIELD_NAMES) and not (
+        isinstance(data.get("units"), dict) and any(name in data["units"] for name in FORMER_FIELD_NAMES)
+    ):
+        return data
+    out = renamed(data)
+    if isinstance(data.get("units"), dict):
+        out["units"] = renamed(data["units"])
+    return out
 
 
 def _file_without(cost_path: str | Path, field: str, last_version: int) -> tuple[dict, int] | None:
@@ -119,18 +142,18 @@ def _file_without(cost_path: str | Path, field: str, last_version: int) -> tuple
     except (OSError, ValueError):
         return None
     version = data.get("version") if isinstance(data, dict) else None
-    if isinstance(version, bool) or not isinstance(version, int) or version > last_version or field in data:
+    if isinstance(version, bool) or not isinstance(version, int) or version > last_version or field in _current_names(data):
         return None
     return data, version
 
 
 def no_next_layer_note(cost_path: str | Path) -> str | None:
     """One line saying that the cost JSON at ``cost_path`` predates the next-layer prefetch term
-    (version 1-4: ``next_layer_cover_frac`` and ``next_layer_waste_per_miss`` loaded as 0, so a
+    (version 1-4: ``next_layer_cover_fraction`` and ``next_layer_waste_per_miss`` loaded as 0, so a
     run with ``--prefetch next-layer|both`` is priced as if it prefetched nothing one layer ahead),
     else None. What :func:`unpriced_next_layer_note` says first for such a file. Never raises: an
     unreadable file gives None."""
-    older = _file_without(cost_path, "next_layer_cover_frac", 4)
+    older = _file_without(cost_path, "next_layer_cover_fraction", 4)
     if older is None:
         return None
     version = older[1]
@@ -152,18 +175,18 @@ def unpriced_next_layer_note(cost: CycleCostModel, cost_path: str | Path | None 
     if cost.has_next_layer_share:
         return None
     return (
-        f"{cost_path or cost.source}: no next-layer prefetch share (next_layer_cover_frac and "
+        f"{cost_path or cost.source}: no next-layer prefetch share (next_layer_cover_fraction and "
         "next_layer_waste_per_miss are 0), so the planner prices no next-layer prefetch; fit them with "
         "`python -m calibration.fit` on runs recorded with --prefetch next-layer"
     )
 
 
 def no_pre_router_note(cost_path: str | Path) -> str | None:
-    """One line saying that the cost JSON at ``cost_path`` predates ``pre_router_frac`` (version
+    """One line saying that the cost JSON at ``cost_path`` predates ``pre_router_fraction`` (version
     1-3: loaded as 0) when the file itself does not say overlap mode "on" (then :meth:`CycleCostModel.from_dict`
     already warns), else None. For the tools that set overlap "on" after loading (``sim.sweep
     --overlap on``, ``live.record --overlap on``). Never raises: an unreadable file gives None."""
-    older = _file_without(cost_path, "pre_router_frac", 3)
+    older = _file_without(cost_path, "pre_router_fraction", 3)
     if older is None:
         return None
     data, version = older
@@ -183,7 +206,7 @@ def cost_file_warnings(
     """The warnings a tool that prices cycles with the cost JSON at ``cost_path`` prints (each as
     ``warning: --cost <line>``; ``sim.sweep``, ``live.record``, ``analysis.validate``): the file
     failed ``calibration.fit``'s verdict (:func:`failed_fit_note`, followed by ``; consequence``
-    when given), it predates ``pre_router_frac`` and the run overlaps (``overlap``;
+    when given), it predates ``pre_router_fraction`` and the run overlaps (``overlap``;
     :func:`no_pre_router_note`), ``cost`` prices no next-layer prefetch and the run prefetches one
     layer ahead (``next_layer``; :func:`unpriced_next_layer_note`). Empty when none applies;
     never raises."""
@@ -197,6 +220,12 @@ def cost_file_warnings(
     return notes
 
 
+# a field's name in cost JSON before version 8 -> its name now (from_dict reads either)
+FORMER_FIELD_NAMES: dict[str, str] = {
+    "pre_router_frac": "pre_router_fraction",
+    "next_layer_cover_frac": "next_layer_cover_fraction",
+    "next_layer_cover_fracs": "next_layer_cover_fractions",
+}
 # field -> unit written beside it in JSON; load() rejects a file that states another unit.
 FIELD_UNITS: dict[str, str] = {
     "draft_s_per_level": "s/level",
@@ -208,11 +237,11 @@ FIELD_UNITS: dict[str, str] = {
     "h2d_s_per_transfer": "s/transfer",
     "host_s_per_transfer": "s/transfer",
     "late_call_s": "s",
-    "pre_router_frac": "fraction",
-    "next_layer_cover_frac": "fraction",
+    "pre_router_fraction": "fraction",
+    "next_layer_cover_fraction": "fraction",
     "next_layer_waste_per_miss": "copies/miss",
     "next_layer_nodes": "count",
-    "next_layer_cover_fracs": "fraction",
+    "next_layer_cover_fractions": "fraction",
     "next_layer_waste_per_misses": "copies/miss",
     "expert_bytes": "bytes",
     "num_layers": "count",
@@ -241,8 +270,8 @@ _FLOAT_FIELDS = (
     "h2d_s_per_transfer",
     "host_s_per_transfer",
     "late_call_s",
-    "pre_router_frac",
-    "next_layer_cover_frac",
+    "pre_router_fraction",
+    "next_layer_cover_fraction",
     "next_layer_waste_per_miss",
 )
 
@@ -305,16 +334,16 @@ class CycleCostModel:
         late_call_s: with overlap mode "on", the compute-stream cost of the extra kernel call on
             the experts whose copies landed after the layer's resident experts were computed
             (s; default 0).
-        pre_router_frac: the share of each layer's compute that runs before its router has
+        pre_router_fraction: the share of each layer's compute that runs before its router has
             chosen the layer's experts (attention, norms, the router itself; fraction in [0, 1],
             default 0). With overlap mode "on" a layer's copies are enqueued only after it, so
-            they overlap the remaining ``1 - pre_router_frac`` (the experts' compute).
+            they overlap the remaining ``1 - pre_router_fraction`` (the experts' compute).
             ``calibration.costfit`` fits it from the live engine's ``layer_pre_router_s``.
         draft_prefetch: whether the run prefetches from the draft (``--prefetch draft|both``):
             the planner then prices a subtree whose per-node expert predictions it has as if its
             predicted misses were copied when it is chosen (:meth:`plan_cycle_s`); a run setting,
             like ``overlap_h2d`` (default False; optional in JSON).
-        next_layer_cover_frac: with next-layer prefetch, the share of a layer's demand misses (as
+        next_layer_cover_fraction: with next-layer prefetch, the share of a layer's demand misses (as
             the planner counts them, against the cache it sees) whose copies the guess of the
             layer before enqueued one layer ahead (fraction in [0, 1], default 0), over layers
             ``1..L-1``: layer 0 has no layer before it, so no guess, and is priced with none
@@ -326,13 +355,13 @@ class CycleCostModel:
             the link per such demand miss of layers ``1..L-1`` (copies/miss, >= 0, default 0),
             fitted alike.
         next_layer_nodes: knots of the share per tree size over a cycle's verified nodes (count,
-            strictly increasing, >= 1; default empty: ``next_layer_cover_frac`` and
+            strictly increasing, >= 1; default empty: ``next_layer_cover_fraction`` and
             ``next_layer_waste_per_miss`` at every size). With knots, ``h`` and ``x`` of a cycle of
-            ``n`` verified nodes are ``np.interp(n, next_layer_nodes, next_layer_cover_fracs)`` and
+            ``n`` verified nodes are ``np.interp(n, next_layer_nodes, next_layer_cover_fractions)`` and
             ``np.interp(n, next_layer_nodes, next_layer_waste_per_misses)`` (the end values outside),
             and the two scalars are the pooled values (reported, not priced). Fitted by
             :func:`specfit.prefetch.next_layer_share_by_nodes` from per-cycle counts.
-        next_layer_cover_fracs, next_layer_waste_per_misses: the share (fractions in [0, 1]) and
+        next_layer_cover_fractions, next_layer_waste_per_misses: the share (fractions in [0, 1]) and
             waste (copies/miss, >= 0) at each knot (tuples as long as ``next_layer_nodes``).
         next_layer_prefetch: whether the run prefetches one layer ahead (``--prefetch
             next-layer|both``): the cycle is then priced with the two terms above (see
@@ -341,8 +370,8 @@ class CycleCostModel:
 
     Raises:
         ValueError: a negative or non-finite time, a non-positive bandwidth or layer count,
-            ``host_s_per_transfer > h2d_s_per_transfer``, ``pre_router_frac`` or
-            ``next_layer_cover_frac`` above 1; the message names the field.
+            ``host_s_per_transfer > h2d_s_per_transfer``, ``pre_router_fraction`` or
+            ``next_layer_cover_fraction`` above 1; the message names the field.
     """
 
     draft_s_per_level: float
@@ -359,13 +388,13 @@ class CycleCostModel:
     overlap_mode: str = "ideal"
     host_s_per_transfer: float = 0.0
     late_call_s: float = 0.0
-    pre_router_frac: float = 0.0
+    pre_router_fraction: float = 0.0
     draft_prefetch: bool = False
-    next_layer_cover_frac: float = 0.0
+    next_layer_cover_fraction: float = 0.0
     next_layer_waste_per_miss: float = 0.0
     next_layer_prefetch: bool = False
     next_layer_nodes: tuple[float, ...] = ()
-    next_layer_cover_fracs: tuple[float, ...] = ()
+    next_layer_cover_fractions: tuple[float, ...] = ()
     next_layer_waste_per_misses: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
@@ -389,7 +418,7 @@ class CycleCostModel:
                 "CycleCostModel.host_s_per_transfer: expected <= h2d_s_per_transfer (it is the part of "
                 f"it spent on the compute stream), got {self.host_s_per_transfer!r} > {self.h2d_s_per_transfer!r}"
             )
-        for name in ("pre_router_frac", "next_layer_cover_frac"):
+        for name in ("pre_router_fraction", "next_layer_cover_fraction"):
             if getattr(self, name) > 1.0:
                 raise ValueError(f"CycleCostModel.{name}: expected a fraction in [0, 1], got {getattr(self, name)!r}")
         for name, minimum in (("expert_bytes", 0), ("num_layers", 1)):
@@ -412,7 +441,7 @@ class CycleCostModel:
         on = self.overlap_h2d and self.overlap_mode == "on"
         nl = self.next_layer_prefetch and self.has_next_layer_share and not (self.overlap_h2d and not on)
         host, link = self.host_s_per_transfer, self.link_s_per_transfer
-        terms = self._share_terms(self.next_layer_cover_frac, self.next_layer_waste_per_miss)
+        terms = self._share_terms(self.next_layer_cover_fraction, self.next_layer_waste_per_miss)
         plain = self.layer0_s_per_miss  # h = x = 0
         if knots is None:
             least = terms
@@ -430,7 +459,7 @@ class CycleCostModel:
     def _check_knots(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """Validate the share-per-size knots (stored back as tuples of floats); their float64
         arrays ``(nodes, cover, waste)``, or None without knots."""
-        names = ("next_layer_nodes", "next_layer_cover_fracs", "next_layer_waste_per_misses")
+        names = ("next_layer_nodes", "next_layer_cover_fractions", "next_layer_waste_per_misses")
         arrays = []
         for name in names:
             value = getattr(self, name)
@@ -446,7 +475,7 @@ class CycleCostModel:
         nodes, cover, waste = arrays
         if not (len(nodes) == len(cover) == len(waste)):
             raise ValueError(
-                f"CycleCostModel.next_layer_nodes: expected as many knots as next_layer_cover_fracs and "
+                f"CycleCostModel.next_layer_nodes: expected as many knots as next_layer_cover_fractions and "
                 f"next_layer_waste_per_misses, got {len(nodes)}, {len(cover)} and {len(waste)}"
             )
         if not len(nodes):
@@ -454,7 +483,7 @@ class CycleCostModel:
         if nodes[0] < 1.0 or np.any(np.diff(nodes) <= 0.0):
             raise ValueError(f"CycleCostModel.next_layer_nodes: expected strictly increasing node counts >= 1, got {self.next_layer_nodes!r}")
         if np.any(cover > 1.0):
-            raise ValueError(f"CycleCostModel.next_layer_cover_fracs: expected fractions in [0, 1], got {self.next_layer_cover_fracs!r}")
+            raise ValueError(f"CycleCostModel.next_layer_cover_fractions: expected fractions in [0, 1], got {self.next_layer_cover_fractions!r}")
         for a in arrays:
             a.setflags(write=False)
         return nodes, cover, waste
@@ -547,26 +576,26 @@ class CycleCostModel:
 
     @property
     def has_next_layer_share(self) -> bool:
-        """True when a next-layer prefetch share was fitted (``next_layer_cover_frac`` or
+        """True when a next-layer prefetch share was fitted (``next_layer_cover_fraction`` or
         ``next_layer_waste_per_miss`` > 0, or a knot's); versions 1-4 and presets load without one."""
-        if self.next_layer_cover_frac > 0.0 or self.next_layer_waste_per_miss > 0.0:
+        if self.next_layer_cover_fraction > 0.0 or self.next_layer_waste_per_miss > 0.0:
             return True
-        return any(v > 0.0 for v in self.next_layer_cover_fracs + self.next_layer_waste_per_misses)
+        return any(v > 0.0 for v in self.next_layer_cover_fractions + self.next_layer_waste_per_misses)
 
     def next_layer_share_at(self, num_nodes: Any) -> tuple[Any, Any]:
         """``(h, x)``: next-layer prefetch's share and waste for a cycle of ``num_nodes`` verified
         nodes (a count or an array of counts; the results broadcast alike): the knots'
         ``np.interp`` (the end values outside) when the model has them, else
-        ``next_layer_cover_frac`` and ``next_layer_waste_per_miss``."""
+        ``next_layer_cover_fraction`` and ``next_layer_waste_per_miss``."""
         knots = self._derived[5]
         if knots is None:
-            return self.next_layer_cover_frac, self.next_layer_waste_per_miss
+            return self.next_layer_cover_fraction, self.next_layer_waste_per_miss
         return np.interp(num_nodes, knots[0], knots[1]), np.interp(num_nodes, knots[0], knots[2])
 
     @property
     def next_layer_priced(self) -> bool:
         """True when cycles are priced with next-layer prefetch (:meth:`cycle_s_layers`):
-        ``next_layer_prefetch`` with a fitted share (``next_layer_cover_frac`` or
+        ``next_layer_prefetch`` with a fitted share (``next_layer_cover_fraction`` or
         ``next_layer_waste_per_miss`` > 0), without overlap or in mode "on". Mode "ideal" is left
         as it is: a bound that enqueues every demand copy when verification starts, which no
         prefetch improves on (its waste is left out, as its placing is). Set once per model."""
@@ -612,8 +641,8 @@ class CycleCostModel:
 
     def overlap_on_total_s(self, verify_s: Any, total_misses: Any) -> Any:
         """Mode "on"'s verification time from the TOTAL misses (s; arrays broadcast):
-        ``max(V + host * M, pre_router_frac * V + s_per_miss * M) + late_call_s * (M > 0)``
-        (= ``host * M + max(V, pre_router_frac * V + T_link * M) + ...``).
+        ``max(V + host * M, pre_router_fraction * V + s_per_miss * M) + late_call_s * (M > 0)``
+        (= ``host * M + max(V, pre_router_fraction * V + T_link * M) + ...``).
 
         A LOWER bound on the per-layer form :meth:`cycle_s` gives for any split of ``M`` over the
         layers (a sum of maxima is at least the maximum of the sums; at least one layer holds
@@ -624,7 +653,7 @@ class CycleCostModel:
         """
         v = np.asarray(verify_s, dtype=np.float64)
         m = np.asarray(total_misses, dtype=np.float64)
-        both = np.maximum(v + self.host_s_per_transfer * m, self.pre_router_frac * v + self.s_per_miss * m)
+        both = np.maximum(v + self.host_s_per_transfer * m, self.pre_router_fraction * v + self.s_per_miss * m)
         out = both + self.late_call_s * (m > 0)
         return float(out) if np.ndim(out) == 0 else out
 
@@ -654,7 +683,7 @@ class CycleCostModel:
 
     def cycle_s_layers(self, num_levels: Any, num_nodes: Any, context_len: Any, misses: Any) -> Any:
         """The per-layer cycle time (s) for ``misses`` float[..., L] (rows broadcast against
-        ``num_levels`` / ``num_nodes``), ``c = verify / L``, ``p = pre_router_frac``. Overlap
+        ``num_levels`` / ``num_nodes``), ``c = verify / L``, ``p = pre_router_fraction``. Overlap
         mode "on": ``draft + sum_l [host * m_l + max(c, p c + T_link * m_l) + late_call_s * (m_l >
         0)]``. The form :meth:`cycle_s` prices one subtree with; vectorised for the planner's
         union-size prefixes.
@@ -704,7 +733,7 @@ class CycleCostModel:
         are the seconds of the copies waiting for the layer's router and of all its copies on the
         link (:meth:`cycle_s_layers`, :meth:`realised_cycle_s`)."""
         if self.overlap_h2d:
-            per_layer = np.maximum(np.maximum(c, self.pre_router_frac * c + after), link)
+            per_layer = np.maximum(np.maximum(c, self.pre_router_fraction * c + after), link)
         else:
             per_layer = np.maximum(c + after, link)
         out = self.draft_s_array(num_levels) + per_layer.sum(axis=-1) + host
@@ -735,7 +764,7 @@ class CycleCostModel:
             np.minimum(a, b) for a, b in zip(self.next_layer_s_per_miss(num_nodes), self.layer0_s_per_miss)
         )
         if self.overlap_h2d:
-            both = np.maximum(np.maximum(v, self.pre_router_frac * v + after_s * m), link_s * m)
+            both = np.maximum(np.maximum(v, self.pre_router_fraction * v + after_s * m), link_s * m)
             out = host_s * m + both + self.late_call_s * (m > 0)
         else:
             out = host_s * m + np.maximum(v + after_s * m, link_s * m)
@@ -744,22 +773,22 @@ class CycleCostModel:
     def prefetched_total_s(self, verify_s: Any, total_misses: Any) -> Any:
         """Verification time when the subtree's ``M`` predicted misses were all prefetched from the
         draft (s; arrays broadcast): ``max(V + host * M, q * V + T_link * M)``, ``q = (1 -
-        pre_router_frac) / L`` without overlap (the last layer's experts compute after the last
+        pre_router_fraction) / L`` without overlap (the last layer's experts compute after the last
         copy lands), 0 with overlap. A lower bound on :meth:`prefetched_cycle_s`'s per-layer
         pipeline (the forward starts once every copy is placed; the link carries them one after
         the other), what the planner's exact search maximises, as :meth:`overlap_on_total_s`."""
         v = np.asarray(verify_s, dtype=np.float64)
         m = np.asarray(total_misses, dtype=np.float64)
-        out = np.maximum(v + self.host_s_per_transfer * m, self.prefetch_tail_frac * v + self.link_s_per_transfer * m)
+        out = np.maximum(v + self.host_s_per_transfer * m, self.prefetch_tail_fraction * v + self.link_s_per_transfer * m)
         return float(out) if np.ndim(out) == 0 else out
 
     @property
     def least_verify_share(self) -> float:
         """The least share of ``verify_s_per_node`` that one more verified node adds to ANY cycle
         price of this model (a fraction): 1 without overlap (``draft + V + H``); in mode "on"
-        ``pre_router_frac`` (a copy-bound layer ``max(c, p c + T_link m)`` hides the rest of its
+        ``pre_router_fraction`` (a copy-bound layer ``max(c, p c + T_link m)`` hides the rest of its
         compute); 0 in mode "ideal" (``max(V, H)`` hides all of it when H dominates); with
-        ``draft_prefetch`` at most :attr:`prefetch_tail_frac` (the prefetch pipeline hides the
+        ``draft_prefetch`` at most :attr:`prefetch_tail_fraction` (the prefetch pipeline hides the
         compute that precedes the last landing). More nodes never lower the misses' part, so
         ``least_verify_share * verify_s_per_node`` per node is a lower bound on the time they add:
         SpecFit's ``stopping="bound"`` rule (``specfit.policies``) needs exactly that. With
@@ -767,8 +796,8 @@ class CycleCostModel:
         (``b m_l`` of :meth:`cycle_s_layers`) hides all of it."""
         if self.next_layer_priced:
             return 0.0
-        share = 1.0 if not self.overlap_h2d else (self.pre_router_frac if self.overlap_mode == "on" else 0.0)
-        return min(share, self.prefetch_tail_frac) if self.draft_prefetch else share
+        share = 1.0 if not self.overlap_h2d else (self.pre_router_fraction if self.overlap_mode == "on" else 0.0)
+        return min(share, self.prefetch_tail_fraction) if self.draft_prefetch else share
 
     @property
     def least_s_per_miss(self) -> float:
@@ -785,10 +814,10 @@ class CycleCostModel:
         return self.s_per_miss
 
     @property
-    def prefetch_tail_frac(self) -> float:
+    def prefetch_tail_fraction(self) -> float:
         """``q`` of :meth:`prefetched_total_s`: the share of the verify time that follows the last
         prefetched copy's landing at the least (0 with overlap)."""
-        return 0.0 if self.overlap_h2d else (1.0 - self.pre_router_frac) / self.num_layers
+        return 0.0 if self.overlap_h2d else (1.0 - self.pre_router_fraction) / self.num_layers
 
     def prefetched_cycle_s(
         self, num_levels: int, num_nodes: int, context_len: int, misses_per_layer: Any, demand_per_layer: Any = None
@@ -815,7 +844,7 @@ class CycleCostModel:
         demand miss (the planner's assumption), the form above."""
         m = np.asarray(misses_per_layer, dtype=np.float64)
         c = self.verify_s(num_nodes, context_len) / self.num_layers
-        pre, rest = self.pre_router_frac * c, (1.0 - self.pre_router_frac) * c
+        pre, rest = self.pre_router_fraction * c, (1.0 - self.pre_router_fraction) * c
         placed = np.cumsum(m) * self.host_s_per_transfer
         link = 0.0
         arrivals = []  # A_l: the prefetch copies go first on the link, in layer order
@@ -990,7 +1019,8 @@ class CycleCostModel:
     def from_dict(cls, data: dict[str, Any], where: str = "cost model") -> CycleCostModel:
         """Inverse of :meth:`to_dict`.
 
-        Version 1 files (before ``draft_base_s``) load with ``draft_base_s = 0`` and a
+        Fields of versions 4-7 named ``*_frac(s)`` load under their current names
+        (:data:`FORMER_FIELD_NAMES`). Version 1 files (before ``draft_base_s``) load with ``draft_base_s = 0`` and a
         ``UserWarning``; from version 2 every numeric field is required. Versions 5-6 held the
         next-layer share and waste averaged over every layer: they load as shares of layers
         ``1..L-1`` (:func:`share_of_guessed_layers`, exact when layers miss alike).
@@ -1002,6 +1032,7 @@ class CycleCostModel:
         """
         if not isinstance(data, dict):
             raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        data = _current_names(data)
         if data.get("format", COST_MODEL_FORMAT) != COST_MODEL_FORMAT:
             raise ValueError(
                 f"{where}: field 'format': expected {COST_MODEL_FORMAT!r}, got {data.get('format')!r}"
@@ -1027,9 +1058,9 @@ class CycleCostModel:
         optional = ("overlap_h2d", "source", "overlap_mode", "draft_prefetch", "next_layer_prefetch")
         optional += ("draft_base_s",) if version == 1 else ()
         optional += ("host_s_per_transfer", "late_call_s") if version <= 2 else ()
-        optional += ("pre_router_frac",) if version <= 3 else ()
-        optional += ("next_layer_cover_frac", "next_layer_waste_per_miss") if version <= 4 else ()
-        optional += ("next_layer_nodes", "next_layer_cover_fracs", "next_layer_waste_per_misses") if version <= 5 else ()
+        optional += ("pre_router_fraction",) if version <= 3 else ()
+        optional += ("next_layer_cover_fraction", "next_layer_waste_per_miss") if version <= 4 else ()
+        optional += ("next_layer_nodes", "next_layer_cover_fractions", "next_layer_waste_per_misses") if version <= 5 else ()
         missing = [n for n in names if n not in optional and n not in data]
         if missing:
             raise ValueError(f"{where}: missing field(s) {missing}")
@@ -1050,11 +1081,11 @@ class CycleCostModel:
                 return v if cap and not 0.0 <= v <= 1.0 else share_of_guessed_layers(v, layers, cap)
 
             rescaled = False
-            for name, cap in (("next_layer_cover_frac", True), ("next_layer_waste_per_miss", False)):
+            for name, cap in (("next_layer_cover_fraction", True), ("next_layer_waste_per_miss", False)):
                 if _is_number(kwargs.get(name)):
                     rescaled |= kwargs[name] != 0 and layers > 1
                     kwargs[name] = scaled(kwargs[name], cap)
-            for name, cap in (("next_layer_cover_fracs", True), ("next_layer_waste_per_misses", False)):
+            for name, cap in (("next_layer_cover_fractions", True), ("next_layer_waste_per_misses", False)):
                 if isinstance(kwargs.get(name), (list, tuple)) and all(_is_number(v) for v in kwargs[name]):
                     rescaled |= any(v != 0 for v in kwargs[name]) and layers > 1
                     kwargs[name] = [scaled(v, cap) for v in kwargs[name]]

@@ -151,7 +151,7 @@ def union_cycle_s(params, num_levels, nodes, context_len, union_table, row, miss
     as the caller summed it. ``params`` float64[18 + 3 K] (:func:`specfit.planner.cost_params`):
     ``draft_base_s, draft_s_per_level, verify_base_s, verify_s_per_node,
     verify_s_per_context_token, s_per_miss, overlap_h2d, per_layer (overlap mode "on"),
-    link_s_per_transfer, host_s_per_transfer, pre_router_frac, late_call_s, num_layers``.
+    link_s_per_transfer, host_s_per_transfer, pre_router_fraction, late_call_s, num_layers``.
 
     The cost model's operations in its order: ``draft + verify + h2d`` or ``draft + max(verify,
     h2d)`` (``cost.combine_s``, ``h2d = total * s_per_miss``), or in mode "on"

@@ -202,9 +202,9 @@ def search_costs(cost, num_levels: int, context_len: int) -> np.ndarray:
     model's totals form (:meth:`specfit.cost.CycleCostModel.plan_cycle_s_total`) for
     ``num_levels`` drafted levels at ``context_len``. Without overlap and in mode "ideal"
     ``per_miss`` is the whole per-miss cost and the last three are 0; in mode "on" ``host``,
-    ``pre`` and ``late`` are ``host_s_per_transfer``, ``pre_router_frac`` and ``late_call_s``. A
+    ``pre`` and ``late`` are ``host_s_per_transfer``, ``pre_router_fraction`` and ``late_call_s``. A
     draft-prefetching run (``cost.draft_prefetch``) takes the prefetch pipeline's bound:
-    ``per_miss`` the link's share, ``pre`` ``cost.prefetch_tail_frac``, ``late`` 0. With next-layer
+    ``per_miss`` the link's share, ``pre`` ``cost.prefetch_tail_fraction``, ``late`` 0. With next-layer
     prefetch priced (``cost.next_layer_priced``; ``host``, ``a``, ``b`` of
     ``cost.next_layer_s_per_miss()``) the totals form ``host M + max(V + a M, b M)`` without overlap is
     exactly this form (``host + a``, ``pre`` 0, ``per_miss`` ``host + b``); mode "on"'s
@@ -223,15 +223,15 @@ def search_costs(cost, num_levels: int, context_len: int) -> np.ndarray:
                 cost.link_s_per_transfer,
                 1.0,
                 cost.host_s_per_transfer,
-                cost.prefetch_tail_frac,
+                cost.prefetch_tail_fraction,
                 0.0,
             ]
         )
     if cost.next_layer_priced:  # lower bounds over every tree size (the search knows no size per miss)
         host, after, link = cost.next_layer_least_s_per_miss
         if cost.overlap_h2d:  # mode "on"
-            keep = link * (1.0 - cost.pre_router_frac) <= after
-            per_miss, pre, late = cost.least_s_per_miss if keep else host + link, keep * cost.pre_router_frac, cost.late_call_s
+            keep = link * (1.0 - cost.pre_router_fraction) <= after
+            per_miss, pre, late = cost.least_s_per_miss if keep else host + link, keep * cost.pre_router_fraction, cost.late_call_s
         else:
             per_miss, pre, late, host = host + link, 0.0, 0.0, cost.least_s_per_miss
         return np.array(
@@ -246,7 +246,7 @@ def search_costs(cost, num_levels: int, context_len: int) -> np.ndarray:
             cost.s_per_miss,
             1.0 if cost.overlap_h2d else 0.0,
             cost.host_s_per_transfer if on else 0.0,
-            cost.pre_router_frac if on else 0.0,
+            cost.pre_router_fraction if on else 0.0,
             cost.late_call_s if on else 0.0,
         ]
     )
@@ -313,9 +313,9 @@ def cost_params(cost) -> np.ndarray:
     """float64[18 + 3 K] the compiled union-size path takes (:func:`specfit.decide_kernels.union_cycle_s`):
     ``draft_base_s, draft_s_per_level, verify_base_s, verify_s_per_node, verify_s_per_context_token,
     s_per_miss, overlap_h2d, per_layer_overlap, link_s_per_transfer, host_s_per_transfer,
-    pre_router_frac, late_call_s, num_layers, next_layer_priced``, ``cost.per_layer_s_per_miss()``
+    pre_router_fraction, late_call_s, num_layers, next_layer_priced``, ``cost.per_layer_s_per_miss()``
     (``host, after, link``: next-layer prefetch's pooled share's, or mode "on"'s without it), then
-    ``K`` and the share per tree size's knots ``next_layer_nodes, next_layer_cover_fracs,
+    ``K`` and the share per tree size's knots ``next_layer_nodes, next_layer_cover_fractions,
     next_layer_waste_per_misses`` (``K`` each; ``K = 0`` when next-layer prefetch is not priced
     or has one share for every size); kept per cost model (immutable) object."""
     memo = _COST_PARAMS.get(id(cost))
@@ -336,14 +336,14 @@ def cost_params(cost) -> np.ndarray:
             1.0 if cost.per_layer_overlap else 0.0,
             cost.link_s_per_transfer,
             cost.host_s_per_transfer,
-            cost.pre_router_frac,
+            cost.pre_router_fraction,
             cost.late_call_s,
             float(cost.num_layers),
             1.0 if cost.next_layer_priced else 0.0,
             *cost.per_layer_s_per_miss(),
             float(len(knots)),
             *knots,
-            *cost.next_layer_cover_fracs[: len(knots)],
+            *cost.next_layer_cover_fractions[: len(knots)],
             *cost.next_layer_waste_per_misses[: len(knots)],
         ]
     )

@@ -48,24 +48,24 @@ class NextLayerShare:
     count.
 
     Attributes:
-        cover_frac: ``CycleCostModel.next_layer_cover_frac`` (fraction in [0, 1]), pooled.
+        cover_fraction: ``CycleCostModel.next_layer_cover_fraction`` (fraction in [0, 1]), pooled.
         waste_per_miss: ``CycleCostModel.next_layer_waste_per_miss`` (copies per miss, >= 0), pooled.
         num_misses, num_used, num_wasted: summed demand misses, used and wasted prefetches (counts).
         nodes: ``CycleCostModel.next_layer_nodes``: knots over the verified nodes of a cycle
             (count, strictly increasing; empty: the pooled values at every size).
-        cover_fracs, waste_per_misses: the share and waste at each knot (``CycleCostModel.
-            next_layer_cover_fracs`` / ``next_layer_waste_per_misses``; same length as ``nodes``).
+        cover_fractions, waste_per_misses: the share and waste at each knot (``CycleCostModel.
+            next_layer_cover_fractions`` / ``next_layer_waste_per_misses``; same length as ``nodes``).
         num_first_layer_misses: summed demand misses of layer 0 (count), left out of the shares'
             denominator: no guess covers layer 0 (0 when not given).
     """
 
-    cover_frac: float
+    cover_fraction: float
     waste_per_miss: float
     num_misses: int
     num_used: int
     num_wasted: int
     nodes: tuple[float, ...] = ()
-    cover_fracs: tuple[float, ...] = ()
+    cover_fractions: tuple[float, ...] = ()
     waste_per_misses: tuple[float, ...] = ()
     num_first_layer_misses: int = 0
 
@@ -79,17 +79,17 @@ class NextLayerShare:
         60: 0.14/0.10"``; empty without knots."""
         if not self.nodes:
             return ""
-        pairs = ", ".join(f"{n:.3g}: {h:.2f}/{x:.2f}" for n, h, x in zip(self.nodes, self.cover_fracs, self.waste_per_misses))
+        pairs = ", ".join(f"{n:.3g}: {h:.2f}/{x:.2f}" for n, h, x in zip(self.nodes, self.cover_fractions, self.waste_per_misses))
         return f"per tree size (nodes: covered/wasted per miss) {pairs}"
 
     def cost_fields(self) -> dict[str, Any]:
         """The ``specfit.cost.CycleCostModel`` fields of this share, for ``dataclasses.replace``
         (``calibration.fit``, ``sim.sweep``'s pilot, ``analysis.validate``)."""
         return {
-            "next_layer_cover_frac": self.cover_frac,
+            "next_layer_cover_fraction": self.cover_fraction,
             "next_layer_waste_per_miss": self.waste_per_miss,
             "next_layer_nodes": self.nodes,
-            "next_layer_cover_fracs": self.cover_fracs,
+            "next_layer_cover_fractions": self.cover_fractions,
             "next_layer_waste_per_misses": self.waste_per_misses,
         }
 
@@ -115,7 +115,7 @@ def next_layer_share(num_misses: int, num_used: int, num_wasted: int, num_first_
     A used prefetch is a miss the planner (which prices the cache as it stands when it chooses)
     counted and the prefetch covered, so the planner's misses are ``M + U``; layer 0 has no layer
     before it to guess from (its misses are all demand misses), so the share is of the other
-    layers' planner misses ``B = M - M_0 + U``: ``cover_frac = U / B``, ``waste_per_miss = W /
+    layers' planner misses ``B = M - M_0 + U``: ``cover_fraction = U / B``, ``waste_per_miss = W /
     B``, ratios of totals (a prefetch is counted in the cycle that uses or evicts it, so
     per-cycle ratios would mix cycles), what ``specfit.cost.CycleCostModel`` prices on layers
     ``1..L-1`` (layer 0 without; issue 13: averaged over every layer, on the shipped sample at
@@ -140,7 +140,7 @@ def next_layer_share(num_misses: int, num_used: int, num_wasted: int, num_first_
     base = share.num_planner_misses
     if base == 0:
         return share
-    return dataclasses.replace(share, cover_frac=counts["num_used"] / base, waste_per_miss=counts["num_wasted"] / base)
+    return dataclasses.replace(share, cover_fraction=counts["num_used"] / base, waste_per_miss=counts["num_wasted"] / base)
 
 
 NEXT_LAYER_MIN_KNOT_MISSES = 200
@@ -213,7 +213,7 @@ def next_layer_share_by_nodes(
         knots.append(float(np.dot(sizes[group], per[3][group]) / total))
         covers.append(float(per[1][group].sum() / total))
         wastes.append(float(per[2][group].sum() / total))
-    return dataclasses.replace(pooled, nodes=tuple(knots), cover_fracs=tuple(covers), waste_per_misses=tuple(wastes))
+    return dataclasses.replace(pooled, nodes=tuple(knots), cover_fractions=tuple(covers), waste_per_misses=tuple(wastes))
 
 
 def uses_draft(mode: str) -> bool:

@@ -187,6 +187,6 @@ def random_next_layer_knots(rng: np.random.Generator, max_knots: int = 4) -> dic
     wastes = [float(rng.choice([0.0, rng.uniform(0, 2)])) for _ in range(k)]
     return {
         "next_layer_nodes": tuple(float(n) for n in nodes),
-        "next_layer_cover_fracs": tuple(covers),
+        "next_layer_cover_fractions": tuple(covers),
         "next_layer_waste_per_misses": tuple(wastes),
     }

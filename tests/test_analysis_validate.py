@@ -374,14 +374,14 @@ def test_validate_prefetch_cells_count_identically_live_and_simulated(tiny_model
     from traces.reader import open_run
 
     cost = CycleCostModel.load(out / "cost_1_c4.json")  # the share of cache 4 (the grid's one cache)
-    assert 0 < cost.next_layer_cover_frac <= 1 and not cost.next_layer_prefetch
+    assert 0 < cost.next_layer_cover_fraction <= 1 and not cost.next_layer_prefetch
     topn = open_run(next((out / "live").glob("*topn-pf-next-layer/r1"))).cycles
     used, misses = int(topn["num_prefetch_used"].sum()), int(topn["cache_misses"].sum())
     misses -= int(sum(int(m[0]) for m in topn["layer_misses"]))  # layer 0: no guess, left out
-    assert cost.next_layer_cover_frac == pytest.approx(used / (used + misses))
+    assert cost.next_layer_cover_fraction == pytest.approx(used / (used + misses))
     run = next(p for p in (out / "live").glob("*specfit-pf-next-layer/r1"))
     planner = CycleCostModel.from_dict(open_run(run).manifest.config["cost_model"])
-    assert planner.next_layer_priced and planner.next_layer_cover_frac == cost.next_layer_cover_frac
+    assert planner.next_layer_priced and planner.next_layer_cover_fraction == cost.next_layer_cover_fraction
     assert (table[table["prefetch"] == "none"]["live_prefetch_issued"] == 0).all()
     assert (out / "live" / "bw1-c4-topn-pf-next-layer" / "r1" / "manifest.json").is_file()
 
@@ -436,7 +436,7 @@ def test_in_process_live_runs_do_not_keep_their_models(tiny_models, tmp_path) ->
 
 @pytest.mark.parametrize("overlap", [["on"], ["off"], ["off", "on"]])
 def test_a_pre_v4_cost_file_with_overlap_on_is_warned_about(overlap, tmp_path, capsys) -> None:
-    """``--cost`` written before pre_router_frac (version 3: loaded as 0) with an overlap-on cell
+    """``--cost`` written before pre_router_fraction (version 3: loaded as 0) with an overlap-on cell
     is said on stderr, as sim.sweep and live.record say it; an overlap-off grid says nothing."""
     import argparse
 
@@ -445,14 +445,14 @@ def test_a_pre_v4_cost_file_with_overlap_on_is_warned_about(overlap, tmp_path, c
 
     cost = CycleCostModel(1e-3, 2e-3, 1e-4, 0.0, 1e9, 0.0, 1_000, _moe_layers("default"))
     data = json.loads(cost.save(tmp_path / "cost.json").read_text())
-    data.pop("pre_router_frac")
-    data["units"].pop("pre_router_frac", None)
+    data.pop("pre_router_fraction")
+    data["units"].pop("pre_router_fraction", None)
     data["version"] = 3
     (tmp_path / "cost.json").write_text(json.dumps(data))
     args = argparse.Namespace(cost=str(tmp_path / "cost.json"), overlap=overlap, model="default")
-    assert check_cost(args, None).pre_router_frac == 0.0
+    assert check_cost(args, None).pre_router_fraction == 0.0
     err = capsys.readouterr().err
-    assert ("--cost" in err and "pre_router_frac" in err and "version-3" in err) == ("on" in overlap)
+    assert ("--cost" in err and "pre_router_fraction" in err and "version-3" in err) == ("on" in overlap)
 
 
 @pytest.mark.slow
@@ -641,9 +641,9 @@ def test_grid_calibration_fits_the_next_layer_share_per_cache(tmp_path, monkeypa
     v = validate.Validator(SimpleNamespace(cost=None), tmp_path)
     shares = v._next_layer_shares(1.0, live_paths, [4, 8, 16])
     assert sorted(loaded) == [["c4-ar", "c4-topn"], ["c4-ar", "c4-topn", "c8-ar"], ["c8-ar"]]
-    assert shares[4].cover_frac == pytest.approx(100 / 300) and shares[4].waste_per_miss == pytest.approx(50 / 300)
+    assert shares[4].cover_fraction == pytest.approx(100 / 300) and shares[4].waste_per_miss == pytest.approx(50 / 300)
     pooled = (100 + 20) / (300 + 50)
-    assert shares[8].cover_frac == pytest.approx(pooled) and shares[16].cover_frac == pytest.approx(pooled)
+    assert shares[8].cover_fraction == pytest.approx(pooled) and shares[16].cover_fraction == pytest.approx(pooled)
     err = capsys.readouterr().err.splitlines()
     assert err == [
         f"warning: 1 GB/s, cache {c}: next-layer prefetch share pooled over every cache size ({n} planner "
@@ -655,14 +655,14 @@ def test_grid_calibration_fits_the_next_layer_share_per_cache(tmp_path, monkeypa
     priced = v._priced_per_cache(cost, tmp_path / "cost_1.json", shares, [4, 8, 16])
     for c, (cache_cost, path) in priced.items():
         assert path == tmp_path / f"cost_1_c{c}.json" and CycleCostModel.load(path) == cache_cost
-        assert cache_cost.next_layer_cover_frac == pytest.approx(shares[c].cover_frac)
+        assert cache_cost.next_layer_cover_fraction == pytest.approx(shares[c].cover_fraction)
     costs = {("off", c): pair for c, pair in priced.items()}
     assert validate.cell_cost(costs, Cell(1.0, 4, "specfit", prefetch="next-layer")) == priced[4]
     assert validate.cell_cost(costs, Cell(1.0, 8, "specfit", prefetch="next-layer")) == priced[8]
 
     # prefetch "both" runs when there is no next-layer run; none of either, or --cost: no share
     both = {dataclasses.replace(c, prefetch="both"): p for c, p in live_paths.items() if c.prefetch != "none"}
-    assert v._next_layer_shares(1.0, both, [4])[4].cover_frac == pytest.approx(100 / 300)
+    assert v._next_layer_shares(1.0, both, [4])[4].cover_fraction == pytest.approx(100 / 300)
     assert v._next_layer_shares(1.0, {Cell(1.0, 4, "ar"): [tmp_path / "c4-none"]}, [4]) == {}
     assert v._priced_per_cache(cost, tmp_path / "cost_1.json", {}, [4, 8]) == {c: (cost, tmp_path / "cost_1.json") for c in (4, 8)}
     v.args = SimpleNamespace(cost="given.json")

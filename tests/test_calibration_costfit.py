@@ -372,24 +372,24 @@ def test_overlap_terms_are_not_split_when_no_layer_misses_twice(tables, placing_
 
 def test_pre_router_fraction_is_fitted_from_the_recorded_split() -> None:
     """Cycles recording ``layer_pre_router_s`` (the live engine's attention + router time per
-    layer) give ``pre_router_frac``, the share of a layer's compute its copies cannot overlap;
+    layer) give ``pre_router_fraction``, the share of a layer's compute its copies cannot overlap;
     cycles recorded before the column (null, or no column) leave it at 0 with a note."""
     import dataclasses
 
-    from calibration.costfit import fit_overlap_terms, fit_pre_router_frac
+    from calibration.costfit import fit_overlap_terms, fit_pre_router_fraction
 
-    truth = dataclasses.replace(TRUTH, pre_router_frac=0.35)
+    truth = dataclasses.replace(TRUTH, pre_router_fraction=0.35)
     cycles, transfers = synthetic_tables(truth, num_cycles=200, noise_rel=0.0, seed=4)
     fit = fit_cost_model(cycles, transfers, expert_bytes=truth.expert_bytes, num_layers=truth.num_layers)
-    assert fit.model.pre_router_frac == pytest.approx(0.35, rel=1e-9)
-    assert fit_overlap_terms(fit, cycles, transfers).model.pre_router_frac == fit.model.pre_router_frac
+    assert fit.model.pre_router_fraction == pytest.approx(0.35, rel=1e-9)
+    assert fit_overlap_terms(fit, cycles, transfers).model.pre_router_fraction == fit.model.pre_router_fraction
     notes: list[str] = []
-    assert fit_pre_router_frac(cycles.drop(columns=["layer_pre_router_s"]), notes) == 0.0
-    assert notes and "pre_router_frac set to 0" in notes[0]
+    assert fit_pre_router_fraction(cycles.drop(columns=["layer_pre_router_s"]), notes) == 0.0
+    assert notes and "pre_router_fraction set to 0" in notes[0]
     old = cycles.assign(layer_pre_router_s=[None] * len(cycles))
-    assert fit_pre_router_frac(old) == 0.0
+    assert fit_pre_router_fraction(old) == 0.0
     half = cycles.assign(layer_pre_router_s=[None if k % 2 else v for k, v in enumerate(cycles["layer_pre_router_s"])])
-    assert fit_pre_router_frac(half) == pytest.approx(0.35, rel=1e-9)
+    assert fit_pre_router_fraction(half) == pytest.approx(0.35, rel=1e-9)
 
 
 def test_next_layer_terms_are_recovered_from_a_synthetic_runs_prefetch_counts() -> None:
@@ -397,26 +397,26 @@ def test_next_layer_terms_are_recovered_from_a_synthetic_runs_prefetch_counts() 
     used with probability 0.35, 0.2 wrong copies per miss) give it back from their counts."""
     from calibration.costfit import fit_next_layer_terms
 
-    truth = dataclasses.replace(TRUTH, next_layer_cover_frac=0.35, next_layer_waste_per_miss=0.2)
+    truth = dataclasses.replace(TRUTH, next_layer_cover_fraction=0.35, next_layer_waste_per_miss=0.2)
     cycles, _ = synthetic_tables(truth, num_cycles=400, noise_rel=0.01, seed=3)
     fit = fit_next_layer_terms(cycles)
     used, wasted, misses = (int(cycles[c].sum()) for c in ("num_prefetch_used", "num_prefetch_wasted", "cache_misses"))
     misses -= int(sum(int(m[0]) for m in cycles["layer_misses"]))  # layer 0: no guess, left out
-    assert fit.cover_frac == used / (used + misses) and fit.waste_per_miss == wasted / (used + misses)
+    assert fit.cover_fraction == used / (used + misses) and fit.waste_per_miss == wasted / (used + misses)
     assert fit.num_cycles == 400 and used + misses > 2000
-    assert fit.cover_frac == pytest.approx(0.35, abs=0.03) and fit.waste_per_miss == pytest.approx(0.2, abs=0.03)
+    assert fit.cover_fraction == pytest.approx(0.35, abs=0.03) and fit.waste_per_miss == pytest.approx(0.2, abs=0.03)
     assert "0.35" in fit.notes[0] or "covered" in fit.notes[0]
     # without counts (a run recorded without prefetch) or without misses: 0, said in a note
     plain, _ = synthetic_tables(TRUTH, num_cycles=20, noise_rel=0.01, seed=3)
     none = fit_next_layer_terms(plain)
-    assert (none.cover_frac, none.waste_per_miss, none.num_cycles) == (0.0, 0.0, 0) and "no cycle recorded" in none.notes[0]
+    assert (none.cover_fraction, none.waste_per_miss, none.num_cycles) == (0.0, 0.0, 0) and "no cycle recorded" in none.notes[0]
     bad = cycles.copy()
     bad.loc[0, "num_prefetch_used"] = -1
     with pytest.raises(CalibrationDataError, match="num_prefetch_used.*negative"):
         fit_next_layer_terms(bad)
     # without per-layer misses layer 0 cannot be left out: the all-layer share, said in a note (M12)
     flat = fit_next_layer_terms(cycles.drop(columns=["layer_misses"]))
-    assert flat.cover_frac == used / (used + int(cycles["cache_misses"].sum()))
+    assert flat.cover_fraction == used / (used + int(cycles["cache_misses"].sum()))
     assert any("no layer_misses column" in n for n in flat.notes)
     assert not any("no layer_misses column" in n for n in fit.notes)
 

@@ -319,8 +319,8 @@ def test_fit_cli_fits_next_layer_prefetch_terms_from_next_layer_runs(tmp_path, c
     pooled and per tree size (knots over the verified nodes: the truth's share falls from 0.6 on
     the root alone to 0.2 on big trees)."""
     truth = dataclasses.replace(
-        TRUTH, next_layer_cover_frac=0.4, next_layer_waste_per_miss=0.1, next_layer_nodes=(1, 2, 8),
-        next_layer_cover_fracs=(0.6, 0.45, 0.2), next_layer_waste_per_misses=(0.2, 0.1, 0.05),
+        TRUTH, next_layer_cover_fraction=0.4, next_layer_waste_per_miss=0.1, next_layer_nodes=(1, 2, 8),
+        next_layer_cover_fractions=(0.6, 0.45, 0.2), next_layer_waste_per_misses=(0.2, 0.1, 0.05),
     )  # fmt: skip
     plain = write_synthetic_cycles_run(tmp_path / "plain", SHAPE, TRUTH, num_cycles=120, noise_rel=0.01, seed=5)
     nxt = write_synthetic_cycles_run(
@@ -332,14 +332,14 @@ def test_fit_cli_fits_next_layer_prefetch_terms_from_next_layer_runs(tmp_path, c
     summary = json.loads(printed.strip().splitlines()[-1])
     assert rc in (0, 1), summary
     model = CycleCostModel.load(out)
-    assert json.loads(out.read_text())["version"] == 7
+    assert json.loads(out.read_text())["version"] == 8
     assert model.next_layer_nodes[0] == 1.0 and len(model.next_layer_nodes) >= 3
     for n in (1, 6, 20, 40):  # the fitted curve follows the truth's
         fitted, true = model.next_layer_share_at(n), truth.next_layer_share_at(n)
         assert fitted[0] == pytest.approx(true[0], abs=0.08) and fitted[1] == pytest.approx(true[1], abs=0.06)
-    assert 0.2 < model.next_layer_cover_frac < 0.45  # pooled: mostly big trees'
+    assert 0.2 < model.next_layer_cover_fraction < 0.45  # pooled: mostly big trees'
     assert report_knots(out) == list(model.next_layer_nodes)
-    assert summary["next_layer_cover_frac"] == model.next_layer_cover_frac
+    assert summary["next_layer_cover_fraction"] == model.next_layer_cover_fraction
     assert not model.next_layer_prefetch  # a run setting: live.record / sim.sweep --prefetch set it
     report = json.loads((out.parent / "cost_fit_report.json").read_text())
     assert report["next_layer_fit"]["runs"] == [str(nxt)] and "note: next-layer prefetch:" in printed

@@ -929,7 +929,7 @@ def test_live_and_sim_price_next_layer_prefetch_with_the_same_cost(tiny, tmp_pat
     from specfit.cost import CycleCostModel
 
     cost = CycleCostModel(
-        1e-3, 5e-3, 1e-4, 0.0, 1e9, 2e-5, 6144, 2, source="test", next_layer_cover_frac=0.5, next_layer_waste_per_miss=0.25
+        1e-3, 5e-3, 1e-4, 0.0, 1e9, 2e-5, 6144, 2, source="test", next_layer_cover_fraction=0.5, next_layer_waste_per_miss=0.25
     )  # the tiny model's sizes
     cost_path = tmp_path / "cost.json"
     cost.save(cost_path)
@@ -941,7 +941,7 @@ def test_live_and_sim_price_next_layer_prefetch_with_the_same_cost(tiny, tmp_pat
                     overlap=overlap, prefetch=prefetch).cost  # fmt: skip
     assert live == sim and live.next_layer_prefetch and live.next_layer_priced
     misses = np.array([2.0, 1.0])
-    unpriced = dataclasses.replace(live, next_layer_cover_frac=0.0, next_layer_waste_per_miss=0.0)
+    unpriced = dataclasses.replace(live, next_layer_cover_fraction=0.0, next_layer_waste_per_miss=0.0)
     assert live.cycle_s(2, 5, 30, misses) == sim.cycle_s(2, 5, 30, misses)
     if overlap == "off":  # half the copies a layer early: less of them after each router
         assert live.cycle_s(2, 5, 30, misses) < unpriced.cycle_s(2, 5, 30, misses)

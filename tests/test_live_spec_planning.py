@@ -198,7 +198,7 @@ def test_quick_cost_estimate_uses_the_link_and_measures_compute(path):
     assert cost.h2d_bytes_per_s == 2e9 and cost.h2d_s_per_transfer == 1e-5
     assert cost.expert_bytes == offload.bytes_per_expert and cost.num_layers == 2
     assert cost.draft_s_per_level > 0 and cost.verify_base_s + cost.verify_s_per_node > 0
-    assert 0 < cost.pre_router_frac < 1  # attention + router measured: a share of each layer's compute
+    assert 0 < cost.pre_router_fraction < 1  # attention + router measured: a share of each layer's compute
 
 
 def test_quick_draft_estimate_is_a_line_through_one_level_and_full_depth() -> None:

@@ -392,7 +392,7 @@ def test_demand_copies_are_enqueued_once_the_layers_router_has_run(mode) -> None
     cost = CycleCostModel(
         draft_s_per_level=0.0, verify_base_s=400e-9, verify_s_per_node=0.0, verify_s_per_context_token=0.0,
         h2d_bytes_per_s=1e9, h2d_s_per_transfer=0.0, expert_bytes=300, num_layers=1,
-        overlap_h2d=mode == "on", overlap_mode="on", pre_router_frac=150 / 400,
+        overlap_h2d=mode == "on", overlap_mode="on", pre_router_fraction=150 / 400,
     )  # fmt: skip
     assert cost.cycle_s(0, 1, 0, (2,)) == pytest.approx((750 if mode == "on" else 1000) * 1e-9, rel=1e-12)
     with pytest.raises(ValueError, match="layer_pre_router_ns"):
@@ -400,7 +400,7 @@ def test_demand_copies_are_enqueued_once_the_layers_router_has_run(mode) -> None
 
 
 def test_cost_model_overlap_on_with_pre_router_equals_the_simulated_cycle_on_an_idle_link() -> None:
-    """With ``pre_router_frac`` the cost model's "on" form (per layer: placing + max(compute,
+    """With ``pre_router_fraction`` the cost model's "on" form (per layer: placing + max(compute,
     pre-router + copies) + late call) equals the simulator's "on" timeline on an idle link to the
     nanosecond, for random miss counts (copies landing one by one: transfer >= late call)."""
     from specfit.cost import CycleCostModel
@@ -411,7 +411,7 @@ def test_cost_model_overlap_on_with_pre_router_equals_the_simulated_cycle_on_an_
         cost = CycleCostModel(
             draft_s_per_level=0.0, verify_base_s=800e-9, verify_s_per_node=0.0, verify_s_per_context_token=0.0,
             h2d_bytes_per_s=1e9, h2d_s_per_transfer=40e-9, host_s_per_transfer=20e-9, expert_bytes=100,
-            num_layers=4, overlap_h2d=True, overlap_mode="on", late_call_s=10e-9, pre_router_frac=frac,
+            num_layers=4, overlap_h2d=True, overlap_mode="on", late_call_s=10e-9, pre_router_fraction=frac,
         )  # fmt: skip
         misses = rng.integers(0, 5, 4)
         demand = tuple(tuple(range(int(m))) for m in misses)
@@ -437,7 +437,7 @@ def test_cost_models_draft_prefetch_pipeline_equals_the_simulated_cycle(mode) ->
         cost = CycleCostModel(
             draft_s_per_level=0.0, verify_base_s=800e-9, verify_s_per_node=0.0, verify_s_per_context_token=0.0,
             h2d_bytes_per_s=1e9, h2d_s_per_transfer=float(rng.choice([40e-9, 200e-9])), host_s_per_transfer=20e-9,
-            expert_bytes=100, num_layers=4, overlap_h2d=mode == "on", overlap_mode="on", pre_router_frac=frac,
+            expert_bytes=100, num_layers=4, overlap_h2d=mode == "on", overlap_mode="on", pre_router_fraction=frac,
             draft_prefetch=True,
         )  # fmt: skip
         misses = rng.integers(0, 4, 4)
@@ -473,10 +473,10 @@ def test_next_layer_price_against_the_simulated_cycle(mode, wire_ns, pre_ns) -> 
         {"cache_misses": [10], "num_prefetch_used": [6], "num_prefetch_wasted": [3], "layer_misses": [[4, 2, 2, 2]]}
     )
     fit = fit_next_layer_terms(counts)
-    assert (fit.cover_frac, fit.waste_per_miss) == (6 / 12, 3 / 12)
+    assert (fit.cover_fraction, fit.waste_per_miss) == (6 / 12, 3 / 12)
     cost = CycleCostModel(
         0.0, 4000e-9, 0.0, 0.0, 1e9, 0.0, wire_ns, 4, overlap_h2d=mode == "on", overlap_mode="on",
-        pre_router_frac=pre_ns / 1000, next_layer_prefetch=True, next_layer_cover_frac=fit.cover_frac,
+        pre_router_fraction=pre_ns / 1000, next_layer_prefetch=True, next_layer_cover_fraction=fit.cover_fraction,
         next_layer_waste_per_miss=fit.waste_per_miss,
     )  # fmt: skip
     price_ns = cost.cycle_s_layers(0, 1, 0, np.full(4, 4.0)) * 1e9

@@ -75,9 +75,9 @@ def test_the_guards_price_of_a_root_cycle_is_the_simulated_one(monkeypatch):
         draft_s_per_level=1.766e-3, verify_base_s=4.475e-3, verify_s_per_node=1.98e-5,
         verify_s_per_context_token=0.0, h2d_bytes_per_s=64e9, h2d_s_per_transfer=1e-5,
         expert_bytes=9_437_184, num_layers=model.num_layers, overlap_h2d=True, overlap_mode="on",
-        pre_router_frac=0.336, next_layer_prefetch=True, next_layer_cover_frac=0.26,
+        pre_router_fraction=0.336, next_layer_prefetch=True, next_layer_cover_fraction=0.26,
         next_layer_waste_per_miss=0.1, next_layer_nodes=(1.0, 3.8, 27.5),
-        next_layer_cover_fracs=(0.53, 0.32, 0.16), next_layer_waste_per_misses=(0.26, 0.14, 0.02),
+        next_layer_cover_fractions=(0.53, 0.32, 0.16), next_layer_waste_per_misses=(0.26, 0.14, 0.02),
     )  # fmt: skip
     config = SimConfig(
         cost=cost, policy="specfit", cache_capacity_per_layer=8, prefetch="next-layer", overlap="on",

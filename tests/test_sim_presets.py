@@ -155,10 +155,10 @@ def test_results_frame_without_baselines_has_nan_speedups() -> None:
     assert pd.isna(df.loc[0, "speedup_vs_ar"]) and not df.loc[0, "specfit_below_baseline"]
 
 
-def test_preset_pre_router_frac_comes_from_the_model_shape() -> None:
+def test_preset_pre_router_fraction_comes_from_the_model_shape() -> None:
     """Issue 13: the preset's pre-router share is the Qwen3-30B-A3B decode step's weight bytes
     before the router (attention q/k/v/o + router) over those plus the top-8 experts'."""
-    from sim.presets import QWEN3_30B_A3B_ATTENTION, pre_router_frac_of
+    from sim.presets import QWEN3_30B_A3B_ATTENTION, pre_router_fraction_of
     from specfit.shapes import get_model_shape
 
     shape = get_model_shape("qwen3-30b-a3b")
@@ -168,12 +168,12 @@ def test_preset_pre_router_frac_comes_from_the_model_shape() -> None:
     experts = 8 * QWEN_EXPERT_BYTES // 2  # top-8 experts of 3 x 2048 x 768 bf16 weights
     assert attention == 18_874_368 and experts == 37_748_736
     expected = (attention + router) / (attention + router + experts)
-    assert pre_router_frac_of(shape, QWEN3_30B_A3B_ATTENTION) == pytest.approx(expected, rel=1e-12)
+    assert pre_router_fraction_of(shape, QWEN3_30B_A3B_ATTENTION) == pytest.approx(expected, rel=1e-12)
     assert expected == pytest.approx(0.3364, abs=1e-4)
     cost = cost_from_preset(DEFAULT_COST, expert_bytes=QWEN_EXPERT_BYTES, num_layers=48, overlap_h2d=True)
-    assert cost.pre_router_frac == pytest.approx(expected, rel=1e-12)
-    assert compute_presets()["qwen3-30b-a3b-2gpu"].pre_router_frac == cost.pre_router_frac
-    assert "pre_router_frac 0.336" in cost.source
+    assert cost.pre_router_fraction == pytest.approx(expected, rel=1e-12)
+    assert compute_presets()["qwen3-30b-a3b-2gpu"].pre_router_fraction == cost.pre_router_fraction
+    assert "pre_router_fraction 0.336" in cost.source
     # a wider attention or fewer active experts moves more of the layer before the router
     wider = type(QWEN3_30B_A3B_ATTENTION)(num_heads=32, num_kv_heads=32, head_dim=128)
-    assert pre_router_frac_of(shape, wider) > expected
+    assert pre_router_fraction_of(shape, wider) > expected

@@ -200,20 +200,20 @@ def test_next_layer_prefetch_on_a_trace_without_guesses_exits_2_in_one_line(
 
 @pytest.mark.parametrize("overlap", ["on", "off"])
 def test_a_pre_v4_cost_file_swept_with_overlap_on_is_warned_about(trace: str, overlap: str, tmp_path, capsys) -> None:
-    """A cost JSON written before pre_router_frac existed (version 3, fitted without overlap) loads
-    with pre_router_frac 0; swept with --overlap on, that prices copies enqueued at the layer's
+    """A cost JSON written before pre_router_fraction existed (version 3, fitted without overlap) loads
+    with pre_router_fraction 0; swept with --overlap on, that prices copies enqueued at the layer's
     start (optimistic), so the sweep says so on stderr; with --overlap off nothing is said."""
     cost = cost_from_preset("qwen3-30b-a3b-2gpu", expert_bytes=1_000, num_layers=SHAPE.num_layers)
     data = json.loads(cost.save(tmp_path / "cost.json").read_text())
-    data.pop("pre_router_frac")
-    data["units"].pop("pre_router_frac", None)
+    data.pop("pre_router_fraction")
+    data["units"].pop("pre_router_fraction", None)
     data["version"] = 3
     (tmp_path / "cost.json").write_text(json.dumps(data))
     argv = ["--trace", trace, "--bandwidth", "16", "--cache", "4", "--policy", "ar", "--no-progress"]
     argv += ["--no-figures", "--jobs", "1", "--cost", str(tmp_path / "cost.json"), "--overlap", overlap]
     assert main([*argv, "--out", str(tmp_path / "sweep")]) == 0
     err = capsys.readouterr().err
-    assert ("pre_router_frac" in err and "version-3" in err) == (overlap == "on")
+    assert ("pre_router_fraction" in err and "version-3" in err) == (overlap == "on")
 
 
 def test_expert_bytes_and_cost_file(trace: str, tmp_path, capsys) -> None:
@@ -641,13 +641,13 @@ def test_pilot_share_is_fit_next_layer_terms_of_the_ar_chain_and_topn_counts(gue
             else:
                 assert per_policy == {name: values[-len(cycles):] for name, values in counts.items()}
     expected = fit_next_layer_terms(pd.DataFrame(counts))
-    assert (fit.cover_frac, fit.waste_per_miss) == (expected.cover_frac, expected.waste_per_miss)
-    assert (fit.nodes, fit.cover_fracs, fit.waste_per_misses) == (expected.nodes, expected.cover_fracs, expected.waste_per_misses)
+    assert (fit.cover_fraction, fit.waste_per_miss) == (expected.cover_fraction, expected.waste_per_miss)
+    assert (fit.nodes, fit.cover_fractions, fit.waste_per_misses) == (expected.nodes, expected.cover_fractions, expected.waste_per_misses)
     assert fit.nodes and fit.nodes[0] >= 1.0  # (the tiny trace has too few misses for a knot per size)
-    assert fit.num_used > 0 and fit.num_wasted > 0 and fit.num_misses > 0 and 0.0 < fit.cover_frac < 1.0
+    assert fit.num_used > 0 and fit.num_wasted > 0 and fit.num_misses > 0 and 0.0 < fit.cover_fraction < 1.0
     used, misses = sum(counts["num_prefetch_used"]), sum(counts["cache_misses"])
     misses -= sum(int(m[0]) for m in counts["layer_misses"])  # layer 0: no guess, left out
-    assert fit.cover_frac == pytest.approx(used / (used + misses))
+    assert fit.cover_fraction == pytest.approx(used / (used + misses))
 
 
 def test_sweep_prices_next_layer_prefetch_with_the_pilot_share_and_says_so(guessed: str, tmp_path, capsys) -> None:
@@ -661,15 +661,15 @@ def test_sweep_prices_next_layer_prefetch_with_the_pilot_share_and_says_so(guess
     assert "no next-layer prefetch share" not in err
     cells = {c["prefetch"]: c for c in _sweep_cells(tmp_path / "sweep") if c["policy"] == "specfit"}
     fit = pilot_next_layer_share(CellSpec(**{k: v for k, v in cells["none"].items() if k != "cell_id"}))
-    share = (cells["next-layer"]["cost"]["next_layer_cover_frac"], cells["next-layer"]["cost"]["next_layer_waste_per_miss"])
-    assert share == (fit.cover_frac, fit.waste_per_miss) and fit.cover_frac > 0
+    share = (cells["next-layer"]["cost"]["next_layer_cover_fraction"], cells["next-layer"]["cost"]["next_layer_waste_per_miss"])
+    assert share == (fit.cover_fraction, fit.waste_per_miss) and fit.cover_fraction > 0
     assert tuple(cells["next-layer"]["cost"]["next_layer_nodes"]) == fit.nodes and fit.nodes
-    assert tuple(cells["next-layer"]["cost"]["next_layer_cover_fracs"]) == fit.cover_fracs
-    assert cells["none"]["cost"]["next_layer_cover_frac"] == 0.0
+    assert tuple(cells["next-layer"]["cost"]["next_layer_cover_fractions"]) == fit.cover_fractions
+    assert cells["none"]["cost"]["next_layer_cover_fraction"] == 0.0
     line = next(h for h in out.splitlines() if h.startswith("next-layer prefetch:"))
     assert "pilot replays of ar, chain and topn" in line and "has no share" in line
     assert fit.knots_text() in line and "per tree size" in line
-    assert f"cache 2 lru: {fit.cover_frac:.3f} covered, {fit.waste_per_miss:.3f} wasted/miss" in line
+    assert f"cache 2 lru: {fit.cover_fraction:.3f} covered, {fit.waste_per_miss:.3f} wasted/miss" in line
     assert f"{fit.num_used} used, {fit.num_wasted} wasted, {fit.num_misses} demand misses" in line
     results = pd.read_csv(tmp_path / "sweep" / "results.csv")
     assert len(results) == 4 and results["tokens_per_s"].gt(0).all()
@@ -681,7 +681,7 @@ def test_a_cost_file_with_its_own_next_layer_share_keeps_it(guessed: str, tmp_pa
     import dataclasses
 
     cost = cost_from_preset("qwen3-30b-a3b-2gpu", expert_bytes=9_437_184, num_layers=3)
-    cost = dataclasses.replace(cost, next_layer_cover_frac=0.3, next_layer_waste_per_miss=0.125)
+    cost = dataclasses.replace(cost, next_layer_cover_fraction=0.3, next_layer_waste_per_miss=0.125)
     cost.save(tmp_path / "cost.json")
     argv = _guessed_sweep(guessed, tmp_path, "--prefetch", "next-layer", "--cost", str(tmp_path / "cost.json"))
     assert main(argv) == 0
@@ -692,7 +692,7 @@ def test_a_cost_file_with_its_own_next_layer_share_keeps_it(guessed: str, tmp_pa
     assert "at every tree size" in line
     assert "pilot" not in line
     for cell in _sweep_cells(tmp_path / "sweep"):
-        assert (cell["cost"]["next_layer_cover_frac"], cell["cost"]["next_layer_waste_per_miss"]) == (0.3, 0.125)
+        assert (cell["cost"]["next_layer_cover_fraction"], cell["cost"]["next_layer_waste_per_miss"]) == (0.3, 0.125)
 
 
 def test_overlap_ideal_runs_no_pilot_and_says_no_share_is_priced(guessed: str, tmp_path, capsys) -> None:
@@ -704,7 +704,7 @@ def test_overlap_ideal_runs_no_pilot_and_says_no_share_is_priced(guessed: str, t
     line = next(h for h in out.splitlines() if h.startswith("next-layer prefetch:"))
     assert "no share priced" in line and "--overlap ideal" in line and "pilot" not in line
     for cell in _sweep_cells(tmp_path / "sweep"):
-        assert cell["overlap"] == "ideal" and cell["cost"]["next_layer_cover_frac"] == 0.0
+        assert cell["overlap"] == "ideal" and cell["cost"]["next_layer_cover_fraction"] == 0.0
 
 
 def test_the_pilot_line_without_knots_ends_cleanly(guessed: str, tmp_path, capsys, monkeypatch) -> None:

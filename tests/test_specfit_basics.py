@@ -202,24 +202,24 @@ def test_cost_json_round_trip_and_errors(tmp_path) -> None:
     version_2 = dict(version_1, version=2)  # from version 2 the field is required
     with pytest.raises(ValueError, match="missing field.*draft_base_s"):
         CycleCostModel.from_dict(version_2)
-    with pytest.raises(ValueError, match="'version': expected 1..7.*got 8"):
-        CycleCostModel.from_dict(dict(cost.to_dict(), version=8))
+    with pytest.raises(ValueError, match="'version': expected 1..8.*got 9"):
+        CycleCostModel.from_dict(dict(cost.to_dict(), version=9))
     # version 2, before the compute stream's share of a miss and the late-expert call: both 0
     version_2 = {k: v for k, v in cost.to_dict().items() if k not in ("host_s_per_transfer", "late_call_s")}
     assert CycleCostModel.from_dict(dict(version_2, version=2)) == cost
     with pytest.raises(ValueError, match="missing field.*host_s_per_transfer"):
         CycleCostModel.from_dict(dict(version_2, version=4))
-    # version 3, before pre_router_frac: 0 (copies enqueued at the layer's start), a warning with overlap on
-    version_3 = {k: v for k, v in dataclasses.replace(cost, pre_router_frac=0.0).to_dict().items() if k != "pre_router_frac"}
-    assert CycleCostModel.from_dict(dict(version_3, version=3)) == dataclasses.replace(cost, pre_router_frac=0.0)
-    with pytest.warns(UserWarning, match="version-3 cost model has no pre_router_frac"):
+    # version 3, before pre_router_fraction: 0 (copies enqueued at the layer's start), a warning with overlap on
+    version_3 = {k: v for k, v in dataclasses.replace(cost, pre_router_fraction=0.0).to_dict().items() if k != "pre_router_fraction"}
+    assert CycleCostModel.from_dict(dict(version_3, version=3)) == dataclasses.replace(cost, pre_router_fraction=0.0)
+    with pytest.warns(UserWarning, match="version-3 cost model has no pre_router_fraction"):
         on = CycleCostModel.from_dict(dict(version_3, version=3, overlap_mode="on"))
-    assert on.pre_router_frac == 0.0
+    assert on.pre_router_fraction == 0.0
     # ... and a note for the tools that set overlap "on" after loading a file that does not say it
     from specfit.cost import no_pre_router_note
 
     (tmp_path / "v3.json").write_text(json.dumps(dict(version_3, version=3, overlap_h2d=False)))
-    assert "version-3 cost model has no pre_router_frac" in no_pre_router_note(tmp_path / "v3.json")
+    assert "version-3 cost model has no pre_router_fraction" in no_pre_router_note(tmp_path / "v3.json")
     (tmp_path / "v3on.json").write_text(json.dumps(dict(version_3, version=3, overlap_h2d=True, overlap_mode="on")))
     assert no_pre_router_note(tmp_path / "v3on.json") is None  # from_dict already warns
     cost.save(tmp_path / "v4.json")
@@ -230,30 +230,30 @@ def test_cost_json_round_trip_and_errors(tmp_path) -> None:
     v3 = CycleCostModel.load(tmp_path / "v3.json")
     assert cost_file_warnings(tmp_path / "v3.json", v3) == []  # overlap off, no next-layer prefetch
     notes = cost_file_warnings(tmp_path / "v3.json", v3, overlap=True, next_layer=True)
-    assert len(notes) == 2 and "no pre_router_frac" in notes[0] and "no next-layer prefetch share" in notes[1]
+    assert len(notes) == 2 and "no pre_router_fraction" in notes[0] and "no next-layer prefetch share" in notes[1]
     assert cost_file_warnings(tmp_path / "v3.json", overlap=True, next_layer=True) == notes[:1]  # no model given
     (tmp_path / COST_FIT_REPORT_NAME).write_text(json.dumps({"verdict": {"verdict": "fail", "verdict_line": "p90 40 %"}}))
     failed = cost_file_warnings(tmp_path / "v4.json", consequence="the sweep carries it")
     assert len(failed) == 1 and "FAILED" in failed[0] and failed[0].endswith("(p90 40 %); the sweep carries it")
-    with pytest.raises(ValueError, match="missing field.*pre_router_frac"):
+    with pytest.raises(ValueError, match="missing field.*pre_router_fraction"):
         CycleCostModel.from_dict(dict(version_3, version=4))
-    with pytest.raises(ValueError, match="pre_router_frac: expected a fraction"):
-        dataclasses.replace(cost, pre_router_frac=1.5)
+    with pytest.raises(ValueError, match="pre_router_fraction: expected a fraction"):
+        dataclasses.replace(cost, pre_router_fraction=1.5)
     # version 4, before next-layer prefetch's terms: both 0 (not priced), a note where it matters
     from specfit.cost import no_next_layer_note
 
-    fitted = dataclasses.replace(cost, next_layer_cover_frac=0.4, next_layer_waste_per_miss=0.25, next_layer_prefetch=True)
+    fitted = dataclasses.replace(cost, next_layer_cover_fraction=0.4, next_layer_waste_per_miss=0.25, next_layer_prefetch=True)
     assert CycleCostModel.from_dict(fitted.to_dict()) == fitted
-    names = ("next_layer_cover_frac", "next_layer_waste_per_miss", "next_layer_prefetch")
+    names = ("next_layer_cover_fraction", "next_layer_waste_per_miss", "next_layer_prefetch")
     version_4 = {k: v for k, v in fitted.to_dict().items() if k not in names}
     assert CycleCostModel.from_dict(dict(version_4, version=4)) == cost
     (tmp_path / "v4old.json").write_text(json.dumps(dict(version_4, version=4)))
     assert "version-4 cost model has no next-layer prefetch share" in no_next_layer_note(tmp_path / "v4old.json")
     assert no_next_layer_note(tmp_path / "v4.json") is None and no_next_layer_note(tmp_path / "nope.json") is None
-    with pytest.raises(ValueError, match="missing field.*next_layer_cover_frac"):
+    with pytest.raises(ValueError, match="missing field.*next_layer_cover_fraction"):
         CycleCostModel.from_dict(dict(version_4, version=5))
-    with pytest.raises(ValueError, match="next_layer_cover_frac: expected a fraction"):
-        dataclasses.replace(cost, next_layer_cover_frac=1.5)
+    with pytest.raises(ValueError, match="next_layer_cover_fraction: expected a fraction"):
+        dataclasses.replace(cost, next_layer_cover_fraction=1.5)
     with pytest.raises(ValueError, match="next_layer_waste_per_miss: expected a finite number >= 0"):
         dataclasses.replace(cost, next_layer_waste_per_miss=-0.1)
     with pytest.raises(ValueError, match="host_s_per_transfer: expected <= h2d_s_per_transfer"):
@@ -279,42 +279,69 @@ def test_cost_json_round_trip_and_errors(tmp_path) -> None:
         _cost(num_layers=0)
 
 
+def test_cost_json_before_version_8_loads_its_frac_names(tmp_path) -> None:
+    """Version 8 writes pre_router_fraction and next_layer_cover_fraction(s); a version-7 file wrote
+    them as *_frac / *_fracs (fields and units) and still loads to the same model."""
+    from specfit.cost import FORMER_FIELD_NAMES, no_pre_router_note
+
+    cost = dataclasses.replace(
+        _cost(overlap_h2d=True, overlap_mode="on", host_s_per_transfer=2e-6, pre_router_fraction=0.3),
+        next_layer_prefetch=True,
+        next_layer_cover_fraction=0.3,
+        next_layer_waste_per_miss=0.1,
+        next_layer_nodes=(1, 4),
+        next_layer_cover_fractions=(0.5, 0.2),
+        next_layer_waste_per_misses=(0.2, 0.1),
+    )
+    data = cost.to_dict()
+    assert data["version"] == 8 and not set(FORMER_FIELD_NAMES) & (set(data) | set(data["units"]))
+    old_names = {new: old for old, new in FORMER_FIELD_NAMES.items()}
+    version_7 = {old_names.get(k, k): v for k, v in dict(data, version=7).items()}
+    version_7["units"] = {old_names.get(k, k): v for k, v in data["units"].items()}
+    assert "pre_router_frac" in version_7 and "next_layer_cover_fracs" in version_7["units"]
+    (tmp_path / "v7.json").write_text(json.dumps(version_7))
+    assert CycleCostModel.load(tmp_path / "v7.json") == cost
+    assert no_pre_router_note(tmp_path / "v7.json") is None  # it has the pre-router share, by its old name
+    with pytest.raises(ValueError, match="pre_router_fraction: expected a fraction"):
+        CycleCostModel.from_dict(dict(version_7, pre_router_frac=1.5))
+
+
 @pytest.mark.filterwarnings("ignore:.*version-[56] cost model:UserWarning")
 def test_next_layer_share_per_tree_size_json_interpolation_and_errors(tmp_path) -> None:
-    """Versions 6-7: next-layer prefetch's share per tree size (knots over verified nodes) round-trips,
+    """Versions 6-8: next-layer prefetch's share per tree size (knots over verified nodes) round-trips,
     version 5 loads without knots (one share at every size; versions 5-6 scaled from every layer to
     layers 1..L-1), bad knots are named, and a cycle of ``n`` nodes is priced as a one-share model
     with the knots' ``np.interp`` at ``n``."""
-    base = _cost(overlap_h2d=True, overlap_mode="on", host_s_per_transfer=2e-6, pre_router_frac=0.3, late_call_s=1e-5)
-    base = dataclasses.replace(base, next_layer_prefetch=True, next_layer_cover_frac=0.3, next_layer_waste_per_miss=0.1)
-    knots = dict(next_layer_nodes=(1, 4, 30), next_layer_cover_fracs=(0.5, 0.3, 0.1), next_layer_waste_per_misses=(0.25, 0.1, 0.0))
+    base = _cost(overlap_h2d=True, overlap_mode="on", host_s_per_transfer=2e-6, pre_router_fraction=0.3, late_call_s=1e-5)
+    base = dataclasses.replace(base, next_layer_prefetch=True, next_layer_cover_fraction=0.3, next_layer_waste_per_miss=0.1)
+    knots = dict(next_layer_nodes=(1, 4, 30), next_layer_cover_fractions=(0.5, 0.3, 0.1), next_layer_waste_per_misses=(0.25, 0.1, 0.0))
     cost = dataclasses.replace(base, **knots)
     assert cost.next_layer_nodes == (1.0, 4.0, 30.0)
     assert CycleCostModel.load(cost.save(tmp_path / "v6.json")) == cost
-    assert json.loads((tmp_path / "v6.json").read_text())["version"] == 7
+    assert json.loads((tmp_path / "v6.json").read_text())["version"] == 8
     version_5 = {k: v for k, v in base.to_dict().items() if k not in knots}
     # versions 5-6: shares of every layer, loaded as shares of layers 1..L-1 (x L / (L - 1) = 1.5)
     with pytest.warns(UserWarning, match="version-5 .*scaled by L / \\(L - 1\\) = 3/2"):  # not silent (M12)
         old = CycleCostModel.from_dict(dict(version_5, version=5))
-    assert (old.next_layer_cover_frac, old.next_layer_waste_per_miss) == pytest.approx((0.45, 0.15), rel=1e-12)
-    assert dataclasses.replace(old, next_layer_cover_frac=0.3, next_layer_waste_per_miss=0.1) == base
+    assert (old.next_layer_cover_fraction, old.next_layer_waste_per_miss) == pytest.approx((0.45, 0.15), rel=1e-12)
+    assert dataclasses.replace(old, next_layer_cover_fraction=0.3, next_layer_waste_per_miss=0.1) == base
     old = CycleCostModel.from_dict(dict(cost.to_dict(), version=6))
-    assert old.next_layer_cover_fracs == pytest.approx((0.75, 0.45, 0.15), rel=1e-12)
+    assert old.next_layer_cover_fractions == pytest.approx((0.75, 0.45, 0.15), rel=1e-12)
     assert old.next_layer_waste_per_misses == pytest.approx((0.375, 0.15, 0.0), rel=1e-12)
-    full = dict(cost.to_dict(), version=6, next_layer_cover_fracs=[0.9, 0.5, 0.1])
-    assert CycleCostModel.from_dict(full).next_layer_cover_fracs[0] == 1.0  # a share stays <= 1
+    full = dict(cost.to_dict(), version=6, next_layer_cover_fractions=[0.9, 0.5, 0.1])
+    assert CycleCostModel.from_dict(full).next_layer_cover_fractions[0] == 1.0  # a share stays <= 1
     # an invalid share is reported as written, not scaled (M12)
-    with pytest.raises(ValueError, match=r"next_layer_cover_fracs: expected fractions.*1\.3"):
-        CycleCostModel.from_dict(dict(cost.to_dict(), version=6, next_layer_cover_fracs=[0.9, 1.3, 0.1]))
-    with pytest.raises(ValueError, match=r"next_layer_cover_frac\b.*1\.2"):
-        CycleCostModel.from_dict(dict(version_5, version=5, next_layer_cover_frac=1.2))
+    with pytest.raises(ValueError, match=r"next_layer_cover_fractions: expected fractions.*1\.3"):
+        CycleCostModel.from_dict(dict(cost.to_dict(), version=6, next_layer_cover_fractions=[0.9, 1.3, 0.1]))
+    with pytest.raises(ValueError, match=r"next_layer_cover_fraction\b.*1\.2"):
+        CycleCostModel.from_dict(dict(version_5, version=5, next_layer_cover_fraction=1.2))
     with pytest.raises(ValueError, match="missing field.*next_layer_nodes"):
         CycleCostModel.from_dict(dict(version_5, version=6))
     for bad, match in (
         (dict(knots, next_layer_nodes=(1, 4, 4)), "next_layer_nodes: expected strictly increasing"),
         (dict(knots, next_layer_nodes=(0.5, 4, 30)), "next_layer_nodes: expected strictly increasing"),
-        (dict(knots, next_layer_cover_fracs=(0.5, 0.3)), "as many knots"),
-        (dict(knots, next_layer_cover_fracs=(0.5, 1.3, 0.1)), "next_layer_cover_fracs: expected fractions"),
+        (dict(knots, next_layer_cover_fractions=(0.5, 0.3)), "as many knots"),
+        (dict(knots, next_layer_cover_fractions=(0.5, 1.3, 0.1)), "next_layer_cover_fractions: expected fractions"),
         (dict(knots, next_layer_waste_per_misses=(0.1, -1, 0)), "next_layer_waste_per_misses: expected a list"),
         (dict(knots, next_layer_nodes="abc"), "next_layer_nodes: expected a list"),
     ):
@@ -324,7 +351,7 @@ def test_next_layer_share_per_tree_size_json_interpolation_and_errors(tmp_path) 
     for n in (1, 2, 4, 10, 30, 60):
         h, x = np.interp(n, (1, 4, 30), (0.5, 0.3, 0.1)), np.interp(n, (1, 4, 30), (0.25, 0.1, 0.0))
         assert cost.next_layer_share_at(n) == (h, x)
-        one = dataclasses.replace(base, next_layer_cover_frac=float(h), next_layer_waste_per_miss=float(x))
+        one = dataclasses.replace(base, next_layer_cover_fraction=float(h), next_layer_waste_per_miss=float(x))
         for model, single in ((cost, one), (dataclasses.replace(cost, overlap_h2d=False), dataclasses.replace(one, overlap_h2d=False))):
             assert model.cycle_s(2, n, 100, misses) == pytest.approx(single.cycle_s(2, n, 100, misses), rel=1e-12)
             assert model.cycle_s(2, n, 100, 11.0) == pytest.approx(single.cycle_s(2, n, 100, 11.0), rel=1e-12)
@@ -336,7 +363,7 @@ def test_next_layer_share_per_tree_size_json_interpolation_and_errors(tmp_path) 
     assert rows[0] == cost.cycle_s(1, 1, 100, misses) and rows[1] == cost.cycle_s(2, 30, 100, misses)
     # knots unused where next-layer prefetch is not priced (a run without it, mode "ideal")
     for change in ({"next_layer_prefetch": False}, {"overlap_mode": "ideal"}):
-        plain = dataclasses.replace(base, next_layer_cover_frac=0.0, next_layer_waste_per_miss=0.0, **change)
+        plain = dataclasses.replace(base, next_layer_cover_fraction=0.0, next_layer_waste_per_miss=0.0, **change)
         assert dataclasses.replace(cost, **change).cycle_s(2, 4, 100, misses) == plain.cycle_s(2, 4, 100, misses)
 
 
@@ -399,7 +426,7 @@ def test_with_compute_speed_scales_exactly_the_compute_terms():
         draft_s_per_level=2e-3, draft_base_s=1e-3, verify_base_s=10e-3, verify_s_per_node=0.5e-3,
         verify_s_per_context_token=1e-6, h2d_bytes_per_s=2e9, h2d_s_per_transfer=50e-6,
         expert_bytes=4096, num_layers=4, overlap_h2d=True, overlap_mode="on", host_s_per_transfer=30e-6,
-        late_call_s=5e-6, pre_router_frac=0.3, next_layer_cover_frac=0.4, next_layer_waste_per_miss=0.2,
+        late_call_s=5e-6, pre_router_fraction=0.3, next_layer_cover_fraction=0.4, next_layer_waste_per_miss=0.2,
     )  # fmt: skip
     scaled = cost.with_compute_speed(1.5)
     for f in dataclasses.fields(cost):

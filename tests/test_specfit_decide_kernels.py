@@ -144,9 +144,9 @@ def _random_union_problem(rng: np.random.Generator, max_layers: int, fixed_fract
         2e-3 * rng.random(), 2e-2 * rng.random(), 2e-3 * rng.random(), 1e-7 * rng.random(),
         1e9 + 5e10 * rng.random(), per_transfer_s, 98_304 * int(rng.integers(1, 100)), num_layers,
         draft_base_s=1e-3 * rng.random(), overlap_h2d=overlap != "off", overlap_mode="on" if overlap == "on" else "ideal",
-        host_s_per_transfer=float(rng.choice([0.0, per_transfer_s * rng.random()])), pre_router_frac=float(rng.random()),
+        host_s_per_transfer=float(rng.choice([0.0, per_transfer_s * rng.random()])), pre_router_fraction=float(rng.random()),
         late_call_s=float(rng.choice([0.0, 1e-4 * rng.random()])),
-        next_layer_prefetch=bool(next_layer), next_layer_cover_frac=float(rng.random()),
+        next_layer_prefetch=bool(next_layer), next_layer_cover_fraction=float(rng.random()),
         next_layer_waste_per_miss=float(rng.choice([0.0, 2.0 * rng.random()])), **random_next_layer_knots(rng),
     )  # fmt: skip
     cached = bitsets.pack(rng.integers(-1, num_experts, size=(num_layers, 20)), num_experts)

@@ -19,8 +19,8 @@ def _cost(**kw) -> CycleCostModel:
     base = dict(
         draft_s_per_level=1e-3, verify_base_s=4e-3, verify_s_per_node=2e-5, verify_s_per_context_token=0.0,
         h2d_bytes_per_s=16e9, h2d_s_per_transfer=1e-5, host_s_per_transfer=2e-6, expert_bytes=9_437_184,
-        num_layers=4, pre_router_frac=0.3, late_call_s=1e-5, next_layer_prefetch=True,
-        next_layer_cover_frac=0.5, next_layer_waste_per_miss=0.4,
+        num_layers=4, pre_router_fraction=0.3, late_call_s=1e-5, next_layer_prefetch=True,
+        next_layer_cover_fraction=0.5, next_layer_waste_per_miss=0.4,
     )  # fmt: skip
     base.update(kw)
     return CycleCostModel(**base)
@@ -54,14 +54,14 @@ def test_layer_0_is_priced_without_the_share_and_the_others_with_it(overlap) -> 
 
 def test_the_share_leaves_layer_0_misses_out() -> None:
     share = next_layer_share(100, 50, 12, 30)  # planner misses of layers 1..L-1: 100 - 30 + 50
-    assert (share.cover_frac, share.waste_per_miss) == (50 / 120, 12 / 120)
-    assert next_layer_share(100, 50, 12).cover_frac == 50 / 150  # without layer 0's count: every layer
+    assert (share.cover_fraction, share.waste_per_miss) == (50 / 120, 12 / 120)
+    assert next_layer_share(100, 50, 12).cover_fraction == 50 / 150  # without layer 0's count: every layer
     with pytest.raises(ValueError, match="num_first_layer_misses"):
         next_layer_share(10, 5, 1, 11)
     nodes, misses, used, wasted = np.array([1, 1, 5]), np.array([10, 10, 40]), np.array([5, 5, 10]), np.array([1, 1, 2])
     by = next_layer_share_by_nodes(nodes, misses, used, wasted, 1, 8, first_layer_misses=np.array([4, 4, 10]))
-    assert by.cover_frac == 20 / (60 - 18 + 20) and by.num_first_layer_misses == 18
-    assert by.cover_fracs == (10 / 22, 10 / 40)
+    assert by.cover_fraction == 20 / (60 - 18 + 20) and by.num_first_layer_misses == 18
+    assert by.cover_fractions == (10 / 22, 10 / 40)
     with pytest.raises(ValueError, match="first_layer_misses"):
         next_layer_share_by_nodes(nodes, misses, used, wasted, first_layer_misses=np.array([11, 0, 0]))
 
@@ -97,7 +97,7 @@ def test_simulated_root_cycles_are_priced_at_their_time(monkeypatch) -> None:
     monkeypatch.setattr(prefetch.PrefetchLedger, "accessed", count)
     monkeypatch.setattr(engine.FastEngine, "run_cycle", cycle)
     cost = _cost(num_layers=layers, verify_base_s=4.475e-3, verify_s_per_node=1.98e-5, draft_s_per_level=1.766e-3,
-                 next_layer_prefetch=False, next_layer_cover_frac=0.0, next_layer_waste_per_miss=0.0)  # fmt: skip
+                 next_layer_prefetch=False, next_layer_cover_fraction=0.0, next_layer_waste_per_miss=0.0)  # fmt: skip
     config = SimConfig(cost=cost, policy="ar", cache_capacity_per_layer=8, prefetch="next-layer", max_requests=2)
     cycles = replay_policy(run, config).cycles
     used = np.array(per_cycle, dtype=np.int64)
@@ -106,7 +106,7 @@ def test_simulated_root_cycles_are_priced_at_their_time(monkeypatch) -> None:
     assert used[:, 0].sum() == 0 and used[:, 1:].sum() > 0.3 * demand[:, 1:].sum()  # the case has teeth
     share = next_layer_share(demand.sum(), used.sum(), sum(c.num_prefetch_wasted for c in cycles), demand[:, 0].sum())
     priced = dataclasses.replace(
-        cost, next_layer_prefetch=True, next_layer_cover_frac=share.cover_frac, next_layer_waste_per_miss=share.waste_per_miss
+        cost, next_layer_prefetch=True, next_layer_cover_fraction=share.cover_fraction, next_layer_waste_per_miss=share.waste_per_miss
     )
     price = sum(priced.cycle_s(0, 1, c.context_len, d + u) for c, d, u in zip(cycles, demand, used))
     assert price / sum(c.cycle_s for c in cycles) == pytest.approx(1.0, abs=0.01)

@@ -265,7 +265,7 @@ def _overlap_on(ctx: PolicyContext, rng: np.random.Generator) -> PolicyContext:
         overlap_h2d=True,
         overlap_mode="on",
         host_s_per_transfer=float(rng.uniform(0, 1)) * ctx.cost.h2d_s_per_transfer,
-        pre_router_frac=float(rng.choice([0.0, 1.0, rng.uniform(0, 1)])),
+        pre_router_fraction=float(rng.choice([0.0, 1.0, rng.uniform(0, 1)])),
         late_call_s=float(rng.choice([0.0, rng.uniform(0, 2e-3)])),
     )
     return dataclasses.replace(ctx, cost=cost)
@@ -394,7 +394,7 @@ def _next_layer(ctx: PolicyContext, rng: np.random.Generator, overlap: str) -> P
         ctx.cost,
         overlap_h2d=overlap == "on",
         next_layer_prefetch=True,
-        next_layer_cover_frac=float(rng.choice([0.0, 1.0, rng.uniform(0, 1)])),
+        next_layer_cover_fraction=float(rng.choice([0.0, 1.0, rng.uniform(0, 1)])),
         next_layer_waste_per_miss=float(rng.choice([0.0, rng.uniform(0, 2)])),
         **random_next_layer_knots(rng),  # half the time a share per tree size
     )
@@ -445,7 +445,7 @@ def test_next_layer_prefetch_changes_the_plan() -> None:
     assert plan_exact(ctx).predicted_cycle_s == pytest.approx(12e-3)
     assert evaluate_nodes(ctx, np.array([0, 1]))[1] == pytest.approx(21e-3)
     prefetching = dataclasses.replace(
-        plain, next_layer_prefetch=True, next_layer_cover_frac=0.9, next_layer_waste_per_miss=0.1
+        plain, next_layer_prefetch=True, next_layer_cover_fraction=0.9, next_layer_waste_per_miss=0.1
     )
     ctx = dataclasses.replace(ctx, cost=prefetching)
     plan = plan_exact(ctx)

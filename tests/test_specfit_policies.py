@@ -212,7 +212,7 @@ def test_stopping_rule_with_union_size_prices_never_stops_too_early(seed, n, cut
         cost = dataclasses.replace(
             full.cost,
             next_layer_prefetch=True,
-            next_layer_cover_frac=float(rng.choice([1.0, rng.uniform(0, 1)])),
+            next_layer_cover_fraction=float(rng.choice([1.0, rng.uniform(0, 1)])),
             next_layer_waste_per_miss=float(rng.choice([0.0, rng.uniform(0, 2)])),
             host_s_per_transfer=float(rng.uniform(0, 1)) * full.cost.h2d_s_per_transfer,
             **random_next_layer_knots(rng),  # half the time a share per tree size
@@ -490,13 +490,13 @@ def test_stopping_bound_holds_with_overlap_and_prefetch(seed, n, cut_depth, form
         full.cost,
         overlap_h2d=overlap,
         overlap_mode="ideal" if form == "ideal" else "on",
-        pre_router_frac=pre,
+        pre_router_fraction=pre,
         late_call_s=float(rng.uniform(0, 1e-4)),
         draft_prefetch="+prefetch" in form,
         h2d_s_per_transfer=per_transfer,  # copies that can outlast verification
         host_s_per_transfer=float(rng.uniform(0, 1)) * per_transfer,
         next_layer_prefetch=form.endswith("+next"),
-        next_layer_cover_frac=float(rng.choice([1.0, rng.uniform(0, 1)])),
+        next_layer_cover_fraction=float(rng.choice([1.0, rng.uniform(0, 1)])),
         next_layer_waste_per_miss=float(rng.choice([0.0, rng.uniform(0, 2)])),
         **random_next_layer_knots(rng),
     )
@@ -504,7 +504,7 @@ def test_stopping_bound_holds_with_overlap_and_prefetch(seed, n, cut_depth, form
 
 
 def test_least_verify_share_per_cost_form() -> None:
-    cost = CycleCostModel(0.0, 1.0, 0.1, 0.0, 1.0, 0.0, 0, 4, pre_router_frac=0.4)
+    cost = CycleCostModel(0.0, 1.0, 0.1, 0.0, 1.0, 0.0, 0, 4, pre_router_fraction=0.4)
     assert cost.least_verify_share == 1.0
     assert dataclasses.replace(cost, overlap_h2d=True, overlap_mode="on").least_verify_share == 0.4
     assert dataclasses.replace(cost, overlap_h2d=True, overlap_mode="ideal").least_verify_share == 0.0
@@ -513,7 +513,7 @@ def test_least_verify_share_per_cost_form() -> None:
     # at least its placing (without waste: layer 0 has no guess) and the link time of the share
     # not prefetched
     nxt = dataclasses.replace(
-        cost, next_layer_prefetch=True, next_layer_cover_frac=0.25, next_layer_waste_per_miss=0.5,
+        cost, next_layer_prefetch=True, next_layer_cover_fraction=0.25, next_layer_waste_per_miss=0.5,
         h2d_s_per_transfer=4.0, host_s_per_transfer=1.0,
     )  # fmt: skip
     assert nxt.least_verify_share == 0.0 and nxt.least_s_per_miss == pytest.approx(1.0 + 0.75 * 3.0)
@@ -529,7 +529,7 @@ def test_stopping_bound_continues_when_copies_hide_the_next_node(mode, pre) -> N
     verify time (the rule before overlap-aware pricing) would stop here."""
     tree = DraftTree.from_parents(np.arange(3), [-1, 0, 1], np.log([1.0, 0.3, 0.9]))
     experts = NodeExperts(8, bits=bitsets.pack(np.zeros((3, 1, 1), dtype=np.int64), 8))
-    cost = CycleCostModel(0.0, 0.01, 3.0, 0.0, 1.0, 10.0, 0, 1, overlap_h2d=True, overlap_mode=mode, pre_router_frac=pre)
+    cost = CycleCostModel(0.0, 0.01, 3.0, 0.0, 1.0, 10.0, 0, 1, overlap_h2d=True, overlap_mode=mode, pre_router_fraction=pre)
     full = PolicyContext(tree, np.array([1.0, 0.3, 0.27]), experts, bitsets.empty((1,), 8), cost, 0, num_levels=2)
     shallow = _cut(full, 1)
     assert plan_brute_force(full).predicted_tokens_per_s > plan_brute_force(shallow).predicted_tokens_per_s
@@ -543,7 +543,7 @@ def test_realised_cycles_are_priced_with_their_demand_misses_and_prefetch_copies
     in place of the share and waste (issue 13); the same call live and in the simulator."""
     cost = CycleCostModel(
         1e-3, 5e-3, 1e-4, 0.0, 1e9, 2e-5, 6144, 2,
-        next_layer_prefetch=True, next_layer_cover_frac=0.5, next_layer_waste_per_miss=0.25,
+        next_layer_prefetch=True, next_layer_cover_fraction=0.5, next_layer_waste_per_miss=0.25,
     )  # fmt: skip
     demand, issued = np.array([1, 2]), np.array([0, 3])
     link = cost.link_s_per_transfer
@@ -573,8 +573,8 @@ def test_min_added_h2d_is_a_lower_bound_when_the_next_layer_cover_rises_with_siz
 
     cost = CycleCostModel(
         0.0, 2e-2, 0.0, 0.0, 1e9, 1e-3, 0, 2, host_s_per_transfer=1e-4, overlap_h2d=overlap, overlap_mode="on",
-        pre_router_frac=0.9, next_layer_prefetch=True, next_layer_cover_frac=0.5, next_layer_nodes=(1, 10),
-        next_layer_cover_fracs=(0.0, 1.0), next_layer_waste_per_misses=(0.0, 0.0),
+        pre_router_fraction=0.9, next_layer_prefetch=True, next_layer_cover_fraction=0.5, next_layer_nodes=(1, 10),
+        next_layer_cover_fractions=(0.0, 1.0), next_layer_waste_per_misses=(0.0, 0.0),
     )  # fmt: skip
     max_nodes = 12
     union = np.zeros((2, max_nodes + 1))

@@ -60,9 +60,9 @@ def test_next_layer_share_is_the_ratio_of_totals_and_refuses_negative_counts() -
     from specfit.prefetch import next_layer_share
 
     share = next_layer_share(num_misses=30, num_used=10, num_wasted=4)
-    assert (share.cover_frac, share.waste_per_miss) == (0.25, 0.1)
+    assert (share.cover_fraction, share.waste_per_miss) == (0.25, 0.1)
     assert (share.num_misses, share.num_used, share.num_wasted) == (30, 10, 4)
-    assert (next_layer_share(0, 0, 7).cover_frac, next_layer_share(0, 0, 7).waste_per_miss) == (0.0, 0.0)
+    assert (next_layer_share(0, 0, 7).cover_fraction, next_layer_share(0, 0, 7).waste_per_miss) == (0.0, 0.0)
     with pytest.raises(ValueError, match="num_wasted"):
         next_layer_share(1, 1, -1)
 
@@ -73,7 +73,7 @@ def test_planner_misses_leave_layer_0_out_for_counts_and_arrays() -> None:
 
     share = next_layer_share(num_misses=30, num_used=10, num_wasted=4, num_first_layer_misses=8)
     assert share.num_planner_misses == planner_misses(30, 8, 10) == 32
-    assert (share.cover_frac, share.waste_per_miss) == (10 / 32, 4 / 32)
+    assert (share.cover_fraction, share.waste_per_miss) == (10 / 32, 4 / 32)
     assert next_layer_share(5, 0, 1, 5).num_planner_misses == 0
     np.testing.assert_array_equal(planner_misses(np.array([3, 4]), np.array([1, 0]), np.array([2, 0])), [4, 4])
 
@@ -90,16 +90,16 @@ def test_next_layer_share_by_nodes_groups_sizes_into_knots() -> None:
     wasted = np.array([30, 30, 30, 20, 10, 10, 5, 5, 0])
     fit = next_layer_share_by_nodes(nodes, misses, used, wasted, min_knot_misses=200, max_knots=8)
     pooled = next_layer_share(misses.sum(), used.sum(), wasted.sum())
-    assert (fit.cover_frac, fit.waste_per_miss, fit.num_misses) == (pooled.cover_frac, pooled.waste_per_miss, pooled.num_misses)
+    assert (fit.cover_fraction, fit.waste_per_miss, fit.num_misses) == (pooled.cover_fraction, pooled.waste_per_miss, pooled.num_misses)
     # size 1: 450 planner misses (a knot); sizes 3-4: 340; sizes 30-31: 810
     assert fit.nodes == pytest.approx((1.0, (3 * 160 + 4 * 180) / 340, (30 * 800 + 31 * 10) / 810))
-    assert fit.cover_fracs == pytest.approx((300 / 450, 140 / 340, 100 / 810))
+    assert fit.cover_fractions == pytest.approx((300 / 450, 140 / 340, 100 / 810))
     assert fit.waste_per_misses == pytest.approx((90 / 450, 40 / 340, 10 / 810))
     # a larger minimum merges; a short last group joins the one before
     merged = next_layer_share_by_nodes(nodes, misses, used, wasted, min_knot_misses=500)
     assert merged.nodes == pytest.approx(((1 * 450 + 3 * 160) / 610, (4 * 180 + 30 * 800 + 31 * 10) / 990))
     last = next_layer_share_by_nodes(nodes, misses, used, wasted, min_knot_misses=800)
-    assert len(last.nodes) == 1 and last.cover_fracs[0] == pytest.approx(pooled.cover_frac)
+    assert len(last.nodes) == 1 and last.cover_fractions[0] == pytest.approx(pooled.cover_fraction)
     assert next_layer_share_by_nodes([2], [0], [0], [3]).nodes == ()  # no planner miss: no knot
     assert "1: 0.67/0.20" in fit.knots_text() and next_layer_share(1, 1, 0).knots_text() == ""
     with pytest.raises(ValueError, match="num_nodes must be >= 1"):

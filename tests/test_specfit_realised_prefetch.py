@@ -65,7 +65,7 @@ def test_the_guards_price_is_the_simulated_cycle_with_draft_prefetch(monkeypatch
     cost = CycleCostModel(
         draft_s_per_level=1.766e-3, verify_base_s=4.475e-3, verify_s_per_node=1.98e-5, verify_s_per_context_token=0.0,
         h2d_bytes_per_s=4e9, h2d_s_per_transfer=1e-5, host_s_per_transfer=2e-6, expert_bytes=9_437_184,
-        num_layers=model.num_layers, pre_router_frac=0.336, overlap_h2d=overlap == "on", overlap_mode="on",
+        num_layers=model.num_layers, pre_router_fraction=0.336, overlap_h2d=overlap == "on", overlap_mode="on",
         draft_prefetch=True,
     )  # fmt: skip
     config = SimConfig(

@@ -429,7 +429,7 @@ class CycleRecord:
     the whole tree (``traces.stats.cycle_reached_depths``); ``None`` when not recorded.
     ``layer_pre_router_s`` (optional): per layer, the part of ``layer_compute_s`` before the
     layer's router had chosen its experts (attention, norms, router), after which its copies are
-    enqueued (``CycleCostModel.pre_router_frac`` is fitted from it); ``None`` when not recorded.
+    enqueued (``CycleCostModel.pre_router_fraction`` is fitted from it); ``None`` when not recorded.
     """
 
     request_id: int

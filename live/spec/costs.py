@@ -4,7 +4,7 @@ Used by ``python -m live.record --mode policy`` when no ``--cost`` JSON is given
 on the first prompt: the draft time is fitted as ``draft_base_s + per_level * levels`` from a
 one-level draft and a full-depth draft (the base is 0 when the shape allows one level only); the
 target's verify time is fitted as ``base + per_node * nodes`` from root-only and full-tree
-verifications (median of ``repeats``, their H2D time subtracted), and ``pre_router_frac`` is
+verifications (median of ``repeats``, their H2D time subtracted), and ``pre_router_fraction`` is
 their median share of layer compute before the routers (``ForwardStats.layer_pre_router_s``);
 the H2D terms come from the
 link (``--bandwidth``, ``--latency-us``), for a plain memcpy link from timing copies of one
@@ -153,6 +153,6 @@ def estimate_cost_model(
         expert_bytes=int(offload.bytes_per_expert),
         num_layers=int(offload.num_layers),
         overlap_h2d=False,
-        pre_router_frac=float(np.clip(np.median(pre_router), 0.0, 1.0)) if pre_router else 0.0,
+        pre_router_fraction=float(np.clip(np.median(pre_router), 0.0, 1.0)) if pre_router else 0.0,
         source=f"live.record quick estimate ({info.kind}, {repeats} repeats)",
     )
