@@ -233,10 +233,10 @@ class CycleTiming:
             after its pre-router compute (0 without pre-router compute, where the stall is the
             gap between a layer's start and the previous layer's end).
         copies: with ``record_copies`` on the engine, each copy enqueued this cycle as
-            ``(layer, expert, enqueued_ns, started_ns, landed_ns)`` in enqueue order (empty otherwise).
-            :class:`SimPyEngine` logs a copy in the cycle it LANDS in instead (in landing order), so
-            a prefetch still in flight at the cycle's end appears in the next cycle's log there;
-            the timings are the same (rev2 finding 3, not reconciled).
+            ``(layer, expert, enqueued_ns, started_ns, landed_ns)`` in enqueue order (empty
+            otherwise), the live engine's convention: a copy still in flight at the cycle's end
+            (a prefetch no layer waited for) is logged here, with the instant it will land, and
+            not in the cycle it lands in (both engines; :meth:`SimPyEngine.run_cycle` says how).
     """
 
     start_ns: int
@@ -657,7 +657,13 @@ class SimPyEngine(_EngineBase):
         self._wire = simpy.Resource(self.env, capacity=1)
         self._events: list[dict[int, simpy.Event]] = [{} for _ in range(self.num_layers)]
         self.record_copies = False
-        self._copies: list[tuple[int, int, int, int, int]] = []
+        # this cycle's log (record_copies): one entry per copy enqueued, its index in _since_idle
+        # until the copy lands, then its (layer, expert, enqueued, started, landed)
+        self._copies: list = []
+        # (enqueued_ns, layer, expert, ready_ns) of every copy enqueued since the copy stream was
+        # last empty, and how many copies are in it (queued or being copied): _copies_ahead
+        self._since_idle: list[tuple[int, int, int, int]] = []
+        self._num_in_stream = 0
         for _ in range(link.concurrency):
             self.env.process(self._copy_engine())
 
@@ -668,7 +674,7 @@ class SimPyEngine(_EngineBase):
 
     def _copy_engine(self):  # SimPy process generator
         while True:
-            layer, expert, enqueued, ready, done = yield self._jobs.get()
+            layer, expert, enqueued, ready, done, log, slot = yield self._jobs.get()
             started = int(self.env.now)
             if self.link.latency_ns:
                 yield self.env.timeout(self.link.latency_ns)
@@ -678,15 +684,45 @@ class SimPyEngine(_EngineBase):
                     yield self.env.timeout(self.link.wire_ns)
             if ready > self.env.now:  # its placing (the memcpy on the CPU link) not done yet
                 yield self.env.timeout(ready - int(self.env.now))
-            if self.record_copies:
-                self._copies.append((layer, expert, enqueued, started, int(self.env.now)))
+            self._num_in_stream -= 1
+            if not self._num_in_stream:  # the stream is empty: no earlier copy delays a later one
+                self._since_idle.clear()
+            if log is not None:  # the enqueuing cycle's log (already returned when it ended earlier)
+                log[slot] = (layer, expert, enqueued, started, int(self.env.now))
             done.succeed(int(self.env.now))
 
     def _enqueue(self, layer: int, expert: int, ready: int = 0) -> simpy.Event:
         """Put one copy on the copy stream now; it lands no sooner than ``ready`` (its placing's end)."""
         done = self.env.event()
-        self._jobs.put((layer, int(expert), int(self.env.now), int(ready), done))
+        now = int(self.env.now)
+        log = self._copies if self.record_copies else None
+        if log is not None:
+            log.append(len(self._since_idle))  # in flight: its index in _since_idle
+        self._since_idle.append((now, int(layer), int(expert), int(ready)))
+        self._num_in_stream += 1
+        self._jobs.put((layer, int(expert), now, int(ready), done, log, len(log) - 1 if log is not None else None))
         return done
+
+    def _copies_ahead(self) -> list[tuple[int, int, int, int, int]]:
+        """``(layer, expert, enqueued_ns, started_ns, landed_ns)`` of every copy enqueued since the
+        copy stream was last empty, in ``_since_idle`` order: those copies replayed alone on a
+        fresh engine of the same link from that instant (a copy's start and landing depend only
+        on the copies enqueued before it, FIFO, and their placing ends, not on what the cycle
+        does next). This engine's clock does not move. Costs a replay of the copies since the
+        stream was last empty; only with ``record_copies``, for copies in flight at a cycle's end."""
+        jobs = list(self._since_idle)
+        ahead = SimPyEngine(self.link, self.num_layers, start_ns=jobs[0][0])
+        ahead.record_copies = True
+
+        def feed():  # SimPy process generator: each copy enqueued at its instant, in order
+            for at, layer, expert, ready in jobs:
+                if at > ahead.env.now:
+                    yield ahead.env.timeout(at - int(ahead.env.now))
+                ahead._enqueue(layer, expert, ready)
+
+        ahead.env.process(feed())
+        ahead.env.run()
+        return ahead._copies
 
     def _place_batch(self, layer: int, experts, host_ns: int, overlapped_ns: int):  # SimPy process generator
         """Place a batch from now, ``host_ns`` per copy: the part the copies cannot overlap
@@ -795,7 +831,10 @@ class SimPyEngine(_EngineBase):
         out.update(starts=starts, ends=ends, layer_h2d=layer_h2d, count=count, waits=layer_waits)
 
     def run_cycle(self, plan: CyclePlan) -> CycleTiming:
-        """Run ``plan`` from the current time; the clock ends at the cycle's last layer."""
+        """Run ``plan`` from the current time; the clock ends at the cycle's last layer. With
+        ``record_copies``, a copy still in flight at the end is logged in this cycle with the
+        start and landing that the copy stream will give it (:meth:`_copies_ahead`), as
+        :class:`FastEngine` logs it."""
         _check_plan(plan)
         if plan.num_layers != self.num_layers:
             raise ValueError(f"CyclePlan: {plan.num_layers} layers, engine has {self.num_layers}")
@@ -803,9 +842,13 @@ class SimPyEngine(_EngineBase):
             for e in [e for e, ev in layer_events.items() if ev.processed]:
                 del layer_events[e]
         out: dict = {}
-        self._copies = []
+        self._copies = []  # a new list: copies of earlier cycles still write into theirs
         proc = self.env.process(self._cycle(plan, out))
         self.env.run(until=proc)
+        copies = self._copies
+        if any(type(c) is int for c in copies):  # in flight at the cycle's end: when they will land
+            ahead = self._copies_ahead()
+            copies = [ahead[c] if type(c) is int else c for c in copies]
         for layer, layer_events in enumerate(self._events):  # mirror for in_flight()
             self._pending[layer] = {e: 0 for e, ev in layer_events.items() if not ev.triggered}
         return CycleTiming(
@@ -818,7 +861,7 @@ class SimPyEngine(_EngineBase):
             layer_h2d_ns=tuple(out["layer_h2d"]),
             num_transfers=out["count"],
             layer_wait_ns=tuple(out["waits"]),
-            copies=tuple(sorted(self._copies, key=lambda c: (c[2], c[3]))),
+            copies=tuple(copies),
         )
 
 

@@ -527,3 +527,39 @@ def test_the_copy_stream_copies_while_the_rest_of_its_batch_is_placed() -> None:
         assert [c[4] for c in timing.copies] == [400, 800, 1200] and timing.end_ns == 1200 + 400
     with pytest.raises(ValueError, match="placing_ns_per_transfer"):
         FastEngine(link, 1).run_cycle(CyclePlan(**{**plan.__dict__, "placing_ns_per_transfer": 21}))
+
+
+@pytest.mark.parametrize("overlap", [False, "on"])
+@pytest.mark.parametrize("late", [False, True])
+def test_both_engines_log_each_copy_in_the_cycle_that_enqueued_it(overlap, late) -> None:
+    """With record_copies both engines log each copy in the cycle that enqueued it, with its
+    landing, in enqueue order: also a prefetch still in flight at the cycle's end (SimPyEngine
+    logged those in the cycle they landed in, rev2 finding 3)."""
+    rng = np.random.default_rng(11)
+    fast, ref = FastEngine(LINK, 6), SimPyEngine(LINK, 6)
+    fast.record_copies = ref.record_copies = True
+    crossed = 0
+    for _ in range(30):
+        plan = _random_plan(rng, 6, overlap=overlap, prefetch=True, late=late, pre_router=True)
+        a, b = fast.run_cycle(plan), ref.run_cycle(plan)
+        assert a == b and len(a.copies) == a.num_transfers
+        crossed += sum(c[4] > a.end_ns for c in a.copies)
+    assert crossed  # copies landed after their cycle's end: the case the engines logged apart
+
+
+def test_simpy_logs_the_landing_a_copy_in_flight_will_have_on_a_concurrent_link() -> None:
+    """SimPyEngine (any concurrency) logs a copy still in flight at its cycle's end with the start
+    and landing the copy stream then gives it, whatever the later cycles enqueue."""
+    rng = np.random.default_rng(5)
+    engine = SimPyEngine(LinkSpec(latency_ns=100_000, wire_ns=400_000, concurrency=2), 6)  # slow: copies outlast cycles
+    engine.record_copies = True
+    logged = []
+    for _ in range(20):
+        timing = engine.run_cycle(_random_plan(rng, 6, overlap="on", prefetch=True, late=True, pre_router=True))
+        logged.append((timing, engine._copies))  # the cycle's own list: each copy writes its landing there
+    engine.env.run()  # every copy lands
+    crossed = 0
+    for timing, actual in logged:
+        assert list(timing.copies) == actual
+        crossed += sum(c[4] > timing.end_ns for c in timing.copies)
+    assert crossed
