@@ -34,7 +34,7 @@ from specfit.planner import (
     union_size_plan,
     union_table,
 )
-from specfit.tree import DraftTree, is_typed_tree
+from specfit.tree import TYPED_TREE_TYPES, DraftTree
 
 TREE_POLICIES: tuple[str, ...] = ("ar", "chain", "topn", "specfit", "cascade")
 #: One line per tree policy for ``--help``.
@@ -811,6 +811,7 @@ class UnionSizeQuestions:
         kernels = decide_kernels()  # numba loads the kernels now, not in the first question
         self.calibrated = calibration is not None
         self.edge = not self.calibrated or calibration.scope == "edge"
+        self._edge_map = self.calibrated and self.edge  # questions take the draft log-probs as they are
         knots = (_NO_VALUES,) * 4
         if self.calibrated:
             runner = (calibration.runner_up_knots_x, calibration.runner_up_knots_y)
@@ -847,6 +848,7 @@ class UnionSizeQuestions:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self._edge_map = self.calibrated and self.edge  # (absent from a state pickled before it)
         work = self.work  # the compiled entry point writes it unchecked: float64[W], C order, writable
         if not (
             type(work) is np.ndarray and work.dtype == _FLOAT64 and work.ndim == 1
@@ -919,7 +921,7 @@ class UnionSizeQuestions:
         and the plan's nodes in ``self.work`` from ``answer_at`` on until the next question. The
         kernel measures the tree (no numpy call here): one too large for the table or the room
         comes back unanswered (``k = -1``), both grow and it is asked again."""
-        if self.edge and self.calibrated:  # the edge map's own log-probs (exp in the kernel)
+        if self._edge_map:  # the edge map's own log-probs (exp in the kernel)
             values = tree.draft_logprobs
         elif self.calibrated:
             values = tree.path_logprobs
@@ -931,7 +933,9 @@ class UnionSizeQuestions:
         # fractions (checked in begin); numba's dispatcher checks each argument per call, ~15 us
         # per question live (issue 14). Anything else goes through the dispatcher, which checks
         # (and may compile). The kernel checks lengths and parent order itself (k = -4, -5).
-        if self._typed and is_typed_tree(tree) and type(levels) is int:
+        # is_typed_tree's test inline: its call (a frame, specfit.tree's globals) costs ~8 us per
+        # question after a model forward (paired, cold; issue 14)
+        if self._typed and type(tree) in TYPED_TREE_TYPES and type(levels) is int:
             kernel = self._entry
         else:
             kernel = self._kernel
@@ -1002,7 +1006,19 @@ class UnionSizeQuestions:
             than ``parents`` (naming the field).
         """
         policy = self.policy
-        answer = self._answer(tree, levels, True)  # the plan on the tree: no side effect
+        if self._typed and self._edge_map and type(tree) in TYPED_TREE_TYPES and type(levels) is int:
+            # _answer's entry-point call inline for the live default (an edge map, a typed tree):
+            # its frame costs ~5-8 us per question after a model forward (paired, cold; issue 14)
+            answer = self._entry(
+                tree.parents, tree.draft_logprobs, self.work, self.table, self.miss, self.context_len, levels,
+                policy.root_alpha, True,
+            )  # fmt: skip
+            if answer[6] >= 0:
+                self.last = (tree, levels, answer)
+            else:  # a tree to grow the room for, or an error to name: _answer does both
+                answer = self._answer(tree, levels, True)
+        else:
+            answer = self._answer(tree, levels, True)  # the plan on the tree: no side effect
         root_alone = answer[5] == -1.0  # no node at depth 1
         if root_alone and policy.guard is not None and not policy.guard.allows_drafting():
             return False

@@ -67,20 +67,24 @@ class TypedTree:
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if (cls.__module__, cls.__qualname__) in _TRUSTED_TREE_NAMES:
-            _TYPED_TREE_TYPES.add(cls)
+            TYPED_TREE_TYPES.add(cls)
 
 
 #: The classes whose constructors guarantee their arrays' types (module, name): the only ones
 #: :func:`is_typed_tree` trusts.
 _TRUSTED_TREE_NAMES = frozenset({("specfit.tree", "DraftTree"), ("live.spec.tree", "TokenTree")})
-_TYPED_TREE_TYPES: set[type] = set()
+#: Those classes, as they are defined (filled by :meth:`TypedTree.__init_subclass__`): ``type(tree)
+#: in TYPED_TREE_TYPES`` is :func:`is_typed_tree` without its call, for a hot path in another
+#: module (after a model forward a call into this module's function and globals costs ~8 us on the
+#: build machine, issue 14).
+TYPED_TREE_TYPES: set[type] = set()
 
 
 def is_typed_tree(tree: object) -> bool:
     """True when ``tree``'s exact class is :class:`DraftTree` or ``live.spec.tree.TokenTree``
     (one set lookup): its arrays are 1-D read-only ndarrays of :data:`TREE_FIELD_DTYPES`'s dtypes
     of one length, so compiled code may read them without checking their types (issue 14)."""
-    return type(tree) in _TYPED_TREE_TYPES
+    return type(tree) in TYPED_TREE_TYPES
 
 
 def tree_array(owner: str, name: str, values: object, dtype: type) -> np.ndarray:

@@ -598,3 +598,32 @@ def test_a_broken_parent_order_is_named_for_int32_parents_too() -> None:
     )
     with pytest.raises(ValueError, match=r"tree\.parents\[2\]: expected a node id in \[0, 2\), got 3"):
         questions.ask(broken, 1)
+
+
+def test_live_question_with_an_edge_map_asks_inline_and_still_names_errors() -> None:
+    """The live default (an edge map, a typed tree) takes ``ask``'s inline entry-point call: one
+    call per question once the room holds the tree (a larger tree comes back unanswered, is grown
+    for and asked again through ``_answer``), the same answer as ``_answer``'s, and a broken parent
+    order in a trusted tree is still named (the inline call hands it to ``_answer``)."""
+    rng = np.random.default_rng(7)
+    tree, ne, cached, levels, questions = _live_questions(rng, 12, "edge")
+    assert questions._edge_map
+    questions.begin(ne, cached, 40, rng.random(ne.union_size.shape[0]))
+    calls: list[str] = []
+    entry, dispatcher = questions._entry, questions._kernel
+    questions._entry = lambda *args: calls.append("entry") or entry(*args)
+    questions._kernel = lambda *args: calls.append("dispatcher") or dispatcher(*args)
+    first = questions.ask(tree, levels)  # room for 2 nodes: unanswered, grown, asked again
+    assert calls == ["entry"] * 3
+    calls.clear()
+    assert questions.ask(tree, levels) is first and calls == ["entry"]
+    asked = questions.last[2]
+    assert questions.last[0] is tree and asked == questions._answer(tree, levels, True)
+    names = ("token_ids", "parents", "depths", "draft_logprobs", "path_logprobs")
+    parents = np.array(tree.parents)
+    parents[3] = 5  # a node whose parent comes after it
+    broken = DraftTree.trusted(**{k: parents if k == "parents" else np.array(getattr(tree, k)) for k in names})
+    calls.clear()
+    with pytest.raises(ValueError, match=r"tree\.parents\[3\]: expected a node id in \[0, 3\), got 5"):
+        questions.ask(broken, levels)
+    assert calls == ["entry", "entry"]  # inline, then _answer's call that names it
