@@ -897,9 +897,10 @@ class OffloadedMoE:
         for e in experts:
             self._in_flight.pop((layer, int(e)), None)
 
-    def _enqueue_prefetch(self, layer: int, experts: list[int], evicted) -> H2DFetch | None:
+    def _enqueue_prefetch(self, layer: int, experts: list[int], evicted, ahead: bool = False) -> H2DFetch | None:
         """Copy ``experts`` (already made resident in the cache by ``cache.warm``, which evicted
-        ``evicted``) into persistent slots of ``layer`` on the copy stream."""
+        ``evicted``) into persistent slots of ``layer`` on the copy stream; ``ahead``: next-layer
+        prefetch's (``PrefetchLedger.issue``)."""
         self.ledger.evicted(layer, evicted)
         if len(evicted):
             self._release(layer, evicted)
@@ -913,7 +914,7 @@ class OffloadedMoE:
         fetch = self.link.enqueue(transfers)
         for i, e in enumerate(experts):
             self._in_flight[(layer, e)] = (fetch, i)
-        self.ledger.issue(layer, experts)
+        self.ledger.issue(layer, experts, ahead=ahead)
         return fetch
 
     def prefetch_predicted(self, predicted_bits: np.ndarray | None) -> int:
@@ -971,7 +972,7 @@ class OffloadedMoE:
 
         chosen = next_layer_choice(ids, self.num_experts, self.capacity_per_layer)
         experts, evicted = warm_layer(self.cache, layer + 1, chosen)
-        fetch = self._enqueue_prefetch(layer + 1, experts, evicted)
+        fetch = self._enqueue_prefetch(layer + 1, experts, evicted, ahead=True)
         if fetch is not None:
             self._state.fetches[layer + 1].append(fetch)
             self._state.fetch_experts[layer + 1].append(np.asarray(experts, dtype=np.int64))

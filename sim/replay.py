@@ -616,7 +616,7 @@ class _Replayer:
             chosen = next_layer_choice(guesses[:, layer], self.num_experts, capacity)
             copies, evicted = warm_layer(self.cache, layer + 1, chosen)
             self.ledger.evicted(layer + 1, evicted)
-            self.ledger.issue(layer + 1, copies)
+            self.ledger.issue(layer + 1, copies, ahead=True)
             out[layer] = copies
         return out
 
@@ -832,6 +832,20 @@ class _Replayer:
             self.ledger.issue(layer, [e for lay, e in copies if lay == layer])
         return copies
 
+    def _root_alone(self, cached: np.ndarray, root_ids: np.ndarray, node_bits: np.ndarray | None, dense: Any) -> tuple:
+        """The paired guard's root alone on the cache the planner saw (``cached``): ``(misses,
+        None)`` without prefetch (``specfit.policies.root_layer_misses``), else its demand misses
+        and prefetch copies (``specfit.policies.root_alone_copies``: the root's row of the
+        predicted bitsets ``node_bits`` with draft prefetch, of the recorded next-layer guesses
+        with next-layer prefetch), as ``live.spec.engine``."""
+        policies = self.mods["policies"]
+        bits = node_bits[0] if self.draft_prefetch and node_bits is not None else None
+        guesses = np.asarray(dense.next_layer_expert_ids)[0] if self.next_layer_prefetch else None
+        if bits is None and guesses is None:
+            return policies.root_layer_misses(cached, root_ids), None
+        capacity = self.config.cache_capacity_per_layer
+        return policies.root_alone_copies(cached, root_ids, self.num_experts, capacity, bits, guesses)
+
     def _tree_data(self, i: int) -> _TreeData:
         """Recorded tree ``i``, read and validated as a ``DraftTree`` once per process.
 
@@ -855,12 +869,12 @@ class _Replayer:
         cached = self.cache.cached_bits()  # the cache as the planner sees it
         plan, nodes, levels, node_bits = self._choose(data, true_bits, history, path_ok, cached)
         observe = self._observe
-        root_misses = None  # the root alone's misses on the cache the planner saw (paired guard)
+        root_misses = root_copies = None  # the root alone's misses (and copies) on the cache the planner saw
         if observe is not None and levels > 0:
-            root_misses = self.mods["policies"].root_layer_misses(cached, true_ids[0])
+            root_misses, root_copies = self._root_alone(cached, true_ids[0], node_bits, dense)
         # the ledger's issued counts before this cycle's prefetch (without prefetch nothing
         # issues: they stay 0, so the cycle's are the zeros made once, _no_copies)
-        issued_before = self.ledger.layer_issued.copy() if observe is not None and self._prefetches else None
+        issued_before = self.ledger.mark() if observe is not None and self._prefetches else None
         prefetch = self._prefetch(nodes, node_bits) if self.draft_prefetch else []
         next_layer: list[list[int]] = []
         if self.next_layer_prefetch:
@@ -913,8 +927,11 @@ class _Replayer:
         self._account(timing, plan, nodes, levels, num_hits, num_misses, prefetch, num_accepted, num_committed)
         if observe is not None:  # as live.spec.engine: the policy sees each realised cycle, priced
             # this cycle's prefetch copies (as live.spec)
-            issued = self._no_copies if issued_before is None else self.ledger.layer_issued - issued_before
-            observe(self.cost, num_committed, levels, len(nodes), dense.context_len, access.num_misses, root_misses, issued)
+            issued = self._no_copies if issued_before is None else self.ledger.copies_since(issued_before)
+            observe(
+                self.cost, num_committed, levels, len(nodes), dense.context_len, access.num_misses, root_misses, issued,
+                root_copies,
+            )  # fmt: skip
         if cfg.record_cycles:
             tokens = [int(t) for t in tree.token_ids[path[1:]]] + [int(dense.target_tokens[path[-1]])]
             self.records.append(

@@ -820,7 +820,8 @@ class CycleCostModel:
         return 0.0 if self.overlap_h2d else (1.0 - self.pre_router_fraction) / self.num_layers
 
     def prefetched_cycle_s(
-        self, num_levels: int, num_nodes: int, context_len: int, misses_per_layer: Any, demand_per_layer: Any = None
+        self, num_levels: int, num_nodes: int, context_len: int, misses_per_layer: Any, demand_per_layer: Any = None,
+        ahead_per_layer: Any = None, needed_per_layer: Any = None,
     ) -> float:  # fmt: skip
         """Cycle time (s) when every predicted miss ``misses_per_layer`` (float[L]) is prefetched
         from the draft as the engines do (``--prefetch draft``; ``sim.engine``): placed by the
@@ -835,36 +836,68 @@ class CycleCostModel:
         and the link is idle when the forward starts (the estimate of prefetch in
         SP-MoE-style systems; the simulator gives the exact value).
 
-        ``demand_per_layer`` (float[L], optional): the demand misses the prefetch did not cover (a
-        realised cycle, :meth:`realised_cycle_s`): layer ``l``'s are placed after its router
-        (``host_s_per_transfer`` each, so its experts begin ``host * d_l`` later) and copied
-        BEHIND every prefetch copy already on the FIFO link (all of them were enqueued before
-        the forward) and the demand copies of the layers before, as ``sim.engine`` and
-        ``live.offload`` do; the layer waits for them as for its prefetched experts. None: no
-        demand miss (the planner's assumption), the form above."""
+        A realised cycle (:meth:`realised_cycle_s`) adds, each optional (float[L]):
+
+        - ``demand_per_layer``: the demand misses the prefetch did not cover: layer ``l``'s are
+          placed after its router (``host_s_per_transfer`` each, so its experts begin ``host *
+          d_l`` later) and copied BEHIND every copy already on the FIFO link, as ``sim.engine``
+          and ``live.offload`` do; the layer waits for them as for its prefetched experts.
+        - ``ahead_per_layer``: next-layer prefetch copies into layer ``l`` (``l >= 1``), issued
+          during layer ``l - 1`` as the engines issue them: placed (``host`` each) and enqueued
+          behind layer ``l - 1``'s demand copies before its first kernel call (overlap), or once
+          its wait is over (no overlap); layer ``l - 1``'s experts begin after that placing.
+        - ``needed_per_layer``: how many of layer ``l``'s copies, draft then next-layer in issue
+          order, the layer waits for (those up to the last one whose expert it hits: a wrong
+          guess occupies the link and the placing but is never waited for; issue 13: waiting
+          for all of them over-priced wrong guesses). None: all of the draft copies, none of the
+          next-layer ones.
+
+        None for all three: no demand miss, no next-layer copy (the planner's assumption), the
+        form above."""
         m = np.asarray(misses_per_layer, dtype=np.float64)
         c = self.verify_s(num_nodes, context_len) / self.num_layers
         pre, rest = self.pre_router_fraction * c, (1.0 - self.pre_router_fraction) * c
-        placed = np.cumsum(m) * self.host_s_per_transfer
+        host, per_copy, num_layers = self.host_s_per_transfer, self.link_s_per_transfer, self.num_layers
+        placed = np.cumsum(m) * host
+        needed = m if needed_per_layer is None else np.asarray(needed_per_layer, dtype=np.float64)
         link = 0.0
-        arrivals = []  # A_l: the prefetch copies go first on the link, in layer order
-        for layer in range(self.num_layers):
+        arrivals = []  # the needed prefetch copies' last landing: they go first on the link, in layer order
+        for layer in range(num_layers):
             landed = 0.0
             if m[layer] > 0:
-                link = landed = max(link, float(placed[layer])) + self.link_s_per_transfer * float(m[layer])
+                first = max(link, float(placed[layer]))
+                link = first + per_copy * float(m[layer])
+                if needed[layer] > 0:
+                    landed = first + per_copy * float(min(needed[layer], m[layer]))
             arrivals.append(landed)
         demand = None if demand_per_layer is None else np.asarray(demand_per_layer, dtype=np.float64)
+        ahead = None if ahead_per_layer is None else np.asarray(ahead_per_layer, dtype=np.float64)
+        ahead_first = [0.0] * num_layers  # when each layer's next-layer copies start on the link
         end = float(placed[-1])
-        for layer in range(self.num_layers):
+        for layer in range(num_layers):
             landed = arrivals[layer]
+            if ahead is not None and needed[layer] > m[layer]:  # a next-layer copy needed
+                landed = max(landed, ahead_first[layer] + per_copy * float(needed[layer] - m[layer]))
             begin = end + pre
             if demand is not None and demand[layer] > 0:  # placed after the router, copied behind the link's queue
-                begin = begin + self.host_s_per_transfer * float(demand[layer])
-                link = max(link, begin) + self.link_s_per_transfer * float(demand[layer])
+                begin = begin + host * float(demand[layer])
+                link = max(link, begin) + per_copy * float(demand[layer])
                 landed = max(landed, link)
+            n_next = 0.0 if ahead is None or layer + 1 == num_layers else float(ahead[layer + 1])
             if not self.overlap_h2d:
-                end = max(begin, landed) + rest
-            elif landed > begin:
+                if n_next > 0:  # issued once the layer's wait is over
+                    begin = max(begin, landed)
+                    ahead_first[layer + 1] = max(begin + host * n_next, link)
+                    link = ahead_first[layer + 1] + per_copy * n_next
+                    end = begin + host * n_next + rest
+                else:
+                    end = max(begin, landed) + rest
+                continue
+            if n_next > 0:  # placed and enqueued behind the layer's demand copies, before its experts
+                begin = begin + host * n_next
+                ahead_first[layer + 1] = max(begin, link)
+                link = ahead_first[layer + 1] + per_copy * n_next
+            if landed > begin:
                 end = max(begin + rest, landed) + self.late_call_s
             else:
                 end = begin + rest
@@ -920,16 +953,34 @@ class CycleCostModel:
         :meth:`prefetched_cycle_s` of them with the demand misses queued behind them. Issue 13:
         priced as :meth:`cycle_s` of the demand misses alone, on the shipped sample (SpecFit,
         predictor ``recent``, cache 8, 4-16 GB/s, 19 prefetch copies per root cycle) root cycles
-        were priced 0.51-0.59 of their simulated time and drafted ones 0.80-0.82."""
-        if prefetched_per_layer is not None and self.draft_prefetch and not self.next_layer_priced:
-            if not (self.overlap_h2d and self.overlap_mode == "ideal"):
-                return self.prefetched_cycle_s(
-                    num_levels, num_nodes, context_len, prefetched_per_layer, demand_misses_per_layer
-                )
-        if not self.next_layer_priced or prefetched_per_layer is None:
+        were priced 0.51-0.59 of their simulated time and drafted ones 0.80-0.82.
+
+        ``prefetched_per_layer`` int[3, L] (``PrefetchLedger.copies_since``: draft copies,
+        next-layer copies, copies waited for) prices the realised timeline exactly as the engines
+        run it, next-layer prefetch not priced by a share and not mode "ideal": with draft
+        prefetch, or when the cycle issued next-layer copies, :meth:`prefetched_cycle_s` of the
+        draft copies with the demand misses, the next-layer copies issued mid-forward and only
+        the copies each layer waits for (issue 13: an int[L] of all copies priced every
+        next-layer copy of ``--prefetch both`` without a share as placed before the forward, and
+        made a layer wait for the copies of wrong guesses too; a next-layer run without a share
+        priced none of its copies). With a share priced the two kinds of copies count alike (the
+        form above); int[L] is all draft copies, each waited for (the form before)."""
+        prefetched = None if prefetched_per_layer is None else np.asarray(prefetched_per_layer)
+        if prefetched is not None and not self.next_layer_priced and not (self.overlap_h2d and self.overlap_mode == "ideal"):
+            if prefetched.ndim == 2:  # (draft, next-layer, waited for): PrefetchLedger.copies_since
+                if self.draft_prefetch or prefetched[1].any():
+                    return self.prefetched_cycle_s(
+                        num_levels, num_nodes, context_len, prefetched[0], demand_misses_per_layer,
+                        prefetched[1], prefetched[2],
+                    )  # fmt: skip
+            elif self.draft_prefetch:
+                return self.prefetched_cycle_s(num_levels, num_nodes, context_len, prefetched, demand_misses_per_layer)
+        if not self.next_layer_priced or prefetched is None:
             return self.cycle_s(num_levels, num_nodes, context_len, demand_misses_per_layer)
+        if prefetched.ndim == 2:  # every copy issued into the layer, draft and next-layer alike
+            prefetched = prefetched[0] + prefetched[1]
         demand = np.asarray(demand_misses_per_layer, dtype=np.float64)
-        copies = demand + np.asarray(prefetched_per_layer, dtype=np.float64)
+        copies = demand + np.asarray(prefetched, dtype=np.float64)
         c = self.verify_s(num_nodes, context_len) / self.num_layers
         link = self.link_s_per_transfer
         host = self.host_s_per_transfer * copies.sum()

@@ -258,6 +258,67 @@ def root_layer_misses(cached_bits: np.ndarray, root_expert_ids: np.ndarray) -> n
     return (valid & (cached == 0)).sum(axis=1).astype(np.int64)
 
 
+def _first_of_each_layer(chosen: np.ndarray, capacity: int) -> np.ndarray:
+    """``chosen`` bool[L, E] less all but the ``capacity`` lowest ids of each layer (the experts
+    ``specfit.prefetch.rank_experts`` keeps when every one is counted once)."""
+    return chosen & (np.cumsum(chosen, axis=1) <= capacity)
+
+
+def root_alone_copies(
+    cached_bits: np.ndarray, root_expert_ids: np.ndarray, num_experts: int, capacity: int,
+    predicted_bits: np.ndarray | None = None, next_layer_ids: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """What the root alone would have copied in a cycle with prefetch, for the guard's paired
+    price (:meth:`SpecFitPolicy.observe_cycle`): ``(demand int64[L], copies int64[3, L])``, the
+    root's demand misses and its prefetch copies as ``PrefetchLedger.copies_since`` counts them
+    (draft copies, next-layer copies, the copies its layers wait for).
+
+    The engines' prefetch of a cycle verifying the root only, on the cache the planner saw
+    (``cached_bits`` uint64[L, W]): the draft prefetch makes the root's predicted experts
+    resident (``predicted_bits`` uint64[L, W], the policy's predictor's row for the root; None:
+    no draft prefetch), at most ``capacity`` per layer, lowest ids first as
+    ``specfit.prefetch.draft_prefetch`` ranks a single node's, copying those not cached in id
+    order; next-layer prefetch then makes the root's guesses for layers ``1..L-1`` resident
+    (``next_layer_ids`` int[L-1, K], the root's row of the forward's guesses; None: none), as
+    ``specfit.prefetch.next_layer_choice``, copying those still missing; the root's routed
+    experts ``root_expert_ids`` int[L, K] (negative ids ignored) not resident then are its
+    demand misses, and a layer waits for its copies up to the last one it routes to.
+    Evictions the warms would make are not modelled: a warm that evicts an expert the root
+    routes to makes the true cycle miss once more than this counts (issue 13: the paired price
+    had no prefetch copies at all while realised root-only cycles had theirs, ~1.7x its price).
+    Without ``predicted_bits`` and ``next_layer_ids`` the demand is :func:`root_layer_misses`.
+    """
+    from specfit import bitsets
+
+    cached = bitsets.unpack(cached_bits, num_experts)  # bool[L, E]
+    ids = np.asarray(root_expert_ids, dtype=np.int64)
+    num_layers = ids.shape[0]
+    routed = np.zeros((num_layers, num_experts), dtype=bool)
+    rows, cols = np.nonzero(ids >= 0)
+    routed[rows, ids[rows, cols]] = True
+    resident = cached.copy()
+    draft = np.zeros_like(cached)
+    if predicted_bits is not None and capacity > 0:
+        chosen = _first_of_each_layer(bitsets.unpack(predicted_bits, num_experts), capacity)
+        draft = chosen & ~resident
+        resident |= chosen
+    ahead = np.zeros_like(cached)
+    if next_layer_ids is not None and capacity > 0 and num_layers > 1:
+        guesses = np.asarray(next_layer_ids, dtype=np.int64)
+        guessed = np.zeros_like(cached)
+        rows, cols = np.nonzero(guesses >= 0)
+        guessed[rows + 1, guesses[rows, cols]] = True  # row l guesses layer l + 1
+        chosen = _first_of_each_layer(guessed, capacity)
+        ahead = chosen & ~resident
+        resident |= chosen
+    num_draft = draft.sum(axis=1)
+    rank_draft = np.where(draft & routed, np.cumsum(draft, axis=1), 0).max(axis=1)
+    rank_ahead = np.where(ahead & routed, num_draft[:, None] + np.cumsum(ahead, axis=1), 0).max(axis=1)
+    demand = (routed & ~resident).sum(axis=1).astype(np.int64)
+    copies = np.stack((num_draft, ahead.sum(axis=1), np.maximum(rank_draft, rank_ahead))).astype(np.int64)
+    return demand, copies
+
+
 class GuardWindow:
     """One :class:`ThroughputGuard` arm: its last ``maxlen`` samples ``(tokens, seconds, cycle
     index, root-alone seconds or None)``, oldest first, with the sums the guard's rates take
@@ -411,7 +472,9 @@ class ThroughputGuard:
 
     Paired evidence: a drafting cycle also carries what the root alone would have cost in the
     same cycle (``root_s``: the cost model's price of 0 levels, 1 node, the same context and the
-    root's misses against the cache the planner saw, see :func:`root_layer_misses`). The
+    root's misses against the cache the planner saw, see :func:`root_layer_misses`; with prefetch
+    also the copies the root alone would have prefetched, :func:`root_alone_copies`, priced as a
+    realised root-only cycle). The
     reference rate drafting must match pools the non-drafting arm with these root-alone
     counterfactuals (one token each), so a rarely played arm is never the only, noisy evidence.
     On the shipped trace at 1 GB/s, cache 8 of 64, overlap on (where the fitted acceptance makes
@@ -609,6 +672,7 @@ class SpecFitPolicy(TreePolicy):
         misses_per_layer: Any,
         root_misses_per_layer: Any = None,
         prefetched_per_layer: Any = None,
+        root_prefetched_per_layer: Any = None,
     ) -> None:
         """Report one realised cycle priced by the cost model: what the live engine and the
         simulator both call, so the guard decides alike in both (the same committed tokens and
@@ -626,7 +690,11 @@ class SpecFitPolicy(TreePolicy):
 
         ``root_misses_per_layer`` (int[L], :func:`root_layer_misses` on the cache the cycle started
         from) prices what the root alone would have cost in a drafting cycle,
-        ``cost.cycle_s(0, 1, context_len, root_misses_per_layer)``, for the guard's paired comparison.
+        ``cost.realised_cycle_s(0, 1, context_len, root_misses_per_layer,
+        root_prefetched_per_layer)``, for the guard's paired comparison: with prefetch,
+        :func:`root_alone_copies` gives both, so the root alone is priced with the prefetch
+        copies it would have made, as realised root-only cycles are (None: ``cost.cycle_s`` of
+        the misses, no copies).
         """
         if self.guard is not None:
             priced_s = cost.realised_cycle_s(
@@ -634,7 +702,9 @@ class SpecFitPolicy(TreePolicy):
             )
             root_s = None
             if int(num_levels) > 0 and root_misses_per_layer is not None:
-                root_s = float(cost.cycle_s(0, 1, int(context_len), root_misses_per_layer))
+                root_s = float(
+                    cost.realised_cycle_s(0, 1, int(context_len), root_misses_per_layer, root_prefetched_per_layer)
+                )
             self.guard.observe(num_committed, float(priced_s), num_levels, root_s)
 
     def select(self, ctx: PolicyContext) -> Plan:

@@ -332,6 +332,12 @@ class PrefetchLedger:
         #: int64[L] prefetch copies issued into each layer so far (a cycle's are the difference
         #: over it: the guard's realised price, ``CycleCostModel.realised_cycle_s``)
         self.layer_issued = np.zeros(num_layers, dtype=np.int64)
+        #: int64[L] of them next-layer copies (issued mid-forward, ``issue(..., ahead=True)``)
+        self.layer_issued_ahead = np.zeros(num_layers, dtype=np.int64)
+        #: int64[L, E] each expert's latest copy's place among its layer's copies (1-based,
+        #: counted as ``layer_issued``), and int64[L] the latest such place an access used
+        self._issue_rank = np.zeros((num_layers, num_experts), dtype=np.int64)
+        self.layer_last_used = np.zeros(num_layers, dtype=np.int64)
 
     def restart(self, miss_fraction: np.ndarray) -> None:
         """A new cache content (``live.offload``'s ``set_cache``): prefetched experts leave with
@@ -350,12 +356,33 @@ class PrefetchLedger:
         (``PredictContext.miss_fraction``), live and simulated alike."""
         return self._miss_ema.copy()
 
-    def issue(self, layer: int, experts) -> None:
-        """``experts`` of ``layer`` were copied ahead of need."""
+    def issue(self, layer: int, experts, ahead: bool = False) -> None:
+        """``experts`` of ``layer`` were copied ahead of need, in this order on the link (FIFO);
+        ``ahead``: by next-layer prefetch (mid-forward), else by the draft prefetch (before it)."""
         ids = np.asarray(experts, dtype=np.int64)
         self.pending[layer, ids] = True
         self.num_issued += len(ids)
+        first = self.layer_issued[layer] + 1
+        self._issue_rank[layer, ids] = np.arange(first, first + len(ids), dtype=np.int64)
         self.layer_issued[layer] += len(ids)
+        if ahead:
+            self.layer_issued_ahead[layer] += len(ids)
+
+    def mark(self) -> tuple[np.ndarray, np.ndarray]:
+        """The issued counts now (copies), for :meth:`copies_since` at the end of a cycle."""
+        return self.layer_issued.copy(), self.layer_issued_ahead.copy()
+
+    def copies_since(self, mark: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """A cycle's prefetch copies since ``mark`` (:meth:`mark` at its start): int64[3, L], per
+        layer the draft prefetch's copies (row 0), the next-layer copies (row 1: issued after the
+        draft's, mid-forward) and how many of the two, in issue order, precede and include the
+        last one an access used (row 2: the copies the layer waited for; 0 when it used none of
+        this cycle's). What ``CycleCostModel.realised_cycle_s`` prices (issue 13: a layer waits
+        only for the copies of experts it hits, as ``live.offload`` and ``sim.engine`` do)."""
+        issued = self.layer_issued - mark[0]
+        ahead = self.layer_issued_ahead - mark[1]
+        needed = np.maximum(self.layer_last_used - mark[0], 0)
+        return np.stack((issued - ahead, ahead, needed))
 
     def accessed(self, layer: int, hits, evicted, num_misses: int | None = None) -> None:
         """An access at ``layer`` hit ``hits`` (expert ids) and evicted ``evicted``; with
@@ -367,6 +394,10 @@ class PrefetchLedger:
             marks = self.pending[layer, hits]
             used = int(marks.sum())
             self.num_used += used
+            if used:
+                last = int(self._issue_rank[layer, hits[marks]].max())
+                if last > self.layer_last_used[layer]:
+                    self.layer_last_used[layer] = last
             self.pending[layer, hits] = False
         self.evicted(layer, evicted)
         if num_misses is not None and len(hits) + int(num_misses):

@@ -132,9 +132,9 @@ def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpo
     issue_log: list[tuple[int, int]] = []  # (layer, expert) of every prefetch copy, in issue order
     original_issue = engine.ledger.issue
 
-    def logged_issue(layer, experts):
+    def logged_issue(layer, experts, ahead=False):
         issue_log.extend((layer, int(e)) for e in experts)
-        original_issue(layer, experts)
+        original_issue(layer, experts, ahead)
 
     next_layer = [[] for _ in range(num_layers)]  # per layer l: layer l+1's next-layer copies
     original_next = engine._prefetch_next_layer

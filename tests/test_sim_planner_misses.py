@@ -66,9 +66,9 @@ def test_the_guards_price_of_a_root_cycle_is_the_simulated_one(monkeypatch):
     priced: list[tuple[int, float]] = []
     original = SpecFitPolicy.observe_cycle
 
-    def observe(self, cost, num_committed, num_levels, num_nodes, context_len, misses, root=None, issued=None):
+    def observe(self, cost, num_committed, num_levels, num_nodes, context_len, misses, root=None, issued=None, *rest):
         priced.append((int(num_levels), cost.realised_cycle_s(num_levels, num_nodes, context_len, misses, issued)))
-        return original(self, cost, num_committed, num_levels, num_nodes, context_len, misses, root, issued)
+        return original(self, cost, num_committed, num_levels, num_nodes, context_len, misses, root, issued, *rest)
 
     monkeypatch.setattr(SpecFitPolicy, "observe_cycle", observe)
     cost = CycleCostModel(

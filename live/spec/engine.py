@@ -25,8 +25,8 @@ from live.offload import ForwardStats
 from live.spec.draft import Drafter, DraftResult, TreeShape
 from live.spec.tree import TokenTree
 from live.spec.verify import TreeVerifier, Verification
-from specfit.policies import root_layer_misses
-from specfit.prefetch import planner_miss_fraction, uses_draft
+from specfit.policies import root_alone_copies, root_layer_misses
+from specfit.prefetch import planner_miss_fraction, uses_draft, uses_next_layer
 
 
 class StatsSource(Protocol):
@@ -241,6 +241,20 @@ class SpecDecoder:
             return
         self.stats.prefetch_predicted(choice.predicted_bits[choice.nodes])
 
+    def _root_alone(self, cached: np.ndarray, root_ids: np.ndarray, choice: Choice, next_layer, root_slot: int) -> tuple:
+        """The paired guard's root alone on the cache the planner saw, as ``sim.replay``:
+        ``(misses, None)`` without prefetch (``specfit.policies.root_layer_misses``), else its
+        demand misses and prefetch copies (``specfit.policies.root_alone_copies``: the root's
+        predicted experts with draft prefetch, its row ``root_slot`` of the forward's next-layer
+        guesses ``next_layer`` with next-layer prefetch)."""
+        prefetch = getattr(self.stats, "prefetch", "none")
+        bits = choice.predicted_bits[0] if uses_draft(prefetch) and choice.predicted_bits is not None else None
+        guesses = next_layer[root_slot] if uses_next_layer(prefetch) and next_layer is not None else None
+        if bits is None and guesses is None:
+            return root_layer_misses(cached, root_ids), None
+        stats = self.stats
+        return root_alone_copies(cached, root_ids, stats.num_experts, stats.capacity_per_layer, bits, guesses)
+
     def _miss_fraction(self) -> np.ndarray | None:
         """The planner's observed miss fraction: ``specfit.prefetch.planner_miss_fraction`` of the
         engine's cache and prefetch ledger (what the simulator hands its predictor too)."""
@@ -309,7 +323,7 @@ class SpecDecoder:
                 tuple(committed), len(generated), len(committed), recent_arr, cached, miss_fraction
             )
             choice = chooser.choose(state)
-            issued_before = ledger.layer_issued.copy() if track_issued else None
+            issued_before = ledger.mark() if track_issued else None
             self._prefetch_draft(choice)
             self._forward_stats_begin()
             ver = self.verifier.verify(choice.draft.tree, choice.nodes)
@@ -344,9 +358,9 @@ class SpecDecoder:
             # the policy's online guard sees each realised cycle, priced (as sim.replay), and
             # for a drafting cycle the root alone's misses on the cache the planner saw
             if observe is not None:
-                root_misses = None
+                root_misses = root_copies = None
                 if cached is not None and choice.draft.num_levels > 0 and ver.expert_ids.shape[1]:
-                    root_misses = root_layer_misses(cached, ver.expert_ids[slot[0]])
+                    root_misses, root_copies = self._root_alone(cached, ver.expert_ids[slot[0]], choice, next_layer, slot[0])
                 observe(
                     chooser.cost,
                     len(toks),
@@ -355,7 +369,8 @@ class SpecDecoder:
                     event.context_len,
                     stats.layer_misses,
                     root_misses,
-                    no_copies if issued_before is None else ledger.layer_issued - issued_before,  # as sim.replay
+                    no_copies if issued_before is None else ledger.copies_since(issued_before),  # as sim.replay
+                    root_copies,
                 )
             if on_cycle is not None:  # recording is not decoding: kept off the decode clock
                 callback_start = time.perf_counter()
