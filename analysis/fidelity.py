@@ -557,7 +557,7 @@ def error_split(
       or off; it went to ``overlap`` with overlap on before the stall was recorded per layer,
       which made ``verify`` read low and ``overlap`` high by the bookkeeping share). With overlap
       mode "on" the simulator's side also holds the late-expert
-      calls the model prices at the live misses, ``late_call_s * (layers with m_l > 0)``: live,
+      calls the model prices at the live misses, ``priced_late_call_s * (layers with m_l > 0)``: live,
       that kernel call is compute inside ``verify_s`` (wall minus stall), while the replay
       books it outside its ``verify_s``; pass ``c`` = the overlap model's per-miss term less
       the placing measured on its runs (``calibration.costfit.OverlapFit.term_split``), so the
@@ -589,7 +589,7 @@ def error_split(
     out.update(split_live_s=0.0, split_num_cycles=0)
     keys = list(REPEAT_KEY)
     cols = ["verified_nodes", "draft_s", "verify_s", "h2d_s", "cycle_s", "decision_s", "cache_misses"]
-    late_calls = cost.per_layer_overlap and cost.late_call_s > 0 and "layer_misses" in live
+    late_calls = cost.per_layer_overlap and cost.priced_late_call_s > 0 and "layer_misses" in live
     if not len(live) or not len(sim) or any(c not in f.columns for c in keys + cols for f in (live, sim)):
         return out
     live = live.assign(stall_s=live["stall_s"] if "stall_s" in live.columns else _stall_s(live))
@@ -623,7 +623,7 @@ def error_split(
         "draft": sm["draft_s"] - lv["draft_s"],
         "decision": sm["decision_s"] - lv["decision_s"],
         "verify": sm["verify_s"] + c * m_l - lv["verify_s"] - rest_l
-        + (cost.late_call_s * _numeric(both, "layers_with_misses") if late_calls else 0.0),
+        + (cost.priced_late_call_s * _numeric(both, "layers_with_misses") if late_calls else 0.0),
         "h2d": m_l * (s - c) - demand_h2d_l,
         "prefetch": i_s * s - (lv["h2d_s"] - demand_h2d_l),  # the simulator's price: the whole s
         "cache": (m_s - m_l) * s,

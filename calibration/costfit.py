@@ -299,6 +299,77 @@ def copies_per_transfer(transfers: pd.DataFrame) -> int:
     return max(1, int(round(len(frame) / runs)))
 
 
+@dataclass(frozen=True)
+class PlacingAfterEnqueue:
+    """The compute stream's placing after a copy-stream batch's enqueue, per expert transfer.
+
+    Attributes:
+        s_per_transfer: the fitted seconds per transfer (s, >= 0; 0 with no measured batch).
+        num_batches: copy-stream batches with measured memcpy ends (count).
+        num_transfers: expert transfers in them (count).
+        r_squared: R^2 of the batches' placing against the fit (NaN with fewer than 2 batches).
+    """
+
+    s_per_transfer: float
+    num_batches: int
+    num_transfers: int
+    r_squared: float
+
+    def report_fields(self) -> dict[str, Any]:
+        """JSON-ready: ``placing_after_enqueue_s_per_transfer`` (s), ``placing_after_enqueue_batches``,
+        ``placing_after_enqueue_transfers``, ``placing_after_enqueue_r_squared``."""
+        return {
+            "placing_after_enqueue_s_per_transfer": self.s_per_transfer,
+            "placing_after_enqueue_batches": self.num_batches,
+            "placing_after_enqueue_transfers": self.num_transfers,
+            "placing_after_enqueue_r_squared": self.r_squared,
+        }
+
+
+def placing_after_enqueue_s(transfers: pd.DataFrame) -> PlacingAfterEnqueue:
+    """Fit the placing a copy-stream batch spends on the compute stream AFTER its enqueue, per
+    expert transfer, from the transfers table's memcpy ends (``placed_at_s``).
+
+    The live CPU copy stream (``live.h2d.H2DLink.enqueue``) enqueues a layer's batch, then does its
+    memcpys on the compute thread while the link clock already runs; each copy's memcpy end is
+    recorded (``transfers.placed_at_s``), so a batch's placing after the enqueue is ``y_b = max
+    placed_at_s - enqueued_at_s`` over its rows. A batch is the rows of one (run, request, cycle,
+    layer, enqueue instant); it moves ``n_b = rows / copies_per_transfer`` experts. The memcpys of a
+    batch are back to back, so ``y_b = p n_b`` for the per-transfer placing ``p``, fitted by least
+    squares through the origin, ``p = sum n_b y_b / sum n_b^2`` (clipped at 0). This is
+    ``CycleCostModel.placing_after_enqueue_s_per_transfer`` and ``sim.engine.CyclePlan.placing_ns_per_transfer``.
+
+    Rows without ``placed_at_s`` (null or NaN: synchronous copies, CUDA, traces recorded before
+    the column existed) are left out; with none left the fit is 0 (the model before issue 13's
+    item 3: the whole placing precedes the enqueue).
+
+    Args:
+        transfers: the runs' transfers table (``request_id``, ``cycle_index``, ``layer``,
+            ``expert``, ``enqueued_at_s``, ``placed_at_s``; optional ``run``).
+
+    Returns:
+        :class:`PlacingAfterEnqueue`.
+    """
+    needed = {"enqueued_at_s", "placed_at_s", "layer"}
+    if not len(transfers) or not needed <= set(transfers.columns):
+        return PlacingAfterEnqueue(0.0, 0, 0, float("nan"))
+    frame = transfers.reset_index(drop=True)
+    placed = pd.to_numeric(frame["placed_at_s"], errors="coerce").to_numpy(dtype=np.float64)
+    enqueued = pd.to_numeric(frame["enqueued_at_s"], errors="coerce").to_numpy(dtype=np.float64)
+    ok = np.isfinite(placed) & np.isfinite(enqueued)
+    if not ok.any():
+        return PlacingAfterEnqueue(0.0, 0, 0, float("nan"))
+    copies = copies_per_transfer(frame)
+    keys = [c for c in ("run", "request_id", "cycle_index", "layer") if c in frame.columns]
+    rows = frame.loc[ok, keys].assign(enqueued=enqueued[ok], placed=placed[ok])
+    batches = rows.groupby([*keys, "enqueued"], sort=False).agg(last=("placed", "max"), size=("placed", "size"))
+    y = batches["last"].to_numpy(dtype=np.float64) - batches.index.get_level_values("enqueued").to_numpy(dtype=np.float64)
+    n = batches["size"].to_numpy(dtype=np.float64) / max(copies, 1)
+    p = max(float(n @ y / (n @ n)), 0.0)
+    r2 = r_squared(p * n, y)
+    return PlacingAfterEnqueue(p, int(y.size), int(round(n.sum())), float(r2))
+
+
 def host_s_per_transfer(cycles: pd.DataFrame, transfers: pd.DataFrame, copies: int) -> float:
     """Host seconds per expert transfer recorded in the cycles' ``h2d_s`` beyond their timed copies.
 
@@ -795,6 +866,7 @@ def fit_cost_model(
         overlap_h2d=bool(opts.overlap_h2d),
         source=source,
         pre_router_fraction=fit_pre_router_fraction(fit_cycles, notes),
+        placing_after_enqueue_s_per_transfer=min(placing_after_enqueue_s(fit_transfers).s_per_transfer, host_s + miss_compute_s),
     )
     split = {"compute_s_per_miss": miss_compute_s, "host_s_per_transfer": host_s}
     fit_err = evaluate(model, fit_cycles, fit_transfers, opts.verify_target, **split)
@@ -855,6 +927,7 @@ class OverlapFit:
     cycle_error: TermError
     notes: tuple[str, ...] = ()
     separable: bool = True
+    placing_after_enqueue: PlacingAfterEnqueue | None = None
 
     def report_fields(self) -> dict[str, Any]:
         """The fit's part of an ``overlap_fit`` report block (``calibration.fit``'s report,
@@ -863,8 +936,13 @@ class OverlapFit:
         cost): ``host_s_per_transfer`` (s, the model's per-miss term, fitted on whole cycles),
         ``placing_s_per_transfer`` (s, measured: h2d_s beyond the copies), ``late_call_s`` (s),
         ``terms_separable`` (False: only ``late_call_s`` fitted, see the notes), ``num_cycles``,
-        ``cycle_error_in_sample`` and ``notes``."""
+        ``cycle_error_in_sample``, ``notes`` and the placing after the enqueue
+        (:meth:`PlacingAfterEnqueue.report_fields`; the model's value, clipped at its per-miss term,
+        under ``placing_after_enqueue_s_per_transfer``)."""
+        after = self.placing_after_enqueue or PlacingAfterEnqueue(0.0, 0, 0, float("nan"))
         return {
+            **after.report_fields(),
+            "placing_after_enqueue_s_per_transfer": self.model.placing_after_enqueue_s_per_transfer,
             "host_s_per_transfer": self.model.host_s_per_transfer,
             "placing_s_per_transfer": self.placing_s_per_transfer,
             "late_call_s": self.late_call_s,
@@ -935,11 +1013,13 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
         raise CalibrationDataError("overlap fit: no cycles recorded with --overlap on")
     transfers = transfers if transfers is not None else pd.DataFrame(columns=list(TRANSFER_COLUMNS))
     notes: list[str] = []
+    after = placing_after_enqueue_s(transfers)
     if len(transfers):
         host_s = host_s_per_transfer(cycles, transfers, copies_per_transfer(transfers))
     else:
         host_s = fit.h2d_host_s_per_transfer
         notes.append("no transfers table in the overlap runs: the serial runs' placing time is used")
+    placing_s = after.s_per_transfer if after.num_batches else base.placing_after_enqueue_s_per_transfer
     link_latency_s = max(base.h2d_s_per_transfer - fit.h2d_host_s_per_transfer - fit.compute_s_per_miss, 0.0)
 
     pre_router_fraction = base.pre_router_fraction or fit_pre_router_fraction(cycles, notes)
@@ -955,6 +1035,7 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
             host_s_per_transfer=per_miss_s,
             late_call_s=late_s,
             pre_router_fraction=pre_router_fraction,
+            placing_after_enqueue_s_per_transfer=min(placing_s, per_miss_s),
             source=f"{base.source}; overlap terms from {len(cycles)} overlap-on cycles",
         )
         rows = zip(cycles["num_draft_levels"], cycles["num_nodes_verified"], cycles["context_len"], misses)
@@ -963,11 +1044,21 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
     measured = model_cycle_s(cycles)
     layers_with_misses = np.count_nonzero(misses, axis=1) if misses.size else np.zeros(len(cycles))
     total_misses = misses.sum(axis=1) if misses.size else np.zeros(len(cycles))
-    _, rest = priced(0.0, 0.0)  # everything but the two terms, which add linearly
+    # everything but the two terms, which add linearly (the placing after the enqueue is fixed:
+    # priced at a per-miss term equal to it, then that term taken off)
+    at_placing, rest = priced(placing_s, 0.0)
+    rest = rest - placing_s * total_misses
     keep = layers_with_misses > 0
     per_miss_s, late_s = host_s + fit.compute_s_per_miss, 0.0
     separable = fitted = keep.sum() >= 3
-    if fitted:
+    if fitted and placing_s > 0.0 and at_placing.link_s_per_transfer <= placing_s:  # step: priced_late_call_s is 0
+        separable = fitted = False
+        notes.append(
+            f"overlap on: the placing after the enqueue ({placing_s * 1e6:.3g} us per transfer) covers each "
+            f"copy's link time ({at_placing.link_s_per_transfer * 1e6:.3g} us), so no late call is priced and "
+            "neither term is fitted: the per-miss term is the measured placing plus the serial runs' per-miss compute"
+        )
+    elif fitted:
         design = np.column_stack([total_misses, layers_with_misses])[keep].astype(np.float64)
         unit = design / design.max(axis=0)  # columns at unit max-norm (both counts), for the condition number
         target = (measured - rest)[keep]
@@ -988,7 +1079,7 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
                 "plus the serial runs' per-miss compute and only late_call_s is fitted; layers with more misses "
                 "than recorded may be mis-priced: record runs with more misses per layer (smaller cache, topn)"
             )
-    else:
+    elif keep.sum() < 3:
         notes.append(f"late_call_s set to 0: {int(keep.sum())} overlap cycle(s) with misses (need >= 3)")
     model, predicted = priced(per_miss_s, late_s)
     how = "fitted" if separable else "not fitted"  # separable only where fitted
@@ -998,8 +1089,15 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
         f"late-expert call {late_s * 1e6:.3g} us per layer with misses ({len(cycles)} cycles; summed price / "
         f"summed time {predicted.sum() / measured.sum():.4f})"
     )
+    if model.placing_after_enqueue_s_per_transfer > 0:
+        notes.append(
+            f"overlap on: placing after the enqueue {model.placing_after_enqueue_s_per_transfer * 1e6:.3g} us per "
+            f"transfer (memcpy ends of {after.num_batches} copy-stream batches, R^2 {after.r_squared:.3g}"
+            + (f"; clipped at the per-miss term from {placing_s * 1e6:.3g} us" if placing_s > per_miss_s else "")
+            + ")"
+        )
     return OverlapFit(
-        model, host_s, late_s, len(cycles), TermError.of(predicted, measured), tuple(notes), bool(separable)
+        model, host_s, late_s, len(cycles), TermError.of(predicted, measured), tuple(notes), bool(separable), after
     )
 
 
@@ -1022,6 +1120,7 @@ def fit_tables(fit: CostFit) -> tuple[pd.DataFrame, pd.DataFrame]:
         ("h2d_s_per_transfer", m.h2d_s_per_transfer, "s/transfer"),
         ("  link latency", fit.h2d_link_s_per_transfer, "s/transfer"),
         ("  host placing", fit.h2d_host_s_per_transfer, "s/transfer"),
+        ("    after the enqueue", m.placing_after_enqueue_s_per_transfer, "s/transfer"),
         ("  compute per miss", fit.compute_s_per_miss, "s/miss"),
         ("pre_router_fraction", m.pre_router_fraction, "fraction"),
     ]

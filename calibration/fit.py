@@ -405,6 +405,7 @@ def calibrate(args: Any, parser: ArgumentParser) -> dict[str, Any]:
             overlap_mode="on",
             late_call_us=s_to_us(overlap.late_call_s),
             host_us_per_transfer=s_to_us(overlap.model.host_s_per_transfer),
+            placing_after_enqueue_us_per_transfer=s_to_us(overlap.model.placing_after_enqueue_s_per_transfer),
             overlap_cycle_median_pct=overlap.cycle_error.median_abs_pct_error,
             overlap_cycle_p90_pct=overlap.cycle_error.p90_abs_pct_error,
         )

@@ -29,9 +29,10 @@ Model (issue 6, "The discrete-event model"):
   + (j + 1) placing)`` (``_batch_landings``; the live CPU link's landing clock,
   ``live.h2d.H2DLink._copy_ahead``, is this recurrence per tensor copy;
   ``tests/test_live_golden_cycle.py`` checks it to the nanosecond). With ``placing = 0`` (the
-  default, and what ``sim.replay`` uses: calibration measures placing as one term, bookkeeping
-  and memcpy together, and the cost model, ``specfit.cost``, prices it before the enqueue) the
-  whole placing precedes the enqueue. Without a copy stream (overlap "off" and no prefetch: the
+  default, and what ``sim.replay`` uses with a cost file older than version 8) the whole placing
+  precedes the enqueue; ``sim.replay`` takes ``CycleCostModel.placing_after_enqueue_s_per_transfer``
+  (the live memcpy ends fitted by ``calibration.costfit.placing_after_enqueue_s``), which the cost
+  model prices in its per-layer forms. Without a copy stream (overlap "off" and no prefetch: the
   live engine's synchronous ``H2DLink.fetch``; ``CyclePlan.copy_stream``) the misses are
   placed, then copied.
   ``overlap="off"``: the compute stream blocks on them (and on the layer's prefetched experts
@@ -161,8 +162,10 @@ class CyclePlan:
             placing AFTER its enqueue, while the link already copies (the CPU link's memcpy,
             ``live.h2d.H2DLink.enqueue``; a CUDA copy's launch), 0 <= it <= ``host_ns_per_transfer``;
             the rest (slot bookkeeping, before the enqueue) delays the enqueue. 0 (default): the
-            whole placing precedes the enqueue, the model before issue 13's item 3 (and the cost
-            model's, ``specfit.cost``, which has no such term).
+            whole placing precedes the enqueue, the model before issue 13's item 3. ``sim.replay``
+            sets it from ``CycleCostModel.placing_after_enqueue_s_per_transfer`` (fitted from the
+            live memcpy ends, ``calibration.costfit.placing_after_enqueue_s``; 0 in cost files
+            older than version 8).
     """
 
     draft_ns: int

@@ -380,6 +380,8 @@ class _Replayer:
         # the compute stream's share of each miss and, with overlap, each late-expert kernel call
         self._host_ns = s_to_ns(self.timed.host_s_per_transfer)
         self._late_call_ns = s_to_ns(self.timed.late_call_s)
+        # the part of a copy-stream batch's placing after its enqueue (the live CPU link's memcpy)
+        self._placing_ns = s_to_ns(self.timed.placing_after_enqueue_s_per_transfer)
         self.expert_bytes = int(self.cost.expert_bytes)
         self.calibration = None
         self._accept_key = ""  # names the acceptance map in the per-tree memo (_TreeData.accept)
@@ -915,6 +917,7 @@ class _Replayer:
                 next_layer=next_layer,
                 layer_pre_router_ns=layer_pre_router,
                 copy_stream=self._prefetches or None,  # live.offload: any prefetch mode enqueues demand copies too
+                placing_ns_per_transfer=self._placing_ns,
             )
         )
         if next_layer:  # the next-layer copies count as prefetch copies of the layer they fill

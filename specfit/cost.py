@@ -10,6 +10,10 @@
     T_h2d    = sum over layers of misses_l * (expert_bytes / h2d_bytes_per_s + h2d_s_per_transfer)
     T_link   = expert_bytes / h2d_bytes_per_s + h2d_s_per_transfer - host_s_per_transfer
     T_pre    = pre_router_fraction * T_verify / L     (a layer's attention + router, before its copies)
+  with a placing after the enqueue P = placing_after_enqueue_s_per_transfer (the CPU copy stream's
+  memcpys, measured live), T_link in the per-layer forms ("on", next-layer prefetch) is
+  max(T_link - P, 0) and late_call_s is priced only while T_link > P
+  (:attr:`CycleCostModel.overlapped_link_s_per_transfer`, :attr:`CycleCostModel.priced_late_call_s`)
   with next-layer prefetch (next_layer_prefetch; h = next_layer_cover_fraction, x = next_layer_waste_per_miss,
   c = T_verify / L), each layer's part above but the first's (layer 0 has no layer before it to guess
   from: it keeps h = x = 0) becomes
@@ -71,7 +75,7 @@ import numpy as np
 from specfit.units import gb_per_s_to_bytes_per_s
 
 COST_MODEL_FORMAT = "specfit.CycleCostModel"
-COST_MODEL_VERSION = 8  # 2: draft_base_s (version 1 loads with 0); 3: host_s_per_transfer,
+COST_MODEL_VERSION = 9  # 2: draft_base_s (version 1 loads with 0); 3: host_s_per_transfer,
 # late_call_s (versions 1-2 load with 0: all of h2d_s_per_transfer is link time, no late calls);
 # 4: pre_router_fraction (versions 1-3 load with 0: copies enqueued at the layer's start);
 # 5: next_layer_cover_fraction, next_layer_waste_per_miss (versions 1-4 load with 0: next-layer
@@ -81,7 +85,8 @@ COST_MODEL_VERSION = 8  # 2: draft_base_s (version 1 loads with 0); 3: host_s_pe
 # them); versions 5-6 averaged them over every layer and load scaled by L / (L - 1) (share capped
 # at 1): :func:`share_of_guessed_layers`; 8: the fraction fields named ``*_fraction(s)`` (versions
 # 4-7 wrote pre_router_frac, next_layer_cover_frac and next_layer_cover_fracs: read under those
-# names too, :data:`FORMER_FIELD_NAMES`)
+# names too, :data:`FORMER_FIELD_NAMES`); 9: placing_after_enqueue_s_per_transfer (versions 1-8 load
+# with 0: the whole placing precedes the enqueue)
 COST_FIT_REPORT_NAME = "cost_fit_report.json"  # written by calibration.fit beside its cost.json
 
 
@@ -237,6 +242,7 @@ FIELD_UNITS: dict[str, str] = {
     "h2d_s_per_transfer": "s/transfer",
     "host_s_per_transfer": "s/transfer",
     "late_call_s": "s",
+    "placing_after_enqueue_s_per_transfer": "s/transfer",
     "pre_router_fraction": "fraction",
     "next_layer_cover_fraction": "fraction",
     "next_layer_waste_per_miss": "copies/miss",
@@ -273,6 +279,7 @@ _FLOAT_FIELDS = (
     "pre_router_fraction",
     "next_layer_cover_fraction",
     "next_layer_waste_per_miss",
+    "placing_after_enqueue_s_per_transfer",
 )
 
 
@@ -367,6 +374,17 @@ class CycleCostModel:
             next-layer|both``): the cycle is then priced with the two terms above (see
             :meth:`cycle_s_layers`); a run setting, like ``draft_prefetch`` (default False;
             optional in JSON).
+        placing_after_enqueue_s_per_transfer: the part of ``host_s_per_transfer`` the compute
+            stream spends placing a copy AFTER its batch was enqueued on the copy stream, while the
+            link already copies (the live CPU copy stream's memcpy; s/transfer, in ``[0,
+            host_s_per_transfer]``, default 0: the whole placing precedes the enqueue, the model
+            before version 9). Measured live (``transfers.placed_at_s``) and fitted by
+            ``calibration.costfit.placing_after_enqueue_s``; ``sim.engine`` replays it as
+            ``CyclePlan.placing_ns_per_transfer``. Priced where copies go on the copy stream
+            and the per-layer form applies (mode "on", next-layer prefetch priced): each copy then
+            occupies the link only :attr:`overlapped_link_s_per_transfer` beyond its placing,
+            and the late call is priced only while a copy outlasts its placing
+            (:attr:`priced_late_call_s`).
 
     Raises:
         ValueError: a negative or non-finite time, a non-positive bandwidth or layer count,
@@ -396,6 +414,7 @@ class CycleCostModel:
     next_layer_nodes: tuple[float, ...] = ()
     next_layer_cover_fractions: tuple[float, ...] = ()
     next_layer_waste_per_misses: tuple[float, ...] = ()
+    placing_after_enqueue_s_per_transfer: float = 0.0
 
     def __post_init__(self) -> None:
         for name in _FLOAT_FIELDS:
@@ -417,6 +436,12 @@ class CycleCostModel:
             raise ValueError(
                 "CycleCostModel.host_s_per_transfer: expected <= h2d_s_per_transfer (it is the part of "
                 f"it spent on the compute stream), got {self.host_s_per_transfer!r} > {self.h2d_s_per_transfer!r}"
+            )
+        if self.placing_after_enqueue_s_per_transfer > self.host_s_per_transfer:
+            raise ValueError(
+                "CycleCostModel.placing_after_enqueue_s_per_transfer: expected <= host_s_per_transfer (it is "
+                f"the part of it after the enqueue), got {self.placing_after_enqueue_s_per_transfer!r} > "
+                f"{self.host_s_per_transfer!r}"
             )
         for name in ("pre_router_fraction", "next_layer_cover_fraction"):
             if getattr(self, name) > 1.0:
@@ -440,7 +465,14 @@ class CycleCostModel:
         # derived once (the fields are frozen): read by every pricing call
         on = self.overlap_h2d and self.overlap_mode == "on"
         nl = self.next_layer_prefetch and self.has_next_layer_share and not (self.overlap_h2d and not on)
-        host, link = self.host_s_per_transfer, self.link_s_per_transfer
+        placing, late = self.placing_after_enqueue_s_per_transfer, self.late_call_s
+        link, per_miss = self.link_s_per_transfer, self.s_per_miss
+        if placing > 0.0 and (on or nl):  # the link copies while the rest of the batch is placed
+            late = late if link > placing else 0.0  # every copy landed by the end of its placing
+            link = max(link - placing, 0.0)
+            per_miss = self.host_s_per_transfer + link
+        object.__setattr__(self, "_copy_terms", (link, late, per_miss))
+        host = self.host_s_per_transfer
         terms = self._share_terms(self.next_layer_cover_fraction, self.next_layer_waste_per_miss)
         plain = self.layer0_s_per_miss  # h = x = 0
         if knots is None:
@@ -490,8 +522,9 @@ class CycleCostModel:
 
     def _share_terms(self, cover: Any, waste: Any) -> tuple[Any, Any, Any]:
         """``(host, after, link)`` s per miss for share ``h = cover`` and waste ``x = waste``
-        (floats or arrays): ``((1 + x) host_s_per_transfer, (1 - h) T_link, (1 + x) T_link)``."""
-        link = self.link_s_per_transfer
+        (floats or arrays): ``((1 + x) host_s_per_transfer, (1 - h) T_link, (1 + x) T_link)``,
+        ``T_link`` here :attr:`overlapped_link_s_per_transfer`."""
+        link = self._copy_terms[0]
         return (1.0 + waste) * self.host_s_per_transfer, (1.0 - cover) * link, (1.0 + waste) * link
 
     # ---- the formula -------------------------------------------------------------------------
@@ -504,6 +537,36 @@ class CycleCostModel:
     def link_s_per_transfer(self) -> float:
         """Seconds one expert copy occupies the link: :attr:`s_per_miss` less ``host_s_per_transfer``."""
         return self.expert_bytes / self.h2d_bytes_per_s + self.h2d_s_per_transfer - self.host_s_per_transfer
+
+    @property
+    def overlapped_link_s_per_transfer(self) -> float:
+        """Seconds a copy adds to the link beyond its own placing in the per-layer forms (mode
+        "on", next-layer prefetch priced): ``max(T_link - P, 0)`` with ``P =
+        placing_after_enqueue_s_per_transfer`` (the batch's copies start on the link at its
+        enqueue and the compute stream places them one after another meanwhile: copy ``j``
+        lands at ``max(E + (j + 1) T_link, E + (j + 1) P)``, ``sim.engine``; with its resident
+        experts after the placing, a layer of ``m`` misses lasts ``host m + max(c, p c + m max(T_link
+        - P, 0))`` plus the late call); :attr:`link_s_per_transfer` itself with ``P = 0`` or
+        elsewhere (no overlap without next-layer prefetch, mode "ideal", the draft prefetch's
+        pipeline: left at ``T_link``, an over-price of at most ``P`` per copy where a copy stream
+        runs)."""
+        return self._copy_terms[0]
+
+    @property
+    def overlap_on_s_per_miss(self) -> float:
+        """The copy branch's seconds per miss of mode "on"'s totals form
+        (:meth:`overlap_on_total_s`): :attr:`s_per_miss`, or with a placing after the enqueue
+        ``host_s_per_transfer + overlapped_link_s_per_transfer``."""
+        return self._copy_terms[2]
+
+    @property
+    def priced_late_call_s(self) -> float:
+        """The late call's seconds as the per-layer forms price it: ``late_call_s``, but 0 when a
+        placing after the enqueue ``P > 0`` covers each copy (``T_link <= P``: every copy has
+        landed when the layer's resident experts start, so no expert is late; ``sim.engine``'s
+        groups). A step at ``P = T_link``: at 1 GB/s idle the per-miss term is about one copy's
+        time. With ``P = 0``, ``late_call_s`` as before version 9."""
+        return self._copy_terms[1]
 
     def draft_s(self, num_levels: int) -> float:
         """Draft time for ``num_levels`` levels (s): ``draft_base_s + draft_s_per_level * levels``, 0 for 0."""
@@ -611,9 +674,10 @@ class CycleCostModel:
     def layer0_s_per_miss(self) -> tuple[float, float, float]:
         """``(host, after, link)`` seconds per demand miss of layer 0, which no next-layer guess
         covers (it has no layer before it: share ``h = 0``, waste ``x = 0``):
-        ``(host_s_per_transfer, link_s_per_transfer, link_s_per_transfer)``, the terms of
+        ``(host_s_per_transfer, T, T)`` with ``T`` :attr:`overlapped_link_s_per_transfer`, the terms of
         :meth:`next_layer_s_per_miss` at ``h = x = 0`` (issue 13; :meth:`cycle_s_layers`)."""
-        return self.host_s_per_transfer, self.link_s_per_transfer, self.link_s_per_transfer
+        link = self._copy_terms[0]
+        return self.host_s_per_transfer, link, link
 
     def next_layer_s_per_miss(self, num_nodes: Any = None) -> tuple[Any, Any, Any]:
         """``(host, after, link)`` seconds per demand miss ``m`` the planner counts in a cycle of
@@ -642,7 +706,9 @@ class CycleCostModel:
     def overlap_on_total_s(self, verify_s: Any, total_misses: Any) -> Any:
         """Mode "on"'s verification time from the TOTAL misses (s; arrays broadcast):
         ``max(V + host * M, pre_router_fraction * V + s_per_miss * M) + late_call_s * (M > 0)``
-        (= ``host * M + max(V, pre_router_fraction * V + T_link * M) + ...``).
+        (= ``host * M + max(V, pre_router_fraction * V + T_link * M) + ...``); with a placing after
+        the enqueue ``T_link`` is :attr:`overlapped_link_s_per_transfer` (``s_per_miss`` then
+        ``host + T_link``) and the late call :attr:`priced_late_call_s`.
 
         A LOWER bound on the per-layer form :meth:`cycle_s` gives for any split of ``M`` over the
         layers (a sum of maxima is at least the maximum of the sums; at least one layer holds
@@ -653,8 +719,9 @@ class CycleCostModel:
         """
         v = np.asarray(verify_s, dtype=np.float64)
         m = np.asarray(total_misses, dtype=np.float64)
-        both = np.maximum(v + self.host_s_per_transfer * m, self.pre_router_fraction * v + self.s_per_miss * m)
-        out = both + self.late_call_s * (m > 0)
+        _, late, per_miss = self._copy_terms  # late: priced_late_call_s; per_miss: overlap_on_s_per_miss
+        both = np.maximum(v + self.host_s_per_transfer * m, self.pre_router_fraction * v + per_miss * m)
+        out = both + late * (m > 0)
         return float(out) if np.ndim(out) == 0 else out
 
     def cycle_s_total(self, num_levels: Any, num_nodes: Any, context_len: Any, total_misses: Any) -> Any:
@@ -724,7 +791,7 @@ class CycleCostModel:
             link[..., 0] = m[..., 0] * plain_link_s
             host = host + (plain_host_s - host_s) * m[..., 0]
         if self.overlap_h2d:  # mode "on" (next_layer_priced excludes "ideal"; cycle_s sends "ideal" elsewhere)
-            host = host + self.late_call_s * np.count_nonzero(m, axis=-1)
+            host = host + self._copy_terms[1] * np.count_nonzero(m, axis=-1)
         return self._layers_s(num_levels, c, after, link, host)
 
     def _layers_s(self, num_levels: Any, c: Any, after: Any, link: Any, host: Any) -> Any:
@@ -765,7 +832,7 @@ class CycleCostModel:
         )
         if self.overlap_h2d:
             both = np.maximum(np.maximum(v, self.pre_router_fraction * v + after_s * m), link_s * m)
-            out = host_s * m + both + self.late_call_s * (m > 0)
+            out = host_s * m + both + self._copy_terms[1] * (m > 0)
         else:
             out = host_s * m + np.maximum(v + after_s * m, link_s * m)
         return float(out) if np.ndim(out) == 0 else out
@@ -982,10 +1049,10 @@ class CycleCostModel:
         demand = np.asarray(demand_misses_per_layer, dtype=np.float64)
         copies = demand + np.asarray(prefetched, dtype=np.float64)
         c = self.verify_s(num_nodes, context_len) / self.num_layers
-        link = self.link_s_per_transfer
+        link = self._copy_terms[0]
         host = self.host_s_per_transfer * copies.sum()
         if self.overlap_h2d:
-            host = host + self.late_call_s * np.count_nonzero(demand)
+            host = host + self._copy_terms[1] * np.count_nonzero(demand)
         return float(self._layers_s(num_levels, c, demand * link, copies * link, host))
 
     # ---- helpers -----------------------------------------------------------------------------
@@ -999,7 +1066,7 @@ class CycleCostModel:
         ``draft_s_per_level``, ``draft_base_s``, ``verify_base_s``, ``verify_s_per_node``,
         ``verify_s_per_context_token``, ``late_call_s`` and the compute stream's share of each
         miss ``host_s_per_transfer`` (which ``h2d_s_per_transfer`` contains, so it grows by the
-        same seconds) -- while the link's wire time (``h2d_bytes_per_s``, the link's share of
+        same seconds) with its part after the enqueue ``placing_after_enqueue_s_per_transfer`` -- while the link's wire time (``h2d_bytes_per_s``, the link's share of
         ``h2d_s_per_transfer``: :attr:`link_s_per_transfer`) and every other field stay as they
         are. ``analysis.validate`` prices each cell at its runs' measured machine speed with it
         (the speed probe of ``live.record``; README, validate).
@@ -1018,6 +1085,7 @@ class CycleCostModel:
             **{name: getattr(self, name) * k for name in COMPUTE_FIELDS},
             host_s_per_transfer=host,
             h2d_s_per_transfer=(self.h2d_s_per_transfer - self.host_s_per_transfer) + host,
+            placing_after_enqueue_s_per_transfer=self.placing_after_enqueue_s_per_transfer * k,
         )
 
     def with_expert_bytes(self, num_bytes: int) -> CycleCostModel:
@@ -1112,6 +1180,7 @@ class CycleCostModel:
         optional += ("pre_router_fraction",) if version <= 3 else ()
         optional += ("next_layer_cover_fraction", "next_layer_waste_per_miss") if version <= 4 else ()
         optional += ("next_layer_nodes", "next_layer_cover_fractions", "next_layer_waste_per_misses") if version <= 5 else ()
+        optional += ("placing_after_enqueue_s_per_transfer",) if version <= 8 else ()
         missing = [n for n in names if n not in optional and n not in data]
         if missing:
             raise ValueError(f"{where}: missing field(s) {missing}")

@@ -201,8 +201,9 @@ def search_costs(cost, num_levels: int, context_len: int) -> np.ndarray:
     per_miss*M) + late*(M > 0)`` with ``overlap``, else ``draft + V + per_miss*M``): the cost
     model's totals form (:meth:`specfit.cost.CycleCostModel.plan_cycle_s_total`) for
     ``num_levels`` drafted levels at ``context_len``. Without overlap and in mode "ideal"
-    ``per_miss`` is the whole per-miss cost and the last three are 0; in mode "on" ``host``,
-    ``pre`` and ``late`` are ``host_s_per_transfer``, ``pre_router_fraction`` and ``late_call_s``. A
+    ``per_miss`` is the whole per-miss cost and the last three are 0; in mode "on" ``per_miss``,
+    ``host``, ``pre`` and ``late`` are ``cost.overlap_on_s_per_miss``, ``host_s_per_transfer``,
+    ``pre_router_fraction`` and ``cost.priced_late_call_s`` (a placing after the enqueue priced). A
     draft-prefetching run (``cost.draft_prefetch``) takes the prefetch pipeline's bound:
     ``per_miss`` the link's share, ``pre`` ``cost.prefetch_tail_fraction``, ``late`` 0. With next-layer
     prefetch priced (``cost.next_layer_priced``; ``host``, ``a``, ``b`` of
@@ -231,7 +232,7 @@ def search_costs(cost, num_levels: int, context_len: int) -> np.ndarray:
         host, after, link = cost.next_layer_least_s_per_miss
         if cost.overlap_h2d:  # mode "on"
             keep = link * (1.0 - cost.pre_router_fraction) <= after
-            per_miss, pre, late = cost.least_s_per_miss if keep else host + link, keep * cost.pre_router_fraction, cost.late_call_s
+            per_miss, pre, late = cost.least_s_per_miss if keep else host + link, keep * cost.pre_router_fraction, cost.priced_late_call_s
         else:
             per_miss, pre, late, host = host + link, 0.0, 0.0, cost.least_s_per_miss
         return np.array(
@@ -243,11 +244,11 @@ def search_costs(cost, num_levels: int, context_len: int) -> np.ndarray:
             cost.draft_s(num_levels),
             cost.verify_s(0, context_len),
             cost.verify_s_per_node,
-            cost.s_per_miss,
+            cost.overlap_on_s_per_miss if on else cost.s_per_miss,
             1.0 if cost.overlap_h2d else 0.0,
             cost.host_s_per_transfer if on else 0.0,
             cost.pre_router_fraction if on else 0.0,
-            cost.late_call_s if on else 0.0,
+            cost.priced_late_call_s if on else 0.0,
         ]
     )
 
@@ -312,8 +313,10 @@ _COST_PARAMS: dict[int, tuple[object, np.ndarray]] = {}
 def cost_params(cost) -> np.ndarray:
     """float64[18 + 3 K] the compiled union-size path takes (:func:`specfit.decide_kernels.union_cycle_s`):
     ``draft_base_s, draft_s_per_level, verify_base_s, verify_s_per_node, verify_s_per_context_token,
-    s_per_miss, overlap_h2d, per_layer_overlap, link_s_per_transfer, host_s_per_transfer,
-    pre_router_fraction, late_call_s, num_layers, next_layer_priced``, ``cost.per_layer_s_per_miss()``
+    s_per_miss, overlap_h2d, per_layer_overlap, overlapped_link_s_per_transfer, host_s_per_transfer,
+    pre_router_fraction, priced_late_call_s, num_layers, next_layer_priced`` (the link and late call as
+    the per-layer forms price them: ``link_s_per_transfer`` and ``late_call_s`` without a placing
+    after the enqueue), ``cost.per_layer_s_per_miss()``
     (``host, after, link``: next-layer prefetch's pooled share's, or mode "on"'s without it), then
     ``K`` and the share per tree size's knots ``next_layer_nodes, next_layer_cover_fractions,
     next_layer_waste_per_misses`` (``K`` each; ``K = 0`` when next-layer prefetch is not priced
@@ -334,10 +337,10 @@ def cost_params(cost) -> np.ndarray:
             cost.s_per_miss,
             1.0 if cost.overlap_h2d else 0.0,
             1.0 if cost.per_layer_overlap else 0.0,
-            cost.link_s_per_transfer,
+            cost.overlapped_link_s_per_transfer,
             cost.host_s_per_transfer,
             cost.pre_router_fraction,
-            cost.late_call_s,
+            cost.priced_late_call_s,
             float(cost.num_layers),
             1.0 if cost.next_layer_priced else 0.0,
             *cost.per_layer_s_per_miss(),

@@ -263,7 +263,7 @@ def test_one_tree_size_cannot_separate_verify_base_and_per_node() -> None:
         fit_cost_model(cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=TRUTH.num_layers)
 
 
-def _overlap_on_cycles(fit, seed: int, placing_s: float, per_miss_s: float, late_s: float, max_misses_per_layer=4):
+def _overlap_on_cycles(fit, seed: int, placing_s: float, per_miss_s: float, late_s: float, max_misses_per_layer=4, after_s=0.0):
     """Synthetic overlap-on cycles priced by the serial fit's model in mode "on" with ``per_miss_s``
     on the compute stream per miss and ``late_s`` per layer with misses, ``placing_s`` per miss
     recorded in ``h2d_s`` beyond the copies: ``(cycles, transfers, the true model, misses [C, L])``."""
@@ -277,7 +277,7 @@ def _overlap_on_cycles(fit, seed: int, placing_s: float, per_miss_s: float, late
     link_latency_s = fit.model.h2d_s_per_transfer - fit.model.host_s_per_transfer
     truth_on = dataclasses.replace(
         fit.model, overlap_h2d=True, overlap_mode="on", h2d_s_per_transfer=link_latency_s + per_miss_s,
-        host_s_per_transfer=per_miss_s, late_call_s=late_s,
+        host_s_per_transfer=per_miss_s, late_call_s=late_s, placing_after_enqueue_s_per_transfer=after_s,
     )  # fmt: skip
     misses = np.stack(on_cycles["layer_misses"])
     priced = [
@@ -289,6 +289,73 @@ def _overlap_on_cycles(fit, seed: int, placing_s: float, per_miss_s: float, late
     decision_s = on_cycles["cycle_s"].to_numpy() - model_cycle_s(on_cycles)
     on_cycles = on_cycles.assign(h2d_s=on_cycles["h2d_s"] + placing_s * misses.sum(axis=1), cycle_s=priced + decision_s)
     return on_cycles, on_transfers, truth_on, misses
+
+
+def _with_memcpy_ends(transfers: pd.DataFrame, rng, after_s: float, noise_rel: float) -> pd.DataFrame:
+    """``transfers`` (one row per copy) with each (request, cycle, layer) batch enqueued at a random
+    instant and its memcpys ending back to back, ``after_s / copies`` each (times ``1 + noise``)."""
+    from calibration.costfit import copies_per_transfer
+
+    copies = copies_per_transfer(transfers)
+    frame = transfers.reset_index(drop=True)
+    batch = frame.groupby(["request_id", "cycle_index", "layer"], sort=False).ngroup().to_numpy()
+    enqueued = rng.uniform(0.0, 0.05, batch.max() + 1)[batch]
+    each = after_s / copies * (1.0 + noise_rel * rng.standard_normal(len(frame)))
+    placed = enqueued + pd.Series(each).groupby(batch).cumsum().to_numpy()
+    return frame.assign(enqueued_at_s=enqueued, placed_at_s=placed)
+
+
+def test_placing_after_the_enqueue_is_fitted_from_memcpy_ends_of_known_truth() -> None:
+    """Synthetic copy-stream batches (1-8 experts of 2 copies each) whose memcpys take 40 us per
+    expert with 10 % noise per copy: the least-squares fit through the origin recovers it within
+    2 %; batches without memcpy ends (synchronous copies, older traces: null) are left out, and a
+    table without any gives 0 (the placing before the enqueue, the model before)."""
+    from calibration.costfit import placing_after_enqueue_s
+
+    rng = np.random.default_rng(11)
+    rows = []
+    for cycle in range(300):
+        for layer in range(3):
+            for expert in range(int(rng.integers(1, 9))):
+                rows += [(0, cycle, layer, expert, 1000), (0, cycle, layer, expert, 2000)]
+    transfers = pd.DataFrame(rows, columns=["request_id", "cycle_index", "layer", "expert", "bytes"])
+    transfers = _with_memcpy_ends(transfers, rng, 40e-6, 0.1)
+    sync = transfers["cycle_index"] >= 250  # these batches: no copy stream, nothing measured
+    transfers.loc[sync, "placed_at_s"] = np.nan
+    fit = placing_after_enqueue_s(transfers)
+    assert fit.s_per_transfer == pytest.approx(40e-6, rel=0.02)
+    assert fit.num_batches == 250 * 3 and fit.num_transfers == int((~sync).sum()) // 2
+    assert fit.r_squared > 0.9
+    for without in (transfers.drop(columns=["placed_at_s"]), transfers.assign(placed_at_s=np.nan), transfers.iloc[0:0]):
+        assert placing_after_enqueue_s(without).s_per_transfer == 0.0 and placing_after_enqueue_s(without).num_batches == 0
+
+
+def test_overlap_fit_prices_the_placing_after_the_enqueue_it_measured(tables) -> None:
+    """Overlap-on cycles priced by a known "on" model whose 60 us per-miss placing has 40 us after
+    the enqueue (the link copies meanwhile), their transfers carrying those memcpy ends: the fit
+    reads the 40 us off the memcpy ends, keeps the per-miss term and the late call, prices the
+    cycles exactly (the model without the term, as fitted before, misprices them) and reports it."""
+    from calibration.costfit import fit_overlap_terms
+
+    cycles, transfers = tables
+    fit = fit_cost_model(cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=6)
+    assert fit.model.placing_after_enqueue_s_per_transfer == 0.0  # serial runs: no memcpy ends
+    on_cycles, on_transfers, truth_on, _ = _overlap_on_cycles(fit, 5, 60e-6, 60e-6, 250e-6, after_s=40e-6)
+    assert truth_on.overlapped_link_s_per_transfer < truth_on.link_s_per_transfer  # copy-bound layers gain
+    on_transfers = _with_memcpy_ends(on_transfers, np.random.default_rng(3), 40e-6, 0.0)
+    overlap = fit_overlap_terms(fit, on_cycles, on_transfers)
+    m = overlap.model
+    assert m.placing_after_enqueue_s_per_transfer == pytest.approx(40e-6, rel=1e-9)
+    assert m.host_s_per_transfer == pytest.approx(60e-6, rel=1e-6)
+    assert overlap.late_call_s == pytest.approx(250e-6, rel=1e-6)
+    assert overlap.cycle_error.median_abs_pct_error < 1e-6
+    report = overlap.report_fields()
+    assert report["placing_after_enqueue_s_per_transfer"] == m.placing_after_enqueue_s_per_transfer
+    assert report["placing_after_enqueue_batches"] > 0
+    assert any("placing after the enqueue 40 us" in n for n in overlap.notes)
+    before = fit_overlap_terms(fit, on_cycles, on_transfers.drop(columns=["placed_at_s"]))
+    assert before.model.placing_after_enqueue_s_per_transfer == 0.0
+    assert before.cycle_error.p90_abs_pct_error > 100 * overlap.cycle_error.p90_abs_pct_error
 
 
 def test_overlap_terms_are_fitted_from_overlap_on_cycles(tables) -> None:

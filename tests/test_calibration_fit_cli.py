@@ -332,7 +332,7 @@ def test_fit_cli_fits_next_layer_prefetch_terms_from_next_layer_runs(tmp_path, c
     summary = json.loads(printed.strip().splitlines()[-1])
     assert rc in (0, 1), summary
     model = CycleCostModel.load(out)
-    assert json.loads(out.read_text())["version"] == 8
+    assert json.loads(out.read_text())["version"] == 9
     assert model.next_layer_nodes[0] == 1.0 and len(model.next_layer_nodes) >= 3
     for n in (1, 6, 20, 40):  # the fitted curve follows the truth's
         fitted, true = model.next_layer_share_at(n), truth.next_layer_share_at(n)

@@ -422,6 +422,41 @@ def test_cost_model_overlap_on_with_pre_router_equals_the_simulated_cycle_on_an_
             assert engine.run_cycle(plan).cycle_ns * 1e-9 == pytest.approx(cost.cycle_s(0, 1, 0, misses), rel=1e-9)
 
 
+@pytest.mark.parametrize("placing_ns", [0, 10, 20, 120, 400])
+def test_cost_model_prices_the_placing_after_the_enqueue_as_the_simulated_cycle(placing_ns) -> None:
+    """Issue 13 item 3: with ``placing_after_enqueue_s_per_transfer = P`` the "on" form (per layer
+    ``host m + max(c, p c + m max(T_link - P, 0))`` plus the late call while ``T_link > P``)
+    equals the simulator's timeline with ``placing_ns_per_transfer = P`` on an idle link, to the
+    nanosecond, either side of the late call's step at ``P = T_link`` (120 ns here); the form
+    without the term (P = 0) over-prices the copy-bound layers by ``P`` per miss."""
+    from specfit.cost import CycleCostModel
+
+    rng = np.random.default_rng(7)
+    host_ns = max(20, placing_ns)
+    over = 0
+    for _ in range(20):
+        frac = float(rng.choice([0.0, 0.25, 0.5, 1.0]))
+        cost = CycleCostModel(
+            draft_s_per_level=0.0, verify_base_s=800e-9, verify_s_per_node=0.0, verify_s_per_context_token=0.0,
+            h2d_bytes_per_s=1e9, h2d_s_per_transfer=(20 + host_ns) * 1e-9, host_s_per_transfer=host_ns * 1e-9,
+            expert_bytes=100, num_layers=4, overlap_h2d=True, overlap_mode="on", late_call_s=10e-9,
+            pre_router_fraction=frac, placing_after_enqueue_s_per_transfer=placing_ns * 1e-9,
+        )  # fmt: skip
+        misses = rng.integers(0, 5, 4)
+        demand = tuple(tuple(range(int(m))) for m in misses)
+        plan = CyclePlan(0, 0, (200,) * 4, hits=((),) * 4, demand=demand, overlap="on", host_ns_per_transfer=host_ns,
+                         late_call_ns=10, layer_pre_router_ns=(int(200 * frac),) * 4,
+                         placing_ns_per_transfer=placing_ns)  # fmt: skip
+        link = LinkSpec(latency_ns=20, wire_ns=100)
+        price_s = cost.cycle_s(0, 1, 0, misses)
+        for engine in (FastEngine(link, 4), SimPyEngine(link, 4)):
+            assert engine.run_cycle(plan).cycle_ns * 1e-9 == pytest.approx(price_s, rel=1e-9)
+        without = dataclasses.replace(cost, placing_after_enqueue_s_per_transfer=0.0).cycle_s(0, 1, 0, misses)
+        assert without >= price_s * (1 - 1e-12)
+        over += without > price_s * (1 + 1e-9)
+    assert (over > 0) == (placing_ns > 0)
+
+
 @pytest.mark.parametrize("mode", ["off", "on"])
 def test_cost_models_draft_prefetch_pipeline_equals_the_simulated_cycle(mode) -> None:
     """``CycleCostModel.prefetched_cycle_s`` (the planner's price of a subtree whose predicted

@@ -202,8 +202,8 @@ def test_cost_json_round_trip_and_errors(tmp_path) -> None:
     version_2 = dict(version_1, version=2)  # from version 2 the field is required
     with pytest.raises(ValueError, match="missing field.*draft_base_s"):
         CycleCostModel.from_dict(version_2)
-    with pytest.raises(ValueError, match="'version': expected 1..8.*got 9"):
-        CycleCostModel.from_dict(dict(cost.to_dict(), version=9))
+    with pytest.raises(ValueError, match="'version': expected 1..9.*got 10"):
+        CycleCostModel.from_dict(dict(cost.to_dict(), version=10))
     # version 2, before the compute stream's share of a miss and the late-expert call: both 0
     version_2 = {k: v for k, v in cost.to_dict().items() if k not in ("host_s_per_transfer", "late_call_s")}
     assert CycleCostModel.from_dict(dict(version_2, version=2)) == cost
@@ -258,6 +258,19 @@ def test_cost_json_round_trip_and_errors(tmp_path) -> None:
         dataclasses.replace(cost, next_layer_waste_per_miss=-0.1)
     with pytest.raises(ValueError, match="host_s_per_transfer: expected <= h2d_s_per_transfer"):
         dataclasses.replace(cost, host_s_per_transfer=cost.h2d_s_per_transfer + 1e-6)
+    # version 8, before the placing after the enqueue: 0 (the whole placing before the enqueue)
+    placed = dataclasses.replace(cost, host_s_per_transfer=2e-6, placing_after_enqueue_s_per_transfer=1e-6)
+    assert CycleCostModel.from_dict(placed.to_dict()) == placed
+    version_8 = {k: v for k, v in placed.to_dict().items() if k != "placing_after_enqueue_s_per_transfer"}
+    assert CycleCostModel.from_dict(dict(version_8, version=8)) == dataclasses.replace(
+        placed, placing_after_enqueue_s_per_transfer=0.0
+    )
+    with pytest.raises(ValueError, match="missing field.*placing_after_enqueue_s_per_transfer"):
+        CycleCostModel.from_dict(dict(version_8, version=9))
+    with pytest.raises(ValueError, match="placing_after_enqueue_s_per_transfer: expected <= host_s_per_transfer"):
+        dataclasses.replace(placed, placing_after_enqueue_s_per_transfer=3e-6)
+    slower = placed.with_compute_speed(1.5)  # host work: scaled with the per-miss term
+    assert slower.placing_after_enqueue_s_per_transfer == pytest.approx(1.5e-6, rel=1e-12)
     data = cost.to_dict()
     data["verify_base_s"] = -1
     with pytest.raises(ValueError, match="verify_base_s"):
@@ -294,7 +307,7 @@ def test_cost_json_before_version_8_loads_its_frac_names(tmp_path) -> None:
         next_layer_waste_per_misses=(0.2, 0.1),
     )
     data = cost.to_dict()
-    assert data["version"] == 8 and not set(FORMER_FIELD_NAMES) & (set(data) | set(data["units"]))
+    assert data["version"] == 9 and not set(FORMER_FIELD_NAMES) & (set(data) | set(data["units"]))
     old_names = {new: old for old, new in FORMER_FIELD_NAMES.items()}
     version_7 = {old_names.get(k, k): v for k, v in dict(data, version=7).items()}
     version_7["units"] = {old_names.get(k, k): v for k, v in data["units"].items()}
@@ -318,7 +331,7 @@ def test_next_layer_share_per_tree_size_json_interpolation_and_errors(tmp_path) 
     cost = dataclasses.replace(base, **knots)
     assert cost.next_layer_nodes == (1.0, 4.0, 30.0)
     assert CycleCostModel.load(cost.save(tmp_path / "v6.json")) == cost
-    assert json.loads((tmp_path / "v6.json").read_text())["version"] == 8
+    assert json.loads((tmp_path / "v6.json").read_text())["version"] == 9
     version_5 = {k: v for k, v in base.to_dict().items() if k not in knots}
     # versions 5-6: shares of every layer, loaded as shares of layers 1..L-1 (x L / (L - 1) = 1.5)
     with pytest.warns(UserWarning, match="version-5 .*scaled by L / \\(L - 1\\) = 3/2"):  # not silent (M12)

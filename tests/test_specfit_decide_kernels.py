@@ -140,11 +140,13 @@ def _random_union_problem(rng: np.random.Generator, max_layers: int, fixed_fract
         num_experts, union_size=union, miss_fraction=rng.random(num_layers) if fixed_fraction else None
     )
     per_transfer_s = 1e-5 * rng.random()
+    host_s = float(rng.choice([0.0, per_transfer_s * rng.random()]))
+    placing_s = float(rng.choice([0.0, host_s * rng.random(), host_s]))  # after the enqueue
     cost = CycleCostModel(
         2e-3 * rng.random(), 2e-2 * rng.random(), 2e-3 * rng.random(), 1e-7 * rng.random(),
         1e9 + 5e10 * rng.random(), per_transfer_s, 98_304 * int(rng.integers(1, 100)), num_layers,
         draft_base_s=1e-3 * rng.random(), overlap_h2d=overlap != "off", overlap_mode="on" if overlap == "on" else "ideal",
-        host_s_per_transfer=float(rng.choice([0.0, per_transfer_s * rng.random()])), pre_router_fraction=float(rng.random()),
+        host_s_per_transfer=host_s, placing_after_enqueue_s_per_transfer=placing_s, pre_router_fraction=float(rng.random()),
         late_call_s=float(rng.choice([0.0, 1e-4 * rng.random()])),
         next_layer_prefetch=bool(next_layer), next_layer_cover_fraction=float(rng.random()),
         next_layer_waste_per_miss=float(rng.choice([0.0, 2.0 * rng.random()])), **random_next_layer_knots(rng),

@@ -259,14 +259,18 @@ def test_deadline_must_not_be_negative() -> None:
 
 
 def _overlap_on(ctx: PolicyContext, rng: np.random.Generator) -> PolicyContext:
-    """``ctx`` priced as the live engine overlaps (mode "on"), with random compute-stream terms."""
+    """``ctx`` priced as the live engine overlaps (mode "on"), with random compute-stream terms
+    (the placing after the enqueue none, part or all of the per-miss placing: either side of the
+    late call's step at ``T_link``)."""
+    host = float(rng.uniform(0, 1)) * ctx.cost.h2d_s_per_transfer
     cost = dataclasses.replace(
         ctx.cost,
         overlap_h2d=True,
         overlap_mode="on",
-        host_s_per_transfer=float(rng.uniform(0, 1)) * ctx.cost.h2d_s_per_transfer,
+        host_s_per_transfer=host,
         pre_router_fraction=float(rng.choice([0.0, 1.0, rng.uniform(0, 1)])),
         late_call_s=float(rng.choice([0.0, rng.uniform(0, 2e-3)])),
+        placing_after_enqueue_s_per_transfer=float(rng.choice([0.0, host * rng.uniform(0, 1), host])),
     )
     return dataclasses.replace(ctx, cost=cost)
 
