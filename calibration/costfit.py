@@ -307,7 +307,8 @@ class PlacingAfterEnqueue:
         s_per_transfer: the fitted seconds per transfer (s, >= 0; 0 with no measured batch).
         num_batches: copy-stream batches with measured memcpy ends (count).
         num_transfers: expert transfers in them (count).
-        r_squared: R^2 of the batches' placing against the fit (NaN with fewer than 2 batches).
+        r_squared: R^2 of the batches' placing against ``s_per_transfer`` times their transfers
+            (NaN with fewer than 2 batches; low when a few descheduled batches dominate the variance).
     """
 
     s_per_transfer: float
@@ -335,9 +336,13 @@ def placing_after_enqueue_s(transfers: pd.DataFrame) -> PlacingAfterEnqueue:
     recorded (``transfers.placed_at_s``), so a batch's placing after the enqueue is ``y_b = max
     placed_at_s - enqueued_at_s`` over its rows. A batch is the rows of one (run, request, cycle,
     layer, enqueue instant); it moves ``n_b = rows / copies_per_transfer`` experts. The memcpys of a
-    batch are back to back, so ``y_b = p n_b`` for the per-transfer placing ``p``, fitted by least
-    squares through the origin, ``p = sum n_b y_b / sum n_b^2`` (clipped at 0). This is
-    ``CycleCostModel.placing_after_enqueue_s_per_transfer`` and ``sim.engine.CyclePlan.placing_ns_per_transfer``.
+    batch are back to back, so ``y_b = p n_b`` for the per-transfer placing ``p``, estimated as the
+    median over batches of ``y_b / n_b`` (clipped at 0): robust to a batch whose thread was
+    descheduled mid-memcpy, which is machine load, not placing work (``analysis.validate
+    --repeats 1 --overlap on --bandwidth 1,8`` at load 7 on 2 cores: median 21.6 us per transfer,
+    p90 34.7 us, but single batches up to 18.7 ms, and least squares through the origin gave
+    97 us). This is ``CycleCostModel.placing_after_enqueue_s_per_transfer`` and
+    ``sim.engine.CyclePlan.placing_ns_per_transfer``.
 
     Rows without ``placed_at_s`` (null or NaN: synchronous copies, CUDA, traces recorded before
     the column existed) are left out; with none left the fit is 0 (the model before issue 13's
@@ -365,7 +370,7 @@ def placing_after_enqueue_s(transfers: pd.DataFrame) -> PlacingAfterEnqueue:
     batches = rows.groupby([*keys, "enqueued"], sort=False).agg(last=("placed", "max"), size=("placed", "size"))
     y = batches["last"].to_numpy(dtype=np.float64) - batches.index.get_level_values("enqueued").to_numpy(dtype=np.float64)
     n = batches["size"].to_numpy(dtype=np.float64) / max(copies, 1)
-    p = max(float(n @ y / (n @ n)), 0.0)
+    p = max(float(np.median(y / n)), 0.0)
     r2 = r_squared(p * n, y)
     return PlacingAfterEnqueue(p, int(y.size), int(round(n.sum())), float(r2))
 
