@@ -368,6 +368,28 @@ def test_overlap_fit_prices_the_placing_after_the_enqueue_it_measured(tables) ->
     assert before.cycle_error.p90_abs_pct_error > 100 * overlap.cycle_error.p90_abs_pct_error
 
 
+def test_overlap_fit_prices_no_late_call_when_the_placing_covers_each_copy(tables) -> None:
+    """The step at ``P = T_link``: a placing after the enqueue (560 us) longer than a copy's link
+    time (530 us) lands every copy by the end of its placing, so no late call is priced and the
+    late-call column has nothing to fit: the per-miss term is the measured placing (h2d_s beyond the
+    copies, 600 us) plus the serial runs' per-miss compute, the late call 0, a note says why, and
+    the cycles (priced by such a model) are priced exactly."""
+    from calibration.costfit import fit_overlap_terms
+
+    cycles, transfers = tables
+    fit = fit_cost_model(cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=6)
+    per_miss_s = 600e-6 + fit.compute_s_per_miss
+    on_cycles, on_transfers, truth_on, _ = _overlap_on_cycles(fit, 5, 600e-6, per_miss_s, 250e-6, after_s=560e-6)
+    assert truth_on.link_s_per_transfer < 560e-6 and truth_on.priced_late_call_s == 0.0
+    on_transfers = _with_memcpy_ends(on_transfers, np.random.default_rng(4), 560e-6, 0.0)
+    overlap = fit_overlap_terms(fit, on_cycles, on_transfers)
+    assert overlap.model.placing_after_enqueue_s_per_transfer == pytest.approx(560e-6, rel=1e-9)
+    assert overlap.model.host_s_per_transfer == pytest.approx(per_miss_s, rel=1e-6)
+    assert overlap.late_call_s == 0.0 and not overlap.separable
+    assert any("covers each copy's link time" in n for n in overlap.notes)
+    assert overlap.cycle_error.median_abs_pct_error < 1e-6
+
+
 def test_overlap_terms_are_fitted_from_overlap_on_cycles(tables) -> None:
     """Overlap-on cycles priced by a known "on" model (15 us of placing per miss on the compute
     stream, a 250 us late-expert call per layer with misses): the serial fit's link, verify and
