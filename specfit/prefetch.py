@@ -359,14 +359,17 @@ class PrefetchLedger:
     def issue(self, layer: int, experts, ahead: bool = False) -> None:
         """``experts`` of ``layer`` were copied ahead of need, in this order on the link (FIFO);
         ``ahead``: by next-layer prefetch (mid-forward), else by the draft prefetch (before it)."""
+        if not len(experts):  # most layers of most cycles: nothing to count
+            return
         ids = np.asarray(experts, dtype=np.int64)
         self.pending[layer, ids] = True
-        self.num_issued += len(ids)
-        first = self.layer_issued[layer] + 1
-        self._issue_rank[layer, ids] = np.arange(first, first + len(ids), dtype=np.int64)
-        self.layer_issued[layer] += len(ids)
+        num = len(ids)
+        self.num_issued += num
+        first = int(self.layer_issued[layer]) + 1
+        self._issue_rank[layer, ids] = np.arange(first, first + num, dtype=np.int64)
+        self.layer_issued[layer] += num
         if ahead:
-            self.layer_issued_ahead[layer] += len(ids)
+            self.layer_issued_ahead[layer] += num
 
     def mark(self) -> tuple[np.ndarray, np.ndarray]:
         """The issued counts now (copies), for :meth:`copies_since` at the end of a cycle."""
@@ -379,10 +382,13 @@ class PrefetchLedger:
         last one an access used (row 2: the copies the layer waited for; 0 when it used none of
         this cycle's). What ``CycleCostModel.realised_cycle_s`` prices (issue 13: a layer waits
         only for the copies of experts it hits, as ``live.offload`` and ``sim.engine`` do)."""
-        issued = self.layer_issued - mark[0]
-        ahead = self.layer_issued_ahead - mark[1]
-        needed = np.maximum(self.layer_last_used - mark[0], 0)
-        return np.stack((issued - ahead, ahead, needed))
+        out = np.empty((3, len(self.layer_issued)), dtype=np.int64)
+        np.subtract(self.layer_issued_ahead, mark[1], out=out[1])
+        np.subtract(self.layer_issued, mark[0], out=out[0])
+        out[0] -= out[1]
+        np.subtract(self.layer_last_used, mark[0], out=out[2])
+        np.maximum(out[2], 0, out=out[2])
+        return out
 
     def accessed(self, layer: int, hits, evicted, num_misses: int | None = None) -> None:
         """An access at ``layer`` hit ``hits`` (expert ids) and evicted ``evicted``; with
