@@ -365,6 +365,8 @@ def test_idle_link_fast_path_equals_the_loop(overlap: str, pre_router: bool) -> 
             sum(b.layer_h2d_ns),
         )
         assert (fast.now_ns, fast._link_free_ns) == (loop.now_ns, loop._link_free_ns)
+        # the engines' flag for "a copy in flight" (what the fast path tests) is any(_pending)'s
+        assert fast._any_pending == any(fast._pending) and loop._any_pending == any(loop._pending)
     assert used > 30
 
 
