@@ -694,8 +694,9 @@ class ExpertCache:
 
     def cached_bits(self) -> np.ndarray:
         """uint64[L, W] bitsets of the cached experts (a copy)."""
-        if self._bits is not None:  # made by the last batched access, nothing changed since
-            return self._bits.copy()
+        words = self._bits  # a property: read once (the simulator asks once per cycle)
+        if words is not None:  # made by the last batched access, nothing changed since
+            return words.copy()
         words = bitsets.num_words(self.num_experts)
         flags = np.zeros((self.num_layers, words * bitsets.WORD_BITS), dtype=bool)
         flags[:, : self.num_experts] = self._stamp >= 0
