@@ -920,11 +920,25 @@ class CycleCostModel:
           next-layer ones.
 
         None for all three: no demand miss, no next-layer copy (the planner's assumption), the
-        form above."""
+        form above.
+
+        Every batch (a layer's draft, demand or next-layer copies) is placed as the engines place
+        it: with ``placing_after_enqueue_s_per_transfer`` ``P`` > 0 it is enqueued after ``host -
+        P`` per copy and copy ``k`` lands at ``max(first + k T_link, enqueued + k P)``
+        (``sim.engine._batch_landings``); with ``P = 0`` the forms above, bit for bit."""
         m = np.asarray(misses_per_layer, dtype=np.float64)
         c = self.verify_s(num_nodes, context_len) / self.num_layers
         pre, rest = self.pre_router_fraction * c, (1.0 - self.pre_router_fraction) * c
         host, per_copy, num_layers = self.host_s_per_transfer, self.link_s_per_transfer, self.num_layers
+        placing = self.placing_after_enqueue_s_per_transfer
+
+        def landing(first: float, enqueued: float, k: float) -> float:
+            """Copy ``k`` (1-based) of a batch enqueued at ``enqueued`` that the link takes at
+            ``first``: ``max(first + k T_link, enqueued + k placing)`` (``sim.engine._batch_landings``)."""
+            if placing > 0.0:
+                return max(first + per_copy * k, enqueued + placing * k)
+            return first + per_copy * k
+
         placed = np.cumsum(m) * host
         needed = m if needed_per_layer is None else np.asarray(needed_per_layer, dtype=np.float64)
         link = 0.0
@@ -932,38 +946,45 @@ class CycleCostModel:
         for layer in range(num_layers):
             landed = 0.0
             if m[layer] > 0:
-                first = max(link, float(placed[layer]))
-                link = first + per_copy * float(m[layer])
+                enqueued = float(placed[layer]) - placing * float(m[layer]) if placing > 0.0 else float(placed[layer])
+                first = max(link, enqueued)
+                link = landing(first, enqueued, float(m[layer]))
                 if needed[layer] > 0:
-                    landed = first + per_copy * float(min(needed[layer], m[layer]))
+                    landed = landing(first, enqueued, float(min(needed[layer], m[layer])))
             arrivals.append(landed)
         demand = None if demand_per_layer is None else np.asarray(demand_per_layer, dtype=np.float64)
         ahead = None if ahead_per_layer is None else np.asarray(ahead_per_layer, dtype=np.float64)
         ahead_first = [0.0] * num_layers  # when each layer's next-layer copies start on the link
+        ahead_enqueued = [0.0] * num_layers
         end = float(placed[-1])
         for layer in range(num_layers):
             landed = arrivals[layer]
             if ahead is not None and needed[layer] > m[layer]:  # a next-layer copy needed
-                landed = max(landed, ahead_first[layer] + per_copy * float(needed[layer] - m[layer]))
+                k = float(needed[layer] - m[layer])
+                landed = max(landed, landing(ahead_first[layer], ahead_enqueued[layer], k))
             begin = end + pre
             if demand is not None and demand[layer] > 0:  # placed after the router, copied behind the link's queue
-                begin = begin + host * float(demand[layer])
-                link = max(link, begin) + per_copy * float(demand[layer])
+                d = float(demand[layer])
+                enqueued = begin + (host - placing) * d if placing > 0.0 else begin + host * d
+                begin = begin + host * d
+                link = landing(max(link, enqueued), enqueued, d)
                 landed = max(landed, link)
             n_next = 0.0 if ahead is None or layer + 1 == num_layers else float(ahead[layer + 1])
             if not self.overlap_h2d:
                 if n_next > 0:  # issued once the layer's wait is over
                     begin = max(begin, landed)
-                    ahead_first[layer + 1] = max(begin + host * n_next, link)
-                    link = ahead_first[layer + 1] + per_copy * n_next
+                    ahead_enqueued[layer + 1] = begin + (host - placing) * n_next
+                    ahead_first[layer + 1] = max(ahead_enqueued[layer + 1], link)
+                    link = landing(ahead_first[layer + 1], ahead_enqueued[layer + 1], n_next)
                     end = begin + host * n_next + rest
                 else:
                     end = max(begin, landed) + rest
                 continue
             if n_next > 0:  # placed and enqueued behind the layer's demand copies, before its experts
+                ahead_enqueued[layer + 1] = begin + (host - placing) * n_next
                 begin = begin + host * n_next
-                ahead_first[layer + 1] = max(begin, link)
-                link = ahead_first[layer + 1] + per_copy * n_next
+                ahead_first[layer + 1] = max(ahead_enqueued[layer + 1], link)
+                link = landing(ahead_first[layer + 1], ahead_enqueued[layer + 1], n_next)
             if landed > begin:
                 end = max(begin + rest, landed) + self.late_call_s
             else:
