@@ -11,8 +11,8 @@
     T_link   = expert_bytes / h2d_bytes_per_s + h2d_s_per_transfer - host_s_per_transfer
     T_pre    = pre_router_fraction * T_verify / L     (a layer's attention + router, before its copies)
   with a placing after the enqueue P = placing_after_enqueue_s_per_transfer (the CPU copy stream's
-  memcpys, measured live), T_link in the per-layer forms ("on", next-layer prefetch) is
-  max(T_link - P, 0) and late_call_s is priced only while T_link > P
+  memcpys, measured live), T_link where the engines run a copy stream (mode "on"; without
+  overlap, any prefetch mode) is max(T_link - P, 0) and late_call_s is priced only while T_link > P
   (:attr:`CycleCostModel.overlapped_link_s_per_transfer`, :attr:`CycleCostModel.priced_late_call_s`)
   with next-layer prefetch (next_layer_prefetch; h = next_layer_cover_fraction, x = next_layer_waste_per_miss,
   c = T_verify / L), each layer's part above but the first's (layer 0 has no layer before it to guess
@@ -381,7 +381,7 @@ class CycleCostModel:
             before version 9). Measured live (``transfers.placed_at_s``) and fitted by
             ``calibration.costfit.placing_after_enqueue_s``; ``sim.engine`` replays it as
             ``CyclePlan.placing_ns_per_transfer``. Priced where copies go on the copy stream
-            and the per-layer form applies (mode "on", next-layer prefetch priced): each copy then
+            (mode "on"; without overlap, any prefetch mode: ``live.offload``): each copy then
             occupies the link only :attr:`overlapped_link_s_per_transfer` beyond its placing,
             and the late call is priced only while a copy outlasts its placing
             (:attr:`priced_late_call_s`).
@@ -467,7 +467,10 @@ class CycleCostModel:
         nl = self.next_layer_prefetch and self.has_next_layer_share and not (self.overlap_h2d and not on)
         placing, late = self.placing_after_enqueue_s_per_transfer, self.late_call_s
         link, per_miss = self.link_s_per_transfer, self.s_per_miss
-        if placing > 0.0 and (on or nl):  # the link copies while the rest of the batch is placed
+        # the engines put demand copies on the copy stream in mode "on" and, without overlap, with any
+        # prefetch mode (live.offload's _copy_stream, sim.replay's copy_stream): not in mode "ideal"
+        stream = on or (not self.overlap_h2d and (self.draft_prefetch or self.next_layer_prefetch))
+        if placing > 0.0 and stream:  # the link copies while the rest of the batch is placed
             late = late if link > placing else 0.0  # every copy landed by the end of its placing
             link = max(link - placing, 0.0)
             per_miss = self.host_s_per_transfer + link
@@ -540,23 +543,27 @@ class CycleCostModel:
 
     @property
     def overlapped_link_s_per_transfer(self) -> float:
-        """Seconds a copy adds to the link beyond its own placing in the per-layer forms (mode
-        "on", next-layer prefetch priced): ``max(T_link - P, 0)`` with ``P =
+        """Seconds a copy adds to the link beyond its own placing where the engines run a copy
+        stream (mode "on"; without overlap, any prefetch mode): ``max(T_link - P, 0)`` with ``P =
         placing_after_enqueue_s_per_transfer`` (the batch's copies start on the link at its
         enqueue and the compute stream places them one after another meanwhile: copy ``j``
         lands at ``max(E + (j + 1) T_link, E + (j + 1) P)``, ``sim.engine``; with its resident
         experts after the placing, a layer of ``m`` misses lasts ``host m + max(c, p c + m max(T_link
-        - P, 0))`` plus the late call); :attr:`link_s_per_transfer` itself with ``P = 0`` or
-        elsewhere (no overlap without next-layer prefetch, mode "ideal", the draft prefetch's
-        pipeline: left at ``T_link``, an over-price of at most ``P`` per copy where a copy stream
-        runs)."""
+        - P, 0))`` plus the late call; without overlap ``c + m (host + max(T_link - P, 0))``);
+        :attr:`link_s_per_transfer` itself with ``P = 0`` or without a copy stream (no overlap
+        and no prefetch: the live engine's synchronous fetch; mode "ideal", a bound). The draft
+        prefetch's pipeline (:meth:`prefetched_cycle_s`) places each batch itself."""
         return self._copy_terms[0]
 
     @property
-    def overlap_on_s_per_miss(self) -> float:
-        """The copy branch's seconds per miss of mode "on"'s totals form
-        (:meth:`overlap_on_total_s`): :attr:`s_per_miss`, or with a placing after the enqueue
-        ``host_s_per_transfer + overlapped_link_s_per_transfer``."""
+    def priced_s_per_miss(self) -> float:
+        """Seconds per demand miss as the cost prices it: :attr:`s_per_miss`, or where the
+        engines run a copy stream with a placing after the enqueue (mode "on"; without overlap,
+        any prefetch mode) ``host_s_per_transfer + overlapped_link_s_per_transfer`` (a layer's
+        ``m`` copies then land ``m max(T_link, P)`` after their enqueue, ``(host - P) m`` after
+        the router). The serial form's per-miss price (:meth:`transfer_s`, :meth:`cycle_s`,
+        ``specfit.planner.cost_params``' ``s_per_miss``) and the copy branch of mode "on"'s
+        totals form (:meth:`overlap_on_total_s`). Mode "ideal" keeps :attr:`s_per_miss`."""
         return self._copy_terms[2]
 
     @property
@@ -598,8 +605,10 @@ class CycleCostModel:
         return self.verify_s(num_nodes, context_len) / self.num_layers
 
     def transfer_s(self, num_experts: float = 1) -> float:
-        """Time to move ``num_experts`` experts host -> device, each paying latency + bytes (s)."""
-        return float(num_experts) * self.s_per_miss
+        """Time to move ``num_experts`` experts host -> device, each paying latency + bytes (s):
+        :attr:`priced_s_per_miss` each (:attr:`s_per_miss` but where a copy stream overlaps the
+        placing after the enqueue with the link)."""
+        return float(num_experts) * self._copy_terms[2]
 
     def h2d_s(self, misses_per_layer: Any) -> float:
         """Total H2D time for ``misses_per_layer`` (int[L], or a scalar total) expert misses (s).
@@ -719,7 +728,7 @@ class CycleCostModel:
         """
         v = np.asarray(verify_s, dtype=np.float64)
         m = np.asarray(total_misses, dtype=np.float64)
-        _, late, per_miss = self._copy_terms  # late: priced_late_call_s; per_miss: overlap_on_s_per_miss
+        _, late, per_miss = self._copy_terms  # late: priced_late_call_s; per_miss: priced_s_per_miss
         both = np.maximum(v + self.host_s_per_transfer * m, self.pre_router_fraction * v + per_miss * m)
         out = both + late * (m > 0)
         return float(out) if np.ndim(out) == 0 else out
@@ -735,7 +744,7 @@ class CycleCostModel:
         elif self.per_layer_overlap:
             out = self.draft_s_array(num_levels) + self.overlap_on_total_s(verify, total_misses)
         else:
-            h2d = self.s_per_miss * np.asarray(total_misses, dtype=np.float64)
+            h2d = self._copy_terms[2] * np.asarray(total_misses, dtype=np.float64)  # priced_s_per_miss
             out = self.combine_s(self.draft_s_array(num_levels), verify, h2d)
         return float(out) if np.ndim(out) == 0 else out
 
@@ -870,7 +879,7 @@ class CycleCostModel:
     def least_s_per_miss(self) -> float:
         """Without overlap, the least seconds one more predicted miss adds to any cycle price of
         this model, whatever the verified nodes add (a lower bound, with
-        :attr:`least_verify_share`, for SpecFit's ``stopping="bound"`` rule): :attr:`s_per_miss`;
+        :attr:`least_verify_share`, for SpecFit's ``stopping="bound"`` rule): :attr:`priced_s_per_miss`;
         with next-layer prefetch priced the least ``host + a`` of :meth:`next_layer_s_per_miss`
         over every tree size (``max(c + a m, b m)`` grows by at least ``min(a, b) = a`` per miss;
         ``host + a`` is affine in ``h`` and ``x``, so between knots it is least at a knot), and no
@@ -878,7 +887,7 @@ class CycleCostModel:
         least ``a`` (:attr:`next_layer_least_s_per_miss`), the totals form's per-miss price."""
         if self.next_layer_priced:
             return self._derived[7]
-        return self.s_per_miss
+        return self._copy_terms[2]
 
     @property
     def prefetch_tail_fraction(self) -> float:
@@ -1052,11 +1061,18 @@ class CycleCostModel:
         next-layer copy of ``--prefetch both`` without a share as placed before the forward, and
         made a layer wait for the copies of wrong guesses too; a next-layer run without a share
         priced none of its copies). With a share priced the two kinds of copies count alike (the
-        form above); int[L] is all draft copies, each waited for (the form before)."""
+        form above); int[L] is all draft copies, each waited for (the form before). With
+        next-layer prefetch and a placing after the enqueue ``P > 0`` a cycle that issued no copy
+        takes :meth:`prefetched_cycle_s` too (rev2: it took :meth:`cycle_s`, which priced each
+        demand miss at ``host + T_link`` while the engines overlap ``P`` of it with the link, so
+        one guard mixed two pricings; ``P = 0`` unchanged bit for bit)."""
         prefetched = None if prefetched_per_layer is None else np.asarray(prefetched_per_layer)
         if prefetched is not None and not self.next_layer_priced and not (self.overlap_h2d and self.overlap_mode == "ideal"):
             if prefetched.ndim == 2:  # (draft, next-layer, waited for): PrefetchLedger.copies_since
-                if self.draft_prefetch or prefetched[1].any():
+                # with a placing after the enqueue every cycle of a next-layer run takes the
+                # engines' timeline, not only those that issued copies (one pricing per guard)
+                timeline = self.draft_prefetch or (self.next_layer_prefetch and self.placing_after_enqueue_s_per_transfer > 0.0)
+                if timeline or prefetched[1].any():
                     return self.prefetched_cycle_s(
                         num_levels, num_nodes, context_len, prefetched[0], demand_misses_per_layer,
                         prefetched[1], prefetched[2],

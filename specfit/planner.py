@@ -202,7 +202,7 @@ def search_costs(cost, num_levels: int, context_len: int) -> np.ndarray:
     model's totals form (:meth:`specfit.cost.CycleCostModel.plan_cycle_s_total`) for
     ``num_levels`` drafted levels at ``context_len``. Without overlap and in mode "ideal"
     ``per_miss`` is the whole per-miss cost and the last three are 0; in mode "on" ``per_miss``,
-    ``host``, ``pre`` and ``late`` are ``cost.overlap_on_s_per_miss``, ``host_s_per_transfer``,
+    ``host``, ``pre`` and ``late`` are ``cost.priced_s_per_miss``, ``host_s_per_transfer``,
     ``pre_router_fraction`` and ``cost.priced_late_call_s`` (a placing after the enqueue priced). A
     draft-prefetching run (``cost.draft_prefetch``) takes the prefetch pipeline's bound:
     ``per_miss`` the link's share, ``pre`` ``cost.prefetch_tail_fraction``, ``late`` 0. With next-layer
@@ -244,7 +244,7 @@ def search_costs(cost, num_levels: int, context_len: int) -> np.ndarray:
             cost.draft_s(num_levels),
             cost.verify_s(0, context_len),
             cost.verify_s_per_node,
-            cost.overlap_on_s_per_miss if on else cost.s_per_miss,
+            cost.priced_s_per_miss,
             1.0 if cost.overlap_h2d else 0.0,
             cost.host_s_per_transfer if on else 0.0,
             cost.pre_router_fraction if on else 0.0,
@@ -334,7 +334,7 @@ def cost_params(cost) -> np.ndarray:
             cost.verify_base_s,
             cost.verify_s_per_node,
             cost.verify_s_per_context_token,
-            cost.s_per_miss,
+            cost.priced_s_per_miss,
             1.0 if cost.overlap_h2d else 0.0,
             1.0 if cost.per_layer_overlap else 0.0,
             cost.overlapped_link_s_per_transfer,
@@ -547,7 +547,7 @@ def _plan_union_size_batch(contexts: list[PolicyContext], started: float) -> lis
         levels = np.array([ctx.num_levels for ctx in contexts])
         cycle = np.asarray(cost.cycle_s_layers(levels[:, None], sizes[None, :], first.context_len, misses[None]))
     else:
-        h2d = total_misses * cost.s_per_miss
+        h2d = total_misses * cost.priced_s_per_miss
         draft = np.array([cost.draft_s(ctx.num_levels) for ctx in contexts])
         cycle = cost.combine_s(draft[:, None], verify[None, :], h2d[None, :])  # [C, width]
     steps = np.zeros((len(contexts), width), dtype=np.float64)
@@ -678,7 +678,7 @@ def _max_closure_mincut(ctx: PolicyContext, lam: float, scale_hint: float) -> li
     graph = nx.DiGraph()
     scale = 1e12 / max(scale_hint, 1e-300)
     root_bits = miss[0]
-    per_miss = lam * cost.s_per_miss
+    per_miss = lam * cost.priced_s_per_miss
     for v in range(1, n):
         w = float(p[v]) - lam * cost.verify_s_per_node
         cap = int(round(abs(w) * scale))

@@ -149,7 +149,7 @@ def _min_added_h2d_s(ctx: PolicyContext, max_new: int) -> np.ndarray:
     """float64[max_new]: least predicted transfer seconds that ``m`` = 1..max_new more nodes add.
 
     Union-size mode without overlap: ``least_s_per_miss * min_{1<=n<=N} (F(n + m) - F(n))`` with
-    ``F(n) = sum_l expected_union_l(n) * miss_l`` (``cost.least_s_per_miss``: ``s_per_miss``, less
+    ``F(n) = sum_l expected_union_l(n) * miss_l`` (``cost.least_s_per_miss``: ``priced_s_per_miss``, less
     with next-layer prefetch priced); with next-layer knots (overlap or not)
     :func:`_min_added_h2d_s_per_size`; zeros otherwise (see ``keep_drafting``).
     """

@@ -20,6 +20,7 @@ replaced, written out as the reference, on random trees, maps, cost models and c
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import pickle
 from types import SimpleNamespace
@@ -629,3 +630,47 @@ def test_live_question_with_an_edge_map_asks_inline_and_still_names_errors() -> 
     with pytest.raises(ValueError, match=r"tree\.parents\[3\]: expected a node id in \[0, 3\), got 5"):
         questions.ask(broken, levels)
     assert calls == ["entry", "entry"]  # inline, then _answer's call that names it
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["below", "at", "above"]), st.sampled_from(["off", "on", "ideal"]),
+       st.sampled_from(["none", "draft", "next-layer", "both"]))  # fmt: skip
+def test_compiled_cycle_price_equals_the_python_form_with_a_placing_after_the_enqueue(seed, side, overlap, prefetch) -> None:
+    """rev2 finding 1: ``cost_params``' ``s_per_miss`` is ``priced_s_per_miss`` (``host +
+    max(T_link - P, 0)`` where the engines run a copy stream: mode "on", or any prefetch mode
+    without overlap), so the compiled union-size price (``union_cycle_s``) equals
+    ``cost.cycle_s`` with ``P`` below, at and above ``T_link``, and the exact search's totals
+    vector (``search_costs``) prices the serial form as ``cost.cycle_s_total`` does."""
+    from specfit.planner import cost_params, search_costs
+
+    rng = np.random.default_rng(seed)
+    num_layers = int(rng.integers(1, 8))
+    link_s = 1e-5 * float(rng.uniform(0.1, 1.0))
+    placing_s = {"below": 0.5, "at": 1.0, "above": 1.5}[side] * link_s
+    host_s = placing_s * float(rng.uniform(1.0, 2.0))
+    cost = CycleCostModel(
+        1e-3 * rng.random(), 1e-2 * rng.random(), 1e-4 * rng.random(), 1e-8 * rng.random(), 1e12, host_s + link_s,
+        0, num_layers, draft_base_s=1e-3 * rng.random(), overlap_h2d=overlap != "off",
+        overlap_mode="on" if overlap == "on" else "ideal", host_s_per_transfer=host_s, pre_router_fraction=float(rng.random()),
+        placing_after_enqueue_s_per_transfer=placing_s, late_call_s=1e-5 * rng.random(),
+        draft_prefetch=prefetch in ("draft", "both"), next_layer_prefetch=prefetch in ("next-layer", "both"),
+    )  # fmt: skip
+    if side == "at":  # exactly at the step
+        cost = dataclasses.replace(cost, placing_after_enqueue_s_per_transfer=min(cost.link_s_per_transfer, host_s))
+    stream = overlap == "on" or (overlap == "off" and prefetch != "none")
+    link = max(cost.link_s_per_transfer - cost.placing_after_enqueue_s_per_transfer, 0.0) if stream else cost.link_s_per_transfer
+    assert cost.priced_s_per_miss == (host_s + link if stream else cost.s_per_miss)
+    params = cost_params(cost)
+    assert params[5] == cost.priced_s_per_miss
+    scratch = np.zeros((2, num_layers))
+    for _ in range(20):
+        misses = rng.integers(0, 6, num_layers).astype(np.float64)
+        levels, nodes, context = int(rng.integers(0, 5)), int(rng.integers(1, 40)), int(rng.integers(0, 500))
+        total = float(misses.sum())
+        compiled = decide_kernels().union_cycle_s(params, levels, float(nodes), context, misses[None], 0, np.ones(num_layers), total, scratch)
+        assert compiled == pytest.approx(cost.cycle_s(levels, nodes, context, misses), rel=1e-12, abs=1e-18)
+        if overlap == "off" and not cost.draft_prefetch:  # the search's serial totals form
+            draft, verify0, per_node, per_miss = search_costs(cost, levels, context)[:4]
+            assert draft + verify0 + per_node * nodes + per_miss * total == pytest.approx(
+                cost.cycle_s_total(levels, nodes, context, total), rel=1e-12
+            )

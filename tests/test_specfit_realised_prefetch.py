@@ -114,6 +114,24 @@ def _engine_cycle_s(cost: CycleCostModel, mode: str, draft, ahead, hits, demand)
     return FastEngine(LinkSpec(0, round(cost.link_s_per_transfer * 1e9)), num_layers).run_cycle(plan).cycle_ns * 1e-9
 
 
+def _random_cycle(rng: np.random.Generator, max_draft: int, max_ahead: int, max_demand: int):
+    """A random 4-layer cycle of 16 experts: per layer ``(draft, ahead, hits, demand)`` expert lists,
+    below ``max_draft`` draft copies, ``max_ahead`` next-layer copies (none into layer 0; 0: none
+    drawn), hits among the copies and the resident experts, below ``max_demand`` demand misses."""
+    draft, ahead, hits, demand = [], [], [], []
+    for layer in range(4):
+        ids = rng.permutation(16)
+        nd = rng.integers(0, max_draft) if max_draft else 0
+        na = rng.integers(0, max_ahead) if max_ahead and layer else 0
+        d, a, rest = sorted(ids[:nd]), sorted(ids[nd : nd + na]), ids[nd + na :]
+        flying = [e for e in d + a if rng.random() < 0.5]
+        hits.append(sorted(flying + list(rest[: rng.integers(0, 3)])))
+        demand.append(sorted(rest[3 : 3 + rng.integers(0, max_demand)]))
+        draft.append(d)
+        ahead.append(a)
+    return draft, ahead, hits, demand
+
+
 def test_a_layer_waits_only_for_the_prefetch_copies_it_hits() -> None:
     """Limit (a) of issue 13's guard: 3 layers of 1 ms compute, 1 ms per copy, draft guesses 5
     and 6 copied into layer 0. Both engines make a layer wait only for the copies of experts it
@@ -176,16 +194,7 @@ def test_the_realised_price_is_the_engines_timeline_on_random_cycles(mode, placi
     )  # fmt: skip
     wrong = 0
     for _ in range(300):
-        draft, ahead, hits, demand = [], [], [], []
-        for layer in range(4):
-            ids = rng.permutation(16)
-            nd, na = rng.integers(0, 4), (rng.integers(0, 4) if layer else 0)
-            d, a, rest = sorted(ids[:nd]), sorted(ids[nd : nd + na]), ids[nd + na :]
-            flying = [e for e in d + a if rng.random() < 0.5]
-            hits.append(sorted(flying + list(rest[:rng.integers(0, 3)])))
-            demand.append(sorted(rest[3 : 3 + rng.integers(0, 3)]))
-            draft.append(d)
-            ahead.append(a)
+        draft, ahead, hits, demand = _random_cycle(rng, 4, 4, 3)
         copies = _ledger_copies(4, draft, ahead, hits)
         misses = np.array([len(x) for x in demand])
         want = _engine_cycle_s(cost, mode, draft, ahead, hits, demand)
@@ -311,3 +320,45 @@ def test_the_guards_price_is_the_simulated_cycle_with_next_layer_copies_and_no_s
     ratios = np.array(priced) / np.array([c.cycle_s for c in cycles])
     assert len(ratios) > 50 and np.sum(np.abs(ratios - 1.0) < 1e-6) >= len(ratios) - 2
     assert np.all(np.abs(ratios - 1.0) < 0.05)
+
+
+@pytest.mark.parametrize("placing_s", [1e-4, 2e-4, 3e-4])  # below, at and above a copy's link time (2e-4 s)
+@pytest.mark.parametrize("prefetch", ["next-layer", "draft", "both"])
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_a_copy_stream_run_is_priced_with_its_placing_after_the_enqueue(mode, prefetch, placing_s) -> None:
+    """rev2 finding 1: with any prefetch mode the engines put the demand copies on the copy
+    stream (``live.offload``'s ``_copy_stream``, ``sim.replay``'s ``copy_stream``), so a
+    placing after the enqueue ``P`` overlaps the link without overlap too: a layer's ``m``
+    demand copies cost ``host + max(T_link - P, 0)`` each, not ``host + T_link``. 200 random
+    cycles (4 layers, demand misses, next-layer copies in about half of them, draft copies,
+    no late-call cost): :meth:`cycle_s` of a demand-only cycle and :meth:`realised_cycle_s` of
+    every cycle are FastEngine's timeline (before: overlap off priced ``host + T_link`` per demand
+    miss, and a next-layer run's cycles without copies took that price while the others took
+    the engines' timeline)."""
+    rng = np.random.default_rng(int(placing_s * 1e5))
+    draft_on, ahead_on = prefetch in ("draft", "both"), prefetch in ("next-layer", "both")
+    cost = _cost(
+        num_layers=4, verify_base_s=4e-3, h2d_bytes_per_s=1e10, host_s_per_transfer=3e-4, h2d_s_per_transfer=4e-4,
+        pre_router_fraction=0.25, draft_prefetch=draft_on, next_layer_prefetch=ahead_on, overlap_h2d=mode == "on",
+        overlap_mode="on", placing_after_enqueue_s_per_transfer=placing_s,
+    )  # fmt: skip
+    assert cost.link_s_per_transfer == pytest.approx(2e-4, rel=1e-12) and not cost.next_layer_priced
+    assert cost.priced_s_per_miss == pytest.approx(3e-4 + max(2e-4 - placing_s, 0.0), rel=1e-12)
+    for _ in range(200):
+        issue_ahead = ahead_on and rng.random() < 0.5
+        draft, ahead, hits, demand = _random_cycle(rng, 3 if draft_on else 0, 3 if issue_ahead else 0, 4)
+        copies = _ledger_copies(4, draft, ahead, hits)
+        misses = np.array([len(x) for x in demand])
+        want = _engine_cycle_s(cost, mode, draft, ahead, hits, demand)
+        assert cost.realised_cycle_s(0, 1, 0, misses, copies) == pytest.approx(want, rel=1e-9, abs=1e-12)
+        if not copies[:2].any():  # demand misses only: the serial / per-layer form itself
+            assert cost.cycle_s(0, 1, 0, misses) == pytest.approx(want, rel=1e-9, abs=1e-12)
+    # P = 0 or no copy stream (no prefetch without overlap; the bound "ideal"): host + T_link as before
+    for other in (
+        dataclasses.replace(cost, placing_after_enqueue_s_per_transfer=0.0),
+        dataclasses.replace(cost, draft_prefetch=False, next_layer_prefetch=False, overlap_h2d=False),
+        dataclasses.replace(cost, overlap_h2d=True, overlap_mode="ideal"),
+    ):
+        assert other.priced_s_per_miss == other.s_per_miss
+        if not other.per_layer_priced:  # the serial form and the bound "ideal"
+            assert other.cycle_s(0, 1, 0, np.array([1, 2, 0, 3])) == other.combine_s(0.0, 4e-3, 6 * other.s_per_miss)
