@@ -317,10 +317,12 @@ class PlacingAfterEnqueue:
     r_squared: float
 
     def report_fields(self) -> dict[str, Any]:
-        """JSON-ready: ``placing_after_enqueue_s_per_transfer`` (s), ``placing_after_enqueue_batches``,
-        ``placing_after_enqueue_transfers``, ``placing_after_enqueue_r_squared``."""
+        """JSON-ready: ``placing_after_enqueue_measured_s_per_transfer`` (s, the fitted value as
+        measured; a cost model may clip it, :meth:`OverlapFit.report_fields`),
+        ``placing_after_enqueue_batches``, ``placing_after_enqueue_transfers``,
+        ``placing_after_enqueue_r_squared``."""
         return {
-            "placing_after_enqueue_s_per_transfer": self.s_per_transfer,
+            "placing_after_enqueue_measured_s_per_transfer": self.s_per_transfer,
             "placing_after_enqueue_batches": self.num_batches,
             "placing_after_enqueue_transfers": self.num_transfers,
             "placing_after_enqueue_r_squared": self.r_squared,
@@ -942,8 +944,10 @@ class OverlapFit:
         ``placing_s_per_transfer`` (s, measured: h2d_s beyond the copies), ``late_call_s`` (s),
         ``terms_separable`` (False: only ``late_call_s`` fitted, see the notes), ``num_cycles``,
         ``cycle_error_in_sample``, ``notes`` and the placing after the enqueue
-        (:meth:`PlacingAfterEnqueue.report_fields`; the model's value, clipped at its per-miss term,
-        under ``placing_after_enqueue_s_per_transfer``)."""
+        (:meth:`PlacingAfterEnqueue.report_fields`: the measured value under
+        ``placing_after_enqueue_measured_s_per_transfer``, and the model's, clipped at its per-miss
+        term, under ``placing_after_enqueue_s_per_transfer``; rev2: the model's overwrote the
+        measured one under one key)."""
         after = self.placing_after_enqueue or PlacingAfterEnqueue(0.0, 0, 0, float("nan"))
         return {
             **after.report_fields(),

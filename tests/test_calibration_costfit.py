@@ -362,6 +362,14 @@ def test_overlap_fit_prices_the_placing_after_the_enqueue_it_measured(tables) ->
     report = overlap.report_fields()
     assert report["placing_after_enqueue_s_per_transfer"] == m.placing_after_enqueue_s_per_transfer
     assert report["placing_after_enqueue_batches"] > 0
+    assert report["placing_after_enqueue_measured_s_per_transfer"] == overlap.placing_after_enqueue.s_per_transfer
+    # a measured value above the per-miss term is clipped in the model and still reported as measured
+    above = dataclasses.replace(
+        overlap, placing_after_enqueue=dataclasses.replace(overlap.placing_after_enqueue, s_per_transfer=90e-6)
+    )
+    clipped = above.report_fields()
+    assert clipped["placing_after_enqueue_measured_s_per_transfer"] == 90e-6
+    assert clipped["placing_after_enqueue_s_per_transfer"] == m.placing_after_enqueue_s_per_transfer < 90e-6
     assert any("placing after the enqueue 40 us" in n for n in overlap.notes)
     before = fit_overlap_terms(fit, on_cycles, on_transfers.drop(columns=["placed_at_s"]))
     assert before.model.placing_after_enqueue_s_per_transfer == 0.0
