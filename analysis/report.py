@@ -179,10 +179,24 @@ def time_split_left_out_lines(split: pd.DataFrame) -> list[str]:
 
 def cell_names(table: pd.DataFrame) -> list[str]:
     """Per fidelity row, the cell's name as ``analysis.validate`` names its ``live/`` folder
-    (``bw1-c16-ar``)."""
+    (:attr:`analysis.validate.Cell.name`: ``bw1-c16-ar``, ``bw1-c16-ar-ovl``,
+    ``bw1-c16-ar-pf-next-layer``), so cells differing only in overlap, prefetch or depth get
+    different names (they printed the same name before). Tables written before the ``overlap``,
+    ``prefetch`` (or ``depth``) columns, and empty cells in them, read as overlap off, no
+    prefetch, the grid's depth."""
+    from analysis.validate import Cell
+
+    def column(name: str, default: Any) -> list[Any]:
+        values = table[name].tolist() if name in table.columns else [default] * len(table)
+        return [default if v is None or (isinstance(v, float) and np.isnan(v)) else v for v in values]
+
+    rows = zip(
+        column("bandwidth_gb_per_s", None), column("cache_experts_per_layer", None), column("policy", None),
+        column("depth", None), column("overlap", "off"), column("prefetch", "none"),
+    )  # fmt: skip
     return [
-        f"bw{float(bw):g}-c{float(c):g}-{p}"
-        for bw, c, p in zip(table["bandwidth_gb_per_s"], table["cache_experts_per_layer"], table["policy"])
+        Cell(float(bw), int(c) if float(c).is_integer() else c, str(p), None if d is None else int(d), str(o), str(pf)).name
+        for bw, c, p, d, o, pf in rows
     ]
 
 
@@ -227,8 +241,8 @@ def fidelity_section(validations: list, out_dir: Path) -> tuple[list[str], list[
         compact, legend = fidelity.short_table(table, FIDELITY_COLUMNS)
         lines.append(markdown_table(compact))
         lines.append(
-            f"{legend}. `cell`: bandwidth (GB/s), cache (experts per layer) and policy, as the "
-            "validation names its `live/` folders. Errors and noise are absolute percentages except "
+            f"{legend}. `cell`: bandwidth (GB/s), cache (experts per layer) and policy, `-ovl` with "
+            "overlap on and `-pf-<mode>` with a prefetch, as the validation names its `live/` folders. Errors and noise are absolute percentages except "
             "`tput_err%` and `hit_dpts` (signed, simulated minus live); every fidelity.csv column is "
             "defined in docs/metrics.md.\n"
         )

@@ -646,3 +646,25 @@ def test_time_split_labels_name_the_prefetch_mode():
 
     df = pd.DataFrame({"overlap": ["on", "off", True], "prefetch": ["none", "next-layer", True]})
     assert _flags(df) == [" overlap", " prefetch next-layer", " overlap prefetch"]  # bools: older sweeps
+
+
+def test_cell_names_tell_overlap_prefetch_and_depth_cells_apart() -> None:
+    """rev2: ``cell_names`` named cells by bandwidth, cache and policy only, so the overlap-on and
+    prefetch cells of one (bandwidth, cache, policy) printed the same name in the report's table.
+    Now ``analysis.validate.Cell.name``; tables without the newer columns (or empty cells in them)
+    keep the old names."""
+    table = pd.DataFrame(
+        {
+            "bandwidth_gb_per_s": [1.0, 1.0, 1.0, 8.0],
+            "cache_experts_per_layer": [16, 16, 16, 4],
+            "policy": ["ar", "ar", "ar", "specfit"],
+            "overlap": ["off", "on", "off", None],
+            "prefetch": ["none", "none", "next-layer", "both"],
+        }
+    )
+    names = report_cli.cell_names(table)
+    assert names == ["bw1-c16-ar", "bw1-c16-ar-ovl", "bw1-c16-ar-pf-next-layer", "bw8-c4-specfit-pf-both"]
+    old = table.drop(columns=["overlap", "prefetch"])
+    assert report_cli.cell_names(old) == ["bw1-c16-ar", "bw1-c16-ar", "bw1-c16-ar", "bw8-c4-specfit"]
+    with_depth = old.assign(depth=[1, None, None, None], cache_experts_per_layer=[16.0, 16.0, 16.0, 4.0])
+    assert report_cli.cell_names(with_depth)[:2] == ["bw1-c16-ar-d1", "bw1-c16-ar"]
