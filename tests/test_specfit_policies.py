@@ -474,18 +474,24 @@ def test_bound_rule_stays_a_bound_with_any_calibration_map(seed, n, cut_depth, y
     st.integers(0, 2**32 - 1),
     st.integers(2, 11),
     st.integers(0, 3),
-    st.sampled_from(["ideal", "on", "on+prefetch", "off+prefetch", "off+next", "on+next", "on+prefetch+next"]),
+    st.sampled_from(
+        ["ideal", "on", "on+prefetch", "off+prefetch", "off+next", "on+next", "on+prefetch+next", "off+unpriced-next"]
+    ),
     st.floats(0.0, 1.0),
+    st.sampled_from([0.0, 0.5, 1.0]),
 )
-def test_stopping_bound_holds_with_overlap_and_prefetch(seed, n, cut_depth, form, pre) -> None:
+def test_stopping_bound_holds_with_overlap_and_prefetch(seed, n, cut_depth, form, pre, after) -> None:
     """With overlap, draft or next-layer prefetch a copy-bound cycle hides part of an added node's
     verify time, so the bound charges only ``cost.least_verify_share`` of it: a stop is never
     before a deeper tree whose per-layer optimum (brute force, the exact price) beats the
-    shallow one's."""
+    shallow one's; also with ``after`` of the placing after the enqueue (``P``: a copy stream's
+    miss costs ``host + max(T_link - P, 0)``, with next-layer prefetch without a share too)."""
     rng = np.random.default_rng(seed)
     full = random_small_context(rng, n, sibling_mass=True)
     overlap = not form.startswith("off")
     per_transfer = float(rng.uniform(0, 2e-2))
+    host = float(rng.uniform(0, 1)) * per_transfer
+    unpriced = form.endswith("unpriced-next")
     cost = dataclasses.replace(
         full.cost,
         overlap_h2d=overlap,
@@ -494,12 +500,14 @@ def test_stopping_bound_holds_with_overlap_and_prefetch(seed, n, cut_depth, form
         late_call_s=float(rng.uniform(0, 1e-4)),
         draft_prefetch="+prefetch" in form,
         h2d_s_per_transfer=per_transfer,  # copies that can outlast verification
-        host_s_per_transfer=float(rng.uniform(0, 1)) * per_transfer,
-        next_layer_prefetch=form.endswith("+next"),
-        next_layer_cover_fraction=float(rng.choice([1.0, rng.uniform(0, 1)])),
-        next_layer_waste_per_miss=float(rng.choice([0.0, rng.uniform(0, 2)])),
-        **random_next_layer_knots(rng),
+        host_s_per_transfer=host,
+        placing_after_enqueue_s_per_transfer=after * host,
+        next_layer_prefetch=form.endswith("next"),
+        next_layer_cover_fraction=0.0 if unpriced else float(rng.choice([1.0, rng.uniform(0, 1)])),
+        next_layer_waste_per_miss=0.0 if unpriced else float(rng.choice([0.0, rng.uniform(0, 2)])),
+        **({} if unpriced else random_next_layer_knots(rng)),
     )
+    assert cost.next_layer_priced == (cost.next_layer_prefetch and not unpriced)
     _assert_bound_stop_is_safe(dataclasses.replace(full, cost=cost), cut_depth, plan_brute_force)
 
 
