@@ -667,14 +667,21 @@ class SimPyEngine(_EngineBase):
         self._jobs = simpy.Store(self.env)
         self._wire = simpy.Resource(self.env, capacity=1)
         self._events: list[dict[int, simpy.Event]] = [{} for _ in range(self.num_layers)]
-        self.record_copies = False
-        # this cycle's log (record_copies): one entry per copy enqueued, its index in _since_idle
-        # until the copy lands, then its (layer, expert, enqueued, started, landed)
+        self._record_copies = False
+        # this cycle's log (record_copies): one entry per copy enqueued, its number (count of
+        # copies enqueued before it) until the copy lands, then its (layer, expert, enqueued,
+        # started, landed)
         self._copies: list = []
-        # (enqueued_ns, layer, expert, ready_ns) of every copy enqueued since the copy stream was
-        # last empty, and how many copies are in it (queued or being copied): _copies_ahead
+        # record_copies only: (enqueued_ns, layer, expert, ready_ns) of the copies a replay from
+        # _ahead_from_ns must run to give the copies in flight their start and landing
+        # (_copies_ahead): every copy enqueued since the copy stream was last empty, less those
+        # that had landed when nothing in the stream had started yet (concurrency 1: each landing
+        # with copies queued); _ahead_first is the number of the first, _num_enqueued counts all
         self._since_idle: list[tuple[int, int, int, int]] = []
-        self._num_in_stream = 0
+        self._ahead_first = 0
+        self._ahead_from_ns = 0
+        self._num_enqueued = 0
+        self._num_in_stream = 0  # copies queued or being copied
         for _ in range(link.concurrency):
             self.env.process(self._copy_engine())
 
@@ -682,6 +689,22 @@ class SimPyEngine(_EngineBase):
     def now_ns(self) -> int:
         """The engine's clock (ns)."""
         return int(self.env.now)
+
+    @property
+    def record_copies(self) -> bool:
+        """Whether each cycle logs its copies (:attr:`CycleTiming.copies`).
+
+        Raises:
+            ValueError: turned on while copies enqueued without it are still in the copy stream
+                (their start and landing could not be replayed for the log).
+        """
+        return self._record_copies
+
+    @record_copies.setter
+    def record_copies(self, on: bool) -> None:
+        if on and not self._record_copies and self._num_in_stream:
+            raise ValueError("SimPyEngine.record_copies: turn it on while the copy stream is empty (before the first cycle)")
+        self._record_copies = bool(on)
 
     def _copy_engine(self):  # SimPy process generator
         while True:
@@ -696,8 +719,14 @@ class SimPyEngine(_EngineBase):
             if ready > self.env.now:  # its placing (the memcpy on the CPU link) not done yet
                 yield self.env.timeout(ready - int(self.env.now))
             self._num_in_stream -= 1
-            if not self._num_in_stream:  # the stream is empty: no earlier copy delays a later one
-                self._since_idle.clear()
+            if self._num_in_stream == len(self._jobs.items) and self._since_idle:
+                # nothing in the stream has started (the stream is empty, or, concurrency 1, this
+                # engine is the only one and the rest is queued): the wire and the other engines
+                # are free, so the queued copies, replayed from now, need no earlier copy
+                dropped = len(self._since_idle) - self._num_in_stream
+                del self._since_idle[:dropped]
+                self._ahead_first += dropped
+                self._ahead_from_ns = int(self.env.now)
             if log is not None:  # the enqueuing cycle's log (already returned when it ended earlier)
                 log[slot] = (layer, expert, enqueued, started, int(self.env.now))
             done.succeed(int(self.env.now))
@@ -706,26 +735,28 @@ class SimPyEngine(_EngineBase):
         """Put one copy on the copy stream now; it lands no sooner than ``ready`` (its placing's end)."""
         done = self.env.event()
         now = int(self.env.now)
-        log = self._copies if self.record_copies else None
+        log = self._copies if self._record_copies else None
         if log is not None:
-            log.append(len(self._since_idle))  # in flight: its index in _since_idle
-        self._since_idle.append((now, int(layer), int(expert), int(ready)))
+            log.append(self._num_enqueued)  # in flight: its number (_copies_ahead)
+            self._since_idle.append((now, int(layer), int(expert), int(ready)))
+        self._num_enqueued += 1
         self._num_in_stream += 1
         self._jobs.put((layer, int(expert), now, int(ready), done, log, len(log) - 1 if log is not None else None))
         return done
 
-    def _copies_ahead(self) -> list[tuple[int, int, int, int, int]]:
-        """``(layer, expert, enqueued_ns, started_ns, landed_ns)`` of every copy enqueued since the
-        copy stream was last empty, in ``_since_idle`` order: those copies replayed alone on a
-        fresh engine of the same link from that instant (a copy's start and landing depend only
-        on the copies enqueued before it, FIFO, and their placing ends, not on what the cycle
-        does next). This engine's clock does not move. Costs a replay of the copies since the
-        stream was last empty; only with ``record_copies``, for copies in flight at a cycle's end."""
+    def _copies_ahead(self) -> dict[int, tuple[int, int, int, int, int]]:
+        """``(layer, expert, enqueued_ns, started_ns, landed_ns)`` of each copy in ``_since_idle``,
+        by its number: those copies replayed alone on a fresh engine of the same link from
+        ``_ahead_from_ns`` (the copy stream's last instant with nothing started: a copy's start
+        and landing depend only on the copies enqueued before it, FIFO, and their placing ends,
+        not on what the cycle does next). This engine's clock does not move. Costs a replay of
+        ``_since_idle``: with concurrency 1 the copies queued at the last landing and those
+        enqueued since; only with ``record_copies``, for copies in flight at a cycle's end."""
         jobs = list(self._since_idle)
-        ahead = SimPyEngine(self.link, self.num_layers, start_ns=jobs[0][0])
+        ahead = SimPyEngine(self.link, self.num_layers, start_ns=max(jobs[0][0], self._ahead_from_ns))
         ahead.record_copies = True
 
-        def feed():  # SimPy process generator: each copy enqueued at its instant, in order
+        def feed():  # SimPy process generator: each copy enqueued at its instant (or the start), in order
             for at, layer, expert, ready in jobs:
                 if at > ahead.env.now:
                     yield ahead.env.timeout(at - int(ahead.env.now))
@@ -733,7 +764,10 @@ class SimPyEngine(_EngineBase):
 
         ahead.env.process(feed())
         ahead.env.run()
-        return ahead._copies
+        return {  # the copy's own enqueue instant (the replay enqueued earlier ones at its start)
+            self._ahead_first + i: (layer, expert, jobs[i][0], started, landed)
+            for i, (layer, expert, _, started, landed) in enumerate(ahead._copies)
+        }
 
     def _place_batch(self, layer: int, experts, host_ns: int, overlapped_ns: int):  # SimPy process generator
         """Place a batch from now, ``host_ns`` per copy: the part the copies cannot overlap

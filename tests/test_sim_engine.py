@@ -600,3 +600,30 @@ def test_simpy_logs_the_landing_a_copy_in_flight_will_have_on_a_concurrent_link(
         assert list(timing.copies) == actual
         crossed += sum(c[4] > timing.end_ns for c in timing.copies)
     assert crossed
+
+
+def test_simpy_keeps_only_the_copies_a_replay_needs() -> None:
+    """A copy stream that never empties (each cycle's unused prefetch outlasts the cycle):
+    without record_copies SimPyEngine keeps no copy for the replay; with it, only the copies
+    still queued and the one being copied (it kept every copy since the stream was last empty
+    and replayed them all each cycle, rev1 finding 1), and still logs each copy with the start
+    and landing the stream gives it. Timings are the same either way."""
+    plan = CyclePlan(
+        draft_ns=500_000, decision_ns=0, layer_compute_ns=(100_000,) * 4, hits=((),) * 4, demand=((),) * 4, prefetch=((1, 7),)
+    )
+    link = LinkSpec(latency_ns=0, wire_ns=1_000_000, concurrency=1)
+    plain, recording = SimPyEngine(link, 4), SimPyEngine(link, 4)
+    recording.record_copies = True
+    logged = []
+    for _ in range(200):
+        a, b = plain.run_cycle(plan), recording.run_cycle(plan)
+        assert dataclasses.replace(a, copies=b.copies) == b
+        assert not plain._since_idle
+        assert len(recording._since_idle) <= len(recording._jobs.items) + 1
+        logged.append((b, recording._copies))
+    assert len(recording._jobs.items) >= 15  # the queue grew: the case that kept every copy
+    recording.env.run()
+    for timing, actual in logged:
+        assert list(timing.copies) == actual
+    with pytest.raises(ValueError, match="record_copies"):
+        plain.record_copies = True  # copies without a log still in the stream
