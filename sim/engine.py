@@ -29,7 +29,7 @@ Model (issue 6, "The discrete-event model"):
   + (j + 1) placing)`` (``_batch_landings``; the live CPU link's landing clock,
   ``live.h2d.H2DLink._copy_ahead``, is this recurrence per tensor copy;
   ``tests/test_live_golden_cycle.py`` checks it to the nanosecond). With ``placing = 0`` (the
-  default, and what ``sim.replay`` uses with a cost file older than version 8) the whole placing
+  default, and what ``sim.replay`` uses with a cost file older than version 9) the whole placing
   precedes the enqueue; ``sim.replay`` takes ``CycleCostModel.placing_after_enqueue_s_per_transfer``
   (the live memcpy ends fitted by ``calibration.costfit.placing_after_enqueue_s``), which the cost
   model prices in its per-layer forms. Without a copy stream (overlap "off" and no prefetch: the
@@ -165,7 +165,7 @@ class CyclePlan:
             whole placing precedes the enqueue, the model before issue 13's item 3. ``sim.replay``
             sets it from ``CycleCostModel.placing_after_enqueue_s_per_transfer`` (fitted from the
             live memcpy ends, ``calibration.costfit.placing_after_enqueue_s``; 0 in cost files
-            older than version 8).
+            older than version 9).
     """
 
     draft_ns: int

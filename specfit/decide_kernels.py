@@ -150,11 +150,12 @@ def union_cycle_s(params, num_levels, nodes, context_len, union_table, row, miss
     levels: its expected misses per layer are ``union_table[row] * miss``, ``total`` their sum
     as the caller summed it. ``params`` float64[18 + 3 K] (:func:`specfit.planner.cost_params`):
     ``draft_base_s, draft_s_per_level, verify_base_s, verify_s_per_node,
-    verify_s_per_context_token, s_per_miss, overlap_h2d, per_layer (overlap mode "on"),
-    link_s_per_transfer, host_s_per_transfer, pre_router_fraction, late_call_s, num_layers``.
+    verify_s_per_context_token, priced_s_per_miss, overlap_h2d, per_layer (overlap mode "on"),
+    overlapped_link_s_per_transfer, host_s_per_transfer, pre_router_fraction, priced_late_call_s,
+    num_layers``.
 
     The cost model's operations in its order: ``draft + verify + h2d`` or ``draft + max(verify,
-    h2d)`` (``cost.combine_s``, ``h2d = total * s_per_miss``), or in mode "on"
+    h2d)`` (``cost.combine_s``, ``h2d = total * priced_s_per_miss``), or in mode "on"
     ``cost.cycle_s_layers``: ``draft + sum_l max(c, pre * c + m_l * after, m_l * link) + (host *
     sum_l m_l + late * #{m_l > 0})``, ``c = verify / L``, both sums as ``np.sum`` sums (:func:`numpy_sum`;
     ``scratch`` float64[2, >= L] holds the terms), one form for both per-layer cases (next-layer
@@ -163,9 +164,9 @@ def union_cycle_s(params, num_levels, nodes, context_len, union_table, row, miss
     prefetch, where ``max(c, pre * c + m * link, m * link) = max(c, pre * c + m * link)``).
     With ``K = params[17]`` knots of the share per tree size those three are the share's at
     ``nodes`` (``h``, ``x`` by :func:`_interp`, numpy's ``interp``; then ``(1 + x) host_s_per_transfer,
-    (1 - h) link_s_per_transfer, (1 + x) link_s_per_transfer``: ``cost.next_layer_s_per_miss``'s
+    (1 - h) overlapped_link_s_per_transfer, (1 + x) overlapped_link_s_per_transfer``: ``cost.next_layer_s_per_miss``'s
     operations, so the values are its bit for bit). With next-layer prefetch priced layer 0 takes
-    ``after = link = link_s_per_transfer`` and adds ``(host_s_per_transfer - host) * m_0`` to the
+    ``after = link = overlapped_link_s_per_transfer`` and adds ``(host_s_per_transfer - host) * m_0`` to the
     host term (no guess covers it: ``cost.cycle_s_layers``' operations).
     """
     levels = float(num_levels)

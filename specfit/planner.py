@@ -313,7 +313,7 @@ _COST_PARAMS: dict[int, tuple[object, np.ndarray]] = {}
 def cost_params(cost) -> np.ndarray:
     """float64[18 + 3 K] the compiled union-size path takes (:func:`specfit.decide_kernels.union_cycle_s`):
     ``draft_base_s, draft_s_per_level, verify_base_s, verify_s_per_node, verify_s_per_context_token,
-    s_per_miss, overlap_h2d, per_layer_overlap, overlapped_link_s_per_transfer, host_s_per_transfer,
+    priced_s_per_miss, overlap_h2d, per_layer_overlap, overlapped_link_s_per_transfer, host_s_per_transfer,
     pre_router_fraction, priced_late_call_s, num_layers, next_layer_priced`` (the link and late call as
     the per-layer forms price them: ``link_s_per_transfer`` and ``late_call_s`` without a placing
     after the enqueue), ``cost.per_layer_s_per_miss()``
