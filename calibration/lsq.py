@@ -48,10 +48,13 @@ def r_squared(predicted: np.ndarray, measured: np.ndarray) -> float:
         R^2 (dimensionless); NaN with fewer than 2 values or a constant ``measured``.
 
     Raises:
-        ValueError: ``predicted`` and ``measured`` of different lengths (numpy's broadcast error).
+        ValueError: ``predicted`` and ``measured`` of different shapes (also a length-1
+            ``predicted``, which numpy would broadcast), naming both.
     """
     pred = np.asarray(predicted, dtype=np.float64)
     meas = np.asarray(measured, dtype=np.float64)
+    if pred.shape != meas.shape:
+        raise ValueError(f"r_squared: predicted has shape {pred.shape}, measured {meas.shape}; expected the same")
     if meas.size < 2:
         return float("nan")
     ss_tot = float(np.sum((meas - meas.mean()) ** 2))

@@ -614,3 +614,14 @@ def test_term_error_r2_is_the_one_shared_form() -> None:
     assert TermError.of(pred, meas).r2 == pytest.approx(0.5) == r_squared(pred[:3], meas[:3])
     assert checked_r_squared(pred[:3], meas[:3]) == r_squared(pred[:3], meas[:3])
     assert np.isnan(TermError.of(pred[:2], np.array([2.0, 2.0])).r2) and np.isnan(r_squared(pred[:1], meas[:1]))
+
+
+def test_r_squared_refuses_predictions_of_another_shape() -> None:
+    """A length-1 prediction broadcast against three measurements (R^2 -1.5 before), and one
+    value short, raise ValueError naming both shapes; equal shapes still give R^2."""
+    from calibration.lsq import r_squared
+
+    for predicted in ([1.0], [1.0, 2.0]):
+        with pytest.raises(ValueError, match="shape"):
+            r_squared(predicted, [1.0, 2.0, 3.0])
+    assert r_squared([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]) == 1.0
