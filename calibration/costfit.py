@@ -329,7 +329,7 @@ class PlacingAfterEnqueue:
         }
 
 
-def placing_after_enqueue_s(transfers: pd.DataFrame) -> PlacingAfterEnqueue:
+def fit_placing_after_enqueue(transfers: pd.DataFrame) -> PlacingAfterEnqueue:
     """Fit the placing a copy-stream batch spends on the compute stream AFTER its enqueue, per
     expert transfer, from the transfers table's memcpy ends (``placed_at_s``).
 
@@ -873,7 +873,7 @@ def fit_cost_model(
         overlap_h2d=bool(opts.overlap_h2d),
         source=source,
         pre_router_fraction=fit_pre_router_fraction(fit_cycles, notes),
-        placing_after_enqueue_s_per_transfer=min(placing_after_enqueue_s(fit_transfers).s_per_transfer, host_s + miss_compute_s),
+        placing_after_enqueue_s_per_transfer=min(fit_placing_after_enqueue(fit_transfers).s_per_transfer, host_s + miss_compute_s),
     )
     split = {"compute_s_per_miss": miss_compute_s, "host_s_per_transfer": host_s}
     fit_err = evaluate(model, fit_cycles, fit_transfers, opts.verify_target, **split)
@@ -1022,7 +1022,7 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
         raise CalibrationDataError("overlap fit: no cycles recorded with --overlap on")
     transfers = transfers if transfers is not None else pd.DataFrame(columns=list(TRANSFER_COLUMNS))
     notes: list[str] = []
-    after = placing_after_enqueue_s(transfers)
+    after = fit_placing_after_enqueue(transfers)
     if len(transfers):
         host_s = host_s_per_transfer(cycles, transfers, copies_per_transfer(transfers))
     else:

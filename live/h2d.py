@@ -36,7 +36,7 @@ thread: a copy-stream thread would compete with the compute thread for the GIL a
 the landings. Every copy records when it was enqueued, started and landed
 (:meth:`H2DFetch.copy_spans`), and on the CPU copy stream also when its memcpy ended
 (:meth:`H2DFetch.placed_at`): the compute stream's placing after the enqueue, which
-``calibration.costfit.placing_after_enqueue_s`` fits and ``sim.engine`` models
+``calibration.costfit.fit_placing_after_enqueue`` fits and ``sim.engine`` models
 (``CyclePlan.placing_ns_per_transfer``).
 """
 

@@ -31,7 +31,7 @@ Model (issue 6, "The discrete-event model"):
   ``tests/test_live_golden_cycle.py`` checks it to the nanosecond). With ``placing = 0`` (the
   default, and what ``sim.replay`` uses with a cost file older than version 9) the whole placing
   precedes the enqueue; ``sim.replay`` takes ``CycleCostModel.placing_after_enqueue_s_per_transfer``
-  (the live memcpy ends fitted by ``calibration.costfit.placing_after_enqueue_s``), which the cost
+  (the live memcpy ends fitted by ``calibration.costfit.fit_placing_after_enqueue``), which the cost
   model prices in its per-layer forms. Without a copy stream (overlap "off" and no prefetch: the
   live engine's synchronous ``H2DLink.fetch``; ``CyclePlan.copy_stream``) the misses are
   placed, then copied.
@@ -164,7 +164,7 @@ class CyclePlan:
             the rest (slot bookkeeping, before the enqueue) delays the enqueue. 0 (default): the
             whole placing precedes the enqueue, the model before issue 13's item 3. ``sim.replay``
             sets it from ``CycleCostModel.placing_after_enqueue_s_per_transfer`` (fitted from the
-            live memcpy ends, ``calibration.costfit.placing_after_enqueue_s``; 0 in cost files
+            live memcpy ends, ``calibration.costfit.fit_placing_after_enqueue``; 0 in cost files
             older than version 9).
     """
 

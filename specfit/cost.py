@@ -379,7 +379,7 @@ class CycleCostModel:
             link already copies (the live CPU copy stream's memcpy; s/transfer, in ``[0,
             host_s_per_transfer]``, default 0: the whole placing precedes the enqueue, the model
             before version 9). Measured live (``transfers.placed_at_s``) and fitted by
-            ``calibration.costfit.placing_after_enqueue_s``; ``sim.engine`` replays it as
+            ``calibration.costfit.fit_placing_after_enqueue``; ``sim.engine`` replays it as
             ``CyclePlan.placing_ns_per_transfer``. Priced where copies go on the copy stream
             (mode "on"; without overlap, any prefetch mode: ``live.offload``): each copy then
             occupies the link only :attr:`overlapped_link_s_per_transfer` beyond its placing,

@@ -312,7 +312,7 @@ def test_placing_after_the_enqueue_is_fitted_from_memcpy_ends_of_known_truth() -
     the first form, gave several times that); batches without memcpy ends (synchronous copies,
     older traces: null) are left out, and a table without any gives 0 (the placing before the
     enqueue, the model before)."""
-    from calibration.costfit import placing_after_enqueue_s
+    from calibration.costfit import fit_placing_after_enqueue
 
     rng = np.random.default_rng(11)
     rows = []
@@ -329,7 +329,7 @@ def test_placing_after_the_enqueue_is_fitted_from_memcpy_ends_of_known_truth() -
     transfers["placed_at_s"] += pd.Series(stall_s).groupby(batch).cumsum().to_numpy()
     sync = transfers["cycle_index"] >= 250  # these batches: no copy stream, nothing measured
     transfers.loc[sync, "placed_at_s"] = np.nan
-    fit = placing_after_enqueue_s(transfers)
+    fit = fit_placing_after_enqueue(transfers)
     assert fit.s_per_transfer == pytest.approx(40e-6, rel=0.02)
     assert fit.num_batches == 250 * 3 and fit.num_transfers == int((~sync).sum()) // 2
     kept = transfers[~sync]
@@ -337,7 +337,7 @@ def test_placing_after_the_enqueue_is_fitted_from_memcpy_ends_of_known_truth() -
     n = kept.groupby(["cycle_index", "layer"]).size() / 2
     assert float(n @ y / (n @ n)) > 3 * 40e-6  # what least squares through the origin would say
     for without in (transfers.drop(columns=["placed_at_s"]), transfers.assign(placed_at_s=np.nan), transfers.iloc[0:0]):
-        assert placing_after_enqueue_s(without).s_per_transfer == 0.0 and placing_after_enqueue_s(without).num_batches == 0
+        assert fit_placing_after_enqueue(without).s_per_transfer == 0.0 and fit_placing_after_enqueue(without).num_batches == 0
 
 
 def test_overlap_fit_prices_the_placing_after_the_enqueue_it_measured(tables) -> None:
