@@ -536,7 +536,9 @@ def error_split(
     kept when both verified the same subtree (same work, so the difference is the model's). With
     ``m_s`` / ``m_l`` the simulated / live demand misses (``cache_misses``), ``i_s`` / ``i_l``
     the experts they prefetched (``num_prefetch_issued``, null or absent = 0: draft and next-layer
-    prefetch), ``s = cost.s_per_miss`` and ``c = compute_s_per_miss`` (the per-miss compute folded
+    prefetch), ``s = cost.priced_s_per_miss`` (the one cost formula's per-miss price: ``s_per_miss``,
+    or ``host + max(T_link - P, 0)`` where the engines run a copy stream with a placing after the
+    enqueue ``P > 0``) and ``c = compute_s_per_miss`` (the per-miss compute folded
     into ``s`` by ``calibration.costfit``'s ``miss_compute``;
     :meth:`calibration.costfit.CostFit.term_split`), the live ``h2d_s`` (every copy of the cycle,
     demand and prefetch, and their placing) split by copy count into its demand part
@@ -614,7 +616,7 @@ def error_split(
     stall_l = pd.to_numeric(both["stall_s"], errors="coerce").to_numpy(dtype=np.float64)
     stall_l = np.where(np.isfinite(stall_l), stall_l, lv["h2d_s"])
     rest_l = lv["cycle_s"] - lv["draft_s"] - lv["decision_s"] - lv["verify_s"] - stall_l
-    c, s = float(compute_s_per_miss), cost.s_per_miss
+    c, s = float(compute_s_per_miss), cost.priced_s_per_miss
     m_l, m_s = lv["cache_misses"], sm["cache_misses"]
     i_l, i_s = lv["num_prefetch_issued"], sm["num_prefetch_issued"]
     copies_l = m_l + i_l

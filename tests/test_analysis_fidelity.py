@@ -615,3 +615,23 @@ def test_bias_line_prints_large_figures_and_a_negative_run_speed_fraction_plainl
     assert "123 % rms" in line and "e+" not in line  # was "1.2e+02 %"
     assert "0 % of the per-cycle noise variance is whole-run speed" in line  # was "-12 %"
     assert "from 9 / n/a independent repeats" in line and validate.bias_line({}, 1) == ""
+
+
+@pytest.mark.parametrize("mode", ["draft_prefetch", "next_layer_prefetch"])
+def test_error_split_prices_misses_as_the_copy_stream_does(mode) -> None:
+    """Overlap off with a prefetch mode and a placing after the enqueue P > 0: the engines run a
+    copy stream, so a miss costs host + max(T_link - P, 0) (cost.priced_s_per_miss). A live cycle
+    and its replay that both copied 2 misses at that price differ in no term (before: ``h2d``
+    priced each miss at s_per_miss, +2 min(P, T_link), and ``overlap`` took it back). With P = 0
+    the price is s_per_miss, the same float."""
+    plain = dataclasses.replace(COST, overlap_h2d=False, host_s_per_transfer=0.04e-3, **{mode: True})
+    cost = dataclasses.replace(plain, placing_after_enqueue_s_per_transfer=0.02e-3)
+    s = cost.priced_s_per_miss
+    assert s < cost.s_per_miss and plain.priced_s_per_miss == plain.s_per_miss
+    base = {"request_id": [0], "cycle_index": [0], "verified_nodes": [[0, 1]], "draft_s": [0.0],
+            "decision_s": [0.0], "verify_s": [10e-3], "cache_misses": [2], "num_prefetch_issued": [0]}
+    live = pd.DataFrame(dict(base, h2d_s=[2 * s], cycle_s=[10e-3 + 2 * s], layer_stall_s=[[s, s]]))
+    sim = pd.DataFrame(dict(base, h2d_s=[2 * s], cycle_s=[10e-3 + 2 * s]))
+    got = fidelity.error_split(live, sim, cost)
+    for term in fidelity.SPLIT_TERMS:
+        assert got[f"split_{term}_pct"] == pytest.approx(0.0, abs=1e-9), term
