@@ -672,14 +672,10 @@ class SimPyEngine(_EngineBase):
         # copies enqueued before it) until the copy lands, then its (layer, expert, enqueued,
         # started, landed)
         self._copies: list = []
-        # record_copies only: (enqueued_ns, layer, expert, ready_ns) of the copies a replay from
-        # _ahead_from_ns must run to give the copies in flight their start and landing
-        # (_copies_ahead): every copy enqueued since the copy stream was last empty, less those
-        # that had landed when nothing in the stream had started yet (concurrency 1: each landing
-        # with copies queued); _ahead_first is the number of the first, _num_enqueued counts all
-        self._since_idle: list[tuple[int, int, int, int]] = []
-        self._ahead_first = 0
-        self._ahead_from_ns = 0
+        # record_copies only: each copy still in the copy stream by its number, in enqueue order:
+        # [enqueued_ns, layer, expert, ready_ns, started_ns | None, wired_ns | None] (taken off
+        # the queue; given the wire), what _copies_ahead replays from; _num_enqueued counts all
+        self._in_stream: dict[int, list] = {}
         self._num_enqueued = 0
         self._num_in_stream = 0  # copies queued or being copied
         for _ in range(link.concurrency):
@@ -707,26 +703,32 @@ class SimPyEngine(_EngineBase):
         self._record_copies = bool(on)
 
     def _copy_engine(self):  # SimPy process generator
+        link = self.link
         while True:
-            layer, expert, enqueued, ready, done, log, slot = yield self._jobs.get()
-            started = int(self.env.now)
-            if self.link.latency_ns:
-                yield self.env.timeout(self.link.latency_ns)
-            with self._wire.request() as req:
-                yield req
-                if self.link.wire_ns:
-                    yield self.env.timeout(self.link.wire_ns)
+            layer, expert, enqueued, ready, done, log, slot, number, resume = yield self._jobs.get()
+            now = int(self.env.now)
+            started, wired = resume if resume is not None else (now, None)  # resume: _copies_ahead's
+            state = self._in_stream.get(number) if number is not None else None
+            if state is not None:
+                state[4] = started
+            if wired is None:
+                if started + link.latency_ns > now:
+                    yield self.env.timeout(started + link.latency_ns - now)
+                with self._wire.request() as req:
+                    yield req
+                    if state is not None:
+                        state[5] = int(self.env.now)
+                    if link.wire_ns:
+                        yield self.env.timeout(link.wire_ns)
+            elif wired + link.wire_ns > now:  # resumed while holding the wire: the first to ask
+                with self._wire.request() as req:
+                    yield req
+                    yield self.env.timeout(wired + link.wire_ns - now)
             if ready > self.env.now:  # its placing (the memcpy on the CPU link) not done yet
                 yield self.env.timeout(ready - int(self.env.now))
             self._num_in_stream -= 1
-            if self._num_in_stream == len(self._jobs.items) and self._since_idle:
-                # nothing in the stream has started (the stream is empty, or, concurrency 1, this
-                # engine is the only one and the rest is queued): the wire and the other engines
-                # are free, so the queued copies, replayed from now, need no earlier copy
-                dropped = len(self._since_idle) - self._num_in_stream
-                del self._since_idle[:dropped]
-                self._ahead_first += dropped
-                self._ahead_from_ns = int(self.env.now)
+            if state is not None:
+                del self._in_stream[number]
             if log is not None:  # the enqueuing cycle's log (already returned when it ended earlier)
                 log[slot] = (layer, expert, enqueued, started, int(self.env.now))
             done.succeed(int(self.env.now))
@@ -735,39 +737,32 @@ class SimPyEngine(_EngineBase):
         """Put one copy on the copy stream now; it lands no sooner than ``ready`` (its placing's end)."""
         done = self.env.event()
         now = int(self.env.now)
-        log = self._copies if self._record_copies else None
+        log, number = (self._copies, self._num_enqueued) if self._record_copies else (None, None)
         if log is not None:
-            log.append(self._num_enqueued)  # in flight: its number (_copies_ahead)
-            self._since_idle.append((now, int(layer), int(expert), int(ready)))
+            log.append(number)  # in flight: its number (_copies_ahead)
+            self._in_stream[number] = [now, int(layer), int(expert), int(ready), None, None]
         self._num_enqueued += 1
         self._num_in_stream += 1
-        self._jobs.put((layer, int(expert), now, int(ready), done, log, len(log) - 1 if log is not None else None))
+        slot = len(log) - 1 if log is not None else None
+        self._jobs.put((layer, int(expert), now, int(ready), done, log, slot, number, None))
         return done
 
     def _copies_ahead(self) -> dict[int, tuple[int, int, int, int, int]]:
-        """``(layer, expert, enqueued_ns, started_ns, landed_ns)`` of each copy in ``_since_idle``,
-        by its number: those copies replayed alone on a fresh engine of the same link from
-        ``_ahead_from_ns`` (the copy stream's last instant with nothing started: a copy's start
-        and landing depend only on the copies enqueued before it, FIFO, and their placing ends,
-        not on what the cycle does next). This engine's clock does not move. Costs a replay of
-        ``_since_idle``: with concurrency 1 the copies queued at the last landing and those
-        enqueued since; only with ``record_copies``, for copies in flight at a cycle's end."""
-        jobs = list(self._since_idle)
-        ahead = SimPyEngine(self.link, self.num_layers, start_ns=max(jobs[0][0], self._ahead_from_ns))
-        ahead.record_copies = True
-
-        def feed():  # SimPy process generator: each copy enqueued at its instant (or the start), in order
-            for at, layer, expert, ready in jobs:
-                if at > ahead.env.now:
-                    yield ahead.env.timeout(at - int(ahead.env.now))
-                ahead._enqueue(layer, expert, ready)
-
-        ahead.env.process(feed())
+        """``(layer, expert, enqueued_ns, started_ns, landed_ns)`` of each copy still in the copy
+        stream, by its number: those copies replayed alone from now on a fresh engine of the same
+        link, each resumed where it is (taken off the queue or not, its wait for the dispatch
+        latency, the wire, its placing), FIFO: a copy's start and landing depend only on the
+        copies enqueued before it and their placing ends, not on what the cycle does next, and
+        every copy ahead of those in the stream has left the wire. This engine's clock does not
+        move. Costs a replay of the copies in the stream; only with ``record_copies``, for
+        copies in flight at a cycle's end."""
+        ahead = SimPyEngine(self.link, self.num_layers, start_ns=int(self.env.now))
+        log = [None] * len(self._in_stream)
+        for slot, (enqueued, layer, expert, ready, started, wired) in enumerate(self._in_stream.values()):
+            resume = None if started is None else (started, wired)  # queued ones: taken from now
+            ahead._jobs.put((layer, expert, enqueued, ready, ahead.env.event(), log, slot, None, resume))
         ahead.env.run()
-        return {  # the copy's own enqueue instant (the replay enqueued earlier ones at its start)
-            self._ahead_first + i: (layer, expert, jobs[i][0], started, landed)
-            for i, (layer, expert, _, started, landed) in enumerate(ahead._copies)
-        }
+        return dict(zip(self._in_stream, log))
 
     def _place_batch(self, layer: int, experts, host_ns: int, overlapped_ns: int):  # SimPy process generator
         """Place a batch from now, ``host_ns`` per copy: the part the copies cannot overlap

@@ -584,16 +584,22 @@ def test_both_engines_log_each_copy_in_the_cycle_that_enqueued_it(overlap, late)
     assert crossed  # copies landed after their cycle's end: the case the engines logged apart
 
 
-def test_simpy_logs_the_landing_a_copy_in_flight_will_have_on_a_concurrent_link() -> None:
+@pytest.mark.parametrize("concurrency", [1, 2, 3])
+@pytest.mark.parametrize("seed", [5, 6])
+def test_simpy_logs_the_landing_a_copy_in_flight_will_have_on_a_concurrent_link(concurrency, seed) -> None:
     """SimPyEngine (any concurrency) logs a copy still in flight at its cycle's end with the start
-    and landing the copy stream then gives it, whatever the later cycles enqueue."""
-    rng = np.random.default_rng(5)
-    engine = SimPyEngine(LinkSpec(latency_ns=100_000, wire_ns=400_000, concurrency=2), 6)  # slow: copies outlast cycles
+    and landing the copy stream then gives it, whatever the later cycles enqueue: the replay
+    resumes each copy where it is (queued, in its dispatch latency, waiting for or on the wire,
+    waiting for its placing)."""
+    rng = np.random.default_rng(seed)
+    link = LinkSpec(latency_ns=100_000 * concurrency, wire_ns=400_000, concurrency=concurrency)
+    engine = SimPyEngine(link, 6)  # slow: copies outlast cycles
     engine.record_copies = True
     logged = []
     for _ in range(20):
         timing = engine.run_cycle(_random_plan(rng, 6, overlap="on", prefetch=True, late=True, pre_router=True))
         logged.append((timing, engine._copies))  # the cycle's own list: each copy writes its landing there
+        assert len(engine._in_stream) == engine._num_in_stream  # only the copies in the stream kept
     engine.env.run()  # every copy lands
     crossed = 0
     for timing, actual in logged:
@@ -605,9 +611,9 @@ def test_simpy_logs_the_landing_a_copy_in_flight_will_have_on_a_concurrent_link(
 def test_simpy_keeps_only_the_copies_a_replay_needs() -> None:
     """A copy stream that never empties (each cycle's unused prefetch outlasts the cycle):
     without record_copies SimPyEngine keeps no copy for the replay; with it, only the copies
-    still queued and the one being copied (it kept every copy since the stream was last empty
-    and replayed them all each cycle, rev1 finding 1), and still logs each copy with the start
-    and landing the stream gives it. Timings are the same either way."""
+    still in the stream (it kept every copy since the stream was last empty and replayed them
+    all each cycle, rev1 finding 1), and still logs each copy with the start and landing the
+    stream gives it. Timings are the same either way."""
     plan = CyclePlan(
         draft_ns=500_000, decision_ns=0, layer_compute_ns=(100_000,) * 4, hits=((),) * 4, demand=((),) * 4, prefetch=((1, 7),)
     )
@@ -618,8 +624,8 @@ def test_simpy_keeps_only_the_copies_a_replay_needs() -> None:
     for _ in range(200):
         a, b = plain.run_cycle(plan), recording.run_cycle(plan)
         assert dataclasses.replace(a, copies=b.copies) == b
-        assert not plain._since_idle
-        assert len(recording._since_idle) <= len(recording._jobs.items) + 1
+        assert not plain._in_stream
+        assert len(recording._in_stream) == recording._num_in_stream  # what the stream holds
         logged.append((b, recording._copies))
     assert len(recording._jobs.items) >= 15  # the queue grew: the case that kept every copy
     recording.env.run()
