@@ -21,6 +21,8 @@ per-cycle figure draws its calibrated cost model's predictions (``cycle_errors.c
 
 from __future__ import annotations
 
+import math
+
 import shutil
 import sys
 from collections.abc import Sequence
@@ -183,7 +185,8 @@ def cell_names(table: pd.DataFrame) -> list[str]:
     ``bw1-c16-ar-pf-next-layer``), so cells differing only in overlap, prefetch or depth get
     different names (they printed the same name before). Tables written before the ``overlap``,
     ``prefetch`` (or ``depth``) columns, and empty cells in them, read as overlap off, no
-    prefetch, the grid's depth."""
+    prefetch, the grid's depth; an empty bandwidth or cache reads ``nan`` (``bwnan-c16-ar``), as
+    before the overlap columns, so a hand-edited table still gets its report."""
     from analysis.validate import Cell
 
     def column(name: str, default: Any) -> list[Any]:
@@ -191,7 +194,7 @@ def cell_names(table: pd.DataFrame) -> list[str]:
         return [default if v is None or (isinstance(v, float) and np.isnan(v)) else v for v in values]
 
     rows = zip(
-        column("bandwidth_gb_per_s", None), column("cache_experts_per_layer", None), column("policy", None),
+        column("bandwidth_gb_per_s", math.nan), column("cache_experts_per_layer", math.nan), column("policy", None),
         column("depth", None), column("overlap", "off"), column("prefetch", "none"),
     )  # fmt: skip
     return [

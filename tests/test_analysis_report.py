@@ -668,3 +668,12 @@ def test_cell_names_tell_overlap_prefetch_and_depth_cells_apart() -> None:
     assert report_cli.cell_names(old) == ["bw1-c16-ar", "bw1-c16-ar", "bw1-c16-ar", "bw8-c4-specfit"]
     with_depth = old.assign(depth=[1, None, None, None], cache_experts_per_layer=[16.0, 16.0, 16.0, 4.0])
     assert report_cli.cell_names(with_depth)[:2] == ["bw1-c16-ar-d1", "bw1-c16-ar"]
+
+
+def test_cell_names_read_an_empty_bandwidth_or_cache_as_nan() -> None:
+    """rev3: an empty bandwidth or cache cell in a (hand-edited) fidelity.csv crashed the report
+    with a TypeError (``float(None)``); it names the cell with ``nan``, as before the overlap columns."""
+    table = pd.DataFrame(
+        {"bandwidth_gb_per_s": [1.0, np.nan], "cache_experts_per_layer": [16, np.nan], "policy": ["ar", "ar"]}
+    )
+    assert report_cli.cell_names(table) == ["bw1-c16-ar", "bwnan-cnan-ar"]
