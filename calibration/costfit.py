@@ -1029,6 +1029,14 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
         host_s = fit.h2d_host_s_per_transfer
         notes.append("no transfers table in the overlap runs: the serial runs' placing time is used")
     placing_s = after.s_per_transfer if after.num_batches else base.placing_after_enqueue_s_per_transfer
+    measured_placing_s, cap_s = placing_s, host_s + fit.compute_s_per_miss
+    if placing_s > cap_s:  # part of the per-miss term: cap it before the late call's step is tested
+        placing_s = cap_s
+        notes.append(
+            f"overlap on: the measured placing after the enqueue ({measured_placing_s * 1e6:.3g} us per transfer) "
+            f"exceeds the measured placing + memcpy plus the serial runs' per-miss compute ({cap_s * 1e6:.3g} us), "
+            "which it is part of: clipped to it (memcpy ends out of step with the enqueue clock?)"
+        )
     link_latency_s = max(base.h2d_s_per_transfer - fit.h2d_host_s_per_transfer - fit.compute_s_per_miss, 0.0)
 
     pre_router_fraction = base.pre_router_fraction or fit_pre_router_fraction(cycles, notes)
@@ -1098,7 +1106,7 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
         f"late-expert call {late_s * 1e6:.3g} us per layer with misses ({len(cycles)} cycles; summed price / "
         f"summed time {predicted.sum() / measured.sum():.4f})"
     )
-    if model.placing_after_enqueue_s_per_transfer > 0:
+    if model.placing_after_enqueue_s_per_transfer > 0 or placing_s > per_miss_s:
         notes.append(
             f"overlap on: placing after the enqueue {model.placing_after_enqueue_s_per_transfer * 1e6:.3g} us per "
             f"transfer (memcpy ends of {after.num_batches} copy-stream batches, R^2 {after.r_squared:.3g}"

@@ -376,6 +376,27 @@ def test_overlap_fit_prices_the_placing_after_the_enqueue_it_measured(tables) ->
     assert before.cycle_error.p90_abs_pct_error > 100 * overlap.cycle_error.p90_abs_pct_error
 
 
+def test_overlap_fit_clips_a_measured_placing_above_the_per_miss_term_before_the_step(tables) -> None:
+    """rev3: memcpy ends 5 ms after the enqueue (clocks out of step) against a 60 us per-miss term
+    and a 250 us late call. The step test read the unclipped 5 ms, so it zeroed the late call and
+    fitted nothing, while the model kept a placing clipped below a copy's link time (a late call
+    priced at 0). The placing is now capped at the measured placing + memcpy plus the serial
+    per-miss compute before the step is tested, with a note: the late call is fitted."""
+    from calibration.costfit import fit_overlap_terms
+
+    cycles, transfers = tables
+    fit = fit_cost_model(cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=6)
+    on_cycles, on_transfers, truth_on, _ = _overlap_on_cycles(fit, 5, 60e-6, 60e-6, 250e-6)
+    on_transfers = _with_memcpy_ends(on_transfers, np.random.default_rng(5), 5e-3, 0.0)
+    overlap = fit_overlap_terms(fit, on_cycles, on_transfers)
+    m = overlap.model
+    assert overlap.placing_after_enqueue.s_per_transfer == pytest.approx(5e-3, rel=1e-9)  # measured, reported
+    assert any("clipped to it" in n for n in overlap.notes)
+    assert not any("covers each copy's link time" in n for n in overlap.notes)
+    assert m.placing_after_enqueue_s_per_transfer <= m.host_s_per_transfer
+    assert m.placing_after_enqueue_s_per_transfer < m.link_s_per_transfer and overlap.late_call_s > 0.0
+
+
 def test_overlap_fit_prices_no_late_call_when_the_placing_covers_each_copy(tables) -> None:
     """The step at ``P = T_link``: a placing after the enqueue (560 us) longer than a copy's link
     time (530 us) lands every copy by the end of its placing, so no late call is priced and the
