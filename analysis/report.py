@@ -22,7 +22,6 @@ per-cycle figure draws its calibrated cost model's predictions (``cycle_errors.c
 from __future__ import annotations
 
 import math
-
 import shutil
 import sys
 from collections.abc import Sequence

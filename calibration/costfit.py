@@ -370,6 +370,8 @@ def fit_placing_after_enqueue(transfers: pd.DataFrame) -> PlacingAfterEnqueue:
     keys = [c for c in ("run", "request_id", "cycle_index", "layer") if c in frame.columns]
     rows = frame.loc[ok, keys].assign(enqueued=enqueued[ok], placed=placed[ok])
     batches = rows.groupby([*keys, "enqueued"], sort=False).agg(last=("placed", "max"), size=("placed", "size"))
+    if not len(batches):  # every row's batch key null (groupby drops null keys): nothing to fit
+        return PlacingAfterEnqueue(0.0, 0, 0, float("nan"))
     y = batches["last"].to_numpy(dtype=np.float64) - batches.index.get_level_values("enqueued").to_numpy(dtype=np.float64)
     n = batches["size"].to_numpy(dtype=np.float64) / max(copies, 1)
     p = max(float(np.median(y / n)), 0.0)

@@ -340,6 +340,21 @@ def test_placing_after_the_enqueue_is_fitted_from_memcpy_ends_of_known_truth() -
         assert fit_placing_after_enqueue(without).s_per_transfer == 0.0 and fit_placing_after_enqueue(without).num_batches == 0
 
 
+def test_placing_after_the_enqueue_is_0_when_every_batch_key_is_null() -> None:
+    """rev3: rows with memcpy ends but null batch keys (``request_id``) form no batch; the fit was
+    ``nan`` (the median of nothing, ``max(nan, 0.0)``), it is 0 with no batches, as without the column."""
+    frame = pd.DataFrame(
+        {
+            "request_id": [None, None], "cycle_index": [0, 0], "layer": [0, 0], "expert": [1, 2],
+            "enqueued_at_s": [1.0, 1.0], "placed_at_s": [1.00003, 1.00006],
+        }
+    )  # fmt: skip
+    from calibration.costfit import fit_placing_after_enqueue
+
+    fitted = fit_placing_after_enqueue(frame)
+    assert fitted.s_per_transfer == 0.0 and fitted.num_batches == 0
+
+
 def test_overlap_fit_prices_the_placing_after_the_enqueue_it_measured(tables) -> None:
     """Overlap-on cycles priced by a known "on" model whose 60 us per-miss placing has 40 us after
     the enqueue (the link copies meanwhile), their transfers carrying those memcpy ends: the fit
