@@ -230,7 +230,7 @@ class H2DFetch:
         return np.full(m, enqueued - origin), started, landed
 
 
-    def placed_at(self, origin) -> np.ndarray:
+    def placed_at(self, origin: float) -> np.ndarray:
         """float64[M]: seconds from ``origin`` (a ``perf_counter`` value) to the end of each copy's
         host memcpy on the CPU copy stream (:meth:`H2DLink.enqueue`: the memcpys run on the
         compute thread after the batch's enqueue, so the last one's end minus the enqueue is the
