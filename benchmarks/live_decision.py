@@ -343,6 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             *(["--cost", cost] if cost is not None else []),
         ]  # fmt: skip
         record_parser = build_parser()
+        record_parser.prog = parser.prog  # its errors (a bad --cost file) name this benchmark
         config = resolve_config(
             record_parser.parse_args(record_argv), record_parser, explicit_flags(record_argv)
         )

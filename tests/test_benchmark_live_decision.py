@@ -65,7 +65,7 @@ def test_decisions_digest_sees_each_question_and_decision():
     assert digest != bench.decisions_digest([{"trees": [(small, 1)], "nodes": [0]}])
 
 
-def test_bad_flags_exit_2():
+def test_bad_flags_exit_2(tmp_path, capsys):
     bench = load_benchmark("live_decision")
     with pytest.raises(SystemExit) as err:
         bench.main(["--repeats", "0"])
@@ -79,6 +79,14 @@ def test_bad_flags_exit_2():
     with pytest.raises(SystemExit) as err:
         bench.main(["--cost", "/nonexistent/cost.json"])
     assert err.value.code == 2
+    bad = tmp_path / "cost.json"
+    bad.write_text("{not json")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as err:  # rev3: the line named live.record, not this benchmark
+        bench.main(["--cost", str(bad)])
+    assert err.value.code == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("python benchmarks/live_decision.py: error:") and "--cost" in line and str(bad) in line
 
 
 def test_cold_calls_skip_the_unchecked_entry_point_for_other_types():
