@@ -955,7 +955,7 @@ class CycleCostModel:
         for layer in range(num_layers):
             landed = 0.0
             if m[layer] > 0:
-                enqueued = float(placed[layer]) - placing * float(m[layer]) if placing > 0.0 else float(placed[layer])
+                enqueued = float(placed[layer]) - placing * float(m[layer])  # P = 0: the placing's end
                 first = max(link, enqueued)
                 link = landing(first, enqueued, float(m[layer]))
                 if needed[layer] > 0:
@@ -974,7 +974,7 @@ class CycleCostModel:
             begin = end + pre
             if demand is not None and demand[layer] > 0:  # placed after the router, copied behind the link's queue
                 d = float(demand[layer])
-                enqueued = begin + (host - placing) * d if placing > 0.0 else begin + host * d
+                enqueued = begin + (host - placing) * d
                 begin = begin + host * d
                 link = landing(max(link, enqueued), enqueued, d)
                 landed = max(landed, link)
