@@ -571,9 +571,9 @@ def sim_vs_live_throughput(table: pd.DataFrame, path: Path) -> Path | None:
     from analysis.fidelity import Targets
 
     aim_pct = Targets().throughput_pct
-    band = aim_pct / 100.0
+    band_fraction = aim_pct / 100.0
     ax.fill_between(
-        xs, xs * (1.0 - band), xs * (1.0 + band), color="gray", alpha=0.2, label=f"+/- {aim_pct:g} % (aim)"
+        xs, xs * (1.0 - band_fraction), xs * (1.0 + band_fraction), color="gray", alpha=0.2, label=f"+/- {aim_pct:g} % (aim)"
     )
     ax.set_xlabel("MEASURED live throughput (tokens/s)")
     ax.set_ylabel("SIMULATED throughput (tokens/s)")

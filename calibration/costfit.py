@@ -316,6 +316,12 @@ class PlacingAfterEnqueue:
     num_transfers: int
     r_squared: float
 
+    @classmethod
+    def none(cls) -> PlacingAfterEnqueue:
+        """No measured batch: 0 s per transfer, no batches or transfers, R^2 NaN (the model before
+        the term; traces without ``placed_at_s``)."""
+        return cls(0.0, 0, 0, float("nan"))
+
     def report_fields(self) -> dict[str, Any]:
         """JSON-ready: ``placing_after_enqueue_measured_s_per_transfer`` (s, the fitted value as
         measured; a cost model may clip it, :meth:`OverlapFit.report_fields`),
@@ -359,19 +365,19 @@ def fit_placing_after_enqueue(transfers: pd.DataFrame) -> PlacingAfterEnqueue:
     """
     needed = {"enqueued_at_s", "placed_at_s", "layer"}
     if not len(transfers) or not needed <= set(transfers.columns):
-        return PlacingAfterEnqueue(0.0, 0, 0, float("nan"))
+        return PlacingAfterEnqueue.none()
     frame = transfers.reset_index(drop=True)
     placed = pd.to_numeric(frame["placed_at_s"], errors="coerce").to_numpy(dtype=np.float64)
     enqueued = pd.to_numeric(frame["enqueued_at_s"], errors="coerce").to_numpy(dtype=np.float64)
     ok = np.isfinite(placed) & np.isfinite(enqueued)
     if not ok.any():
-        return PlacingAfterEnqueue(0.0, 0, 0, float("nan"))
+        return PlacingAfterEnqueue.none()
     copies = copies_per_transfer(frame)
     keys = [c for c in ("run", "request_id", "cycle_index", "layer") if c in frame.columns]
     rows = frame.loc[ok, keys].assign(enqueued=enqueued[ok], placed=placed[ok])
     batches = rows.groupby([*keys, "enqueued"], sort=False).agg(last=("placed", "max"), size=("placed", "size"))
     if not len(batches):  # every row's batch key null (groupby drops null keys): nothing to fit
-        return PlacingAfterEnqueue(0.0, 0, 0, float("nan"))
+        return PlacingAfterEnqueue.none()
     y = batches["last"].to_numpy(dtype=np.float64) - batches.index.get_level_values("enqueued").to_numpy(dtype=np.float64)
     n = batches["size"].to_numpy(dtype=np.float64) / max(copies, 1)
     p = max(float(np.median(y / n)), 0.0)
@@ -950,7 +956,7 @@ class OverlapFit:
         ``placing_after_enqueue_measured_s_per_transfer``, and the model's, clipped at its per-miss
         term, under ``placing_after_enqueue_s_per_transfer``; rev2: the model's overwrote the
         measured one under one key)."""
-        after = self.placing_after_enqueue or PlacingAfterEnqueue(0.0, 0, 0, float("nan"))
+        after = self.placing_after_enqueue or PlacingAfterEnqueue.none()
         return {
             **after.report_fields(),
             "placing_after_enqueue_s_per_transfer": self.model.placing_after_enqueue_s_per_transfer,

@@ -107,7 +107,7 @@ class H2DFetch:
         "_events",
         "_start",
         "_stamps",
-        "_placed",
+        "_placed_at_s",
         "_landing_s",
         "_spin_below_s",
         "_device",
@@ -139,7 +139,7 @@ class H2DFetch:
         self.enqueued_at = None
         self._start = None  # CPU: perf_counter when the copy stream began the batch
         self._stamps = None  # CPU: float64[M] perf_counter instant each copy landed
-        self._placed: list[float] | None = None  # CPU copy stream: perf_counter instant each memcpy ended
+        self._placed_at_s: list[float] | None = None  # CPU copy stream: perf_counter instant (s) each memcpy ended
         self._landing_s: np.ndarray | None = None  # CPU enqueue: float64[num_transfers] landings
         self._spin_below_s = _SPIN_BELOW_S
         self._device: torch.device | None = None  # CUDA: the device whose current stream waits
@@ -236,9 +236,9 @@ class H2DFetch:
         compute thread after the batch's enqueue, so the last one's end minus the enqueue is the
         batch's placing after the enqueue). NaN where not measured: a batch from
         :meth:`H2DLink.fetch` (no copy stream) and CUDA (the host only queues its copies)."""
-        if self._placed is None:
+        if self._placed_at_s is None:
             return np.full(self.copy_bytes.size, np.nan)
-        return np.array(self._placed, dtype=np.float64) - origin
+        return np.array(self._placed_at_s, dtype=np.float64) - origin
 
 
 def _wait_until(deadline_s: float, spin_below_s: float = _SPIN_BELOW_S) -> None:
@@ -486,7 +486,7 @@ class H2DLink:
             landings.append(landed_s)
         self._link_free_s = landed_s
         fetch._landing_s = landings
-        fetch._placed = placed
+        fetch._placed_at_s = placed
         fetch._spin_below_s = self.spin_below_s
         self._finish(fetch, start_s, np.array(stamps))
 

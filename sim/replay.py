@@ -843,8 +843,6 @@ class _Replayer:
         policies = self.mods["policies"]
         bits = node_bits[0] if self.draft_prefetch and node_bits is not None else None
         guesses = np.asarray(dense.next_layer_expert_ids)[0] if self.next_layer_prefetch else None
-        if bits is None and guesses is None:
-            return policies.root_layer_misses(cached, root_ids), None
         capacity = self.config.cache_capacity_per_layer
         return policies.root_alone_copies(cached, root_ids, self.num_experts, capacity, bits, guesses)
 

@@ -267,7 +267,7 @@ def _first_of_each_layer(chosen: np.ndarray, capacity: int) -> np.ndarray:
 def root_alone_copies(
     cached_bits: np.ndarray, root_expert_ids: np.ndarray, num_experts: int, capacity: int,
     predicted_bits: np.ndarray | None = None, next_layer_ids: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+) -> tuple[np.ndarray, np.ndarray | None]:  # fmt: skip
     """What the root alone would have copied in a cycle with prefetch, for the guard's paired
     price (:meth:`SpecFitPolicy.observe_cycle`): ``(demand int64[L], copies int64[3, L])``, the
     root's demand misses and its prefetch copies as ``PrefetchLedger.copies_since`` counts them
@@ -286,8 +286,16 @@ def root_alone_copies(
     Evictions the warms would make are not modelled: a warm that evicts an expert the root
     routes to makes the true cycle miss once more than this counts (issue 13: the paired price
     had no prefetch copies at all while realised root-only cycles had theirs, ~1.7x its price).
-    Without ``predicted_bits`` and ``next_layer_ids`` the demand is :func:`root_layer_misses`.
+    Without ``predicted_bits`` and ``next_layer_ids`` (no prefetch): ``(root_layer_misses(...),
+    None)``, what :meth:`SpecFitPolicy.observe_cycle` takes for a run without prefetch (the one
+    branch ``sim.replay`` and ``live.spec.engine`` share).
+
+    Raises:
+        ValueError: a bitset with the wrong number of words for ``num_experts`` (``bitsets.unpack``).
+        IndexError: an expert id ``>= num_experts``.
     """
+    if predicted_bits is None and next_layer_ids is None:
+        return root_layer_misses(cached_bits, root_expert_ids), None
     from specfit import bitsets
 
     cached = bitsets.unpack(cached_bits, num_experts)  # bool[L, E]

@@ -372,7 +372,8 @@ class PrefetchLedger:
             self.layer_issued_ahead[layer] += num
 
     def mark(self) -> tuple[np.ndarray, np.ndarray]:
-        """The issued counts now (copies), for :meth:`copies_since` at the end of a cycle."""
+        """The issued counts now, for :meth:`copies_since` at the end of a cycle: copies of
+        ``(layer_issued, layer_issued_ahead)``, each int64[L] (copies per layer; draft, next-layer)."""
         return self.layer_issued.copy(), self.layer_issued_ahead.copy()
 
     def copies_since(self, mark: tuple[np.ndarray, np.ndarray]) -> np.ndarray:

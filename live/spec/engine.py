@@ -25,7 +25,7 @@ from live.offload import ForwardStats
 from live.spec.draft import Drafter, DraftResult, TreeShape
 from live.spec.tree import TokenTree
 from live.spec.verify import TreeVerifier, Verification
-from specfit.policies import root_alone_copies, root_layer_misses
+from specfit.policies import root_alone_copies
 from specfit.prefetch import planner_miss_fraction, uses_draft, uses_next_layer
 
 
@@ -250,8 +250,6 @@ class SpecDecoder:
         prefetch = getattr(self.stats, "prefetch", "none")
         bits = choice.predicted_bits[0] if uses_draft(prefetch) and choice.predicted_bits is not None else None
         guesses = next_layer[root_slot] if uses_next_layer(prefetch) and next_layer is not None else None
-        if bits is None and guesses is None:
-            return root_layer_misses(cached, root_ids), None
         stats = self.stats
         return root_alone_copies(cached, root_ids, stats.num_experts, stats.capacity_per_layer, bits, guesses)
 
