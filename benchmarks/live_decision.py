@@ -119,7 +119,7 @@ def _parser() -> ArgumentParser:
     p.add_argument(
         "--predictor",
         default="auto",
-        help="live.record --predictor (default auto: union-size on the default)",
+        help="live.record --predictor (auto: union-size on the embedded default)",
     )
     p.add_argument("--stopping", default=None, help="live.record --stopping (default: the policy's)")
     p.add_argument(
