@@ -34,11 +34,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+import _root  # benchmarks/ is first on sys.path when a script runs by its path
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+_root.put_root_first()
 
 from benchmarks._threads import add_threads_flag  # noqa: E402
 from live.prompts import SHARED_DIR, SharedDataError, shared_prompt_file  # noqa: E402

@@ -25,15 +25,13 @@ The last stdout line is a JSON object.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import _root  # benchmarks/ is first on sys.path when a script runs by its path
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+_root.put_root_first()
 
 from benchmarks._threads import add_threads_flag, apply_threads  # noqa: E402
 from specfit.cli import ArgumentParser, cli_main, positive_int, print_summary  # noqa: E402

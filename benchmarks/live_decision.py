@@ -60,18 +60,16 @@ Prints a table and a final JSON line.
 from __future__ import annotations
 
 import copy
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import _root  # benchmarks/ is first on sys.path when a script runs by its path
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+_root.put_root_first()
 
 from specfit.cli import ArgumentParser, cli_main, non_negative_float, positive_int, print_summary  # noqa: E402
 

@@ -26,9 +26,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import _root  # benchmarks/ is first on sys.path when a script runs by its path
+
+_root.put_root_first()
 
 from benchmarks._threads import add_threads_flag, apply_threads  # noqa: E402
 from specfit.cli import ArgumentParser, cli_main, positive_int, print_summary, run_main  # noqa: E402

@@ -18,15 +18,12 @@ bandwidth. Aim: on faster than off at the lowest bandwidth (``ok``). Usage::
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
+import _root  # benchmarks/ is first on sys.path when a script runs by its path
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+_root.put_root_first()
 
 from benchmarks._threads import add_threads_flag, apply_threads  # noqa: E402
 from specfit.cli import ArgumentParser, cli_main, comma_list, gb_per_s, positive_int, print_summary, run_main  # noqa: E402

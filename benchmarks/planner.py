@@ -30,11 +30,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import _root  # benchmarks/ is first on sys.path when a script runs by its path
 import numpy as np
 from tqdm import tqdm
 
-from specfit import bitsets
-from specfit.cli import (
+_root.put_root_first()
+
+from specfit import bitsets  # noqa: E402
+from specfit.cli import (  # noqa: E402
     ArgumentParser,
     cli_main,
     comma_list,
@@ -44,14 +47,14 @@ from specfit.cli import (
     print_summary,
     run_main,
 )
-from specfit.context import PolicyContext
-from specfit.cost import CycleCostModel
-from specfit.node_experts import NodeExperts
-from specfit.planner import plan_exact
-from specfit.shapes import MODEL_SHAPES, get_model_shape
-from specfit.synthetic import random_context
-from specfit.tree import DraftTree
-from specfit.units import ms_to_s, s_to_ms
+from specfit.context import PolicyContext  # noqa: E402
+from specfit.cost import CycleCostModel  # noqa: E402
+from specfit.node_experts import NodeExperts  # noqa: E402
+from specfit.planner import plan_exact  # noqa: E402
+from specfit.shapes import MODEL_SHAPES, get_model_shape  # noqa: E402
+from specfit.synthetic import random_context  # noqa: E402
+from specfit.tree import DraftTree  # noqa: E402
+from specfit.units import ms_to_s, s_to_ms  # noqa: E402
 
 AIMS_MS = {64: (0.3, 2.0), 128: (1.0, 5.0)}  # issue 14: N -> (p50, p99) decision ms on one core
 # Hard inputs (issue 14): the trees of the default N=128 trace (seed 0, 200 trees) that took the

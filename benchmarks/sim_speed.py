@@ -33,14 +33,18 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from sim.cells import make_cells, parse_cache_sizes, run_cell
-from sim.config import SimConfig
-from sim.presets import DEFAULT_COST, cost_from_preset
-from sim.replay import replay_policy
-from sim.sweep import run_sweep
-from sim.traceselect import SyntheticSpec, synthetic_trace
-from specfit.cli import ArgumentParser, cli_main, comma_list, gb_per_s, positive_int, print_summary, run_main
-from traces.reader import open_run
+import _root  # benchmarks/ is first on sys.path when a script runs by its path
+
+_root.put_root_first()
+
+from sim.cells import make_cells, parse_cache_sizes, run_cell  # noqa: E402
+from sim.config import SimConfig  # noqa: E402
+from sim.presets import DEFAULT_COST, cost_from_preset  # noqa: E402
+from sim.replay import replay_policy  # noqa: E402
+from sim.sweep import run_sweep  # noqa: E402
+from sim.traceselect import SyntheticSpec, synthetic_trace  # noqa: E402
+from specfit.cli import ArgumentParser, cli_main, comma_list, gb_per_s, positive_int, print_summary, run_main  # noqa: E402
+from traces.reader import open_run  # noqa: E402
 
 AIM_CYCLES_PER_S = 5000.0
 AIM_SWEEP_S = 15.0  # issue 14 (was 30 s in issue 6)

@@ -11,17 +11,15 @@ chunk sizes), plus generation, open+validate and ``iter_trees`` times. Last line
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import _root  # benchmarks/ is first on sys.path when a script runs by its path
 import pyarrow.parquet as pq
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, str(ROOT))
+_root.put_root_first()
 
 from specfit.cli import ArgumentParser, cli_main, non_negative_int, positive_int, print_summary, run_main  # noqa: E402
 from specfit.shapes import MODEL_SHAPES, get_model_shape  # noqa: E402

@@ -27,16 +27,14 @@ Complete runs under ``--out`` are reused. Usage::
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import _root  # benchmarks/ is first on sys.path when a script runs by its path
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+_root.put_root_first()
 
 from benchmarks._threads import add_threads_flag, apply_threads  # noqa: E402
 from specfit.cli import (  # noqa: E402

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -10,8 +11,13 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def load_benchmark(stem: str) -> ModuleType:
-    """``benchmarks/<stem>.py`` imported afresh (benchmarks/ is not a package)."""
+    """``benchmarks/<stem>.py`` imported afresh (benchmarks/ is not a package), with benchmarks/
+    first on ``sys.path`` while it loads, as when the script runs by its path (its ``import _root``)."""
     spec = importlib.util.spec_from_file_location(f"{stem}_benchmark", BENCHMARKS / f"{stem}.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
     return module

@@ -323,6 +323,23 @@ def test_every_benchmark_runs_through_the_cli_contract(script: Path) -> None:
     assert "run_main(main)" in ast.unparse(block), ast.unparse(block)
 
 
+@pytest.mark.parametrize("script", _benchmark_scripts(), ids=lambda p: p.name)
+def test_every_benchmark_imports_its_own_checkout(script: Path, tmp_path: Path) -> None:
+    """``python /clone/benchmarks/X.py`` imports /clone's code, not another copy of the project that
+    Python finds first (an editable install of another clone; here decoy packages on PYTHONPATH)."""
+    import subprocess
+    import sys
+
+    for name in ("specfit", "sim", "traces", "live", "calibration", "analysis"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ImportError('decoy copy of {name} imported')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    run = subprocess.run(
+        [sys.executable, str(script), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0 and "decoy" not in run.stderr, run.stderr[-2000:]
+
+
 def test_benchmark_exits_quietly_when_stdout_is_closed() -> None:
     """``python benchmarks/planner.py | head -1``: exit 141, no BrokenPipeError traceback."""
     args = ["benchmarks/planner.py", "--source", "synthetic", "--nodes", "4", "--trees", "2"]
