@@ -309,12 +309,15 @@ class PlacingAfterEnqueue:
         num_transfers: expert transfers in them (count).
         r_squared: R^2 of the batches' placing against ``s_per_transfer`` times their transfers
             (NaN with fewer than 2 batches; low when a few descheduled batches dominate the variance).
+        notes: what the fit's reader must know (batches whose memcpys end before their enqueue:
+            the clocks are out of step, and when most are, the fit is not meaningful).
     """
 
     s_per_transfer: float
     num_batches: int
     num_transfers: int
     r_squared: float
+    notes: tuple[str, ...] = ()
 
     @classmethod
     def none(cls) -> PlacingAfterEnqueue:
@@ -354,7 +357,10 @@ def fit_placing_after_enqueue(transfers: pd.DataFrame) -> PlacingAfterEnqueue:
 
     Rows without ``placed_at_s`` (null or NaN: synchronous copies, CUDA, traces recorded before
     the column existed) are left out; with none left the fit is 0 (the model before issue 13's
-    item 3: the whole placing precedes the enqueue).
+    item 3: the whole placing precedes the enqueue). A batch whose last memcpy ends before its
+    enqueue (``y_b < 0``) cannot happen on one clock: the fit's ``notes`` name how many there
+    are, and when the median is negative (clipped to 0, its R^2 that of a zero prediction) say
+    that the fit is not meaningful (rev3's finding).
 
     Args:
         transfers: the runs' transfers table (``request_id``, ``cycle_index``, ``layer``,
@@ -380,9 +386,39 @@ def fit_placing_after_enqueue(transfers: pd.DataFrame) -> PlacingAfterEnqueue:
         return PlacingAfterEnqueue.none()
     y = batches["last"].to_numpy(dtype=np.float64) - batches.index.get_level_values("enqueued").to_numpy(dtype=np.float64)
     n = batches["size"].to_numpy(dtype=np.float64) / max(copies, 1)
-    p = max(float(np.median(y / n)), 0.0)
+    median_s = float(np.median(y / n))
+    p = max(median_s, 0.0)
     r2 = r_squared(p * n, y)
-    return PlacingAfterEnqueue(p, int(y.size), int(round(n.sum())), float(r2))
+    notes = []
+    if (num_before := int(np.count_nonzero(y < 0.0))) > 0:
+        notes.append(
+            f"placing after the enqueue: {num_before} of {y.size} copy-stream batches end their memcpys before "
+            "their enqueue, which one clock cannot give (the memcpy and enqueue clocks are out of step)"
+            + (
+                f"; the median, {median_s * 1e6:.3g} us per transfer, is clipped to 0, so the fit "
+                f"(P = 0, R^2 {r2:.3g}) is not meaningful"
+                if median_s < 0.0
+                else "; they are in the median"
+            )
+        )
+    return PlacingAfterEnqueue(p, int(y.size), int(round(n.sum())), float(r2), tuple(notes))
+
+
+def _capped_placing_after_enqueue(
+    placing_s: float, per_miss_s: float, per_miss_text: str, notes: list[str], prefix: str = ""
+) -> float:
+    """The placing after the enqueue a model prices: the measured ``placing_s`` (s per transfer),
+    at most the per-miss term ``per_miss_s`` (s) it is part of (``specfit.cost``: the compute
+    stream's placing + memcpy per miss, of which the part after the enqueue is a share); when it is
+    clipped, a note naming both (``prefix``, then the term described by ``per_miss_text``) is
+    appended to ``notes``. Used by :func:`fit_cost_model` and :func:`fit_overlap_terms`; raises nothing."""
+    if placing_s <= per_miss_s:
+        return placing_s
+    notes.append(
+        f"{prefix}placing after the enqueue: {placing_s * 1e6:.3g} us per transfer exceeds the per-miss "
+        f"term it is part of ({per_miss_s * 1e6:.3g} us, {per_miss_text}): clipped to it"
+    )
+    return per_miss_s
 
 
 def host_s_per_transfer(cycles: pd.DataFrame, transfers: pd.DataFrame, copies: int) -> float:
@@ -867,6 +903,8 @@ def fit_cost_model(
             "added to h2d_s_per_transfer (miss_compute)"
         )
     draft_base, per_level, draft_base_note = _fit_draft(fit_cycles, opts, notes)
+    after = fit_placing_after_enqueue(fit_transfers)
+    notes.extend(after.notes)
     model = CycleCostModel(
         draft_s_per_level=per_level,
         draft_base_s=draft_base,
@@ -881,7 +919,9 @@ def fit_cost_model(
         overlap_h2d=bool(opts.overlap_h2d),
         source=source,
         pre_router_fraction=fit_pre_router_fraction(fit_cycles, notes),
-        placing_after_enqueue_s_per_transfer=min(fit_placing_after_enqueue(fit_transfers).s_per_transfer, host_s + miss_compute_s),
+        placing_after_enqueue_s_per_transfer=_capped_placing_after_enqueue(
+            after.s_per_transfer, host_s + miss_compute_s, "the measured placing + memcpy plus the per-miss compute", notes
+        ),
     )
     split = {"compute_s_per_miss": miss_compute_s, "host_s_per_transfer": host_s}
     fit_err = evaluate(model, fit_cycles, fit_transfers, opts.verify_target, **split)
@@ -1031,27 +1071,23 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
     transfers = transfers if transfers is not None else pd.DataFrame(columns=list(TRANSFER_COLUMNS))
     notes: list[str] = []
     after = fit_placing_after_enqueue(transfers)
+    notes.extend(f"overlap on: {note}" for note in after.notes)
     if len(transfers):
         host_s = host_s_per_transfer(cycles, transfers, copies_per_transfer(transfers))
     else:
         host_s = fit.h2d_host_s_per_transfer
         notes.append("no transfers table in the overlap runs: the serial runs' placing time is used")
     placing_s = after.s_per_transfer if after.num_batches else base.placing_after_enqueue_s_per_transfer
-    measured_placing_s, cap_s = placing_s, host_s + fit.compute_s_per_miss
-    if placing_s > cap_s:  # part of the per-miss term: cap it before the late call's step is tested
-        placing_s = cap_s
-        notes.append(
-            f"overlap on: the measured placing after the enqueue ({measured_placing_s * 1e6:.3g} us per transfer) "
-            f"exceeds the measured placing + memcpy plus the serial runs' per-miss compute ({cap_s * 1e6:.3g} us), "
-            "which it is part of: clipped to it (memcpy ends out of step with the enqueue clock?)"
-        )
+    placing_s = _capped_placing_after_enqueue(  # capped before the late call's step is tested
+        placing_s, host_s + fit.compute_s_per_miss, "the measured placing + memcpy plus the serial runs' per-miss compute", notes, "overlap on: "
+    )
     link_latency_s = max(base.h2d_s_per_transfer - fit.h2d_host_s_per_transfer - fit.compute_s_per_miss, 0.0)
 
     pre_router_fraction = base.pre_router_fraction or fit_pre_router_fraction(cycles, notes)
 
     misses = _stack(cycles["layer_misses"])  # [C, L]
 
-    def priced(per_miss_s: float, late_s: float) -> tuple[CycleCostModel, np.ndarray]:
+    def priced(per_miss_s: float, late_s: float, after_s: float) -> tuple[CycleCostModel, np.ndarray]:
         model = replace(
             base,
             overlap_h2d=True,
@@ -1060,7 +1096,7 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
             host_s_per_transfer=per_miss_s,
             late_call_s=late_s,
             pre_router_fraction=pre_router_fraction,
-            placing_after_enqueue_s_per_transfer=min(placing_s, per_miss_s),
+            placing_after_enqueue_s_per_transfer=after_s,
             source=f"{base.source}; overlap terms from {len(cycles)} overlap-on cycles",
         )
         rows = zip(cycles["num_draft_levels"], cycles["num_nodes_verified"], cycles["context_len"], misses)
@@ -1071,7 +1107,7 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
     total_misses = misses.sum(axis=1) if misses.size else np.zeros(len(cycles))
     # everything but the two terms, which add linearly (the placing after the enqueue is fixed:
     # priced at a per-miss term equal to it, then that term taken off)
-    at_placing, rest = priced(placing_s, 0.0)
+    at_placing, rest = priced(placing_s, 0.0, placing_s)
     rest = rest - placing_s * total_misses
     keep = layers_with_misses > 0
     per_miss_s, late_s = host_s + fit.compute_s_per_miss, 0.0
@@ -1106,7 +1142,8 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
             )
     elif keep.sum() < 3:
         notes.append(f"late_call_s set to 0: {int(keep.sum())} overlap cycle(s) with misses (need >= 3)")
-    model, predicted = priced(per_miss_s, late_s)
+    model_placing_s = _capped_placing_after_enqueue(placing_s, per_miss_s, "the per-miss term fitted", notes, "overlap on: ")
+    model, predicted = priced(per_miss_s, late_s, model_placing_s)
     how = "fitted" if separable else "not fitted"  # separable only where fitted
     notes.append(
         f"overlap on: compute stream {per_miss_s * 1e6:.3g} us per miss ({how}; measured placing + memcpy "
@@ -1114,12 +1151,10 @@ def fit_overlap_terms(fit: CostFit, cycles: pd.DataFrame, transfers: pd.DataFram
         f"late-expert call {late_s * 1e6:.3g} us per layer with misses ({len(cycles)} cycles; summed price / "
         f"summed time {predicted.sum() / measured.sum():.4f})"
     )
-    if model.placing_after_enqueue_s_per_transfer > 0 or placing_s > per_miss_s:
+    if model.placing_after_enqueue_s_per_transfer > 0:
         notes.append(
             f"overlap on: placing after the enqueue {model.placing_after_enqueue_s_per_transfer * 1e6:.3g} us per "
-            f"transfer (memcpy ends of {after.num_batches} copy-stream batches, R^2 {after.r_squared:.3g}"
-            + (f"; clipped at the per-miss term from {placing_s * 1e6:.3g} us" if placing_s > per_miss_s else "")
-            + ")"
+            f"transfer (memcpy ends of {after.num_batches} copy-stream batches, R^2 {after.r_squared:.3g})"
         )
     return OverlapFit(
         model, host_s, late_s, len(cycles), TermError.of(predicted, measured), tuple(notes), bool(separable), after

@@ -412,6 +412,55 @@ def test_overlap_fit_clips_a_measured_placing_above_the_per_miss_term_before_the
     assert m.placing_after_enqueue_s_per_transfer < m.link_s_per_transfer and overlap.late_call_s > 0.0
 
 
+def test_serial_fit_clips_a_placing_above_its_per_miss_term_with_the_overlap_fits_note(tables) -> None:
+    """``fit_cost_model`` capped the placing after the enqueue at its per-miss term silently; it
+    now goes through the overlap fit's helper: the same cap, and a note of the same form."""
+    from calibration.costfit import fit_overlap_terms
+
+    cycles, transfers = tables
+    misses = np.stack(cycles["layer_misses"]).sum(axis=1).astype(np.float64)
+    cycles = cycles.assign(h2d_s=cycles["h2d_s"] + 6e-6 * misses)  # 6 us host placing per transfer
+    late = _with_memcpy_ends(transfers, np.random.default_rng(5), 5e-3, 0.0)  # 5 ms: clocks out of step
+    fit = fit_cost_model(cycles, late, expert_bytes=TRUTH.expert_bytes, num_layers=6)
+    assert fit.model.placing_after_enqueue_s_per_transfer == fit.model.host_s_per_transfer > 0.0
+    (serial,) = [n for n in fit.notes if "clipped to it" in n]
+    on_cycles, on_transfers, _, _ = _overlap_on_cycles(fit, 5, 60e-6, 60e-6, 250e-6)
+    on_transfers = _with_memcpy_ends(on_transfers, np.random.default_rng(5), 5e-3, 0.0)
+    overlap = [n for n in fit_overlap_terms(fit, on_cycles, on_transfers).notes if "clipped to it" in n][0]
+    same = "placing after the enqueue: 5e+03 us per transfer exceeds the per-miss term it is part of"
+    assert serial.startswith(same) and overlap.startswith(f"overlap on: {same}")
+    unclipped = fit_cost_model(cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=6)
+    assert not any("placing after the enqueue" in n for n in unclipped.notes)
+
+
+def test_memcpy_ends_before_their_enqueue_are_counted_and_the_fit_called_not_meaningful(tables) -> None:
+    """rev3: batches whose memcpys end before their enqueue (the two clocks out of step) were
+    clipped to P = 0 with the R^2 of a zero prediction and no note. The fit's notes now name how
+    many batches and, when the median is negative, say the fit is not meaningful; a few such
+    batches are named but kept in the median; the overlap fit's notes carry them."""
+    from calibration.costfit import fit_overlap_terms, fit_placing_after_enqueue
+
+    cycles, transfers = tables
+    ends = _with_memcpy_ends(transfers, np.random.default_rng(7), 40e-6, 0.0)
+    batch = ends.groupby(["request_id", "cycle_index", "layer"], sort=False).ngroup().to_numpy()
+    num_batches = int(batch.max()) + 1
+    for shifted, meaningful in ((np.arange(num_batches) % 3 != 0, False), (np.arange(num_batches) < 5, True)):
+        out_of_step = ends.assign(placed_at_s=ends["placed_at_s"] - 1.0 * shifted[batch])  # 1 s early
+        fitted = fit_placing_after_enqueue(out_of_step)
+        (note,) = fitted.notes
+        assert f"{int(shifted.sum())} of {num_batches} copy-stream batches end their memcpys before" in note
+        assert ("not meaningful" in note) is not meaningful
+        assert fitted.s_per_transfer == (pytest.approx(40e-6, rel=1e-6) if meaningful else 0.0)
+    assert fit_placing_after_enqueue(ends).notes == ()
+    fit = fit_cost_model(cycles, transfers, expert_bytes=TRUTH.expert_bytes, num_layers=6)
+    on_cycles, on_transfers, _, _ = _overlap_on_cycles(fit, 5, 60e-6, 60e-6, 250e-6)
+    on_transfers = _with_memcpy_ends(on_transfers, np.random.default_rng(5), 40e-6, 0.0)
+    on_transfers["placed_at_s"] -= 1.0
+    overlap = fit_overlap_terms(fit, on_cycles, on_transfers)
+    assert overlap.model.placing_after_enqueue_s_per_transfer == 0.0
+    assert any(n.startswith("overlap on: placing after the enqueue: ") and "not meaningful" in n for n in overlap.notes)
+
+
 def test_overlap_fit_prices_no_late_call_when_the_placing_covers_each_copy(tables) -> None:
     """The step at ``P = T_link``: a placing after the enqueue (560 us) longer than a copy's link
     time (530 us) lands every copy by the end of its placing, so no late call is priced and the
