@@ -64,7 +64,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import _root  # benchmarks/ is first on sys.path when a script runs by its path
 import numpy as np
@@ -73,10 +73,15 @@ _root.put_root_first()
 
 from specfit.cli import ArgumentParser, cli_main, non_negative_float, positive_int, print_summary  # noqa: E402
 
+if TYPE_CHECKING:
+    from specfit.cost import CycleCostModel
+
 AIM_S_PER_CYCLE = 0.3e-3
 COLD_GAP_MS = 3.0  # busy-wait before each question of the cold replay (ms): ~one draft forward here
 COLD_CALLS = 60  # cold call: timed calls of each kind
-FIXED_COST = {  # --cost fixed: the quick estimate of the embedded default on the build machine, rounded
+# --cost fixed: the quick estimate of the embedded default on the build machine, rounded; the
+# model's num_layers and expert_bytes are read off the embedded default (fixed_cost_model)
+FIXED_COST = {
     "draft_s_per_level": 3.0e-3,
     "draft_base_s": 6.0e-3,
     "verify_base_s": 28.0e-3,
@@ -84,8 +89,6 @@ FIXED_COST = {  # --cost fixed: the quick estimate of the embedded default on th
     "verify_s_per_context_token": 0.0,
     "h2d_bytes_per_s": 16e9,
     "h2d_s_per_transfer": 0.0,
-    "expert_bytes": 98304,  # the embedded default's expert (bytes) and MoE layers
-    "num_layers": 6,
 }
 
 
@@ -299,10 +302,44 @@ def cost_file(choice: str, folder: Path) -> str | None:
         return None
     if choice != "fixed":
         return choice
+    return str(fixed_cost_model().save(folder / "fixed_cost.json"))
+
+
+def fixed_cost_model() -> CycleCostModel:
+    """The ``CycleCostModel`` of ``--cost fixed``: :data:`FIXED_COST`'s terms, with the model's
+    ``num_layers`` (its MoE layers, ``live.loader.moe_layer_count``) and ``expert_bytes`` (one
+    routed expert, ``live.build_width.expert_bytes``, at ``live.record``'s default ``--dtype``)
+    read from the embedded default's ``config.json``, which ``live.record`` runs here and checks a
+    ``--cost`` file against (6 layers and 98,304 bytes for the default shipped today).
+
+    Raises:
+        ValueError: the embedded default's ``config.json`` is missing or does not state its MoE
+            layers, ``hidden_size`` and ``moe_intermediate_size``.
+    """
+    from types import SimpleNamespace
+
+    import torch
+
+    from live.build_width import expert_bytes
+    from live.loader import checkpoint_config, moe_layer_count, resolve_dtype
+    from live.record import build_parser
     from specfit.cost import CycleCostModel
 
-    source = "benchmarks/live_decision.py FIXED_COST (the embedded default's quick estimate, rounded)"
-    return str(CycleCostModel(**FIXED_COST, source=source).save(folder / "fixed_cost.json"))
+    config, num_layers = checkpoint_config("default"), moe_layer_count("default")
+    sizes = [config.get(key) for key in ("hidden_size", "moe_intermediate_size")]
+    if num_layers is None or not all(isinstance(size, int) and size > 0 for size in sizes):
+        raise ValueError(
+            "fixed: the embedded default's config.json does not state its MoE layers, hidden_size and "
+            "moe_intermediate_size (is live/assets/default installed?)"
+        )
+    dtype = resolve_dtype(build_parser().get_default("dtype"))
+    per_param = torch.empty((), dtype=dtype).element_size()
+    return CycleCostModel(
+        **FIXED_COST,
+        num_layers=num_layers,
+        expert_bytes=expert_bytes(SimpleNamespace(hidden_size=sizes[0], moe_intermediate_size=sizes[1]), per_param),
+        source="benchmarks/live_decision.py FIXED_COST (the embedded default's quick estimate, rounded)",
+    )
 
 
 def decisions_digest(cycles: list[dict[str, Any]]) -> str:
@@ -330,7 +367,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cost not in ("estimate", "fixed") and not Path(args.cost).is_file():
         parser.fail("--cost", f"{args.cost!r} is not a file (expected estimate, fixed or a CycleCostModel JSON)")
     with tempfile.TemporaryDirectory() as tmp:
-        cost = cost_file(args.cost, Path(tmp))
+        try:
+            cost = cost_file(args.cost, Path(tmp))
+        except ValueError as exc:
+            parser.fail("--cost", str(exc))
         record_argv = [
             "--mode", "policy", "--policy", "specfit", "--predictor", args.predictor,
             "--num-prompts", str(args.num_prompts), "--max-new-tokens", str(args.max_new_tokens),

@@ -48,6 +48,31 @@ def test_fixed_cost_asks_the_same_questions_in_every_run(capsys):
     assert first["live_decision_s_per_question"] == pytest.approx(first["live_decision_s_per_cycle"] * first["num_cycles"] / n)
 
 
+def test_fixed_cost_reads_the_model_off_the_embedded_default(monkeypatch, capsys):
+    """``--cost fixed``'s layers and expert bytes are the embedded default's (its config.json, at
+    live.record's default dtype), not numbers written in the benchmark: another default shape moves
+    them, and a config that does not state them fails with one line naming ``--cost``."""
+    pytest.importorskip("live.assets")
+    import live.loader
+    from live.record import build_parser
+
+    bench = load_benchmark("live_decision")
+    shipped = bench.fixed_cost_model()
+    assert (shipped.num_layers, shipped.expert_bytes) == (live.loader.moe_layer_count("default"), 98304)
+    assert build_parser().get_default("dtype") == "float32"  # 98,304 = 3 x 128 x 64 x 4 bytes
+    shape = {"num_hidden_layers": 4, "num_local_experts": 8, "hidden_size": 256, "moe_intermediate_size": 32}
+    monkeypatch.setattr(live.loader, "checkpoint_config", lambda model: dict(shape))
+    other = bench.fixed_cost_model()
+    assert (other.num_layers, other.expert_bytes) == (4, 3 * 256 * 32 * 4)
+    assert other.verify_base_s == shipped.verify_base_s  # the fixed terms stay
+    monkeypatch.setattr(live.loader, "checkpoint_config", lambda model: {})
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--cost", "fixed", "--num-prompts", "1"])
+    assert exc.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--cost" in line and "embedded default" in line
+
+
 def test_decisions_digest_sees_each_question_and_decision():
     """The digest changes with the levels or size of an asked tree and with the chosen nodes."""
     import numpy as np
