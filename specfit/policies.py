@@ -240,6 +240,7 @@ def _chain_gain(
 
 STOPPING_RULES = ("expected", "bound")
 LIVE_DEADLINE_FRACTION = 0.1  # live: each exact search gets 10 % of the cycle's least predicted time
+_NAN = float("nan")
 
 
 def root_layer_misses(cached_bits: np.ndarray, root_expert_ids: np.ndarray) -> np.ndarray:
@@ -561,41 +562,63 @@ class ThroughputGuard:
 
     def rate(self, arm: str) -> float:
         """Realised tokens/s of ``arm`` (``"spec"`` or ``"ar"``) over its window; NaN when empty."""
-        cycles = self.arms[arm]  # its sums, kept as samples come and go (GuardWindow)
-        return cycles.tokens / cycles.seconds if cycles.seconds > 0 else float("nan")
+        return self._rates()[{"spec": 0, "ar": 1}[arm]]
 
     def root_rate(self) -> float:
         """Counterfactual tokens/s of the root alone over the drafting arm's cycles (one token per
         cycle at its ``root_s``); NaN when empty or when a cycle lacks its root price."""
-        cycles = self.arms["spec"]
-        if not cycles or cycles.unpriced:
-            return float("nan")
-        return len(cycles) / cycles.root_s
+        return self._rates()[2]
 
     def reference_rate(self) -> float:
         """The rate drafting must match: the non-drafting arm's cycles pooled with the drafting
         arm's root-alone counterfactuals (tokens over seconds of both); NaN when the drafting arm
         lacks root prices (then the caller falls back to the non-drafting arm alone)."""
-        root = self.root_rate()
-        if root != root:
-            return root
-        spec, ar = self.arms["spec"], self.arms["ar"]
-        return (len(spec) + ar.tokens) / (spec.root_s + ar.seconds)
+        return self._rates()[3]
+
+    def _rates(self) -> tuple[float, float, float, float]:
+        """``(rate("spec"), rate("ar"), root_rate(), reference_rate())`` from one read of each
+        arm's sums (:class:`GuardWindow`), in one frame: :meth:`allows_drafting` runs once per
+        live cycle after a model forward, where each Python frame it enters costs microseconds
+        (issue 14: ~14 frames through the properties took ~30 us per cycle; paired, cold).
+
+        Raises:
+            ZeroDivisionError: a drafting arm whose root prices sum to 0 (never recorded by
+            :meth:`observe`, which keeps only prices > 0).
+        """
+        spec_w, ar_w = self.arms["spec"], self.arms["ar"]
+        if spec_w._stale:
+            spec_w._sum()
+        if ar_w._stale:
+            ar_w._sum()
+        seconds, ar_seconds = spec_w._seconds_sum, ar_w._seconds_sum
+        nan = _NAN  # float("nan") is a call: ~3 us after a model forward
+        spec = spec_w._tokens_sum / seconds if seconds > 0 else nan
+        ar = ar_w._tokens_sum / ar_seconds if ar_seconds > 0 else nan
+        count = len(spec_w._samples)
+        if not count or spec_w.unpriced:  # a cycle lacks its root price: no counterfactual
+            return spec, ar, nan, nan
+        return spec, ar, count / spec_w._root_sum, (count + ar_w._tokens_sum) / (spec_w._root_sum + ar_seconds)
 
     def allows_drafting(self) -> bool:
         """Asked once per cycle on the root alone: False = do not draft this cycle."""
         self.questions += 1
-        if len(self.arms["spec"]) < self.min_samples:
+        if len(self.arms["spec"]._samples) < self.min_samples:
             return True
-        spec, ar = self.rate("spec"), self.reference_rate()
+        spec, ar_alone, _, ar = self._rates()
         if ar != ar:  # no paired prices: the non-drafting arm alone is the reference
-            if len(self.arms["ar"]) < self.min_samples:
+            if len(self.arms["ar"]._samples) < self.min_samples:
                 return False
-            ar = self.rate("ar")
+            ar = ar_alone
         prefer_spec = spec >= ar * (1.0 - self.margin)  # near a tie the exact planner keeps the say
-        gap = abs(spec / ar - 1.0)
-        period = int(self.probe_period * min(8.0, max(1.0, gap / 0.025)))  # rarer probes of a clear loser
-        probe = self.questions % period == 0
+        # rarer probes of a clear loser: period = int(probe_period * min(8, max(1, |spec / ar - 1| / 2.5 %)))
+        # written without builtins, the same values (NaN scales by 1; the product is positive, so
+        # // 1.0 truncates as int() does, and the modulo of whole numbers is exact): each builtin
+        # costs ~3 us after a model forward, once per live cycle (issue 14; paired, cold)
+        gap = spec / ar - 1.0
+        scale = (gap if gap >= 0.0 else -gap) / 0.025
+        scale = scale if scale > 1.0 else 1.0
+        scale = scale if scale < 8.0 else 8.0
+        probe = self.questions % (self.probe_period * scale // 1.0) == 0
         return prefer_spec != probe
 
 

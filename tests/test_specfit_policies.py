@@ -352,13 +352,17 @@ def test_throughput_guard_pools_root_alone_prices_with_autoregressive_cycles() -
     st.integers(1, 8),
     st.integers(1, 3),
     st.integers(1, 12),
+    st.integers(1, 4),
 )
-def test_throughput_guard_window_sums_equal_summing_the_windows(cycles, window, min_samples, horizon) -> None:
+def test_throughput_guard_window_sums_equal_summing_the_windows(
+    cycles, window, min_samples, horizon, probe_period
+) -> None:
     """The guard's kept sums (issue 14: no pass over its windows per question) are bit for bit
-    the left-to-right sums over each arm's samples, whatever the window and horizon drop."""
+    the left-to-right sums over each arm's samples, whatever the window and horizon drop, and its
+    answer is the one computed from those sums with the builtins (min, max, abs, int) it avoids."""
     from specfit.policies import ThroughputGuard
 
-    guard = ThroughputGuard(window=window, min_samples=min_samples, horizon=horizon)
+    guard = ThroughputGuard(window=window, min_samples=min_samples, horizon=horizon, probe_period=probe_period)
     reference = ThroughputGuard(window=window, min_samples=min_samples, horizon=horizon)
 
     def summed(arm: str) -> tuple[float, float, float | None]:  # the sums before issue 14
@@ -369,8 +373,29 @@ def test_throughput_guard_window_sums_equal_summing_the_windows(cycles, window, 
         root = len(samples) / sum(roots) if samples and None not in roots else float("nan")
         return rate, seconds, root
 
+    def answer(questions: int) -> bool:  # allows_drafting before issue 14's rewrite (builtins, sums)
+        spec_rate, _, root = summed("spec")
+        if len(guard.arms["spec"]) < min_samples:
+            return True
+        ar = list(guard.arms["ar"])
+        reference = root
+        if root == root:
+            reference = (len(guard.arms["spec"]) + sum(c[0] for c in ar)) / (
+                sum(c[3] for c in guard.arms["spec"]) + sum(c[1] for c in ar)
+            )
+        else:
+            if len(ar) < min_samples:
+                return False
+            reference = summed("ar")[0]
+        prefer_spec = spec_rate >= reference * (1.0 - guard.margin)
+        gap = abs(spec_rate / reference - 1.0)
+        period = int(guard.probe_period * min(8.0, max(1.0, gap / 0.025)))
+        return prefer_spec != (questions % period == 0)
+
     for tokens, seconds, levels, root_s in cycles:
         guard.observe(tokens, seconds, levels, root_s)
+        want = answer(guard.questions + 1)
+        assert guard.allows_drafting() == want
         rate, _, root = summed("spec")
         assert np.array_equal([guard.rate("spec"), guard.root_rate()], [rate, root], equal_nan=True)
         assert np.array_equal([guard.rate("ar")], [summed("ar")[0]], equal_nan=True)
