@@ -356,11 +356,14 @@ def cost_params(cost) -> np.ndarray:
 
 
 def union_size_plan(
-    answer: tuple, num_nodes: int, started: float
+    nodes: np.ndarray, cycle_s: float, expected: float, misses: float, ok: bool, num_nodes: int, started: float
 ) -> Plan:
     """The :class:`Plan` of a compiled union-size answer ``(nodes, cycle_s, expected, misses, ok)``
-    (:func:`specfit.decide_kernels.union_size_plan_rule`; ``nodes`` int64[k], read-only: the
-    caller makes it so, without a numpy call where it can, issue 14).
+    (:func:`specfit.decide_kernels.union_size_plan_rule`'s first five; ``nodes`` int64[k],
+    read-only: the caller makes it so, without a numpy call where it can, issue 14) on a tree of
+    ``num_nodes`` nodes (int: the plan's ``nodes_explored``), its ``decision_s`` counted from
+    ``started`` (``time.perf_counter`` seconds). The values come as arguments, not a tuple to
+    slice: each step costs after a model forward (issue 14).
 
     A top-by-P prefix is ancestor-closed (P never rises along a path, parents have smaller ids),
     so the plan is built directly; its scores are :func:`specfit.context.evaluate_nodes`' (same
@@ -369,7 +372,6 @@ def union_size_plan(
     Raises:
         ValueError: ``ok`` is False (some predicted cycle time is not > 0).
     """
-    ids, cycle_s, expected, misses, ok = answer[:5]
     if not ok:
         raise ValueError("cost model: a cycle time of 0 s makes the throughput unbounded")
     # one plan per cycle on the live decide path: built as Plan.trusted builds it, but its fields
@@ -377,9 +379,9 @@ def union_size_plan(
     # forward on the build machine, paired A/B; issue 14)
     plan = object.__new__(Plan)
     object.__setattr__(plan, "__dict__", {
-        "nodes": ids, "expected_committed": expected, "predicted_cycle_s": cycle_s,
+        "nodes": nodes, "expected_committed": expected, "predicted_cycle_s": cycle_s,
         "predicted_tokens_per_s": expected / cycle_s, "decision_s": time.perf_counter() - started,
-        "nodes_explored": int(num_nodes), "policy": POLICY_NAME, "predicted_misses": misses,
+        "nodes_explored": num_nodes, "policy": POLICY_NAME, "predicted_misses": misses,
         "exact": True, "gap": 0.0,
     })  # fmt: skip
     return plan
@@ -414,7 +416,7 @@ def plan_union_size(ctx: PolicyContext, root_alpha: float = 1.0, max_depth: int 
     plan = _PLANS.get(ctx)
     if plan is None:
         answer[0].setflags(write=False)  # the plan's nodes, read-only as every plan's
-        plan = _PLANS[ctx] = union_size_plan(answer, p.shape[0], started)
+        plan = _PLANS[ctx] = union_size_plan(*answer[:5], p.shape[0], started)
     return plan, bool(answer[5])
 
 

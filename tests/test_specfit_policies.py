@@ -626,3 +626,21 @@ def test_min_added_h2d_is_a_lower_bound_when_the_next_layer_cover_rises_with_siz
             )
             assert bound[m - 1] <= true + 1e-15, (size, m, bound[m - 1], true)
         assert bound.min() < 0.0  # the price can fall: a clipped 0 would not be a bound
+
+
+def test_observe_root_clips_as_min_max_did() -> None:
+    """``observe_root`` clips without builtins (issue 14): the same value and type as
+    ``min(max(observed, 0.0), 1.0)`` for any float, numpy float, signed zero or NaN."""
+    import math
+
+    from specfit.policies import SpecFitPolicy
+
+    for observed in (-0.5, -0.0, 0.0, 0.3, 1.0, 1.7, math.inf, -math.inf, math.nan, np.float64(0.4), np.float64(2.0)):
+        for start in (0.2, 1.0):
+            policy, want = SpecFitPolicy(root_alpha_weight=0.3), SpecFitPolicy(root_alpha_weight=0.3)
+            policy.root_alpha = want.root_alpha = start
+            policy.observe_root(observed)
+            want.root_alpha = (1.0 - 0.3) * start + 0.3 * min(max(observed, 0.0), 1.0)
+            got, expected = policy.root_alpha, want.root_alpha
+            assert type(got) is type(expected)
+            assert np.array_equal([got], [expected], equal_nan=True) and math.copysign(1, got) == math.copysign(1, expected)
