@@ -332,7 +332,10 @@ def _expected_rule_into(p, parents, depths, max_depth, chosen, root_alpha, remai
     run = 0.0
     layers = miss.shape[0]
     for k in range(1, remaining + 1):
-        run += alpha ** float(k)
+        # alpha ** 1 is alpha exactly (pow's error is below 1 ulp and alpha is representable),
+        # so the first level, where the rule most often answers, calls no libm pow: its code
+        # and tables cost ~3 us per question after a model forward (issue 14)
+        run += alpha if k == 1 else alpha ** float(k)
         gain = base_gain + p[leaf] * run
         row = count + k - 1
         misses = 0.0
