@@ -917,22 +917,17 @@ class UnionSizeQuestions:
         kernels = decide_kernels()  # numba loads the kernels now, not in the first question
         self.calibrated = calibration is not None
         self.edge = not self.calibrated or calibration.scope == "edge"
-        self._edge_map = self.calibrated and self.edge  # questions take the draft log-probs as they are
         knots = (_NO_VALUES,) * 4
         if self.calibrated:
             runner = (calibration.runner_up_knots_x, calibration.runner_up_knots_y)
             if runner[0] is None or not self.edge:
                 runner = (_NO_VALUES, _NO_VALUES)
             knots = (calibration.knots_x, calibration.knots_y, *runner)
-        self._room = kernels.question_room  # values of work from answer_at on for (nodes, layers)
-        room = self._room(self.max_nodes + self.max_depth, int(cost.num_layers))
+        room = kernels.question_room(self.max_nodes + self.max_depth, int(cost.num_layers))
         self.work, self.answer_at = kernels.question_constants(  # the last answer's P and nodes at answer_at
             cost_params(cost), self.calibrated, self.edge, self.max_depth, *knots, room
         )
-        self._ids = self.work.view(np.int64)  # the answer's node ids, as the kernel writes them
-        self._id_view = memoryview(self._ids)  # the same ids, for the plan's own copy (no numpy call)
-        self._kernel = kernels.union_size_question  # numba's dispatcher: checks every argument's type
-        self._entry = kernels.question_entry()  # no checks: only for the types checked in _answer
+        self._bind()
         self.node_experts = self.cached_bits = self.table = self.miss = None
         self._typed = False  # table and miss have the entry point's types (set with them)
         self.context_len = 0
@@ -949,23 +944,34 @@ class UnionSizeQuestions:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         del state["_ids"], state["_id_view"]  # views of ``work``: a copy would not see the kernel's answers
+        del state["_edge_map"]  # derived from calibrated and edge
         del state["_kernel"], state["_entry"], state["_room"]  # compiled code: loaded again, not pickled
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._edge_map = self.calibrated and self.edge  # (absent from a state pickled before it)
         work = self.work  # the compiled entry point writes it unchecked: float64[W], C order, writable
         if not (
             type(work) is np.ndarray and work.dtype == _FLOAT64 and work.ndim == 1
             and work.flags.c_contiguous and work.flags.writeable
         ):  # fmt: skip  (e.g. read-only from pickle protocol 5's out-of-band buffers)
             self.work = np.array(work, dtype=np.float64, order="C").reshape(-1)
-        self._ids = self.work.view(np.int64)
-        self._id_view = memoryview(self._ids)
+        self._bind()
+
+    def _bind(self) -> None:
+        """Set what is derived, not kept in a pickle (``__getstate__`` drops it): the flag, the
+        compiled code and the views of ``work`` (``__init__``, ``__setstate__``)."""
+        self._edge_map = self.calibrated and self.edge  # questions take the draft log-probs as they are
         kernels = decide_kernels()
-        self._kernel, self._entry = kernels.union_size_question, kernels.question_entry()
-        self._room = kernels.question_room
+        self._kernel = kernels.union_size_question  # numba's dispatcher: checks every argument's type
+        self._entry = kernels.question_entry()  # no checks: only for the types checked in _answer
+        self._room = kernels.question_room  # values of work from answer_at on for (nodes, layers)
+        self._bind_work()
+
+    def _bind_work(self) -> None:
+        """The views of ``work`` (after :meth:`_bind`, and when ``work`` grows)."""
+        self._ids = self.work.view(np.int64)  # the answer's node ids, as the kernel writes them
+        self._id_view = memoryview(self._ids)  # the same ids, for the plan's own copy (no numpy call)
 
     def _warm_up(self) -> None:
         """Run the kernel once through the entry point loaded in ``__init__`` (what every
@@ -1075,8 +1081,7 @@ class UnionSizeQuestions:
             room = self._room(n + self.max_depth, self.table.shape[1])
             if room > self.work.shape[0] - self.answer_at:
                 self.work = np.concatenate((self.work[: self.answer_at], np.zeros(room)))
-                self._ids = self.work.view(np.int64)
-                self._id_view = memoryview(self._ids)
+                self._bind_work()
             if n + self.max_depth > self.table.shape[0]:
                 self._set_arrays(union_table(self.node_experts, n + self.max_depth), self.miss)
         self.last = (tree, levels, answer)
@@ -1089,14 +1094,6 @@ class UnionSizeQuestions:
         at = self.answer_at + n
         nodes = np.frombuffer(self._id_view[at : at + answer[6]].tobytes(), _INT64)  # its own, read-only
         return union_size_plan(nodes, answer[2], answer[3], answer[4], answer[0], n, started)
-
-    def _answer_for(self, tree, levels: int) -> tuple:
-        """The last question's answer when it was about ``tree`` after ``levels``, else a new one
-        (without the rule)."""
-        last = self.last
-        if last is not None and last[0] is tree and last[1] == levels:
-            return last[2]
-        return self._answer(tree, levels, False)
 
     def ask(self, tree, levels: int) -> bool:
         """``policy.keep_drafting(ctx, max_depth)`` for the context of ``tree`` after ``levels``
@@ -1148,7 +1145,7 @@ class UnionSizeQuestions:
             ValueError: the cost model makes a cycle take 0 s.
         """
         started = time.perf_counter()
-        last = self.last  # _answer_for's test here: a Python frame costs ~7 us live (issue 14)
+        last = self.last  # the last answer's test here, not in a method: a frame costs ~7 us live (issue 14)
         answer = last[2] if last is not None and last[0] is tree and last[1] == levels else self._answer(tree, levels, False)
         if answer[5] != -1.0:  # a drafted tree (NaN too: np.max's NaN moves it as select does)
             self.policy.observe_root(answer[5])
@@ -1161,8 +1158,9 @@ class UnionSizeQuestions:
     def context(self, tree, draft_tree, levels: int) -> PolicyContext:
         """The :class:`PolicyContext` of ``tree`` (``draft_tree``: it as a ``DraftTree``) after
         ``levels`` levels, its plan remembered by the planner (``select`` then returns it without
-        planning again): the last question's answer when it was about this tree, else one compiled
-        call without the rule.
+        planning again), from one compiled call without the rule (the answer of the last question
+        when it was about this tree, bit for bit: a question is a function of its inputs; not on
+        the live path, so it asks again rather than keep a second copy of :meth:`select`'s test).
 
         Raises:
             ValueError: the cost model makes a cycle take 0 s.
@@ -1172,7 +1170,7 @@ class UnionSizeQuestions:
         from specfit.predictors import clean_miss_fraction
 
         started = time.perf_counter()
-        answer = self._answer_for(tree, levels)
+        answer = self._answer(tree, levels, False)
         p = self.work[self.answer_at : self.answer_at + tree.parents.shape[0]].copy()
         node_experts = self.node_experts
         if self.observed:  # what the predictor would have handed over for this cycle

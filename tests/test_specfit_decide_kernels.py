@@ -365,6 +365,7 @@ def test_unpickled_questions_write_their_own_work_array() -> None:
     data = pickle.dumps(questions, protocol=5, buffer_callback=buffers.append)
     loaded = pickle.loads(data, buffers=[bytes(b.raw()) for b in buffers])  # read-only arrays
     assert buffers and not loaded.table.flags.writeable  # the case: out-of-band, read only
+    assert "_edge_map" not in questions.__getstate__() and loaded._edge_map is questions._edge_map  # derived once
     assert loaded.work.flags.writeable and _answer_bytes(loaded, tree, int(tree.max_depth)) == want
     # as loaded, strided, float32 (its constants rounded: the answers may differ, the types may not)
     for work in (loaded.work, np.repeat(loaded.work, 2)[::2], np.asarray(loaded.work, np.float32)):
