@@ -287,6 +287,9 @@ class ExpertCache:
     arrays, the statistics' per-layer arrays and the cached sets' bitsets are views of one int64
     state buffer (``specfit.cache_kernels.layout``), which the compiled access takes as its one
     state argument (issue 14: 17 arguments before, ~3 us each in numba's dispatcher once cold).
+    The buffer also holds the compiled LRU's recency list per layer (its victims are read off
+    the list's oldest end, not searched: issue 14); the numpy paths leave it stale and clear
+    the flag that makes the compiled access rebuild it (with the bitsets, from ``stamp``).
 
     Attributes:
         policy: one of :data:`CACHE_POLICIES`.
@@ -313,7 +316,7 @@ class ExpertCache:
         self._words = bitsets.num_words(num_experts)  # uint64 words per layer's bitset
         kernels = _cache_kernels()  # the state buffer's layout (numba loads; nothing compiles)
         parts = kernels.layout(num_layers, num_experts, self._words)
-        at, size = parts["out"]
+        at, size = parts["link"]  # the last part
         self._buf = np.zeros(at + size, dtype=np.int64)
         header = (num_layers, num_experts, self._words, kernels.POLICY_CODES.get(policy, -1), 0, 0, 0)
         self._buf[: len(header)] = header

@@ -34,8 +34,8 @@ del _i
 # project's machine once its code is cold, issue 14). Header slots first, then the parts at the
 # offsets the header holds (``layout``); the float64 and uint64 parts are views of their int64 words.
 LAYERS, EXPERTS, WORDS, POLICY, STAMP_BASE, CLOCK, BITS_VALID, WEIGHT = range(8)  # header slots
-AT_STAMP, AT_FREQ, AT_TICK, AT_COUNT, AT_CAP, AT_STATS, AT_EMA, AT_BITS, AT_OUT = range(8, 17)  # offsets
-HEADER = 17
+AT_STAMP, AT_FREQ, AT_TICK, AT_COUNT, AT_CAP, AT_STATS, AT_EMA, AT_BITS, AT_OUT, AT_LINK = range(8, 18)  # offsets
+HEADER = 18
 
 
 def layout(num_layers: int, num_experts: int, num_words: int) -> dict[str, tuple[int, int]]:
@@ -46,7 +46,12 @@ def layout(num_layers: int, num_experts: int, num_words: int) -> dict[str, tuple
     ``stats``: [3, L] running hits, misses, evictions (``CacheStats``); ``ema``: float64[L]
     miss-fraction averages; ``bits``: uint64[L, W] cached sets; ``out``: an access's result, the
     int64[3, L] per-layer hits, misses, evictions, then the ascending ``layer * E + expert`` keys
-    of its hits, misses and evictions back to back (3 L E words: scratch while it runs).
+    of its hits, misses and evictions back to back (3 L E words: scratch while it runs); ``link``:
+    lru's recency order, per layer a circular doubly linked list of its cached experts by
+    ascending stamp (oldest first) over ``E + 1`` nodes (node ``E`` the layer's sentinel:
+    its next is the oldest, its previous the newest), the next links [L, E + 1] then the
+    previous ones [L, E + 1] (valid while the header's ``BITS_VALID`` is set; rebuilt from
+    ``stamp`` with the bitsets otherwise).
     """
     sizes = {
         "stamp": num_layers * num_experts,
@@ -58,6 +63,7 @@ def layout(num_layers: int, num_experts: int, num_words: int) -> dict[str, tuple
         "ema": num_layers,
         "bits": num_layers * num_words,
         "out": 3 * num_layers + 3 * num_layers * num_experts,
+        "link": 2 * num_layers * (num_experts + 1),
     }
     parts, at = {}, HEADER
     for name, size in sizes.items():
@@ -83,8 +89,11 @@ def _access(needed, ptr, buf):
             per-layer moving average of the miss fraction, NaN before a layer's first access,
             updated as ``CacheStats.record``: ``old + weight * (frac - old)``, the weight in the
             header) accumulate; ``bits`` ends as the cached sets after the access (the evicted
-            and inserted experts' bits change; the eviction candidates are read from it);
-            ``out`` receives the result (its counts, then its keys back to back).
+            and inserted experts' bits change; lfu's eviction candidates are read from it);
+            ``link`` (lru) keeps the cached experts in recency order (hits and kept misses are
+            moved to its newest end, victims taken off its oldest end: no search; rebuilt from
+            ``stamp`` with the bitsets); ``out`` receives the result (its counts, then its keys
+            back to back).
 
     Returns:
         ``(hits, misses, evictions)``: this access's totals over layers (the keys' lengths).
@@ -107,13 +116,16 @@ def _access(needed, ptr, buf):
     at_stamp, at_freq, at_tick = buf[AT_STAMP], buf[AT_FREQ], buf[AT_TICK]
     at_count, at_cap, at_stats = buf[AT_COUNT], buf[AT_CAP], buf[AT_STATS]
     at_ema, at_bits, at_out = buf[AT_EMA], buf[AT_BITS], buf[AT_OUT]
+    nodes = num_experts + 1  # lru's linked list: the layer's E experts and its sentinel (node E)
+    at_next = buf[AT_LINK]
+    at_prev = at_next + num_layers * nodes
     at_hit = at_out + 3 * num_layers  # the hits' keys, then (moved there at the end) the others
     at_miss = at_hit + num_layers * num_experts  # scratch: the misses' keys as they come
     at_evicted = at_miss + num_layers * num_experts  # scratch: the evictions' keys
     needed_bits = np.zeros(num_words, np.uint64)  # this layer's needed experts
     cand = np.empty(num_experts, np.int64)
-    keys = np.empty(num_experts, np.int64)
-    order = np.empty(num_experts, np.int64)  # the victim search's scratch
+    keys = np.empty(num_experts, np.int64)  # lru: the stamps of a rebuilt order
+    order = np.empty(num_experts, np.int64)  # lfu: the victim search's scratch
     missed = np.empty(num_experts, np.int64)  # this layer's misses, ascending
     total_hit = 0
     total_miss = 0
@@ -128,12 +140,28 @@ def _access(needed, ptr, buf):
         row = layer * num_experts  # the layer's row in [L, E] parts and its keys' base
         stamp = at_stamp + row  # buf[stamp + e]: the layer's stamp of expert e
         bits = at_bits + layer * num_words  # ubuf[bits + w]: the layer's words
-        if not bits_valid:  # the layer's cached set before the access, as bitsets
+        nxt = at_next + layer * nodes  # buf[nxt + e]: the node after expert e (lru), ...
+        prv = at_prev + layer * nodes  # ... buf[prv + e]: the one before
+        if not bits_valid:  # the layer's cached set before the access, as bitsets (and lru's order)
             for w in range(num_words):
                 word = np.uint64(0)
                 for b in range(min(64, num_experts - w * 64)):
                     word |= np.uint64(buf[stamp + w * 64 + b] >= 0) << np.uint64(b)
                 ubuf[bits + w] = word
+            if policy == 0:  # the cached experts by ascending stamp (distinct in a layer)
+                n = 0
+                for e in range(num_experts):
+                    if buf[stamp + e] >= 0:
+                        keys[n] = buf[stamp + e]
+                        cand[n] = e
+                        n += 1
+                last = num_experts  # the sentinel
+                for i in np.argsort(keys[:n]):
+                    buf[nxt + last] = cand[i]
+                    buf[prv + cand[i]] = last
+                    last = cand[i]
+                buf[nxt + last] = num_experts
+                buf[prv + num_experts] = last
         for i in range(ptr[layer], ptr[layer + 1]):
             e = needed[i]
             needed_bits[e >> 6] |= np.uint64(1) << np.uint64(e & 63)
@@ -145,6 +173,15 @@ def _access(needed, ptr, buf):
                 buf[stamp + e] = base + e
                 buf[at_hit + total_hit + num_hit] = row + e
                 num_hit += 1
+                if policy == 0:  # the newest now (hits come in ascending id, as their stamps)
+                    before, after = buf[prv + e], buf[nxt + e]
+                    buf[nxt + before] = after
+                    buf[prv + after] = before
+                    newest = buf[prv + num_experts]
+                    buf[nxt + newest] = e
+                    buf[prv + e] = newest
+                    buf[nxt + e] = num_experts
+                    buf[prv + num_experts] = e
             else:
                 buf[at_miss + total_miss + num_miss] = row + e
                 missed[num_miss] = e
@@ -157,7 +194,22 @@ def _access(needed, ptr, buf):
             kept_count = min(num_miss, free + cached - num_hit)
             num_evicted = max(kept_count - free, 0)
         evicted = at_evicted + total_evicted  # buf[evicted + i]: this layer's i-th eviction key
-        if num_evicted > 0:
+        if num_evicted > 0 and policy == 0:
+            # lru's victims are its num_evicted oldest cached experts (the needed ones, hits, were
+            # made the newest above, and at least num_evicted others are cached): unlinked off
+            # the list's oldest end, then written ascending (insertion: a few)
+            for i in range(num_evicted):
+                e = buf[nxt + num_experts]
+                after = buf[nxt + e]
+                buf[nxt + num_experts] = after
+                buf[prv + after] = num_experts
+                buf[stamp + e] = -1
+                j = i
+                while j > 0 and buf[evicted + j - 1] > row + e:
+                    buf[evicted + j] = buf[evicted + j - 1]
+                    j -= 1
+                buf[evicted + j] = row + e
+        elif num_evicted > 0:
             n = 0
             for w in range(num_words):  # the evictable experts (cached, not needed), ascending
                 word = ubuf[bits + w] & ~needed_bits[w]
@@ -166,67 +218,45 @@ def _access(needed, ptr, buf):
                     cand[n] = w * 64 + _BIT_INDEX[(low * _DEBRUIJN) >> np.uint64(58)]
                     n += 1
                     word ^= low
-            # the victims are the num_evicted first candidates in the policy's victim order (lru:
-            # smallest stamp; lfu: smallest (freq, tick, id)); every key is distinct (stamps are,
-            # ids are), so they are the candidates whose key is at most the num_evicted-th
-            # smallest: that one is found by a pass keeping the smallest keys (lru) or a partial
-            # selection (lfu) (a hit is needed, so no candidate's stamp was refreshed), then the
-            # candidates are visited in ascending id and those keys kept (the victims come out
-            # ascending, no sort)
-            if policy == 0:
-                # order[:filled]: the smallest stamps seen so far, ascending (insertion, one pass)
-                filled = 0
-                for i in range(n):
-                    k = buf[stamp + cand[i]]
-                    keys[i] = k
-                    if filled < num_evicted:
-                        j = filled
-                        filled += 1
-                    elif k < order[num_evicted - 1]:
-                        j = num_evicted - 1
-                    else:
-                        continue
-                    while j > 0 and order[j - 1] > k:
-                        order[j] = order[j - 1]
-                        j -= 1
-                    order[j] = k
-                limit = order[num_evicted - 1]
-                num_out = 0
-                for i in range(n):
-                    if keys[i] <= limit:
-                        e = cand[i]
-                        buf[evicted + num_out] = row + e
-                        buf[stamp + e] = -1
-                        num_out += 1
-            else:
-                freq, tick = at_freq + row, at_tick + row
-                for i in range(n):
-                    order[i] = cand[i]
-                for i in range(num_evicted):
-                    best = i
-                    for j in range(i + 1, n):
-                        a, b = order[j], order[best]
-                        fa, fb = buf[freq + a], buf[freq + b]
-                        ta, tb = buf[tick + a], buf[tick + b]
-                        if fa < fb or (fa == fb and (ta < tb or (ta == tb and a < b))):
-                            best = j
-                    e = order[best]
-                    order[best] = order[i]
-                    order[i] = e
-                last = order[num_evicted - 1]
-                fl, tl = buf[freq + last], buf[tick + last]
-                num_out = 0
-                for i in range(n):
-                    a = cand[i]
-                    fa, ta = buf[freq + a], buf[tick + a]
-                    if fa < fl or (fa == fl and (ta < tl or (ta == tl and a <= last))):
-                        buf[evicted + num_out] = row + a
-                        buf[stamp + a] = -1
-                        num_out += 1
+            # lfu's victims are the num_evicted first candidates in its victim order (smallest
+            # (freq, tick, id)); every key is distinct (ids are), so they are the candidates whose
+            # key is at most the num_evicted-th smallest: that one is found by a partial
+            # selection, then the candidates are visited in ascending id and those keys kept (the
+            # victims come out ascending, no sort)
+            freq, tick = at_freq + row, at_tick + row
+            for i in range(n):
+                order[i] = cand[i]
+            for i in range(num_evicted):
+                best = i
+                for j in range(i + 1, n):
+                    a, b = order[j], order[best]
+                    fa, fb = buf[freq + a], buf[freq + b]
+                    ta, tb = buf[tick + a], buf[tick + b]
+                    if fa < fb or (fa == fb and (ta < tb or (ta == tb and a < b))):
+                        best = j
+                e = order[best]
+                order[best] = order[i]
+                order[i] = e
+            last = order[num_evicted - 1]
+            fl, tl = buf[freq + last], buf[tick + last]
+            num_out = 0
+            for i in range(n):
+                a = cand[i]
+                fa, ta = buf[freq + a], buf[tick + a]
+                if fa < fl or (fa == fl and (ta < tl or (ta == tl and a <= last))):
+                    buf[evicted + num_out] = row + a
+                    buf[stamp + a] = -1
+                    num_out += 1
         # the first kept_count misses in ascending id are inserted
         for i in range(kept_count):
             e = missed[i]
             buf[stamp + e] = base + num_experts + e
+            if policy == 0:  # the newest (ascending id, as their stamps)
+                newest = buf[prv + num_experts]
+                buf[nxt + newest] = e
+                buf[prv + e] = newest
+                buf[nxt + e] = num_experts
+                buf[prv + num_experts] = e
         # the cached set as bitsets (the set before the access, see above): the evicted experts'
         # bits cleared, the inserted ones' set
         for i in range(num_evicted):

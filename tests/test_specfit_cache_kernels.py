@@ -88,6 +88,58 @@ def test_compiled_access_layers_equals_the_numpy_reference(policy, num_layers, n
     _assert_same_stats(compiled, reference)
 
 
+def _lru_order(cache, layer: int) -> list[int]:
+    """The compiled lru's recency list of ``layer`` (``cache_kernels.layout``'s ``link``), oldest first."""
+    from specfit.cache_kernels import AT_LINK
+
+    nodes = cache.num_experts + 1
+    nxt = int(cache._buf[AT_LINK]) + layer * nodes
+    order, e = [], int(cache._buf[nxt + cache.num_experts])
+    while e != cache.num_experts and len(order) <= nodes:
+        order.append(e)
+        e = int(cache._buf[nxt + e])
+    return order
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 70), st.integers(0, 2**31 - 1))
+def test_compiled_lru_keeps_its_recency_list_over_long_runs(num_layers, num_experts, seed) -> None:
+    """Long runs of compiled lru accesses (evictions in most; capacities 0, 1, E and random; layers
+    with no access or no miss; copies, pickles, warm-ups and single-layer accesses between them,
+    which make the compiled path rebuild its list) give the reference's results and state, and
+    the list holds the cached experts by ascending stamp after every compiled access."""
+    import copy
+    import pickle
+
+    rng = np.random.default_rng(seed)
+    capacity = rng.choice([0, 1, num_experts, *rng.integers(0, num_experts + 1, size=3)], size=num_layers)
+    compiled = make_expert_cache("lru", num_layers, num_experts, capacity)
+    reference = make_expert_cache("lru", num_layers, num_experts, capacity)
+    density = rng.uniform(0.02, 0.5)
+    for step in range(120):
+        kind = rng.random()
+        if kind < 0.04:
+            compiled = pickle.loads(pickle.dumps(compiled)) if step % 2 else copy.deepcopy(compiled)
+        elif kind < 0.08:
+            layer, ids = int(rng.integers(num_layers)), rng.choice(num_experts, size=int(rng.integers(0, 4)))
+            compiled.warm(layer, ids)
+            reference.warm(layer, ids)
+        elif kind < 0.12:
+            layer, ids = int(rng.integers(num_layers)), rng.choice(num_experts, size=int(rng.integers(0, 4)))
+            assert compiled.access(layer, ids).evicted.tolist() == reference.access(layer, ids).evicted.tolist()
+        mask = rng.random((num_layers, num_experts)) < density
+        if kind > 0.9:  # the same sets again: hits only, nothing evicted
+            mask = reference.cached_mask()
+        got = compiled.access_layers(mask)
+        want = reference.access_layers(mask, reference=True)
+        _assert_same_access(got, want, compiled, reference)
+        for layer in range(num_layers):
+            stamps = compiled._stamp[layer]
+            cached = np.flatnonzero(stamps >= 0)
+            assert _lru_order(compiled, layer) == cached[np.argsort(stamps[cached])].tolist()
+    _assert_same_stats(compiled, reference)
+
+
 def test_cached_bits_is_a_copy_and_follows_later_changes() -> None:
     cache = make_expert_cache("lru", 2, 70, 3)
     mask = np.zeros((2, 70), dtype=bool)
