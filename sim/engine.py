@@ -421,19 +421,27 @@ class FastEngine(_EngineBase):
         self.record_copies = False
         self.vectorised = True  # use _idle_link_cycle where it applies (False: always the loop)
         self._transfer_ns = link.transfer_ns  # the link is frozen: its copy time once
-        # (layer_compute_ns, layer_pre_router_ns) tuples -> their int64 arrays (_idle_link_cycle)
-        self._layer_arrays: tuple = (None, None)
-        self._checked: tuple = (None, None)  # the last (compute, pre-router) tuples _check_plan passed
+        # the (layer_compute_ns, layer_pre_router_ns) tuple pairs _check_plan passed, by the id of
+        # the compute tuple: [compute, pre, their int64 arrays or None until _idle_link_cycle
+        # needs them]. The simulator hands each cycle one of a few memoised pairs (one per
+        # verify time: sim.replay's _splits), so a pair is checked and converted once, not once
+        # per cycle; the entry holds the tuples, so their ids stay theirs. Bounded as _splits.
+        self._pairs: dict[int, list] = {}
         # _idle_link_cycle's int64[4, L] output, reused cycle after cycle (read into lists at once)
         self._idle_out = np.empty((4, self.num_layers), dtype=np.int64)
 
     def run_cycle(self, plan: CyclePlan) -> CycleTiming:
         """Place ``plan`` on the clock starting now; advance the clock to the cycle's end."""
-        _check_plan(plan, self._checked)
+        compute, pre = plan.layer_compute_ns, plan.layer_pre_router_ns
+        pair = self._pairs.get(id(compute))
+        known = pair is not None and pair[0] is compute and pair[1] is pre
+        _check_plan(plan, (compute, pre) if known else (None, None))
         if plan.num_layers != self.num_layers:
             raise ValueError(f"CyclePlan: {plan.num_layers} layers, engine has {self.num_layers}")
-        if type(plan.layer_compute_ns) is tuple and type(plan.layer_pre_router_ns) is tuple:
-            self._checked = (plan.layer_compute_ns, plan.layer_pre_router_ns)  # immutable: checked once
+        if not known and type(compute) is tuple and type(pre) is tuple:  # immutable: checked once
+            if len(self._pairs) >= 4096:
+                self._pairs.clear()
+            self._pairs[id(compute)] = [compute, pre, None]
         t_ns = self._transfer_ns
         start = self.now_ns
         self._purge(start)
@@ -629,13 +637,12 @@ class FastEngine(_EngineBase):
         """
         kernels, entry = _engine_kernels()
         compute, pre = plan.layer_compute_ns, plan.layer_pre_router_ns
-        memo = self._layer_arrays
-        if compute is not memo[0] or pre is not memo[1]:  # the simulator reuses each (compute, pre) pair
+        pair = self._pairs.get(id(compute))  # the simulator reuses each (compute, pre) pair
+        arrays = pair[2] if pair is not None and pair[0] is compute and pair[1] is pre else None
+        if arrays is None:
             arrays = (np.asarray(compute, dtype=np.int64), np.asarray(pre, dtype=np.int64).reshape(-1))
-            if type(compute) is tuple and type(pre) is tuple:  # immutable: remembered
-                self._layer_arrays = (compute, pre, *arrays)
-        else:
-            arrays = memo[2:]
+            if pair is not None and pair[0] is compute and pair[1] is pre:  # tuples run_cycle checked
+                pair[2] = arrays
         counts = (counts if type(counts) is np.ndarray else np.asarray(counts, dtype=np.int64)).astype(np.int64, copy=False)
         out = self._idle_out  # run_cycle checked len(counts) == L
         if counts.ndim != 1 or arrays[0].ndim != 1:  # not the entry point's types: the dispatcher checks

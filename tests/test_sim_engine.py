@@ -633,3 +633,22 @@ def test_simpy_keeps_only_the_copies_a_replay_needs() -> None:
         assert list(timing.copies) == actual
     with pytest.raises(ValueError, match="record_copies"):
         plain.record_copies = True  # copies without a log still in the stream
+
+
+def test_checked_layer_pairs_are_remembered_per_pair() -> None:
+    """FastEngine checks and converts each (compute, pre-router) tuple pair once and remembers
+    several (the simulator hands cycles one of a few memoised pairs): pairs used in turn time as
+    on a fresh engine, the same compute tuple with another pre-router tuple is checked again, and
+    a bad one is still refused."""
+    compute = (100, 200, 300)
+    pairs = [(compute, (10, 20, 30)), ((150, 250, 350), ()), (compute, (0, 0, 0))]
+    engine = FastEngine(LINK, 3)
+    for k in range(12):
+        layer_compute, pre = pairs[k % 3]
+        plan = CyclePlan(0, 5, layer_compute, hits=((),) * 3, demand=((1,), (), (2, 3)), layer_pre_router_ns=pre)
+        fresh = FastEngine(LINK, 3, start_ns=engine.now_ns)
+        assert engine.run_cycle(plan) == fresh.run_cycle(plan)
+    assert len(engine._pairs) == 2  # by compute tuple: the third pair replaced the first's entry
+    bad = CyclePlan(0, 5, compute, hits=((),) * 3, demand=((), (), ()), layer_pre_router_ns=(10, 300, 30))
+    with pytest.raises(ValueError, match="layer_pre_router_ns"):
+        engine.run_cycle(bad)
