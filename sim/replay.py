@@ -190,13 +190,19 @@ def committed_path(tree: Any, path_ok: np.ndarray, nodes: np.ndarray) -> np.ndar
 
     Returns the path root -> deepest path-accepted node of ``nodes`` (ties: lowest id, which
     greedy verification never meets since siblings carry distinct tokens), root first.
+    The path-accepted nodes of ``nodes`` hold that node's ancestors (ancestor-closed), so when
+    they are one more than its depth they are its path, in id order (parents precede children):
+    returned as they are, without walking the parents (the usual case: one accepted node per depth).
     """
     nodes = np.asarray(nodes, dtype=np.int64)
     if nodes.shape[0] == 1:  # the root alone (always accepted: it is the last committed token)
         return nodes
     ok = nodes[path_ok[nodes]]
     depths = tree.depths[ok]
-    deepest = int(ok[int(np.argmax(depths))])
+    at = int(depths.argmax())
+    if int(depths[at]) + 1 == ok.shape[0]:
+        return ok
+    deepest = int(ok[at])
     path = [deepest]
     while path[-1] != 0:
         path.append(int(tree.parents[path[-1]]))

@@ -199,6 +199,11 @@ def test_helpers() -> None:
     ok = np.array([True, True, False, True, False])
     assert committed_path(Tree, ok, np.array([0, 1, 2, 3, 4])).tolist() == [0, 1, 3]
     assert committed_path(Tree, ok, np.array([0, 2])).tolist() == [0]
+    # two path-accepted nodes at the deepest level (greedy never makes them): the lowest id's path,
+    # not the accepted nodes as they are (the shortcut for one accepted node per depth)
+    Tree.parents, Tree.depths = np.array([-1, 0, 0, 1, 2]), np.array([0, 1, 1, 2, 2])
+    assert committed_path(Tree, np.ones(5, dtype=bool), np.arange(5)).tolist() == [0, 1, 3]
+    assert committed_path(Tree, np.array([True, False, True, False, True]), np.arange(5)).tolist() == [0, 2, 4]
 
 
 def test_bad_configs_raise_clear_errors(run) -> None:
