@@ -1,4 +1,6 @@
-"""Compiled form of :meth:`specfit.cache.ExpertCache.access_layers` and ``.access_nodes`` (numba, ``cache=True``).
+"""Compiled form of :meth:`specfit.cache.ExpertCache.access_layers` and ``.access_nodes`` (numba,
+``cache=True``), and of what a root-only cycle would copy into a cache
+(:func:`root_alone_copies`, the body of ``specfit.policies.root_alone_copies``).
 
 One access at every layer for the ``lru``, ``lfu`` and ``static`` policies, as one pass over
 plain arrays: the same rules and the same state updates as the vectorised reference
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from specfit.planner_kernels import _popcount
 
 POLICY_CODES = {"lru": 0, "lfu": 1, "static": 2}
 # the messages of the ValueError the routing's checks raise (compiled code: constants)
@@ -394,3 +398,100 @@ def expert_mask(expert_ids, nodes, num_experts):
                 if e >= 0:
                     mask[layer, e] = True
     return mask
+
+
+@njit(cache=True, error_model="numpy")
+def _first_bits(words, capacity):
+    """The ``capacity`` lowest set bits of the bitset ``words`` uint64[W] (in place)."""
+    taken = 0
+    for w in range(words.shape[0]):
+        count = _popcount(words[w])
+        if taken + count > capacity:
+            word, keep = words[w], np.uint64(0)
+            for _ in range(capacity - taken):
+                low = word & (~word + np.uint64(1))
+                keep |= low
+                word ^= low
+            words[w] = keep
+            count = capacity - taken
+        taken += count
+
+
+@njit(cache=True, error_model="numpy")
+def _id_words(ids, num_experts, words):
+    """The bitset ``words`` uint64[W] of the expert ids ``ids`` int64[K] (negative ids skipped)."""
+    for w in range(words.shape[0]):
+        words[w] = 0
+    for e in ids:
+        if e >= num_experts:
+            raise IndexError("root_alone_copies: an expert id is >= num_experts")
+        if e >= 0:
+            words[e >> 6] |= np.uint64(1) << np.uint64(e & 63)
+
+
+@njit(cache=True, error_model="numpy")
+def root_alone_copies(cached_bits, root_ids, num_experts, capacity, predicted_bits, next_layer_ids):
+    """``specfit.policies.root_alone_copies`` on bitsets, one pass over the layers (issue 14: its
+    numpy form took ~25 array operations, 73-153 us per drafting cycle with prefetch).
+
+    Args:
+        cached_bits: uint64[L, W] the cache the planner saw.
+        root_ids: int64[L, K] the root's routed experts (negative ids skipped).
+        num_experts, capacity: ``E`` and the experts a layer keeps.
+        predicted_bits: uint64[L, W] the root's predicted experts (draft prefetch), or
+            uint64[0, W] for none.
+        next_layer_ids: int64[L - 1, K] the root's next-layer guesses (row ``l`` guesses layer
+            ``l + 1``), or int64[0, K] for none.
+
+    Returns:
+        ``(demand int64[L], copies int64[3, L])`` as ``specfit.policies.root_alone_copies``.
+
+    Raises:
+        IndexError: an expert id ``>= num_experts``.
+    """
+    num_layers, num_words = cached_bits.shape
+    demand = np.zeros(num_layers, np.int64)
+    copies = np.zeros((3, num_layers), np.int64)
+    scratch = np.zeros((5, num_words), np.uint64)  # a layer's bitsets:
+    resident, routed, draft, ahead, chosen = scratch[0], scratch[1], scratch[2], scratch[3], scratch[4]
+    for layer in range(num_layers):
+        for w in range(num_words):
+            resident[w] = cached_bits[layer, w]
+        _id_words(root_ids[layer], num_experts, routed)
+        if predicted_bits.shape[0] > 0 and capacity > 0:  # the draft prefetch: the predicted experts
+            for w in range(num_words):
+                chosen[w] = predicted_bits[layer, w]
+            _first_bits(chosen, capacity)
+            for w in range(num_words):
+                draft[w] = chosen[w] & ~resident[w]
+                resident[w] |= chosen[w]
+        if next_layer_ids.shape[0] > 0 and capacity > 0 and layer > 0:  # then the guesses
+            _id_words(next_layer_ids[layer - 1], num_experts, chosen)
+            _first_bits(chosen, capacity)
+            for w in range(num_words):
+                ahead[w] = chosen[w] & ~resident[w]
+                resident[w] |= chosen[w]
+        num_draft, num_ahead, num_demand = 0, 0, 0
+        for w in range(num_words):
+            num_draft += _popcount(draft[w])
+            num_ahead += _popcount(ahead[w])
+            num_demand += _popcount(routed[w] & ~resident[w])
+        # the layer waits for its copies up to the last one it routes to: the draft copies in
+        # id order, then the next-layer ones
+        wait = 0
+        for e in root_ids[layer]:
+            if e < 0:
+                continue
+            w, bit = e >> 6, np.uint64(1) << np.uint64(e & 63)
+            for copied, before in ((draft, 0), (ahead, num_draft)):
+                if copied[w] & bit:
+                    rank = before + 1 + _popcount(copied[w] & (bit - np.uint64(1)))
+                    for lower in range(w):
+                        rank += _popcount(copied[lower])
+                    wait = max(wait, rank)
+        demand[layer] = num_demand
+        copies[0, layer], copies[1, layer], copies[2, layer] = num_draft, num_ahead, wait
+        for w in range(num_words):
+            draft[w] = 0
+            ahead[w] = 0
+    return demand, copies

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from specfit import bitsets
+from specfit.cache import _cache_kernels
 from specfit.context import Plan, PolicyContext, layer_misses, make_plan
 from specfit.cost import CycleCostModel
 from specfit.planner import (
@@ -292,12 +294,6 @@ def root_layer_misses_numpy(cached_bits: np.ndarray, root_expert_ids: np.ndarray
     return (valid & (cached == 0)).sum(axis=1).astype(np.int64)
 
 
-def _first_of_each_layer(chosen: np.ndarray, capacity: int) -> np.ndarray:
-    """``chosen`` bool[L, E] less all but the ``capacity`` lowest ids of each layer (the experts
-    ``specfit.prefetch.rank_experts`` keeps when every one is counted once)."""
-    return chosen & (np.cumsum(chosen, axis=1) <= capacity)
-
-
 def root_alone_copies(
     cached_bits: np.ndarray, root_expert_ids: np.ndarray, num_experts: int, capacity: int,
     predicted_bits: np.ndarray | None = None, next_layer_ids: np.ndarray | None = None,
@@ -324,41 +320,48 @@ def root_alone_copies(
     None)``, what :meth:`SpecFitPolicy.observe_cycle` takes for a run without prefetch (the one
     branch ``sim.replay`` and ``live.spec.engine`` share).
 
+    Computed on bitsets, one compiled pass over the layers (``specfit.cache_kernels.root_alone_copies``;
+    issue 14: its numpy form took 73-153 us per drafting cycle with prefetch).
+
     Raises:
-        ValueError: a bitset with the wrong number of words for ``num_experts`` (``bitsets.unpack``).
+        ValueError: a bitset with the wrong number of words for ``num_experts``, or arrays whose
+            layers disagree (``predicted_bits`` not [L, W], ``root_expert_ids`` not [L, K],
+            ``next_layer_ids`` not [L - 1, K]).
         IndexError: an expert id ``>= num_experts``.
     """
     if predicted_bits is None and next_layer_ids is None:
         return root_layer_misses(cached_bits, root_expert_ids), None
-    from specfit import bitsets
+    words = bitsets.num_words(num_experts)
+    cached = np.ascontiguousarray(cached_bits, dtype=np.uint64)
+    ids = np.ascontiguousarray(root_expert_ids, dtype=np.int64)
+    if cached.ndim != 2 or cached.shape[1] != words or ids.ndim != 2 or ids.shape[0] != cached.shape[0]:
+        raise ValueError(
+            f"root_alone_copies: expected cached_bits uint64[L, {words}] ({num_experts} experts) and "
+            f"root_expert_ids int[L, K], got {cached.shape} and {ids.shape}"
+        )
+    num_layers = cached.shape[0]
+    predicted = _NO_BITS[words] if predicted_bits is None else np.ascontiguousarray(predicted_bits, dtype=np.uint64)
+    guesses = _NO_IDS if next_layer_ids is None else np.ascontiguousarray(next_layer_ids, dtype=np.int64)
+    if (predicted_bits is not None and predicted.shape != cached.shape) or (
+        next_layer_ids is not None and (guesses.ndim != 2 or guesses.shape[0] != num_layers - 1)
+    ):
+        raise ValueError(
+            f"root_alone_copies: expected predicted_bits uint64[{num_layers}, {words}] and next_layer_ids "
+            f"int[{num_layers - 1}, K], got {predicted.shape} and {guesses.shape}"
+        )
+    return _cache_kernels().root_alone_copies(cached, ids, int(num_experts), int(capacity), predicted, guesses)
 
-    cached = bitsets.unpack(cached_bits, num_experts)  # bool[L, E]
-    ids = np.asarray(root_expert_ids, dtype=np.int64)
-    num_layers = ids.shape[0]
-    routed = np.zeros((num_layers, num_experts), dtype=bool)
-    rows, cols = np.nonzero(ids >= 0)
-    routed[rows, ids[rows, cols]] = True
-    resident = cached.copy()
-    draft = np.zeros_like(cached)
-    if predicted_bits is not None and capacity > 0:
-        chosen = _first_of_each_layer(bitsets.unpack(predicted_bits, num_experts), capacity)
-        draft = chosen & ~resident
-        resident |= chosen
-    ahead = np.zeros_like(cached)
-    if next_layer_ids is not None and capacity > 0 and num_layers > 1:
-        guesses = np.asarray(next_layer_ids, dtype=np.int64)
-        guessed = np.zeros_like(cached)
-        rows, cols = np.nonzero(guesses >= 0)
-        guessed[rows + 1, guesses[rows, cols]] = True  # row l guesses layer l + 1
-        chosen = _first_of_each_layer(guessed, capacity)
-        ahead = chosen & ~resident
-        resident |= chosen
-    num_draft = draft.sum(axis=1)
-    rank_draft = np.where(draft & routed, np.cumsum(draft, axis=1), 0).max(axis=1)
-    rank_ahead = np.where(ahead & routed, num_draft[:, None] + np.cumsum(ahead, axis=1), 0).max(axis=1)
-    demand = (routed & ~resident).sum(axis=1).astype(np.int64)
-    copies = np.stack((num_draft, ahead.sum(axis=1), np.maximum(rank_draft, rank_ahead))).astype(np.int64)
-    return demand, copies
+
+class _NoBits(dict):
+    """uint64[0, W] by ``W``: the compiled ``root_alone_copies``'s "no draft prefetch" (made once per W)."""
+
+    def __missing__(self, words: int) -> np.ndarray:
+        self[words] = np.zeros((0, words), dtype=np.uint64)
+        return self[words]
+
+
+_NO_BITS = _NoBits()
+_NO_IDS = np.zeros((0, 1), dtype=np.int64)  # the compiled root_alone_copies's "no next-layer guesses"
 
 
 class GuardWindow:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specfit.cost import CycleCostModel
 
@@ -252,6 +254,88 @@ def test_root_alone_copies_are_a_root_only_cycles(ahead) -> None:
         got = _root_only_cycle(cache, root_ids, predicted, guesses, num_experts, num_experts)
         np.testing.assert_array_equal(want[0], got[0])
         np.testing.assert_array_equal(want[1], got[1])
+
+
+def _root_alone_by_sets(cached, root_ids, capacity, predicted, guesses) -> tuple[list, list]:
+    """``root_alone_copies`` per layer on Python sets (``cached``, ``predicted``: per-layer sets)."""
+    demand, copies = [], [[], [], []]
+    for layer, routed in enumerate(root_ids):
+        routed = {int(e) for e in routed if e >= 0}
+        resident, draft, ahead = set(cached[layer]), [], []
+        if predicted is not None and capacity > 0:
+            chosen = sorted(predicted[layer])[:capacity]
+            draft = [e for e in chosen if e not in resident]
+            resident |= set(chosen)
+        if guesses is not None and capacity > 0 and layer > 0:
+            chosen = sorted({int(e) for e in guesses[layer - 1] if e >= 0})[:capacity]
+            ahead = [e for e in chosen if e not in resident]
+            resident |= set(chosen)
+        demand.append(len(routed - resident))
+        waits = [rank for rank, e in enumerate(draft + ahead, start=1) if e in routed]
+        for kind, count in enumerate((len(draft), len(ahead), max(waits, default=0))):
+            copies[kind].append(count)
+    return demand, copies
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from([1, 7, 64, 65, 130]),
+    st.integers(1, 5),
+    st.integers(0, 2**31 - 1),
+)
+def test_root_alone_copies_equals_a_per_layer_count_on_sets(num_experts, num_layers, seed) -> None:
+    """The compiled ``root_alone_copies`` gives what a plain per-layer count on sets gives: the
+    ``capacity`` cut binding or not (0, 1, E), draft and next-layer prefetch alone or together,
+    padding ids, one or several words per bitset."""
+    from specfit import bitsets
+    from specfit.policies import root_alone_copies
+
+    rng = np.random.default_rng(seed)
+    top_k = int(rng.integers(1, min(num_experts, 6) + 1))
+    capacity = int(rng.choice([0, 1, num_experts, int(rng.integers(0, num_experts + 1))]))
+
+    def sets(density):
+        return [set(np.flatnonzero(rng.random(num_experts) < density).tolist()) for _ in range(num_layers)]
+
+    def bits(layer_sets):
+        ids = np.full((num_layers, num_experts), -1)
+        for layer, members in enumerate(layer_sets):
+            ids[layer, : len(members)] = sorted(members)
+        return bitsets.pack(ids, num_experts)
+
+    cached = sets(rng.random())
+    root_ids = rng.integers(-1, num_experts, size=(num_layers, top_k))
+    predicted = sets(rng.random()) if rng.random() < 0.7 else None
+    guesses = rng.integers(-1, num_experts, size=(num_layers - 1, top_k)) if rng.random() < 0.6 else None
+    if predicted is None and guesses is None:
+        guesses = rng.integers(-1, num_experts, size=(num_layers - 1, top_k))
+    demand, copies = root_alone_copies(
+        bits(cached), root_ids, num_experts, capacity, None if predicted is None else bits(predicted), guesses
+    )
+    assert (demand.tolist(), copies.tolist()) == _root_alone_by_sets(cached, root_ids, capacity, predicted, guesses)
+    assert demand.dtype == copies.dtype == np.int64
+
+
+def test_root_alone_copies_rejects_bad_shapes_and_ids() -> None:
+    """Wrong bitset widths, layer counts that disagree and an expert id >= E raise (the compiled
+    pass does no bounds checks), as the docstring says."""
+    from specfit import bitsets
+    from specfit.policies import root_alone_copies
+
+    cached = bitsets.pack(np.array([[1], [2], [3]]), 70)  # 3 layers, 2 words
+    ids = np.array([[1, 2], [3, 4], [5, 6]])
+    with pytest.raises(ValueError, match="cached_bits"):
+        root_alone_copies(cached[:, :1], ids, 70, 4, cached[:, :1])
+    with pytest.raises(ValueError, match="root_expert_ids"):
+        root_alone_copies(cached, ids[:2], 70, 4, cached)
+    with pytest.raises(ValueError, match="predicted_bits"):
+        root_alone_copies(cached, ids, 70, 4, cached[:2])
+    with pytest.raises(ValueError, match="next_layer_ids"):
+        root_alone_copies(cached, ids, 70, 4, None, ids)
+    with pytest.raises(IndexError, match="expert id"):
+        root_alone_copies(cached, np.array([[1, 2], [3, 70], [5, 6]]), 70, 4, cached)
+    with pytest.raises(IndexError, match="expert id"):
+        root_alone_copies(cached, ids, 70, 4, None, np.array([[1, 2], [3, 99]]))
 
 
 def test_the_paired_root_price_has_the_root_alones_prefetch_copies() -> None:
