@@ -598,10 +598,8 @@ class _Replayer:
 
     def _ledger_accessed(self, access: Any) -> None:
         """Count the prefetched experts an access hit (used) or evicted (wasted)."""
-        if self.config.prefetch != "none":
-            misses = access.num_misses.tolist()
-            for layer, (hit, gone) in enumerate(zip(access.hit_ids(), access.evicted_ids())):
-                self.ledger.accessed(layer, hit, gone, misses[layer])
+        if self.config.prefetch != "none":  # PrefetchLedger.accessed at every layer, batched
+            self.ledger.accessed_layers(access.keys(0), access.keys(2), access.num_hits, access.num_misses)
 
     def _next_layer_prefetch(self, guesses: np.ndarray) -> list[list[int]]:
         """Next-layer prefetch of one forward, as the live engine's ``--prefetch next-layer``:

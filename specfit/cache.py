@@ -82,6 +82,13 @@ def miss_ema_step(old: float, frac: float) -> float:
     return frac if old != old else old + MISS_EMA_WEIGHT * (frac - old)
 
 
+def miss_ema_steps(old: np.ndarray, frac: np.ndarray) -> np.ndarray:
+    """:func:`miss_ema_step` element-wise over float64 arrays of the same shape (the same IEEE
+    operations per element: bit for bit the scalar steps). Used by :meth:`CacheStats.record_layers`
+    and ``specfit.prefetch.PrefetchLedger.accessed_layers``."""
+    return np.where(np.isnan(old), frac, old + MISS_EMA_WEIGHT * (frac - old))
+
+
 @dataclass(frozen=True, eq=False)
 class LayerAccesses:
     """Result of :meth:`ExpertCache.access_layers`: one access per layer, as bool[L, E] masks.
@@ -98,6 +105,11 @@ class LayerAccesses:
     num_hits: np.ndarray
     num_misses: np.ndarray
     num_evicted: np.ndarray
+
+    def keys(self, kind: int) -> np.ndarray:
+        """The ascending int64 ``layer * E + expert`` keys of the hits (``kind`` 0), misses (1) or
+        evictions (2) over all layers (what per-layer id lists say, as one array)."""
+        return np.flatnonzero((self.hits, self.misses, self.evicted)[kind])
 
     def hit_ids(self) -> list[np.ndarray]:
         """Per layer, the int64[] expert ids that hit, ascending (``L`` arrays)."""
@@ -148,8 +160,9 @@ class _KeyedLayerAccesses(LayerAccesses):
         )
         return out_
 
-    def _keys(self, kind: int) -> np.ndarray:
-        """The ascending ``layer * E + expert`` keys of the hits (0), misses (1) or evictions (2)."""
+    def keys(self, kind: int) -> np.ndarray:
+        """The ascending int64 ``layer * E + expert`` keys of the hits (0), misses (1) or
+        evictions (2): a view of the compiled access's result, no mask built."""
         ends = self._ends
         return self._out[ends[kind] : ends[kind + 1]]
 
@@ -158,7 +171,7 @@ class _KeyedLayerAccesses(LayerAccesses):
         if mask is None:
             num_layers = self.num_hits.shape[0]
             mask = np.zeros(num_layers * self._num_experts, dtype=bool)
-            mask[self._keys(kind)] = True
+            mask[self.keys(kind)] = True
             mask = self._masks[kind] = mask.reshape(num_layers, self._num_experts)
         return mask
 
@@ -168,15 +181,15 @@ class _KeyedLayerAccesses(LayerAccesses):
 
     def hit_ids(self) -> list[np.ndarray]:
         """Per layer, the int64[] expert ids that hit, ascending (``L`` arrays)."""
-        return _keys_to_ids(self._keys(0), self.num_hits, self._num_experts)
+        return _keys_to_ids(self.keys(0), self.num_hits, self._num_experts)
 
     def miss_ids(self) -> list[np.ndarray]:
         """Per layer, the int64[] expert ids that missed, ascending (``L`` arrays)."""
-        return _keys_to_ids(self._keys(1), self.num_misses, self._num_experts)
+        return _keys_to_ids(self.keys(1), self.num_misses, self._num_experts)
 
     def evicted_ids(self) -> list[np.ndarray]:
         """Per layer, the int64[] expert ids evicted, ascending (``L`` arrays)."""
-        return _keys_to_ids(self._keys(2), self.num_evicted, self._num_experts)
+        return _keys_to_ids(self.keys(2), self.num_evicted, self._num_experts)
 
 
 @dataclass
@@ -234,7 +247,7 @@ class CacheStats:
         if seen.any():
             frac = misses[seen] / total[seen]
             old = self._layer_miss_ema[seen]
-            self._layer_miss_ema[seen] = np.where(np.isnan(old), frac, old + MISS_EMA_WEIGHT * (frac - old))
+            self._layer_miss_ema[seen] = miss_ema_steps(old, frac)
 
     @property
     def layer_miss_fraction(self) -> np.ndarray:

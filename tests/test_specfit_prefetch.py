@@ -151,3 +151,34 @@ def test_planner_miss_fraction_is_the_ledgers_only_under_prefetch():
     cache.access(0, np.array([0, 1]))
     assert planner_miss_fraction(cache, ledger, "none")[0] == 1.0
     assert planner_miss_fraction(cache, ledger, "next-layer")[0] == 0.5
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_accessed_layers_equals_the_per_layer_calls(seed):
+    """``PrefetchLedger.accessed_layers`` (the simulator's batched count) leaves the ledger as
+    ``accessed`` at every layer in order does: the counts, the pending marks, the last used copy
+    per layer and the miss-fraction averages bit for bit, over random caches, warms (prefetch
+    issues and their evictions) and accesses, the compiled and the numpy cache access alike."""
+    rng = np.random.default_rng(seed)
+    num_layers, num_experts = int(rng.integers(1, 5)), int(rng.choice([3, 8, 70]))
+    cache = make_expert_cache("lru", num_layers, num_experts, int(rng.integers(0, num_experts + 1)))
+    batched, per_layer = PrefetchLedger(num_layers, num_experts), PrefetchLedger(num_layers, num_experts)
+    for step in range(30):
+        for layer in range(num_layers):  # a draft prefetch: warm a few, count the copies and evictions
+            ids = rng.choice(num_experts, size=int(rng.integers(0, 3)), replace=False)
+            missing = [e for e in ids.tolist() if not cache.contains(layer, e)]
+            before = cache.cached_ids(layer)
+            cache.warm(layer, ids)
+            gone = np.setdiff1d(before, cache.cached_ids(layer))
+            for ledger in (batched, per_layer):
+                ledger.issue(layer, missing, ahead=bool(step % 2))
+                ledger.evicted(layer, gone)
+        mask = rng.random((num_layers, num_experts)) < rng.uniform(0.05, 0.6)
+        access = cache.access_layers(mask, reference=bool(step % 3 == 0))
+        batched.accessed_layers(access.keys(0), access.keys(2), access.num_hits, access.num_misses)
+        for layer, (hit, gone) in enumerate(zip(access.hit_ids(), access.evicted_ids())):
+            per_layer.accessed(layer, hit, gone, int(access.num_misses[layer]))
+        assert batched.counts() == per_layer.counts()
+        assert np.array_equal(batched.pending, per_layer.pending)
+        assert batched.layer_last_used.tolist() == per_layer.layer_last_used.tolist()
+        assert batched.layer_miss_fraction.tobytes() == per_layer.layer_miss_fraction.tobytes()
