@@ -829,13 +829,19 @@ class _Replayer:
         the copies, in order (``specfit.prefetch.draft_prefetch``; counted in the prefetch ledger)."""
         from specfit.prefetch import draft_prefetch
 
-        bits = None if node_bits is None else node_bits[nodes]
+        if node_bits is None:  # draft_prefetch's "nothing to prefetch", without its L empty arrays
+            return []
         copies, evicted = draft_prefetch(
-            self.cache, bits, self.num_experts, self.config.cache_capacity_per_layer
+            self.cache, node_bits[nodes], self.num_experts, self.config.cache_capacity_per_layer
         )
-        for layer, gone in enumerate(evicted):
-            self.ledger.evicted(layer, gone)
-            self.ledger.issue(layer, [e for lay, e in copies if lay == layer])
+        by_layer: dict[int, list[int]] = {}  # the copies per layer (they come in layer, then id order)
+        for layer, e in copies:
+            by_layer.setdefault(layer, []).append(e)
+        for layer, gone in enumerate(evicted):  # layers are the ledger's disjoint rows: any order
+            if len(gone):
+                self.ledger.evicted(layer, gone)
+        for layer, experts in by_layer.items():
+            self.ledger.issue(layer, experts)
         return copies
 
     def _root_alone(self, cached: np.ndarray, root_ids: np.ndarray, node_bits: np.ndarray | None, dense: Any) -> tuple:

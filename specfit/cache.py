@@ -704,9 +704,10 @@ class ExpertCache:
         """int64[] cached experts at ``layer``, ascending."""
         return np.flatnonzero(self._stamp[int(layer)] >= 0).astype(np.int64, copy=False)
 
-    def cached_mask(self) -> np.ndarray:
-        """bool[L, E]: which experts are cached at each layer (a copy)."""
-        return self._stamp >= 0
+    def cached_mask(self, layer: int | None = None) -> np.ndarray:
+        """bool[L, E]: which experts are cached at each layer (a copy); with ``layer``, its row
+        bool[E] only (a copy; the prefetch's warms ask per layer)."""
+        return (self._stamp if layer is None else self._stamp[layer]) >= 0
 
     def cached_bits(self) -> np.ndarray:
         """uint64[L, W] bitsets of the cached experts (a copy)."""

@@ -257,10 +257,10 @@ def warm_layer(cache, layer: int, chosen: np.ndarray) -> tuple[list[int], np.nda
     """Make ``chosen`` resident at ``layer`` (``cache.warm``); return ``(copies, evicted)``: the
     chosen experts that were not cached before (they cross the link, in ascending id) and the
     experts the warm evicted (int64[n])."""
-    before = cache.cached_mask()[layer].copy()
+    before = cache.cached_mask(layer)
     copies = [int(e) for e in chosen if not before[e]]
     cache.warm(layer, chosen)
-    evicted = np.flatnonzero(before & ~cache.cached_mask()[layer])
+    evicted = np.flatnonzero(before & ~cache.cached_mask(layer))
     return copies, evicted
 
 
