@@ -333,6 +333,7 @@ class ExpertCache:
         self._buf = np.zeros(at + size, dtype=np.int64)
         header = (num_layers, num_experts, self._words, kernels.POLICY_CODES.get(policy, -1), 0, 0, 0)
         self._buf[: len(header)] = header
+        self._buf[kernels.VERSION] = kernels.LAYOUT_VERSION
         self._buf[kernels.WEIGHT : kernels.WEIGHT + 1].view(np.float64)[0] = MISS_EMA_WEIGHT
         self._buf[kernels.AT_STAMP : kernels.AT_STAMP + len(parts)] = [offset for offset, _ in parts.values()]
         self._slots = (kernels.STAMP_BASE, kernels.CLOCK, kernels.BITS_VALID)
@@ -390,6 +391,14 @@ class ExpertCache:
         return state
 
     def __setstate__(self, state: dict) -> None:
+        """Load a state made by :meth:`__getstate__`; raises ValueError (``cache_kernels.check_buffer``)
+        when its buffer is not of this code's layout (e.g. pickled before a layout change), so
+        the compiled access never reads a buffer of another layout."""
+        kernels = _cache_kernels()
+        policy = state.get("policy")
+        words = bitsets.num_words(int(state.get("num_experts", 0)))
+        code = kernels.POLICY_CODES.get(policy, -1)
+        kernels.check_buffer(state.get("_buf"), state.get("num_layers", -1), state.get("num_experts", -1), words, code)
         self.__dict__.update(state)
         self._bind()
 

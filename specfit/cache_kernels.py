@@ -39,7 +39,12 @@ del _i
 # offsets the header holds (``layout``); the float64 and uint64 parts are views of their int64 words.
 LAYERS, EXPERTS, WORDS, POLICY, STAMP_BASE, CLOCK, BITS_VALID, WEIGHT = range(8)  # header slots
 AT_STAMP, AT_FREQ, AT_TICK, AT_COUNT, AT_CAP, AT_STATS, AT_EMA, AT_BITS, AT_OUT, AT_LINK = range(8, 18)  # offsets
-HEADER = 18
+VERSION = 18  # header slot: the layout's version (:data:`LAYOUT_VERSION`)
+HEADER = 19
+# Raise it whenever the buffer's parts, their order or their meaning change (an unpickled cache
+# is checked against it, :func:`check_buffer`). 1: the first layout holding its version; the two
+# before it (17 header slots, no ``link``; 18, with ``link``) hold none and differ in offsets.
+LAYOUT_VERSION = 1
 
 
 def layout(num_layers: int, num_experts: int, num_words: int) -> dict[str, tuple[int, int]]:
@@ -74,6 +79,45 @@ def layout(num_layers: int, num_experts: int, num_words: int) -> dict[str, tuple
         parts[name] = (at, size)
         at += size
     return parts
+
+
+def check_buffer(buf: object, num_layers: int, num_experts: int, num_words: int, policy_code: int) -> None:
+    """Check that ``buf`` is a state buffer of this module's layout for ``L`` layers, ``E``
+    experts, ``W`` words per bitset and the policy ``policy_code`` (``POLICY_CODES``, -1 for
+    belady) before any compiled access reads it (they trust its header's offsets).
+
+    Args:
+        buf: the buffer to check (``ExpertCache._buf``, e.g. from a pickle made by older code).
+
+    Raises:
+        ValueError: not a C-contiguous int64[] of :func:`layout`'s length, or a header whose
+            shape, policy, version (:data:`LAYOUT_VERSION`) or offsets are not this layout's
+            (e.g. a buffer made before the ``link`` part or the version slot existed).
+    """
+    parts = layout(num_layers, num_experts, num_words)
+    at, size = parts["link"]  # the last part
+    want = (num_layers, num_experts, num_words, policy_code)
+    if not (
+        isinstance(buf, np.ndarray) and buf.dtype == np.int64 and buf.ndim == 1 and buf.flags.c_contiguous
+    ) or buf.shape[0] != at + size:
+        got = f"{type(buf).__name__} {getattr(buf, 'dtype', '')}{list(getattr(buf, 'shape', ()))}"
+        raise ValueError(
+            f"ExpertCache state buffer: expected a C-contiguous int64[{at + size}] (layout version "
+            f"{LAYOUT_VERSION}, L={num_layers}, E={num_experts}), got {got}: a cache pickled by "
+            "other code cannot be loaded; build it again"
+        )
+    offsets = [offset for offset, _ in parts.values()]
+    header = (
+        tuple(int(x) for x in buf[: POLICY + 1]),
+        int(buf[VERSION]),
+        [int(x) for x in buf[AT_STAMP : AT_STAMP + len(offsets)]],
+    )
+    if header != (want, LAYOUT_VERSION, offsets):
+        raise ValueError(
+            f"ExpertCache state buffer: expected layout version {LAYOUT_VERSION} (L, E, W, policy "
+            f"{want}, offsets {offsets}), got (L, E, W, policy {header[0]}, version {header[1]}, "
+            f"offsets {header[2]}): a cache pickled by other code cannot be loaded; build it again"
+        )
 
 
 @njit(cache=True, error_model="numpy")

@@ -161,6 +161,60 @@ def test_copies_and_pickles_keep_their_own_state_buffer(policy: str) -> None:
         assert twin.stats.layer_misses.tolist() == cache.stats.layer_misses.tolist()
 
 
+def _older_layout_buffer(cache, num_header: int, names: tuple[str, ...]) -> np.ndarray:
+    """``cache``'s state in a buffer of an older layout: ``num_header`` header slots (the first 8
+    as now, then the offsets of ``names``), then those parts, no version slot."""
+    from specfit.cache_kernels import AT_STAMP, layout
+
+    parts = layout(cache.num_layers, cache.num_experts, cache._words)
+    offsets, at = [], num_header
+    for name in names:
+        offsets.append(at)
+        at += parts[name][1]
+    buf = np.zeros(at, dtype=np.int64)
+    buf[:AT_STAMP] = cache._buf[:AT_STAMP]
+    buf[AT_STAMP : AT_STAMP + len(names)] = offsets
+    for name, offset in zip(names, offsets):
+        start, size = parts[name]
+        buf[offset : offset + size] = cache._buf[start : start + size]
+    return buf
+
+
+OLD_PARTS = ("stamp", "freq", "tick", "count", "cap", "stats", "ema", "bits", "out")
+
+
+@pytest.mark.parametrize(
+    "older",
+    [(17, OLD_PARTS), (18, (*OLD_PARTS, "link"))],  # before the recency list (9023b59); before the version slot
+    ids=["17-slot header, no link", "18-slot header, no version"],
+)
+def test_a_cache_pickled_in_an_older_buffer_layout_is_refused(older) -> None:
+    """An ExpertCache pickled by code with another state-buffer layout is refused on load with a
+    ValueError naming the layout (the compiled access trusts the header's offsets: it would read
+    and write the wrong words); the current layout loads. Also a wrong version or length."""
+    import pickle
+
+    from specfit.cache_kernels import VERSION
+
+    rng = np.random.default_rng(3)
+    cache = make_expert_cache("lru", 3, 70, 5)
+    cache.access_layers(rng.random((3, 70)) < 0.1)
+    good, stamp = pickle.dumps(cache), cache._stamp.copy()
+    old = make_expert_cache("lru", 3, 70, 5)
+    old.access_layers(rng.random((3, 70)) < 0.1)
+    old._buf = _older_layout_buffer(old, *older)
+    with pytest.raises(ValueError, match="layout version"):
+        pickle.loads(pickle.dumps(old))
+    cache._buf[VERSION] += 1  # the current offsets, another version
+    with pytest.raises(ValueError, match="version"):
+        pickle.loads(pickle.dumps(cache))
+    cache._buf = np.append(cache._buf, 0)
+    with pytest.raises(ValueError, match="int64"):
+        pickle.loads(pickle.dumps(cache))
+    twin = pickle.loads(good)  # the current layout loads, its state as pickled
+    assert np.array_equal(twin._stamp, stamp) and (twin._stamp >= 0).any()
+
+
 def test_bad_arguments_name_the_problem() -> None:
     assert CACHE_POLICIES == ("lru", "lfu", "static", "belady")
     with pytest.raises(ValueError, match="expected one of"):
