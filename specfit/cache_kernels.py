@@ -1,6 +1,10 @@
 """Compiled form of :meth:`specfit.cache.ExpertCache.access_layers` and ``.access_nodes`` (numba,
-``cache=True``), and of what a root-only cycle would copy into a cache
-(:func:`root_alone_copies`, the body of ``specfit.policies.root_alone_copies``).
+``cache=True``), and the throughput guard's two root-alone questions on a cache's bitsets: what a
+root-only cycle would copy into it (:func:`root_alone_copies`, the body of
+``specfit.policies.root_alone_copies``; an id repeated in a layer's row counts once) and, without
+prefetch, how many of the root's experts it lacks per layer (:func:`root_layer_misses`, the body
+of ``specfit.policies.root_layer_misses``; a repeated id counts each time, as its numpy form
+``root_layer_misses_numpy`` does).
 
 One access at every layer for the ``lru``, ``lfu`` and ``static`` policies, as one pass over
 plain arrays: the same rules and the same state updates as the vectorised reference
@@ -539,3 +543,38 @@ def root_alone_copies(cached_bits, root_ids, num_experts, capacity, predicted_bi
             draft[w] = 0
             ahead[w] = 0
     return demand, copies
+
+
+@njit(cache=True)
+def root_layer_misses(cached_bits, root_expert_ids, out):
+    """Per layer ``l``, the ids ``e >= 0`` of ``root_expert_ids[l]`` whose bit ``e % 64`` of word
+    ``e // 64`` is clear in ``cached_bits[l]``, counted into ``out[l]`` (each occurrence: an id
+    repeated in a row counts as often as it appears, unlike :func:`root_alone_copies`). The
+    throughput guard's paired price asks it in every drafting cycle (its numpy form, five array
+    operations on an ``[L, K]`` array, took ~15-70 us; ``tests/test_specfit_root_alone_kernels.py``
+    compares them).
+
+    Args:
+        cached_bits: uint64[L, W] cache bitsets (``ExpertCache.cached_bits``).
+        root_expert_ids: int[L, K] the root's routed experts (negative ids: padding, not counted).
+        out: int64[L], overwritten.
+
+    Returns:
+        -1 when every id is below ``64 * W`` (``out`` filled), else the first id at or above it
+        (``out`` then partly filled): the caller raises.
+    """
+    num_layers, k = root_expert_ids.shape
+    num_words = cached_bits.shape[1]
+    for layer in range(num_layers):
+        n = 0
+        for j in range(k):
+            e = np.int64(root_expert_ids[layer, j])
+            if e < 0:
+                continue
+            word = e >> 6
+            if word >= num_words:
+                return e
+            if (cached_bits[layer, word] >> np.uint64(e & 63)) & np.uint64(1) == 0:
+                n += 1
+        out[layer] = n
+    return -1

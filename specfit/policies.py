@@ -252,7 +252,7 @@ def root_layer_misses(cached_bits: np.ndarray, root_expert_ids: np.ndarray) -> n
     ``root_expert_ids`` int[L, K] (the root's routed experts; negative ids are ignored). What the
     root alone would have missed in a cycle, for :class:`ThroughputGuard`'s paired comparison;
     the simulator and the live engine both call it on the cache as the planner saw it. One
-    compiled call (:mod:`specfit.guard_kernels`); the same integers as
+    compiled call (``specfit.cache_kernels.root_layer_misses``); the same integers as
     :func:`root_layer_misses_numpy`, its numpy form, which takes any other input (a shape or
     dtype the kernel does not).
 
@@ -265,10 +265,8 @@ def root_layer_misses(cached_bits: np.ndarray, root_expert_ids: np.ndarray) -> n
         type(bits) is np.ndarray and type(ids) is np.ndarray and bits.dtype == np.uint64 and bits.ndim == 2
         and ids.ndim == 2 and ids.dtype.kind == "i" and ids.shape[0] == bits.shape[0]
     ):  # fmt: skip
-        if not _GUARD_KERNELS:
-            from specfit import guard_kernels  # numba loads on the first question, not at import
-
-            _GUARD_KERNELS.append(guard_kernels.root_layer_misses)
+        if not _GUARD_KERNELS:  # numba loads on the first question (or cache), not at import
+            _GUARD_KERNELS.append(_cache_kernels().root_layer_misses)
         out = np.empty(ids.shape[0], dtype=np.int64)
         bad = _GUARD_KERNELS[0](bits, ids, out)
         if bad >= 0:
@@ -277,7 +275,7 @@ def root_layer_misses(cached_bits: np.ndarray, root_expert_ids: np.ndarray) -> n
     return root_layer_misses_numpy(cached_bits, root_expert_ids)
 
 
-_GUARD_KERNELS: list = []  # specfit.guard_kernels.root_layer_misses once imported
+_GUARD_KERNELS: list = []  # specfit.cache_kernels.root_layer_misses once imported
 
 
 def root_layer_misses_numpy(cached_bits: np.ndarray, root_expert_ids: np.ndarray) -> np.ndarray:
