@@ -83,11 +83,17 @@ def test_simulated_root_cycles_are_priced_at_their_time(monkeypatch) -> None:
     used_now: list[int] = []
     per_cycle: list[list[int]] = []
     accessed, run_cycle = prefetch.PrefetchLedger.accessed, engine.FastEngine.run_cycle
+    accessed_layers = prefetch.PrefetchLedger.accessed_layers
 
     def count(self, layer, hits, evicted, num_misses=None):
         before = self.num_used
         accessed(self, layer, hits, evicted, num_misses)
         used_now.append(self.num_used - before)
+
+    def count_layers(self, hit_keys, evicted_keys, num_hits, num_misses):  # the simulator's batched form
+        used_keys = hit_keys[self.pending.reshape(-1)[hit_keys]]  # hits on pending prefetches, per layer
+        used_now.extend(np.bincount(used_keys // self.pending.shape[1], minlength=len(num_hits)).tolist())
+        accessed_layers(self, hit_keys, evicted_keys, num_hits, num_misses)
 
     def cycle(self, plan):  # the cycle's accesses come last (a request's prefill's before them)
         per_cycle.append(used_now[-layers:])
@@ -95,6 +101,7 @@ def test_simulated_root_cycles_are_priced_at_their_time(monkeypatch) -> None:
         return run_cycle(self, plan)
 
     monkeypatch.setattr(prefetch.PrefetchLedger, "accessed", count)
+    monkeypatch.setattr(prefetch.PrefetchLedger, "accessed_layers", count_layers)
     monkeypatch.setattr(engine.FastEngine, "run_cycle", cycle)
     cost = _cost(num_layers=layers, verify_base_s=4.475e-3, verify_s_per_node=1.98e-5, draft_s_per_level=1.766e-3,
                  next_layer_prefetch=False, next_layer_cover_fraction=0.0, next_layer_waste_per_miss=0.0)  # fmt: skip
