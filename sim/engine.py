@@ -226,15 +226,17 @@ class CycleTiming:
         start_ns, draft_end_ns, verify_start_ns, end_ns: cycle start, draft end, verification
             start (= subtree chosen, prefetch enqueued) and end of the last layer.
         layer_start_ns, layer_end_ns: ``L`` compute start/end per layer (the start: when the
-            layer's first compute began, its pre-router part; with overlap "off" and no
-            pre-router compute, after its copies landed).
+            layer's first compute began, its pre-router part, as the live engine's decoder-layer
+            span starts, also where that part is 0; with overlap "off" and a plan without
+            pre-router parts, ``layer_pre_router_ns`` empty, after its copies landed).
         layer_h2d_ns: ``L``, summed duration of this cycle's copies for layer ``l`` (demand and
             prefetch; with ``concurrency == 1`` this is the link time they occupied).
         num_transfers: copies enqueued in this cycle (demand + prefetch).
         layer_wait_ns: ``L``, the layer's stall inside its span: with overlap, placing its misses
             and waiting for late copies; with ``overlap="off"``, placing and waiting for its copies
-            after its pre-router compute (0 without pre-router compute, where the stall is the
-            gap between a layer's start and the previous layer's end).
+            after its pre-router compute (the live engine's ``layer_stall_s``; 0 with a plan
+            without pre-router parts, where the stall is the gap between a layer's start and the
+            previous layer's end).
         copies: with ``record_copies`` on the engine, each copy enqueued this cycle as
             ``(layer, expert, enqueued_ns, started_ns, landed_ns)`` in enqueue order (empty
             otherwise), the live engine's convention: a copy still in flight at the cycle's end
@@ -579,8 +581,10 @@ class FastEngine(_EngineBase):
                 if next_layer and next_layer[layer]:  # the live engine issues them after the wait
                     prefetch_next(layer, begin)
                     begin += len(next_layer[layer]) * host_ns
-                starts.append(compute_free if pre else ready)
-                waits.append(ready - routed if pre else 0)
+                # a plan with pre-router parts (a layer's 0 too): the wait inside the layer's span,
+                # as the live engine records it; without: the layer starts once its copies landed
+                starts.append(compute_free if pre_router else ready)
+                waits.append(ready - routed if pre_router else 0)
                 compute_free = begin + int(compute_ns) - pre
             ends.append(compute_free)
 
@@ -628,8 +632,8 @@ class FastEngine(_EngineBase):
         Then every layer finds the link free once its misses are placed (by induction: its
         copies land before it ends), so no link state is needed per layer. With ``n`` misses,
         compute ``c`` of which ``p`` before the router, placing ``h`` and copy ``t`` per miss, a
-        layer lasts ``n (h + t) + c`` and waits ``n (h + t)`` after ``p`` (overlap "off"; with
-        ``p = 0`` it starts after the wait), or lasts ``n h + max(c, p + n t)``, waiting
+        layer lasts ``n (h + t) + c`` and waits ``n (h + t)`` after ``p`` (overlap "off"; in a
+        plan without pre-router parts it starts after the wait), or lasts ``n h + max(c, p + n t)``, waiting
         ``n h + max(p + n t - c, 0)`` (overlap "on" without a late-call cost): running sums of
         integers (exact). Only for "off" and such "on" cycles, without prefetch (draft or
         next-layer), recorded copies or placing after the enqueue (``placing_ns_per_transfer``
@@ -876,8 +880,9 @@ class SimPyEngine(_EngineBase):
                 waits = [w for w in waits if not w.processed]
                 if waits:
                     yield simpy.AllOf(env, waits)
-                starts.append(layer_start if pre else int(env.now))
-                layer_waits.append(int(env.now) - routed if pre else 0)
+                has_pre = bool(plan.layer_pre_router_ns)  # a layer's 0 too: the wait inside its span
+                starts.append(layer_start if has_pre else int(env.now))
+                layer_waits.append(int(env.now) - routed if has_pre else 0)
                 count += yield env.process(self._prefetch_next(plan, layer, layer_h2d))
                 if plan.layer_compute_ns[layer] - pre:
                     yield env.timeout(int(plan.layer_compute_ns[layer]) - pre)

@@ -69,7 +69,7 @@ class _TimedCopy:
 
 @pytest.mark.parametrize(
     ("pre_ns", "host_ns", "overlap"),
-    [(0, 0, True), (PRE_NS, 0, True), (PRE_NS, HOST_NS, True), (PRE_NS, HOST_NS, False)],
+    [(0, 0, True), (PRE_NS, 0, True), (PRE_NS, HOST_NS, True), (PRE_NS, HOST_NS, False), (0, HOST_NS, False)],
 )
 @pytest.mark.parametrize("prefetch", ["draft", "both"])
 def test_live_spans_equal_the_simulated_event_log_to_the_nanosecond(tiny_checkpoint, monkeypatch, prefetch, pre_ns, host_ns, overlap):

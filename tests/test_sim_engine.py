@@ -20,8 +20,10 @@ def _random_plan(
     overlap: bool | str,
     prefetch: bool,
     late: bool = False,
-    pre_router: bool = False,
+    pre_router: bool | str = False,
 ) -> CyclePlan:
+    """A random cycle; ``pre_router``: False (no pre-router parts), True (each layer's part drawn
+    in [0, 0.8) of its compute) or ``"some zero"`` (as True, then about a third of them 0)."""
     hits, demand, pre = [], [], []
     for layer in range(num_layers):
         experts = rng.permutation(32)[: rng.integers(0, 12)]
@@ -52,7 +54,7 @@ def _random_plan(
         draft_ns=int(rng.integers(0, 5_000_000)),
         decision_ns=int(rng.integers(0, 50_000)),
         layer_compute_ns=compute,
-        layer_pre_router_ns=tuple(int(c * rng.uniform(0.0, 0.8)) for c in compute) if pre_router else (),
+        layer_pre_router_ns=_pre_router_parts(rng, compute, pre_router),
         hits=tuple(hits),
         demand=tuple(demand),
         prefetch=tuple(pre),
@@ -60,6 +62,15 @@ def _random_plan(
         late_call_ns=int(rng.integers(0, 600_000)) if late else 0,
         next_layer=tuple(next_layer),
     )
+
+
+def _pre_router_parts(rng: np.random.Generator, compute: tuple[int, ...], how: bool | str) -> tuple[int, ...]:
+    if not how:
+        return ()
+    parts = [int(c * rng.uniform(0.0, 0.8)) for c in compute]
+    if how == "some zero":  # only some layers' parts 0: the plan still has pre-router parts
+        parts = [0 if rng.random() < 0.35 else p for p in parts]
+    return tuple(parts)
 
 
 def test_serial_cycle_equals_the_analytic_formula_exactly() -> None:
@@ -91,8 +102,8 @@ def test_overlap_pipelines_transfers_of_later_layers_behind_compute() -> None:
 @pytest.mark.parametrize("overlap", [False, True, "on"])
 @pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("late", [False, True])  # placing on the compute stream, late-expert calls
-@pytest.mark.parametrize("pre_router", [False, True])  # attention + router before the copies
-def test_fast_engine_matches_simpy_to_the_nanosecond(overlap: bool, prefetch: bool, late: bool, pre_router: bool) -> None:
+@pytest.mark.parametrize("pre_router", [False, True, "some zero"])  # attention + router before the copies
+def test_fast_engine_matches_simpy_to_the_nanosecond(overlap: bool, prefetch: bool, late: bool, pre_router: bool | str) -> None:
     rng = np.random.default_rng(7)
     fast, ref = FastEngine(LINK, 6), SimPyEngine(LINK, 6)
     for _ in range(30):  # persistent state: prefetch copies still in flight cross cycle boundaries
@@ -340,10 +351,11 @@ def test_prefetch_copies_are_placed_on_the_compute_stream_like_misses(mode, enqu
 
 
 @pytest.mark.parametrize("overlap", ["off", "on", "ideal"])
-@pytest.mark.parametrize("pre_router", [False, True])
-def test_idle_link_fast_path_equals_the_loop(overlap: str, pre_router: bool) -> None:
+@pytest.mark.parametrize("pre_router", [False, True, "some zero"])
+def test_idle_link_fast_path_equals_the_loop(overlap: str, pre_router: bool | str) -> None:
     """FastEngine's closed form for cycles that start on an idle link (no prefetch, nothing in
-    flight) gives the loop's timings to the nanosecond, including across cycles that need the
+    flight) gives the loop's timings to the nanosecond, field by field (layer starts and waits
+    included, also when only some layers' pre-router parts are 0), across cycles that need the
     loop (prefetches still in flight) and with a host placing cost per miss."""
     rng = np.random.default_rng(11)
     fast, loop = FastEngine(LINK, 6), FastEngine(LINK, 6)
