@@ -52,7 +52,17 @@ from sim.presets import DEFAULT_COMPUTE, DEFAULT_COST, cost_from_preset  # noqa:
 from sim.replay import replay_policy  # noqa: E402
 from sim.sweep import run_sweep  # noqa: E402
 from sim.traceselect import SyntheticSpec, synthetic_trace  # noqa: E402
-from specfit.cli import ArgumentParser, cli_main, comma_list, gb_per_s, positive_int, print_summary, run_main  # noqa: E402
+from specfit.cli import (  # noqa: E402
+    ArgumentParser,
+    InputError,
+    cli_main,
+    comma_list,
+    gb_per_s,
+    positive_int,
+    print_summary,
+    run_main,
+)
+from specfit.shapes import get_model_shape  # noqa: E402
 from traces.reader import open_run  # noqa: E402
 
 AIM_CYCLES_PER_S = 5000.0
@@ -195,8 +205,12 @@ def build_parser() -> ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; returns 0 (the aims are reported, not enforced)."""
     args = build_parser().parse_args(argv)
-
     spec = SyntheticSpec(num_requests=args.requests, positions_per_request=args.positions)
+    try:  # checked before any work or file: the trace's experts per layer are its shape's
+        caches = parse_cache_sizes(args.cache, get_model_shape(spec.shape).num_experts)
+    except ValueError as exc:
+        raise InputError("--cache", str(exc)) from None
+
     started = time.perf_counter()
     path = synthetic_trace(spec, Path("runs/bench"))
     gen_s = time.perf_counter() - started
@@ -255,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         trace_path=str(Path(path).resolve()),
         cost=cost,
         bandwidths_gb_per_s=args.bandwidth,
-        caches=parse_cache_sizes(args.cache, model.num_experts),
+        caches=caches,
         policies=["ar", "topn", "specfit"],
     )
     # per-process setup (decoding the trace's arrays, fitting the predictor tables: seconds) is

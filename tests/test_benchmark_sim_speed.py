@@ -46,3 +46,20 @@ def test_drafting_row_drafts_where_the_aims_row_does_not(tmp_path) -> None:
     aim_cost = cost_from_preset(DEFAULT_COST, expert_bytes=bench.EXPERT_BYTES, num_layers=model.num_layers)
     aim = SimConfig(cost=aim_cost, cache_capacity_per_layer=model.num_experts // 4, max_positions=40)
     assert bench.drafting_summary(replay_policy(run, aim).cycles)["mean_nodes_verified"] < 1.05
+
+
+def test_bad_cache_exits_2_before_any_work(tmp_path, monkeypatch, capsys) -> None:
+    """``--cache`` is checked before the trace is generated or anything timed: exit 2, one line
+    naming the flag, nothing written (it was checked after ~30 s of benchmarking, with a
+    traceback, exit 1 and a generated trace under runs/)."""
+    import pytest
+
+    bench = load_benchmark("sim_speed")
+    monkeypatch.chdir(tmp_path)
+    for bad in ("2.0", "-0.5", "500", "abc"):
+        with pytest.raises(SystemExit) as exc:
+            bench.main(["--cache", bad])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--cache" in err[0] and bad in err[0], err
+    assert list(tmp_path.iterdir()) == []
