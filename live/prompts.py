@@ -413,14 +413,16 @@ def _load_all(spec: str) -> list[Prompt]:
             f"prompt file {spec!r} does not exist (expected 'default', 'mtbench', a .jsonl or a .txt file)"
         )
     suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        prompts = _read_jsonl(path)
-    elif suffix == ".txt":
-        prompts = _read_txt(path)
-    else:
+    if suffix not in (".jsonl", ".txt"):
         raise ValueError(
             f"prompt file {spec!r}: expected a .jsonl or .txt file, got {suffix or 'no extension'!r}"
         )
+    try:
+        prompts = _read_jsonl(path) if suffix == ".jsonl" else _read_txt(path)
+    except UnicodeDecodeError as exc:  # a binary file: name it and what was expected, not the codec
+        raise ValueError(
+            f"prompt file {spec!r}: not UTF-8 text (byte {exc.start}); expected a UTF-8 {suffix} file"
+        ) from None
     if not prompts:
         raise ValueError(f"prompt file {spec!r} holds no prompts")
     return prompts

@@ -110,6 +110,20 @@ def test_load_prompts_missing_empty_and_wrong_extension(tmp_path: Path):
         load_prompts(str(other))
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".txt"])
+def test_load_prompts_binary_file_names_the_file(tmp_path: Path, suffix: str):
+    """A binary (gzip) prompt file: the message names the file and what was expected, not only
+    the codec's words (a fresh-clone finding: ``'utf-8' codec can't decode byte 0x9c``)."""
+    import gzip
+
+    binary = tmp_path / f"p{suffix}"
+    binary.write_bytes(gzip.compress(b'{"prompt": "hi"}\n'))
+    with pytest.raises(
+        ValueError, match=rf"p\{suffix}': not UTF-8 text \(byte \d+\); expected a UTF-8 \{suffix} file"
+    ):
+        load_prompts(str(binary))
+
+
 def _fake_distribution(root: Path, name: str, files: dict[str, str]) -> None:
     """An installed distribution on disk: ``<name>-1.0.dist-info`` plus data files."""
     info = root / f"{name}-1.0.dist-info"
