@@ -477,13 +477,16 @@ def warm_up(search: bool = True) -> float:
     the rest): a live engine calls this before its first timed cycle so that cost is not charged
     to a cycle's decision time. Runs, on tiny inputs of the types a live cycle passes, the
     calibrated acceptance levels (edge map with and without a runner-up map, path map), the
-    union-size plan and expected stopping rule (:mod:`specfit.decide_kernels`) and, with
-    ``search``, the exact search with and without a deadline (:mod:`specfit.planner_kernels`).
+    union-size plan and expected stopping rule (:mod:`specfit.decide_kernels`), the guard's
+    root-alone misses and copies with and without each prefetch kind (``root_layer_misses``,
+    ``root_alone_copies`` in :mod:`specfit.cache_kernels`: the live engine asks them after each
+    drafting cycle, inside the run's decode time) and, with ``search``, the exact search with and
+    without a deadline (:mod:`specfit.planner_kernels`).
     """
     from specfit import bitsets
     from specfit.acceptance import AcceptanceCalibration, path_accept_probs
     from specfit.cost import CycleCostModel
-    from specfit.policies import SpecFitPolicy
+    from specfit.policies import SpecFitPolicy, root_alone_copies
     from specfit.tree import DraftTree
 
     started = time.perf_counter()
@@ -500,6 +503,9 @@ def warm_up(search: bool = True) -> float:
     union = NodeExperts(64, union_size=np.array([[0.0, 1.0, 2.0]]), miss_fraction=np.array([0.5]))
     ctx = PolicyContext(tree, probs, union, bitsets.empty((1,), 64), cost, num_levels=1)
     SpecFitPolicy(guard=False).keep_drafting_expected(ctx, max_depth=2)  # the plan, then the rule
+    cached, root_ids = bitsets.empty((2,), 64), np.array([[0], [1]], dtype=np.int64)  # the live types
+    for predicted, guesses in ((None, None), (cached, None), (None, root_ids[1:]), (cached, root_ids[1:])):
+        root_alone_copies(cached, root_ids, 64, 1, predicted, guesses)
     if search:
         bits = bitsets.pack(np.array([[[0]], [[1]], [[1]]]), 64)
         for deadline_s in (None, 0.0):  # both paths: the search and the deadline's bound
