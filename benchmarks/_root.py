@@ -21,11 +21,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def put_root_first() -> Path:
-    """Insert this checkout's root at ``sys.path[0]`` unless it is on ``sys.path`` already; return it.
+    """Put this checkout's root at ``sys.path[0]`` (moved there when it is on ``sys.path`` behind
+    another copy, e.g. ``PYTHONPATH=/other:/this``); return it.
 
     Nothing is raised; ``sys.path`` is changed in place. The root is where ``specfit``, ``sim``,
     ``live`` and ``benchmarks`` of this clone live (the folder above this file).
     """
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
+    root = str(ROOT)
+    if sys.path[:1] != [root]:
+        sys.path[:] = [root] + [entry for entry in sys.path if entry != root]
     return ROOT

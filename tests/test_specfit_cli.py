@@ -323,17 +323,20 @@ def test_every_benchmark_runs_through_the_cli_contract(script: Path) -> None:
     assert "run_main(main)" in ast.unparse(block), ast.unparse(block)
 
 
+@pytest.mark.parametrize("behind", [False, True], ids=["decoy", "decoy-then-checkout"])
 @pytest.mark.parametrize("script", _benchmark_scripts(), ids=lambda p: p.name)
-def test_every_benchmark_imports_its_own_checkout(script: Path, tmp_path: Path) -> None:
+def test_every_benchmark_imports_its_own_checkout(script: Path, behind: bool, tmp_path: Path) -> None:
     """``python /clone/benchmarks/X.py`` imports /clone's code, not another copy of the project that
-    Python finds first (an editable install of another clone; here decoy packages on PYTHONPATH)."""
+    Python finds first (an editable install of another clone; here decoy packages on PYTHONPATH),
+    also when the checkout itself is on PYTHONPATH behind the decoy (rev6: it was left there)."""
     import subprocess
     import sys
 
     for name in ("specfit", "sim", "traces", "live", "calibration", "analysis"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(f"raise ImportError('decoy copy of {name} imported')\n")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    paths = [str(tmp_path), str(script.resolve().parents[1])] if behind else [str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     run = subprocess.run(
         [sys.executable, str(script), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True
     )
