@@ -399,6 +399,8 @@ class ExpertCache:
         words = bitsets.num_words(int(state.get("num_experts", 0)))
         code = kernels.POLICY_CODES.get(policy, -1)
         kernels.check_buffer(state.get("_buf"), state.get("num_layers", -1), state.get("num_experts", -1), words, code)
+        if not state["_buf"].flags.writeable:  # e.g. pickle protocol 5's out-of-band buffers: own a copy
+            state = {**state, "_buf": state["_buf"].copy()}
         self.__dict__.update(state)
         self._bind()
 

@@ -135,7 +135,10 @@ def test_copies_and_pickles_keep_their_own_state_buffer(policy: str) -> None:
     cache = make_expert_cache(policy, 3, 70, 5)
     for _ in range(4):
         cache.access_layers(rng.random((3, 70)) < 0.1)
-    twins = [cache.copy(), pickle.loads(pickle.dumps(cache))]
+    buffers: list = []  # protocol 5's out-of-band buffers, handed back read-only (rev6: unusable)
+    out_of_band = pickle.dumps(cache, protocol=5, buffer_callback=buffers.append)
+    read_only = [memoryview(b).toreadonly() for b in buffers]
+    twins = [cache.copy(), pickle.loads(pickle.dumps(cache)), pickle.loads(out_of_band, buffers=read_only)]
     masks = [rng.random((3, 70)) < 0.1 for _ in range(3)]
     want = []
     for mask in masks:  # the original's future, then the twins' must be the same
