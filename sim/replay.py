@@ -186,7 +186,7 @@ def link_from_cost(cost: Any, concurrency: int = 1) -> LinkSpec:
 
 
 def committed_path(tree: Any, path_ok: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-    """Node ids committed when ``nodes`` (ancestor-closed, contains 0) are verified.
+    """Node ids committed when ``nodes`` (ascending ids, ancestor-closed, contains 0) are verified.
 
     Returns the path root -> deepest path-accepted node of ``nodes`` (ties: lowest id, which
     greedy verification never meets since siblings carry distinct tokens), root first.
