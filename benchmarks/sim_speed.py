@@ -51,7 +51,7 @@ from sim.config import SimConfig  # noqa: E402
 from sim.presets import DEFAULT_COMPUTE, DEFAULT_COST, cost_from_preset  # noqa: E402
 from sim.replay import replay_policy  # noqa: E402
 from sim.sweep import run_sweep  # noqa: E402
-from sim.traceselect import SyntheticSpec, synthetic_trace  # noqa: E402
+from sim.traceselect import DEFAULT_SYNTHETIC_SHAPE, SyntheticSpec, synthetic_trace  # noqa: E402
 from specfit.cli import (  # noqa: E402
     ArgumentParser,
     InputError,
@@ -68,7 +68,7 @@ from traces.reader import open_run  # noqa: E402
 AIM_CYCLES_PER_S = 5000.0
 AIM_SWEEP_S = 15.0  # issue 14 (was 30 s in issue 6)
 AIM_EFFICIENCY = 0.8
-EXPERT_BYTES = 9_437_184  # one Qwen3-30B-A3B expert in bf16: 3 x 2048 x 768 x 2 bytes
+EXPERT_BYTES = get_model_shape(DEFAULT_SYNTHETIC_SHAPE).bytes_per_expert  # one Qwen3-30B-A3B expert in bf16 (bytes)
 # the reported drafting row's setting (drafting_config): a benchmark setting, not a hardware claim
 DRAFTING_LINK = "nvlink-c2c"
 DRAFTING_DRAFT_FRACTION = 0.1  # of the compute preset's draft_s_per_level

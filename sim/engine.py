@@ -87,6 +87,7 @@ import simpy
 
 ENGINES = ("auto", "fast", "simpy")
 OVERLAP_MODES = ("off", "on", "ideal")
+MEMO_MAX_ENTRIES = 4096  # entries a per-cycle memo keeps before it is cleared (FastEngine's pairs, sim.replay's splits: count)
 
 
 @dataclass(frozen=True)
@@ -441,7 +442,7 @@ class FastEngine(_EngineBase):
         if plan.num_layers != self.num_layers:
             raise ValueError(f"CyclePlan: {plan.num_layers} layers, engine has {self.num_layers}")
         if not known and type(compute) is tuple and type(pre) is tuple:  # immutable: checked once
-            if len(self._pairs) >= 4096:
+            if len(self._pairs) >= MEMO_MAX_ENTRIES:
                 self._pairs.clear()
             self._pairs[id(compute)] = [compute, pre, None]
         t_ns = self._transfer_ns
@@ -642,10 +643,11 @@ class FastEngine(_EngineBase):
         kernels, entry = _engine_kernels()
         compute, pre = plan.layer_compute_ns, plan.layer_pre_router_ns
         pair = self._pairs.get(id(compute))  # the simulator reuses each (compute, pre) pair
-        arrays = pair[2] if pair is not None and pair[0] is compute and pair[1] is pre else None
+        known = pair is not None and pair[0] is compute and pair[1] is pre  # tuples run_cycle checked
+        arrays = pair[2] if known else None
         if arrays is None:
             arrays = (np.asarray(compute, dtype=np.int64), np.asarray(pre, dtype=np.int64).reshape(-1))
-            if pair is not None and pair[0] is compute and pair[1] is pre:  # tuples run_cycle checked
+            if known:
                 pair[2] = arrays
         counts = (counts if type(counts) is np.ndarray else np.asarray(counts, dtype=np.int64)).astype(np.int64, copy=False)
         out = self._idle_out  # run_cycle checked len(counts) == L
@@ -836,9 +838,10 @@ class SimPyEngine(_EngineBase):
             for layer, experts in enumerate(plan.demand):
                 demand_events[layer] = [self._enqueue(layer, e) for e in experts]
         starts, ends, layer_waits = [], [], []
+        has_pre = bool(plan.layer_pre_router_ns)  # per plan: a layer's 0 too waits inside its span
         for layer in range(self.num_layers):
             layer_start = int(env.now)
-            pre = int(plan.layer_pre_router_ns[layer]) if plan.layer_pre_router_ns else 0
+            pre = int(plan.layer_pre_router_ns[layer]) if has_pre else 0
             if pre:  # attention and the router: the layer's experts are known after it
                 yield env.timeout(pre)
             routed = int(env.now)
@@ -880,7 +883,6 @@ class SimPyEngine(_EngineBase):
                 waits = [w for w in waits if not w.processed]
                 if waits:
                     yield simpy.AllOf(env, waits)
-                has_pre = bool(plan.layer_pre_router_ns)  # a layer's 0 too: the wait inside its span
                 starts.append(layer_start if has_pre else int(env.now))
                 layer_waits.append(int(env.now) - routed if has_pre else 0)
                 count += yield env.process(self._prefetch_next(plan, layer, layer_h2d))

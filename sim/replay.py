@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from sim.config import ORACLE_VARIANTS, SimConfig, base_policy, expert_budget_or_default
-from sim.engine import CyclePlan, CycleTiming, FastEngine, LinkSpec, make_engine
+from sim.engine import MEMO_MAX_ENTRIES, CyclePlan, CycleTiming, FastEngine, LinkSpec, make_engine
 from specfit import bitsets
 from specfit.prefetch import planner_miss_fraction
 from specfit.units import BYTES_PER_GB, ns_to_s, s_to_ns
@@ -903,7 +903,7 @@ class _Replayer:
         verify_ns = s_to_ns(self.timed.verify_s(len(nodes), dense.context_len))
         split = self._splits.get(verify_ns)
         if split is None:
-            if len(self._splits) >= 4096:  # bounded: context-dependent verify times vary
+            if len(self._splits) >= MEMO_MAX_ENTRIES:  # bounded: context-dependent verify times vary
                 self._splits.clear()
             split = self._splits[verify_ns] = self._layer_split(verify_ns)
         layer_compute, layer_pre_router = split
