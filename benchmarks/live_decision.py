@@ -333,11 +333,11 @@ def fixed_cost_model() -> CycleCostModel:
             "moe_intermediate_size (is live/assets/default installed?)"
         )
     dtype = resolve_dtype(build_parser().get_default("dtype"))
-    per_param = torch.empty((), dtype=dtype).element_size()
+    bytes_per_param = torch.empty((), dtype=dtype).element_size()
     return CycleCostModel(
         **FIXED_COST,
         num_layers=num_layers,
-        expert_bytes=expert_bytes(SimpleNamespace(hidden_size=sizes[0], moe_intermediate_size=sizes[1]), per_param),
+        expert_bytes=expert_bytes(SimpleNamespace(hidden_size=sizes[0], moe_intermediate_size=sizes[1]), bytes_per_param),
         source="benchmarks/live_decision.py FIXED_COST (the embedded default's quick estimate, rounded)",
     )
 

@@ -329,8 +329,7 @@ class ExpertCache:
         self._words = bitsets.num_words(num_experts)  # uint64 words per layer's bitset
         kernels = _cache_kernels()  # the state buffer's layout (numba loads; nothing compiles)
         parts = kernels.layout(num_layers, num_experts, self._words)
-        at, size = parts["link"]  # the last part
-        self._buf = np.zeros(at + size, dtype=np.int64)
+        self._buf = np.zeros(kernels.buffer_words(num_layers, num_experts, self._words), dtype=np.int64)
         header = (num_layers, num_experts, self._words, kernels.POLICY_CODES.get(policy, -1), 0, 0, 0)
         self._buf[: len(header)] = header
         self._buf[kernels.VERSION] = kernels.LAYOUT_VERSION

@@ -85,6 +85,12 @@ def layout(num_layers: int, num_experts: int, num_words: int) -> dict[str, tuple
     return parts
 
 
+def buffer_words(num_layers: int, num_experts: int, num_words: int) -> int:
+    """The length of a state buffer for ``L`` layers, ``E`` experts, ``W`` words per bitset, in
+    int64 words: the end of :func:`layout`'s last part (header included). Raises nothing."""
+    return max(at + size for at, size in layout(num_layers, num_experts, num_words).values())
+
+
 def check_buffer(buf: object, num_layers: int, num_experts: int, num_words: int, policy_code: int) -> None:
     """Check that ``buf`` is a state buffer of this module's layout for ``L`` layers, ``E``
     experts, ``W`` words per bitset and the policy ``policy_code`` (``POLICY_CODES``, -1 for
@@ -99,14 +105,14 @@ def check_buffer(buf: object, num_layers: int, num_experts: int, num_words: int,
             (e.g. a buffer made before the ``link`` part or the version slot existed).
     """
     parts = layout(num_layers, num_experts, num_words)
-    at, size = parts["link"]  # the last part
+    length = buffer_words(num_layers, num_experts, num_words)
     want = (num_layers, num_experts, num_words, policy_code)
     if not (
         isinstance(buf, np.ndarray) and buf.dtype == np.int64 and buf.ndim == 1 and buf.flags.c_contiguous
-    ) or buf.shape[0] != at + size:
+    ) or buf.shape[0] != length:
         got = f"{type(buf).__name__} {getattr(buf, 'dtype', '')}{list(getattr(buf, 'shape', ()))}"
         raise ValueError(
-            f"ExpertCache state buffer: expected a C-contiguous int64[{at + size}] (layout version "
+            f"ExpertCache state buffer: expected a C-contiguous int64[{length}] (layout version "
             f"{LAYOUT_VERSION}, L={num_layers}, E={num_experts}), got {got}: a cache pickled by "
             "other code cannot be loaded; build it again"
         )
