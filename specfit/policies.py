@@ -1020,11 +1020,12 @@ class UnionSizeQuestions:
         self._typed = False
 
     def _set_arrays(self, table: np.ndarray, miss: np.ndarray) -> None:
-        """Keep the cycle's ``table`` and ``miss`` and whether they have the types of the compiled
-        entry point (float64, 2 and 1 axes: :func:`specfit.decide_kernels.question_entry`); checked
-        here, once per cycle, with ``==`` (an unpickled dtype is an equal but distinct object)."""
-        if table is not self.table:  # a new table (the same one serves cycle after cycle)
-            self._table_typed = type(table) is np.ndarray and table.dtype == _FLOAT64 and table.ndim == 2
+        """Keep a new ``table`` and the cycle's ``miss`` and whether they have the types of the
+        compiled entry point (float64, 2 and 1 axes: :func:`specfit.decide_kernels.question_entry`),
+        checked with ``==`` (an unpickled dtype is an equal but distinct object). Called only with a
+        table other than ``self.table`` (:meth:`_warm_up`, :meth:`begin` on new sizes, :meth:`_answer`
+        on a larger one): :meth:`begin` keeps a kept table and its check without this call."""
+        self._table_typed = type(table) is np.ndarray and table.dtype == _FLOAT64 and table.ndim == 2
         self.table, self.miss = table, miss
         self._typed = (
             self._table_typed and type(miss) is np.ndarray and miss.ndim == 1
@@ -1062,7 +1063,7 @@ class UnionSizeQuestions:
             miss = observed
             if type(miss) is not np.ndarray or (miss.dtype is not _FLOAT64 and miss.dtype != _FLOAT64):
                 miss = np.array(observed, dtype=np.float64)
-        if table is self.table:  # _set_arrays' test for the kept table: miss is a float64 ndarray here
+        if table is self.table:  # the kept table, its types checked when it came: miss is a float64 ndarray here
             self.miss = miss
             self._typed = self._table_typed and miss.ndim == 1
         else:  # a new table: its types checked (miss's length is checked by the compiled question)
