@@ -63,3 +63,37 @@ def test_bad_cache_exits_2_before_any_work(tmp_path, monkeypatch, capsys) -> Non
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "--cache" in err[0] and bad in err[0], err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_sweeps_alternate_their_order_and_keep_every_time(tmp_path) -> None:
+    """The 1- and 2-worker sweeps alternate (2, 1, 1, 2, 2, 1): neither count always runs first,
+    in the same minutes; every sweep's wall and CPU seconds are kept in run order, each sweep in
+    its own folder, removed afterwards."""
+    bench = load_benchmark("sim_speed")
+    calls = []
+
+    def sweep(cells, out, *, jobs, progress):
+        calls.append((jobs, out))
+        assert out.is_dir() and list(out.iterdir()) == []
+        (out / "row.json").write_text("{}")
+
+    times, cpu = bench._time_sweeps(["cell"], (2, 1), 3, sweep=sweep)
+    assert [jobs for jobs, _ in calls] == [2, 1, 1, 2, 2, 1]
+    assert len({out for _, out in calls}) == 6 and not any(out.exists() for _, out in calls)
+    assert sorted(times) == sorted(cpu) == [1, 2]
+    assert all(len(times[j]) == len(cpu[j]) == 3 for j in (1, 2))
+    assert all(t >= 0 for values in times.values() for t in values)
+    only_two, _ = bench._time_sweeps(["cell"], (2,), 2, sweep=lambda *a, **k: None)
+    assert list(only_two) == [2] and len(only_two[2]) == 2
+
+
+def test_bad_sweep_pairs_exits_2(capsys) -> None:
+    import pytest
+
+    bench = load_benchmark("sim_speed")
+    for bad in ("0", "-1", "x"):
+        with pytest.raises(SystemExit) as exc:
+            bench.main(["--sweep-pairs", bad])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--sweep-pairs" in err[0], err
