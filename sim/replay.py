@@ -39,6 +39,7 @@ import numpy as np
 from sim.config import ORACLE_VARIANTS, SimConfig, base_policy, expert_budget_or_default
 from sim.engine import MEMO_MAX_ENTRIES, CyclePlan, CycleTiming, FastEngine, LinkSpec, make_engine
 from specfit import bitsets
+from specfit.cache import EVICTIONS, HITS
 from specfit.prefetch import planner_miss_fraction
 from specfit.units import BYTES_PER_GB, ns_to_s, s_to_ns
 from traces.schema import CycleRecord
@@ -599,7 +600,7 @@ class _Replayer:
     def _ledger_accessed(self, access: Any) -> None:
         """Count the prefetched experts an access hit (used) or evicted (wasted)."""
         if self.config.prefetch != "none":  # PrefetchLedger.accessed at every layer, batched
-            self.ledger.accessed_layers(access.keys(0), access.keys(2), access.num_hits, access.num_misses)
+            self.ledger.accessed_layers(access.keys(HITS), access.keys(EVICTIONS), access.num_hits, access.num_misses)
 
     def _next_layer_prefetch(self, guesses: np.ndarray) -> list[list[int]]:
         """Next-layer prefetch of one forward, as the live engine's ``--prefetch next-layer``:

@@ -89,6 +89,11 @@ def miss_ema_steps(old: np.ndarray, frac: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(old), frac, old + MISS_EMA_WEIGHT * (frac - old))
 
 
+HITS, MISSES, EVICTIONS = 0, 1, 2
+"""The kinds of keys :meth:`LayerAccesses.keys` returns (its ``kind`` argument): the hits, the
+misses or the evictions of an access (also the compiled access's order of its counts and keys)."""
+
+
 @dataclass(frozen=True, eq=False)
 class LayerAccesses:
     """Result of :meth:`ExpertCache.access_layers`: one access per layer, as bool[L, E] masks.
@@ -107,8 +112,9 @@ class LayerAccesses:
     num_evicted: np.ndarray
 
     def keys(self, kind: int) -> np.ndarray:
-        """The ascending int64 ``layer * E + expert`` keys of the hits (``kind`` 0), misses (1) or
-        evictions (2) over all layers (what per-layer id lists say, as one array)."""
+        """The ascending int64 ``layer * E + expert`` keys of the hits (``kind`` :data:`HITS`),
+        misses (:data:`MISSES`) or evictions (:data:`EVICTIONS`) over all layers (what per-layer id
+        lists say, as one array)."""
         return np.flatnonzero((self.hits, self.misses, self.evicted)[kind])
 
     def hit_ids(self) -> list[np.ndarray]:
@@ -161,8 +167,9 @@ class _KeyedLayerAccesses(LayerAccesses):
         return out_
 
     def keys(self, kind: int) -> np.ndarray:
-        """The ascending int64 ``layer * E + expert`` keys of the hits (0), misses (1) or
-        evictions (2): a view of the compiled access's result, no mask built."""
+        """The ascending int64 ``layer * E + expert`` keys of the hits (``kind`` :data:`HITS`),
+        misses (:data:`MISSES`) or evictions (:data:`EVICTIONS`): a view of the compiled access's
+        result, no mask built."""
         ends = self._ends
         return self._out[ends[kind] : ends[kind + 1]]
 
@@ -175,21 +182,21 @@ class _KeyedLayerAccesses(LayerAccesses):
             mask = self._masks[kind] = mask.reshape(num_layers, self._num_experts)
         return mask
 
-    hits = property(lambda self: self._mask(0), doc="bool[L, E] hits (built on first read).")
-    misses = property(lambda self: self._mask(1), doc="bool[L, E] misses (built on first read).")
-    evicted = property(lambda self: self._mask(2), doc="bool[L, E] evictions (built on first read).")
+    hits = property(lambda self: self._mask(HITS), doc="bool[L, E] hits (built on first read).")
+    misses = property(lambda self: self._mask(MISSES), doc="bool[L, E] misses (built on first read).")
+    evicted = property(lambda self: self._mask(EVICTIONS), doc="bool[L, E] evictions (built on first read).")
 
     def hit_ids(self) -> list[np.ndarray]:
         """Per layer, the int64[] expert ids that hit, ascending (``L`` arrays)."""
-        return _keys_to_ids(self.keys(0), self.num_hits, self._num_experts)
+        return _keys_to_ids(self.keys(HITS), self.num_hits, self._num_experts)
 
     def miss_ids(self) -> list[np.ndarray]:
         """Per layer, the int64[] expert ids that missed, ascending (``L`` arrays)."""
-        return _keys_to_ids(self.keys(1), self.num_misses, self._num_experts)
+        return _keys_to_ids(self.keys(MISSES), self.num_misses, self._num_experts)
 
     def evicted_ids(self) -> list[np.ndarray]:
         """Per layer, the int64[] expert ids evicted, ascending (``L`` arrays)."""
-        return _keys_to_ids(self.keys(2), self.num_evicted, self._num_experts)
+        return _keys_to_ids(self.keys(EVICTIONS), self.num_evicted, self._num_experts)
 
 
 @dataclass

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specfit import bitsets
-from specfit.cache import make_expert_cache
+from specfit.cache import EVICTIONS, HITS, make_expert_cache
 from specfit.prefetch import PrefetchLedger, draft_prefetch, rank_experts
 
 
@@ -175,7 +175,7 @@ def test_accessed_layers_equals_the_per_layer_calls(seed):
                 ledger.evicted(layer, gone)
         mask = rng.random((num_layers, num_experts)) < rng.uniform(0.05, 0.6)
         access = cache.access_layers(mask, reference=bool(step % 3 == 0))
-        batched.accessed_layers(access.keys(0), access.keys(2), access.num_hits, access.num_misses)
+        batched.accessed_layers(access.keys(HITS), access.keys(EVICTIONS), access.num_hits, access.num_misses)
         for layer, (hit, gone) in enumerate(zip(access.hit_ids(), access.evicted_ids())):
             per_layer.accessed(layer, hit, gone, int(access.num_misses[layer]))
         assert batched.counts() == per_layer.counts()
