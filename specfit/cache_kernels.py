@@ -493,7 +493,8 @@ def root_alone_copies(cached_bits, root_ids, num_experts, capacity, predicted_bi
         root_ids: int64[L, K] the root's routed experts (negative ids skipped).
         num_experts, capacity: ``E`` and the experts a layer keeps.
         predicted_bits: uint64[L, W] the root's predicted experts (draft prefetch), or
-            uint64[0, W] for none.
+            uint64[0, W] for none; bits at or above ``num_experts`` (the last word's padding) are
+            not experts and are ignored.
         next_layer_ids: int64[L - 1, K] the root's next-layer guesses (row ``l`` guesses layer
             ``l + 1``), or int64[0, K] for none.
 
@@ -508,6 +509,10 @@ def root_alone_copies(cached_bits, root_ids, num_experts, capacity, predicted_bi
     copies = np.zeros((3, num_layers), np.int64)
     scratch = np.zeros((5, num_words), np.uint64)  # a layer's bitsets:
     resident, routed, draft, ahead, chosen = scratch[0], scratch[1], scratch[2], scratch[3], scratch[4]
+    # the last word's experts: a predicted bit at or above num_experts is padding, not an expert
+    last_word = ~np.uint64(0)
+    if num_experts % 64:
+        last_word = (np.uint64(1) << np.uint64(num_experts % 64)) - np.uint64(1)
     for layer in range(num_layers):
         for w in range(num_words):
             resident[w] = cached_bits[layer, w]
@@ -515,6 +520,8 @@ def root_alone_copies(cached_bits, root_ids, num_experts, capacity, predicted_bi
         if predicted_bits.shape[0] > 0 and capacity > 0:  # the draft prefetch: the predicted experts
             for w in range(num_words):
                 chosen[w] = predicted_bits[layer, w]
+            if num_words > 0:
+                chosen[num_words - 1] &= last_word
             _first_bits(chosen, capacity)
             for w in range(num_words):
                 draft[w] = chosen[w] & ~resident[w]

@@ -303,9 +303,9 @@ def root_alone_copies(
 
     The engines' prefetch of a cycle verifying the root only, on the cache the planner saw
     (``cached_bits`` uint64[L, W]): the draft prefetch makes the root's predicted experts
-    resident (``predicted_bits`` uint64[L, W], the policy's predictor's row for the root; None:
-    no draft prefetch), at most ``capacity`` per layer, lowest ids first as
-    ``specfit.prefetch.draft_prefetch`` ranks a single node's, copying those not cached in id
+    resident (``predicted_bits`` uint64[L, W], the policy's predictor's row for the root, its bits
+    at or above ``num_experts`` ignored; None: no draft prefetch), at most ``capacity`` per layer,
+    lowest ids first as ``specfit.prefetch.draft_prefetch`` ranks a single node's, copying those not cached in id
     order; next-layer prefetch then makes the root's guesses for layers ``1..L-1`` resident
     (``next_layer_ids`` int[L-1, K], the root's row of the forward's guesses; None: none), as
     ``specfit.prefetch.next_layer_choice``, copying those still missing; the root's routed

@@ -58,3 +58,21 @@ def test_both_root_alone_kernels_live_in_cache_kernels_and_keep_their_counts() -
     assert root_alone_copies(empty, ids, 100, 8, no_draft)[0].tolist() == [1] * 4
     root_layer_misses(bits, ids)  # the policies' compiled call is the cache kernels'
     assert policies._GUARD_KERNELS == [cache_kernels.root_layer_misses]
+
+
+@pytest.mark.parametrize("num_experts", [100, 64, 1])
+def test_root_alone_copies_ignores_predicted_padding_bits(num_experts: int) -> None:
+    """Bits of ``predicted_bits`` at or above E (the last word's padding) are no experts: the
+    draft prefetch neither copies them nor spends its capacity on them (as the per-layer numpy
+    form it replaced, which read only ids below E)."""
+    words = (num_experts + 63) // 64
+    cached = np.zeros((2, words), dtype=np.uint64)
+    ids = np.array([[0, -1], [num_experts - 1, 0]], dtype=np.int64)
+    predicted = np.zeros((2, words), dtype=np.uint64)
+    predicted[:, 0] = 1  # expert 0 predicted at both layers
+    clean = root_alone_copies(cached, ids, num_experts, 4, predicted)
+    if num_experts % 64:
+        predicted[:, -1] |= ~np.uint64(0) << np.uint64(num_experts % 64)  # every padding bit set
+    padded = root_alone_copies(cached, ids, num_experts, 4, predicted)
+    assert clean[1][0].tolist() == [1, 1]  # one draft copy per layer
+    assert padded[0].tolist() == clean[0].tolist() and padded[1].tolist() == clean[1].tolist()
