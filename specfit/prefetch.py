@@ -394,7 +394,9 @@ class PrefetchLedger:
     def accessed(self, layer: int, hits, evicted, num_misses: int | None = None) -> None:
         """An access at ``layer`` hit ``hits`` (expert ids) and evicted ``evicted``; with
         ``num_misses`` (its demand misses, count) it also moves :attr:`layer_miss_fraction`
-        (``CacheStats.record``'s update with the used prefetches counted as misses)."""
+        (``CacheStats.record``'s update with the used prefetches counted as misses). Kept beside
+        its batched twin :meth:`accessed_layers` (the simulator's): the live engine
+        (``live.offload``) counts each layer's access as its forward reaches that layer."""
         hits = np.asarray(hits, dtype=np.int64)
         used = 0
         if len(hits):
