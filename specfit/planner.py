@@ -421,6 +421,7 @@ def plan_union_size(ctx: PolicyContext, root_alpha: float = 1.0, max_depth: int 
 
 
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_CUT_AT_S: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # ctx -> deadline_s its remembered plan was cut at
 
 
 def remember(ctx: PolicyContext, plan: Plan) -> None:
@@ -451,8 +452,10 @@ def plan_exact(
 
     A context is immutable, so the plan is remembered per context object (weakly): asking again
     for the same ``ctx`` (the stopping rule, then the selection, on the last drafted level)
-    returns the same :class:`Plan` without searching again (a plan cut short by a deadline is only
-    returned again to callers that give a deadline).
+    returns the same :class:`Plan` without searching again. A plan cut short by its deadline
+    (``exact=False``) is returned again only to a caller whose ``deadline_s`` is not None and at
+    most the deadline it was cut at (same clock units); any other caller searches again, and the
+    new plan is remembered in its place. An exact plan serves every caller.
 
     Raises:
         ValueError: the cost model makes the root-only cycle take 0 s, or a negative deadline.
@@ -460,12 +463,16 @@ def plan_exact(
     if deadline_s is not None and not deadline_s >= 0:
         raise ValueError(f"plan_exact: deadline_s must be >= 0 or None, got {deadline_s!r}")
     cached = _PLANS.get(ctx)
-    if cached is not None and (cached.exact or deadline_s is not None):
+    if cached is not None and (
+        cached.exact or (deadline_s is not None and deadline_s <= _CUT_AT_S.get(ctx, -1.0))
+    ):
         return cached
     started = time.perf_counter()
     if ctx.node_experts.is_union_size:
         return plan_union_size(ctx)[0]  # remembered there
     plan = _PLANS[ctx] = _search_plan(ctx, deadline_s, clock, started)
+    if not plan.exact:
+        _CUT_AT_S[ctx] = deadline_s  # serves later callers with this deadline or a shorter one
     return plan
 
 

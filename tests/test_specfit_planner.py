@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specfit import bitsets
-from specfit.context import PolicyContext, evaluate_nodes
+from specfit.context import Plan, PolicyContext, evaluate_nodes
 from specfit.cost import CycleCostModel
 from specfit.node_experts import NodeExperts
 from specfit.planner import iter_closed_subtrees, plan_brute_force, plan_exact, plan_mincut
@@ -238,18 +238,41 @@ def test_deadline_zero_stops_at_the_seed_and_certifies_a_gap() -> None:
     assert hit > 0  # some of these trees need a search beyond the seed
 
 
-def test_deadline_plan_is_not_returned_to_a_caller_without_deadline() -> None:
+def _cut_by_a_deadline(deadline_s: float = 0.0, **clock) -> tuple[PolicyContext, Plan]:
+    """The first small random context whose search ``deadline_s`` cuts, and that cut plan."""
     for seed in range(40):
         ctx = random_small_context(np.random.default_rng(seed), 28, num_layers=2, num_experts=16)
-        cut = plan_exact(ctx, deadline_s=0.0)
+        cut = plan_exact(ctx, deadline_s=deadline_s, **clock)
         if not cut.exact:
-            break
-    else:
-        pytest.fail("no tree needed a search")
+            return ctx, cut
+    pytest.fail("no tree needed a search")
+
+
+def test_deadline_plan_is_not_returned_to_a_caller_without_deadline() -> None:
+    ctx, cut = _cut_by_a_deadline()
     assert plan_exact(ctx, deadline_s=0.0) is cut  # remembered for deadline callers
     full = plan_exact(ctx)
     assert full.exact and full.predicted_tokens_per_s >= cut.predicted_tokens_per_s
     assert plan_exact(ctx, deadline_s=0.0) is full  # an exact plan serves everyone
+
+
+def test_a_cut_plan_is_returned_again_only_to_a_deadline_no_longer_than_its_own() -> None:
+    """rev7: a plan cut by a 0 s deadline was returned to a later caller of the same context with
+    a 10 s deadline (no search). Now a longer deadline searches again (a fake clock of 1 s per
+    reading: a 1e6 s deadline cannot hit, so that search finishes)."""
+    ctx, cut = _cut_by_a_deadline()
+    longer = plan_exact(ctx, deadline_s=1e6, clock=FakeClock(tick_s=1.0, start_s=0.0).perf_counter)
+    assert longer is not cut and longer.exact
+    assert longer.predicted_tokens_per_s == pytest.approx(plan_exact(dataclasses.replace(ctx)).predicted_tokens_per_s, rel=REL)
+    assert plan_exact(ctx, deadline_s=0.0) is longer  # the exact plan now serves everyone
+
+
+def test_a_cut_plan_serves_a_shorter_deadline_and_a_longer_one_searches_again() -> None:
+    clock = FakeClock(tick_s=1.0, start_s=0.0).perf_counter
+    ctx, cut = _cut_by_a_deadline(3.0, clock=clock)  # 3 fake seconds: a chunk or two at most
+    assert plan_exact(ctx, deadline_s=3.0, clock=clock) is cut  # the same deadline: remembered
+    assert plan_exact(ctx, deadline_s=1.0, clock=clock) is cut  # a shorter one: remembered
+    assert plan_exact(ctx, deadline_s=4.0, clock=clock) is not cut  # a longer one: searched again
 
 
 def test_deadline_must_not_be_negative() -> None:
