@@ -7,7 +7,10 @@ the caller sorts them.
 
 Pool workers die with the sweep process on any signal, SIGKILL included: each worker asks the
 kernel for SIGKILL when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``) and, everywhere, a
-watcher thread ends it once its parent process is gone (``os.getppid()`` changes).
+watcher thread ends it once its parent process is gone (``os.getppid()`` changes). A worker of the
+``"forkserver"`` start method is the fork server's child, not the sweep's (and the fork server
+lives as long as any worker: each holds its alive pipe), so its watcher polls whether the sweep
+process itself still runs.
 """
 
 from __future__ import annotations
@@ -50,30 +53,61 @@ def _set_parent_death_signal(signum: int) -> bool:
         return False
 
 
-def _exit_when_orphaned(parent_pid: int, interval_s: float) -> None:
-    """Watcher thread body: end this process (SIGKILL to itself) once ``parent_pid`` is no longer
-    its parent (the parent died and the process was re-parented)."""
-    while os.getppid() == parent_pid:
+def _parent_running(parent_pid: int, via_fork_server: bool) -> bool:
+    """Whether the sweep process ``parent_pid`` still runs: it is this process's parent, or, with
+    ``via_fork_server``, it exists and is not a zombie (Linux ``/proc/PID/stat``; elsewhere
+    ``kill(pid, 0)``)."""
+    if not via_fork_server:
+        return os.getppid() == parent_pid
+    try:
+        stat = open(f"/proc/{parent_pid}/stat").read()
+        return stat[stat.rindex(")") + 2] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc
+        pass
+    try:
+        os.kill(parent_pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _exit_when_orphaned(parent_pid: int, interval_s: float, via_fork_server: bool = False) -> None:
+    """Watcher thread body: end this process (SIGKILL to itself) once the sweep process
+    ``parent_pid`` no longer runs (:func:`_parent_running`)."""
+    while _parent_running(parent_pid, via_fork_server):
         time.sleep(interval_s)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def init_worker(parent_pid: int, poll_s: float = PARENT_POLL_S) -> None:
-    """Initializer of every pool worker: die with the parent ``parent_pid``, whatever kills it.
+def init_worker(parent_pid: int, poll_s: float = PARENT_POLL_S, via_fork_server: bool = False) -> None:
+    """Initializer of every pool worker: die with the sweep process ``parent_pid``, whatever kills it.
 
     SIGINT is ignored (a terminal's Ctrl-C reaches the whole process group; the parent stops the
     workers) and SIGTERM has its default action (the parent's :meth:`multiprocessing.Process.terminate`
     ends a worker), replacing the handlers a forked worker inherits from the sweep. Then
     ``PR_SET_PDEATHSIG`` (SIGKILL) on Linux plus a daemon thread polling ``os.getppid()`` every
     ``poll_s`` seconds; a parent that died before this ran is caught by the first check.
+
+    With ``via_fork_server`` (workers of the ``"forkserver"`` start method) the worker's parent is
+    the fork server, which outlives the sweep while any worker lives (``multiprocessing.forkserver``
+    gives each worker its alive pipe): the thread polls whether ``parent_pid`` still runs (exists
+    and is no zombie), so such a worker ends within ``poll_s`` of the sweep; ``PR_SET_PDEATHSIG``
+    then only covers the fork server's death.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _set_parent_death_signal(signal.SIGKILL)
-    if os.getppid() != parent_pid:
+    if not _parent_running(parent_pid, via_fork_server):
         os.kill(os.getpid(), signal.SIGKILL)
     threading.Thread(
-        target=_exit_when_orphaned, args=(parent_pid, poll_s), name="exit-when-orphaned", daemon=True
+        target=_exit_when_orphaned,
+        args=(parent_pid, poll_s, via_fork_server),
+        name="exit-when-orphaned",
+        daemon=True,
     ).start()
 
 
@@ -94,7 +128,7 @@ def run_local(
     workers map them from one Arrow IPC file per trace written here
     (:func:`sim.cells.export_traces`, in a temporary folder under ``scratch_dir``, removed
     afterwards). Either way no worker decodes a trace. Workers die with this process
-    (:func:`init_worker`).
+    (:func:`init_worker`; ``"forkserver"`` workers within :data:`PARENT_POLL_S`).
 
     Args:
         start_method: ``"fork"``, ``"spawn"`` or ``"forkserver"``; ``None``: fork where available.
@@ -153,7 +187,7 @@ def _run_pool(
         max_workers=workers,
         mp_context=context,
         initializer=init_worker,
-        initargs=(os.getpid(),),
+        initargs=(os.getpid(), PARENT_POLL_S, context.get_start_method() == "forkserver"),
     ) as pool:
         pending = {
             pool.submit(run_cell, cell.to_dict(), cycles_dir, decoded.get(cell.trace_path)): cell
