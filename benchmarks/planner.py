@@ -39,6 +39,7 @@ _root.put_root_first()
 from specfit import bitsets  # noqa: E402
 from specfit.cli import (  # noqa: E402
     ArgumentParser,
+    InputError,
     cli_main,
     comma_list,
     gb_per_s,
@@ -154,6 +155,26 @@ def _summarise(
 
 
 def _golden_contexts(path: Path) -> dict[int, list[PolicyContext]]:
+    """The golden cases of ``path`` (gzipped JSON lines, as ``tests/data/planner_cases.jsonl.gz``)
+    with at least 32 nodes, as planning problems keyed by node count.
+
+    Raises:
+        InputError: ``--golden`` is not gzip, not JSON lines, or a line lacks a golden case's fields.
+    """
+    try:
+        return _read_golden(path)
+    except (OSError, EOFError, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError) as exc:
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        if isinstance(exc, KeyError):
+            why = f"a case lacks the field {exc}"
+        raise InputError(
+            "--golden",
+            f"{path}: cannot read it as golden planner cases ({why}); expected gzipped JSON lines "
+            "like tests/data/planner_cases.jsonl.gz",
+        ) from None
+
+
+def _read_golden(path: Path) -> dict[int, list[PolicyContext]]:
     out: dict[int, list[PolicyContext]] = {}
     with gzip.open(path, "rt") as fh:
         for line in fh:
@@ -285,6 +306,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     golden = Path(args.golden) if args.golden else None
     if golden is not None and not golden.is_file():
         parser.fail("--golden", f"no such file: {golden}")
+    # every path before any work: a bad one exits 2 naming its flag, not a traceback after the run
+    out = Path(args.out)
+    if out.is_dir():
+        parser.fail("--out", f"{str(out)!r} is a folder; expected the JSON file to write")
+    parser.ensure_out_dir("--out", out.parent)
+    if out.exists() and not os.access(out, os.W_OK):
+        parser.fail("--out", f"{str(out)!r} is not writable; expected a JSON file this user can write")
+    if args.source == "trace" or not args.no_hard:
+        parser.ensure_out_dir("--trace-root", args.trace_root)
+    golden_contexts = _golden_contexts(golden) if golden is not None else {}
     pinned = _pin_one_core(args.pin)
     rng = np.random.default_rng(args.seed)
     results: dict[str, Any] = {}
@@ -325,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results[key] = row
             _print_row(key.replace("_deadline", " dl"), row)
     if golden is not None:
-        for n, contexts in sorted(_golden_contexts(golden).items()):
+        for n, contexts in sorted(golden_contexts.items()):
             row = _time(contexts, f"golden N={n}", args.no_progress)
             results[f"golden_n{n}"] = row
             _print_row(f"golden {n}", row)
@@ -351,8 +382,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{'met' if met else 'NOT met'}"
         )
     results["aims"] = aims
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     record = {
         "argv": list(argv) if argv is not None else None,
         "seed": args.seed,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -70,3 +71,43 @@ def test_planner_benchmark_bad_deadline_exits_2(value, capsys) -> None:
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "--deadline-ms" in err and "Traceback" not in err
+
+
+def _bad_path_cases(tmp_path):
+    afile = tmp_path / "afile.txt"
+    afile.write_text("not gzip\n")
+    malformed = tmp_path / "malformed.jsonl.gz"
+    malformed.write_bytes(gzip.compress(b'{"x": 1}\n'))
+    not_json = tmp_path / "not_json.jsonl.gz"
+    not_json.write_bytes(gzip.compress(b"parent,path_prob\n"))
+    return {
+        "golden-not-gzip": (["--golden", str(afile)], "--golden", "gzipped JSON lines"),
+        "golden-malformed": (["--golden", str(malformed)], "--golden", "'parent'"),
+        "golden-not-json": (["--golden", str(not_json)], "--golden", "gzipped JSON lines"),
+        "trace-root-a-file": (["--trace-root", str(afile)], "--trace-root", "is a file, not a folder"),
+        "out-a-folder": (["--out", str(tmp_path)], "--out", "is a folder"),
+        "out-under-a-file": (["--out", str(afile / "p.json")], "--out", "is a file, not a folder"),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["golden-not-gzip", "golden-malformed", "golden-not-json", "trace-root-a-file", "out-a-folder", "out-under-a-file"],
+)
+def test_planner_benchmark_bad_paths_exit_2_before_any_work(case, tmp_path, capsys, monkeypatch) -> None:
+    """A bad --golden, --trace-root or --out exits 2 with one line naming the flag and what was
+    expected, before any tree is timed (an unwritable --out used to fail after the whole run)."""
+    bench = _load()
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("trees were timed before the paths were checked")
+
+    monkeypatch.setattr(bench, "_time", no_work)
+    extra, flag, expected = _bad_path_cases(tmp_path)[case]
+    args = ["--nodes", "8", "--trees", "2", "--no-hard", "--no-progress"]
+    argv = [*args, "--trace-root", str(tmp_path / "traces"), "--out", str(tmp_path / "p.json"), *extra]
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and f"error: {flag}:" in err and expected in err
