@@ -49,6 +49,9 @@ class CellSpec:
             :attr:`cell_id` only when set, so cells without options keep their earlier ids.
         expert_budget: ``moespec`` cells only (lossy): see ``SimConfig.expert_budget``; in
             :attr:`cell_id` only when set.
+        planner_deadline_fraction: SpecFit cells only: ``SimConfig.planner_deadline_fraction``
+            (the live engine's planner deadline; results then depend on this machine's speed);
+            in :attr:`cell_id` only when set.
     """
 
     trace_path: str
@@ -70,6 +73,7 @@ class CellSpec:
     acceptance: dict | None = None
     policy_options: dict | None = None
     expert_budget: int | None = None
+    planner_deadline_fraction: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (JSON-able)."""
@@ -87,7 +91,7 @@ class CellSpec:
         content["overlap"] = {"off": False, "on": True}.get(content["overlap"], content["overlap"])
         # none/draft as the bools of the earlier on/off prefetch switch (same ids as before)
         content["prefetch"] = {"none": False, "draft": True}.get(content["prefetch"], content["prefetch"])
-        for optional in ("policy_options", "expert_budget"):
+        for optional in ("policy_options", "expert_budget", "planner_deadline_fraction"):
             if content[optional] is None:
                 del content[optional]
         blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
@@ -116,6 +120,7 @@ class CellSpec:
             acceptance=self.acceptance,
             policy_options=tuple(sorted((self.policy_options or {}).items())),
             expert_budget=self.expert_budget,
+            planner_deadline_fraction=self.planner_deadline_fraction,
         )
 
 
@@ -174,6 +179,7 @@ def make_cells(
     prefetches: Sequence[bool | str] = ("none",),
     policy_options: dict[str, dict[str, Any]] | None = None,
     budget: int | None = None,
+    planner_deadline_fraction: float | None = None,
     **common: Any,
 ) -> list[CellSpec]:
     """The Cartesian product of the sweep axes as cells (deterministic order, duplicates dropped).
@@ -181,6 +187,8 @@ def make_cells(
     ``policy_options``: per canonical policy name, that policy's keyword arguments (e.g.
     ``{"specfit": {"stopping": "bound"}}``); cells of other policies get none. ``budget``: the
     lossy ``moespec`` cells' expert budget per layer (``None``: twice the top-k).
+    ``planner_deadline_fraction``: the SpecFit cells' (oracle variants included) planner
+    deadline (``SimConfig.planner_deadline_fraction``); other cells get none.
     """
     options = {canonical_policy(k): dict(v) for k, v in (policy_options or {}).items() if v}
     cells, seen = [], set()
@@ -202,6 +210,7 @@ def make_cells(
             prefetch=prefetch_mode(pre, "--prefetch"),
             policy_options=options.get(name, options.get(base_policy(name))),
             expert_budget=budget if name in LOSSY_POLICIES else None,
+            planner_deadline_fraction=planner_deadline_fraction if base_policy(name) == "specfit" else None,
             **common,
         )
         if cell.cell_id not in seen:
@@ -308,6 +317,7 @@ def run_cell(
     }
     if base_policy(spec.policy) == "specfit":  # the stopping rule it ran with (the policy's default when not set)
         row["stopping"] = (spec.policy_options or {}).get("stopping", _default_stopping())
+        row["planner_deadline_fraction"] = spec.planner_deadline_fraction  # None: no deadline (deterministic)
     row["lossy"] = spec.policy in LOSSY_POLICIES  # MoE-Spec's budget drops experts: output may differ
     row.update(result.totals.to_dict())
     return row

@@ -150,6 +150,14 @@ class SimConfig:
             ``cost.with_compute_speed(compute_speed)`` while its planner keeps pricing with
             ``cost``, as a live planner keeps its cost file while the machine's speed drifts
             (``analysis.validate`` sets it from the runs' speed probe).
+        planner_deadline_fraction: SpecFit policies only (``specfit`` and its oracle variants):
+            give each exact search the live engine's deadline rule, this fraction of the
+            context's least predicted cycle time (``SpecFitPolicy(deadline_fraction=...)``; live
+            uses ``specfit.policies.LIVE_DEADLINE_FRACTION``); finite, >= 0. The deadline reads
+            this machine's wall clock, so a replay with one is NOT deterministic: which searches
+            it cuts depends on this machine's speed and load. ``None`` (default): no deadline,
+            every search runs to the end (deterministic). Either way the totals count the
+            selected plans a deadline cut (``planner_deadline_hits``) and their mean gap.
 
     Raises:
         ValueError: a bad field, naming it.
@@ -174,6 +182,7 @@ class SimConfig:
     acceptance: dict[str, Any] | None = None
     expert_budget: int | None = None
     compute_speed: float = 1.0
+    planner_deadline_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.cost, CycleCostModel):
@@ -212,6 +221,19 @@ class SimConfig:
             except (ValueError, TypeError) as exc:
                 raise ValueError(f"SimConfig.acceptance: {exc}") from None
         object.__setattr__(self, "policy_options", tuple((str(k), v) for k, v in self.policy_options))
+        fraction = self.planner_deadline_fraction
+        if fraction is not None:
+            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < float("inf"):
+                raise ValueError(
+                    f"SimConfig.planner_deadline_fraction: expected a finite number >= 0 or None, got {fraction!r}"
+                )
+            if base_policy(self.policy) != "specfit":
+                raise ValueError(
+                    f"SimConfig.planner_deadline_fraction: only SpecFit searches (policy {self.policy!r} has no search)"
+                )
+            if any(k == "deadline_fraction" for k, _ in self.policy_options):
+                raise ValueError("SimConfig.planner_deadline_fraction: give it here or in policy_options, not both")
+            object.__setattr__(self, "planner_deadline_fraction", float(fraction))
         if self.policy_options:
             from specfit.policies import make_tree_policy
 

@@ -71,6 +71,10 @@ class ReplayTotals:
         num_stopped_early: requests whose replay stopped before their last generated token
             because the dense trace had no tree at the next position.
         num_draft_levels: draft levels run, summed over cycles.
+        planner_deadline_hits: cycles whose selected plan's exact search stopped at its deadline
+            (``Plan.exact`` False; only with ``SimConfig.planner_deadline_fraction``), as the live
+            summary counts them; planner_gap_sum: the sum of those plans' certified relative gaps
+            (``Plan.gap``).
     """
 
     num_requests: int = 0
@@ -92,6 +96,8 @@ class ReplayTotals:
     predicted_committed: float = 0.0
     num_stopped_early: int = 0
     num_draft_levels: int = 0
+    planner_deadline_hits: int = 0
+    planner_gap_sum: float = 0.0
 
     @property
     def decode_s(self) -> float:
@@ -151,6 +157,11 @@ class ReplayTotals:
             "cache_misses": self.cache_misses,
             "mean_predicted_committed": (
                 self.predicted_committed / self.num_cycles if self.num_cycles else float("nan")
+            ),
+            "planner_deadline_hits": self.planner_deadline_hits,
+            # the live summary's figure; NaN where no plan was cut (live's summary says 0 there)
+            "planner_mean_gap": (
+                self.planner_gap_sum / self.planner_deadline_hits if self.planner_deadline_hits else float("nan")
             ),
         }
 
@@ -412,9 +423,10 @@ class _Replayer:
         self._prefetches = config.prefetch != "none"  # else the ledger is never fed (issues nothing)
         self._no_copies = np.zeros_like(self.ledger.layer_issued)  # a cycle's issued copies without prefetch
         self._no_copies.setflags(write=False)
-        self.policy = modules["policies"].make_tree_policy(
-            base_policy(config.policy), **dict(config.policy_options)
-        )
+        options = dict(config.policy_options)
+        if config.planner_deadline_fraction is not None:  # the live engine's deadline rule
+            options["deadline_fraction"] = config.planner_deadline_fraction
+        self.policy = modules["policies"].make_tree_policy(base_policy(config.policy), **options)
         # oracle variants (issue 12): the recorded accepted flags as acceptance / the true experts
         self.oracle_accept, self.oracle_experts = ORACLE_VARIANTS.get(config.policy, (False, False))
         self.budget = None  # MoE-Spec's verification expert budget (lossy baseline)
@@ -428,6 +440,7 @@ class _Replayer:
         self.topk = int(trace_run.manifest.draft.tree_topk)
         self.totals: dict[str, Any] = {f: 0 for f in ReplayTotals.__dataclass_fields__}
         self.totals["predicted_committed"] = 0.0
+        self.totals["planner_gap_sum"] = 0.0
         self.records: list[CycleRecord] = []
         # _layer_split memo (a few distinct verify times)
         self._splits: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
@@ -997,6 +1010,9 @@ class _Replayer:
         t["prefetch_bytes"] += len(prefetch) * self.expert_bytes
         t["num_transfers"] += timing.num_transfers
         t["predicted_committed"] += float(getattr(plan, "expected_committed", 0.0) or 0.0)
+        if not getattr(plan, "exact", True):  # cut by its deadline (live.spec.recording.RunTotals)
+            t["planner_deadline_hits"] += 1
+            t["planner_gap_sum"] += float(plan.gap)
 
     def _record(
         self,

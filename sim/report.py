@@ -92,6 +92,10 @@ TABLE_LEGEND = {
     "regret": "SpecFit's decision regret: (best tokens/s in hindsight - SpecFit's) / best, 0..1",
     "r.acc": "share of it perfect acceptance estimates recover (specfit-oracle-accept - specfit) / best",
     "r.exp": "share perfect expert predictions recover (specfit-oracle-experts - specfit) / best",
+    "dl hits": "cycles whose selected plan's exact search stopped at its deadline (--planner-deadline-fraction; "
+    "wall clock: depends on this machine's speed and load)",
+    "dl gap": "mean certified relative gap of those plans: the optimum is at most (1 + gap) x the plan's "
+    "predicted tokens/s (- where none was cut)",
     "r.myo": "share left with both inputs perfect (best - specfit-oracle) / best: the greedy per-cycle choice",
     "!": "SpecFit below max(autoregressive, chain, top-N, cascade) in this cell beyond the seed-to-seed "
     "noise (see the note below)",
@@ -193,6 +197,8 @@ def format_table(df: pd.DataFrame, header: Sequence[str] = ()) -> str:
             ("regret_experts", "r.exp", "{:.3f}"),
             ("regret_myopic", "r.myo", "{:.3f}"),
         ]
+    if "planner_deadline_fraction" in df and df["planner_deadline_fraction"].notna().any():  # --planner-deadline-fraction
+        columns += [("planner_deadline_hits", "dl hits", "{:d}"), ("planner_mean_gap", "dl gap", "{:.2%}")]
     varied = [k for k in VARIED_KEYS if k in df and df[k].nunique() > 1]
     columns[2:2] = [(key, key, "{}") for key in varied]
     lines = list(header)

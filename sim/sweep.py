@@ -24,6 +24,9 @@ default), the share and waste are estimated from the trace by pilot replays
 
 ``--stopping`` picks SpecFit's stopping rule; it goes into the SpecFit cells (their id and result
 row, column ``stopping``), so sweeps with different rules never reuse each other's SpecFit cells.
+``--planner-deadline-fraction`` gives SpecFit's exact search the live engine's deadline (column
+``planner_deadline_fraction``; every row has ``planner_deadline_hits`` and ``planner_mean_gap``);
+with it, results depend on this machine's speed and load.
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ from specfit.cli import (
     run_main,
     sigterm_as_interrupt,
 )
-from specfit.policies import STOPPING_RULES, TREE_POLICY_HELP
+from specfit.policies import LIVE_DEADLINE_FRACTION, STOPPING_RULES, TREE_POLICY_HELP
 from specfit.predictors import PREDICTOR_HELP, PREDICTORS
 from specfit.shapes import MODEL_SHAPES
 from specfit.units import bytes_per_s_to_gb_per_s, bytes_to_gb, us_to_s
@@ -411,6 +414,15 @@ def build_parser() -> ArgumentParser:
         "while the expected next levels pay, bound = stop only when no deeper tree can pay",
     )
     p.add_argument(
+        "--planner-deadline-fraction",
+        type=non_negative_float,
+        default=None,
+        help="give SpecFit's exact search the live engine's deadline: this fraction of the cycle's least "
+        f"predicted time (live uses {LIVE_DEADLINE_FRACTION:g}; specfit cells only, part of their cell id); "
+        "columns planner_deadline_hits, planner_mean_gap. The deadline reads the wall clock, so the results "
+        "then depend on this machine's speed and load (not reproducible); None: no deadline, deterministic",
+    )
+    p.add_argument(
         "--cache-policy",
         type=comma_list(str),
         default=["lru"],
@@ -564,6 +576,11 @@ def _check_names(parser: ArgumentParser, args: Any) -> list[str]:
         parser.fail(
             "--stopping",
             f"only SpecFit has a stopping rule; --policy {','.join(policies)} has none (add specfit)",
+        )
+    if args.planner_deadline_fraction is not None and not any(p.startswith("specfit") for p in policies):
+        parser.fail(
+            "--planner-deadline-fraction",
+            f"only SpecFit's planner searches; --policy {','.join(policies)} has none (add specfit)",
         )
     from specfit import cache, predictors
 
@@ -904,6 +921,7 @@ def _build_cells(
         acceptance=acceptance,
         policy_options={"specfit": {"stopping": args.stopping}},
         budget=args.expert_budget,
+        planner_deadline_fraction=args.planner_deadline_fraction,
     )
     cells, next_layer_line = _price_next_layer(
         cells, cost, args.cost if cost_file else None, progress=not args.no_progress
@@ -931,6 +949,12 @@ def _build_cells(
         )
         + (f"; SpecFit stopping rule {args.stopping} (--stopping)" if "specfit" in policies else ""),
     ]
+    if args.planner_deadline_fraction is not None:
+        header.append(
+            f"planner deadline: SpecFit's exact search stops at {args.planner_deadline_fraction:g} of the cycle's least "
+            "predicted time (--planner-deadline-fraction), read on this machine's wall clock: results depend on its "
+            "speed and load (columns planner_deadline_hits, planner_mean_gap)"
+        )
     if next_layer_line is not None:
         header.append(next_layer_line)
     from sim.replay import level_tree_note

@@ -684,8 +684,8 @@ class SpecFitPolicy(TreePolicy):
             cycle time of the context (root only, no transfers: the cycle's least predicted
             time), ``plan_exact(ctx, deadline_s=...)``; a search cut short returns its incumbent
             with ``Plan.exact = False`` and its certified ``Plan.gap``. ``None`` (default): no
-            deadline (deterministic; what the simulator uses). The live engine passes
-            :data:`LIVE_DEADLINE_FRACTION`.
+            deadline (deterministic; the simulator's default, ``SimConfig.planner_deadline_fraction``
+            sets one). The live engine passes :data:`LIVE_DEADLINE_FRACTION`.
 
     The policy keeps that one running estimate (and the guard's windows) across cycles; build one
     policy per run.

@@ -330,3 +330,33 @@ def test_a_replay_makes_no_reference_cycles_and_restores_the_collector(run, opti
     replay_policy(run, config, progress=lambda n: during.append(gc.isenabled()))
     assert gc.isenabled()
     assert during and set(during) == {options.get("engine") == "simpy"}
+
+
+def test_a_planner_deadline_of_zero_cuts_searches_and_the_totals_count_them(run) -> None:
+    """rev7 (issue 14 item 2): the simulator gave the planner no deadline and recorded neither the
+    hits nor the gap. A deadline fraction of 0 cuts every search that needs more than the seed
+    (per-node experts, overlap on: the plans need searching); without one nothing is counted."""
+    base = {"cost": _cost(), "policy": "specfit", "predictor": "oracle", "overlap": "on", "cache_capacity_per_layer": 4}
+    cut = replay_policy(run, SimConfig(planner_deadline_fraction=0.0, **base))
+    assert 0 < cut.totals.planner_deadline_hits <= cut.totals.num_cycles
+    summary = cut.totals.to_dict()
+    assert summary["planner_deadline_hits"] == cut.totals.planner_deadline_hits
+    assert summary["planner_mean_gap"] == pytest.approx(cut.totals.planner_gap_sum / cut.totals.planner_deadline_hits)
+    assert summary["planner_mean_gap"] > 0
+    free = replay_policy(run, SimConfig(**base))
+    assert free.totals.planner_deadline_hits == 0 and math.isnan(free.totals.to_dict()["planner_mean_gap"])
+    # a deadline that cannot hit (1e9 cycle times) replays exactly as no deadline
+    loose = replay_policy(run, SimConfig(planner_deadline_fraction=1e9, **base))
+    assert loose.totals == free.totals and loose.cycles == free.cycles
+
+
+def test_planner_deadline_fraction_is_checked(run) -> None:
+    for bad in (-0.1, float("inf"), float("nan"), True, "0.1"):
+        with pytest.raises(ValueError, match="SimConfig.planner_deadline_fraction"):
+            SimConfig(cost=_cost(), planner_deadline_fraction=bad)
+    with pytest.raises(ValueError, match="only SpecFit"):
+        SimConfig(cost=_cost(), policy="topn", planner_deadline_fraction=0.1)
+    with pytest.raises(ValueError, match="not both"):
+        SimConfig(cost=_cost(), planner_deadline_fraction=0.1, policy_options=(("deadline_fraction", 0.2),))
+    config = SimConfig(cost=_cost(), policy="specfit-oracle", planner_deadline_fraction=0.1)
+    assert SimConfig.from_dict(config.to_dict()) == config

@@ -146,8 +146,10 @@ def test_help_lists_flags_with_units_and_defaults(capsys) -> None:
         "--ray-address",
         "--seed",
         "--stopping",
+        "--planner-deadline-fraction",
     ):
         assert flag in text
+    assert "depend on this machine's speed and load" in text
     assert "GB/s (1 GB = 1e9 bytes)" in text and "default: 16,32,64" in text
     assert "--stopping {expected,bound}" in text and "can pay (default: expected)" in text
 
@@ -173,6 +175,9 @@ def test_help_lists_flags_with_units_and_defaults(capsys) -> None:
         (["--stopping", "never"], "--stopping"),
         (["--prefetch", "sometimes"], "--prefetch"),
         (["--policy", "ar,topn", "--stopping", "bound"], "--stopping"),  # no SpecFit cell to apply it to
+        (["--planner-deadline-fraction", "-0.1"], "--planner-deadline-fraction"),
+        (["--planner-deadline-fraction", "soon"], "--planner-deadline-fraction"),
+        (["--policy", "ar,topn", "--planner-deadline-fraction", "0.1"], "--planner-deadline-fraction"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(trace: str, argv: list[str], flag: str, capsys, tmp_path) -> None:
@@ -419,13 +424,41 @@ def test_cell_options_keep_ids_and_are_checked(trace: str) -> None:
     cell = _cells(trace)[2]
     assert cell.policy == "specfit" and cell.policy_options is None
     # a cell without options hashes as before the field existed
-    legacy = {k: v for k, v in cell.to_dict().items() if k != "policy_options"}
+    legacy = {k: v for k, v in cell.to_dict().items() if k not in ("policy_options", "planner_deadline_fraction")}
     assert cell.cell_id == CellSpec(**legacy).cell_id
+    timed = dataclasses.replace(cell, planner_deadline_fraction=0.1)
+    assert timed.cell_id != cell.cell_id and timed.sim_config().planner_deadline_fraction == 0.1
     bound = dataclasses.replace(cell, policy_options={"stopping": "bound"})
     assert bound.cell_id != cell.cell_id
     assert bound.sim_config().policy_options == (("stopping", "bound"),)
     with pytest.raises(ValueError, match="SimConfig.policy_options: .*stopping must be one of"):
         dataclasses.replace(cell, policy_options={"stopping": "never"}).sim_config()
+
+
+def test_planner_deadline_reaches_the_specfit_cells_and_their_rows(trace: str, tmp_path, capsys) -> None:
+    """rev7 (issue 14 item 2): --planner-deadline-fraction gives SpecFit's search the live
+    engine's deadline rule; every row has planner_deadline_hits and planner_mean_gap (0 and NaN
+    without a deadline). A fraction of 0 cuts every search past the seed (oracle experts, overlap
+    on: the plans need searching), so hits are counted; the header and table say so."""
+    base = ["--trace", trace, "--bandwidth", "16", "--cache", "4", "--policy", "ar,specfit", "--predictor", "oracle"]
+    base += ["--overlap", "on", "--jobs", "1", "--no-progress", "--no-figures"]
+    assert main([*base, "--out", str(tmp_path / "free")]) == 0
+    assert "planner deadline" not in capsys.readouterr().out
+    free = pd.read_parquet(tmp_path / "free" / "results.parquet")
+    assert (free["planner_deadline_hits"] == 0).all() and free["planner_mean_gap"].isna().all()
+    assert free["planner_deadline_fraction"].isna().all()
+    assert "dl hits" not in (tmp_path / "free" / "table.txt").read_text()
+    assert main([*base, "--planner-deadline-fraction", "0", "--out", str(tmp_path / "cut")]) == 0
+    printed = capsys.readouterr().out
+    assert "planner deadline: SpecFit's exact search stops at 0 of the cycle's least predicted time" in printed
+    cut = pd.read_parquet(tmp_path / "cut" / "results.parquet").set_index("policy")
+    assert cut.loc["specfit", "planner_deadline_fraction"] == 0.0
+    assert cut.loc["specfit", "planner_deadline_hits"] > 0 and cut.loc["specfit", "planner_mean_gap"] > 0
+    assert cut.loc["ar", "planner_deadline_hits"] == 0 and np.isnan(cut.loc["ar", "planner_deadline_fraction"])
+    assert cut.loc["ar", "cell_id"] in set(free["cell_id"])  # ar cells unchanged, specfit cells new
+    assert cut.loc["specfit", "cell_id"] not in set(free["cell_id"])
+    table = (tmp_path / "cut" / "table.txt").read_text()
+    assert "dl hits" in table and "dl gap" in table
 
 
 def test_cost_file_without_bandwidth_sweeps_its_own_link(trace: str, tmp_path, capsys) -> None:
