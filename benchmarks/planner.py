@@ -362,6 +362,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _print_row(f"golden {n}", row)
     aims: dict[str, Any] = {}
     print("aims (issue 14, one core; on a shared machine the wall clock includes preemption, CPU time does not):")
+    for n in args.nodes:
+        if n not in AIMS_MS:
+            print(f"  N={n}: no aim (issue 14 sets aims for N={', '.join(str(k) for k in AIMS_MS)})")
     for n, (p50, p99) in AIMS_MS.items():
         row = results.get(f"n{n}")
         if row is None:

@@ -47,6 +47,18 @@ def test_planner_benchmark_smoke(tmp_path, capsys) -> None:
     assert json.loads(out.read_text())["n8"] == summary["n8"]
 
 
+def test_planner_benchmark_says_when_no_n_has_an_aim(tmp_path, capsys) -> None:
+    """--nodes without an aim's N: the aims header is followed by a line per N saying it has none
+    (it was a header with nothing under it)."""
+    out = tmp_path / "planner.json"
+    args = ["--nodes", "8", "--trees", "2", "--model-shape", "olmoe-1b-7b", "--source", "synthetic", "--no-hard"]
+    assert _load().main([*args, "--out", str(out), "--no-progress"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("aims ("))
+    assert lines[header + 1] == "  N=8: no aim (issue 14 sets aims for N=64, 128)"
+    assert json.loads(lines[-1])["aims"] == {}
+
+
 def test_planner_benchmark_synthetic_source(tmp_path, capsys) -> None:
     out = tmp_path / "planner.json"
     args = ["--nodes", "8", "--trees", "3", "--model-shape", "olmoe-1b-7b", "--source", "synthetic", "--no-hard"]
