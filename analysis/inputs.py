@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import metrics
-from specfit.cli import read_table
+from specfit.cli import json_error_text, read_table
 from specfit.units import bytes_per_s_to_gb_per_s
 
 THROUGHPUT_COLUMNS = (
@@ -244,7 +244,7 @@ def _read_json(file: Path) -> Any:
     try:
         return json.loads(file.read_text())
     except json.JSONDecodeError as exc:
-        raise ReportInputError(f"{file}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        raise ReportInputError(f"{file}: invalid JSON at {json_error_text(exc)}") from None
 
 
 def _sweep_expert_bytes(path: Path, df: pd.DataFrame) -> list:

@@ -52,6 +52,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from specfit.cli import json_error_text
+
 #: Standard-library modules whose docstrings make the default prompts, in recipe order. Pure
 #: Python modules with stable, well-written docstrings; their documentation pages are excluded
 #: from the training text of the default models.
@@ -287,7 +289,7 @@ def _read_jsonl(path: Path, source_prefix: str | None = None) -> list[Prompt]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: not valid JSON ({exc.msg})") from exc
+                raise ValueError(f"{where}: not valid JSON ({json_error_text(exc)})") from exc
             text = _text_of(obj, where)
             if source_prefix is not None and "question_id" in obj:
                 source = f"{source_prefix}:{obj['question_id']}"

@@ -160,7 +160,8 @@ def parse_cache_sizes(items: Sequence[str], num_experts: int) -> list[tuple[int,
                 )
         if not 0 <= count <= num_experts:
             raise ValueError(
-                f"--cache: {text!r} gives {count} experts per layer; the trace has {num_experts}"
+                f"--cache: {text!r} gives {count} experts per layer; expected a count 0..{num_experts} "
+                f"(the trace's experts per layer) or a fraction in (0, 1]"
             )
         out.append((count, count / num_experts))
     return out

@@ -112,6 +112,8 @@ def resolve_trace(spec: str, *, synthetic: SyntheticSpec, root: Path) -> tuple[P
             f"{chosen.positions_per_request} positions, seed {chosen.seed})"
         )
     path = Path(spec)
+    if not path.exists():
+        raise ValueError(f"--trace: {path} does not exist (expected a trace run directory, sample or synthetic[:SHAPE])")
     if not (path / "manifest.json").is_file():
         raise ValueError(f"--trace: {path} is not a trace run directory (no manifest.json)")
     return path, f"trace {path}"

@@ -262,6 +262,17 @@ def comma_list(item_type: Callable[[str], Any]) -> Callable[[str], list[Any]]:
     return parse
 
 
+def json_error_text(exc: json.JSONDecodeError) -> str:
+    """``"line L, column C: <what>"`` for a JSON decoding error, for one-line messages naming a file.
+
+    CPython's ``JSONDecodeError.msg`` of some errors ends in a dangling ``" at"`` (``"Invalid
+    control character at"``, ``"Unterminated string starting at"``): the position follows in its
+    full text only. This says the position first and drops the dangling word.
+    """
+    what = exc.msg[:-3] if exc.msg.endswith(" at") else exc.msg
+    return f"line {exc.lineno}, column {exc.colno}: {what}"
+
+
 def print_summary(summary: dict[str, Any], stream: Any = None) -> None:
     """Print ``summary`` as one JSON line (sorted keys, NaN as null); call it last."""
     stream = stream or sys.stdout

@@ -72,6 +72,7 @@ from typing import Any
 
 import numpy as np
 
+from specfit.cli import json_error_text
 from specfit.units import gb_per_s_to_bytes_per_s
 
 COST_MODEL_FORMAT = "specfit.CycleCostModel"
@@ -1281,5 +1282,5 @@ class CycleCostModel:
         except OSError as exc:
             raise ValueError(f"{p}: cannot read cost model: {exc.strerror}") from None
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{p}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+            raise ValueError(f"{p}: invalid JSON at {json_error_text(exc)}") from None
         return cls.from_dict(data, where=str(p))

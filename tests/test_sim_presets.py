@@ -92,8 +92,10 @@ def test_parse_cache_sizes() -> None:
     ]
     with pytest.raises(ValueError, match="--cache: a fraction must be in"):
         parse_cache_sizes(["1.5"], 128)
-    with pytest.raises(ValueError, match="gives 200 experts per layer; the trace has 128"):
+    with pytest.raises(ValueError, match=r"gives 200 experts per layer; expected a count 0\.\.128 .*or a fraction in \(0, 1\]"):
         parse_cache_sizes(["200"], 128)
+    with pytest.raises(ValueError, match=r"gives -4 experts per layer; expected a count 0\.\.128"):
+        parse_cache_sizes(["-4"], 128)
     with pytest.raises(ValueError, match="expected a count or a fraction, got 'lots'"):
         parse_cache_sizes(["lots"], 128)
 

@@ -318,6 +318,8 @@ def test_trace_selection(trace: str, tmp_path, monkeypatch) -> None:
         ts.resolve_trace("sample", synthetic=ts.SyntheticSpec(), root=tmp_path)
     with pytest.raises(ValueError, match="not a trace run directory"):
         ts.resolve_trace(str(tmp_path), synthetic=ts.SyntheticSpec(), root=tmp_path)
+    with pytest.raises(ValueError, match=r"--trace: .*nowhere does not exist \(expected a trace run directory"):
+        ts.resolve_trace(str(tmp_path / "nowhere"), synthetic=ts.SyntheticSpec(), root=tmp_path)
     spec = ts.SyntheticSpec(
         shape="olmoe-1b-7b",
         num_requests=1,

@@ -286,6 +286,12 @@ def test_cost_json_round_trip_and_errors(tmp_path) -> None:
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(ValueError, match="broken.json: invalid JSON"):
         CycleCostModel.load(tmp_path / "broken.json")
+    # a message that ends in a dangling " at" in CPython ("Invalid control character at") says
+    # where instead (the fresh-clone check found "...: Invalid control character at" and no place)
+    (tmp_path / "control.json").write_text('{"a": "x\ty"}')
+    with pytest.raises(ValueError) as exc:
+        CycleCostModel.load(tmp_path / "control.json")
+    assert str(exc.value).endswith("invalid JSON at line 1, column 9: Invalid control character"), exc.value
     with pytest.raises(ValueError, match="h2d_bytes_per_s"):
         _cost(h2d_bytes_per_s=0)
     with pytest.raises(ValueError, match="num_layers"):
