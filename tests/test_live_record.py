@@ -792,6 +792,40 @@ def test_dense_trace_carries_next_layer_guesses(dense_run):
     assert next_layer_guess_recall(arrays) == pytest.approx(agree) == summarize(run)["next_layer_guess_recall"]
 
 
+def test_the_live_deadline_cuts_searches_and_the_summary_counts_them(tiny, tmp_path, capsys, monkeypatch):
+    """rev7: no live test could fail on the planner deadline (the one check passed with 0 hits).
+    Here the live path (live.spec.planning passing LIVE_DEADLINE_FRACTION, patched to 0: every
+    search stops before its first state) runs on trees whose plans need a search: self-drafting
+    (long accepted paths), per-token predicted experts (token-table), the bound stopping rule
+    (deep trees) and a cost whose nodes are free and whose experts cost about what a token gains.
+    A 0 s deadline stops every search before its first state whatever the clock reads, so the
+    cut searches are the same in every run."""
+    from transformers import AutoConfig
+
+    import specfit.policies
+    from specfit.cost import CycleCostModel
+
+    monkeypatch.setattr(specfit.policies, "LIVE_DEADLINE_FRACTION", 0.0)
+    config = AutoConfig.from_pretrained(tiny["target"])
+    expert_bytes = 3 * config.hidden_size * config.moe_intermediate_size * 4  # gate, up, down in fp32
+    CycleCostModel(
+        draft_s_per_level=1e-4, verify_base_s=1e-3, verify_s_per_node=0.0, verify_s_per_context_token=0.0,
+        h2d_bytes_per_s=3e7, h2d_s_per_transfer=0.0, expert_bytes=expert_bytes,
+        num_layers=config.num_hidden_layers, source="test",
+    ).save(tmp_path / "cost.json")  # fmt: skip
+    argv = ["--mode", "policy", "--policy", "specfit", "--predictor", "token-table", "--stopping", "bound"]
+    argv += ["--bandwidth", "1", "--depth", "6", "--topk", "4", "--max-nodes", "40", "--cache-experts", "2"]
+    argv += ["--cost", str(tmp_path / "cost.json"), "--draft", tiny["target"]]
+    assert main([*_args(tiny, tmp_path / "cut", *argv)]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads(printed.strip().splitlines()[-1])
+    hits, gap = summary["planner_deadline_hits"], summary["planner_mean_gap"]
+    assert 0 < hits <= summary["num_cycles"] and gap > 0
+    assert f"deadline hit in {hits} cycles, mean gap {gap:.2%}" in printed
+    saved = json.loads((tmp_path / "cut" / "summary.json").read_text())["summary"]
+    assert saved["planner_deadline_hits"] == hits and saved["planner_mean_gap"] == gap
+
+
 @pytest.mark.parametrize("policy", ["ar", "topn"])
 def test_next_layer_prefetch_counts_equal_the_simulator_cycle_by_cycle(tiny, dense_run, tmp_path, capsys, policy):
     """Prefetch issued/used/wasted do not depend on timing: the live engine's --prefetch

@@ -93,6 +93,29 @@ def test_specfit_follows_the_cost_model_and_stays_lossless(path):
     assert sizes[0.0] > 3.0
 
 
+def test_the_live_specfit_planner_searches_with_the_live_deadline(path, monkeypatch):
+    """The live chooser builds SpecFit with LIVE_DEADLINE_FRACTION: every exact search (per-node
+    experts: the recent predictor) gets that fraction of its context's least predicted cycle time."""
+    import specfit.policies
+    from specfit.policies import LIVE_DEADLINE_FRACTION
+
+    deadlines = []
+    plan_exact = specfit.policies.plan_exact
+
+    def spy(ctx, deadline_s=None, **kw):
+        least_s = ctx.cost.cycle_s_total(ctx.num_levels, 1, ctx.context_len, 0.0)
+        deadlines.append((deadline_s, LIVE_DEADLINE_FRACTION * least_s))
+        return plan_exact(ctx, deadline_s=deadline_s, **kw)
+
+    monkeypatch.setattr(specfit.policies, "plan_exact", spy)
+    decoder, chooser = _engine(path, 1e15)
+    assert chooser.policy.deadline_fraction == LIVE_DEADLINE_FRACTION > 0
+    decoder.generate(PROMPT, 4, chooser)
+    assert deadlines and all(given == wanted for given, wanted in deadlines)
+    _, topn = _engine(path, 1e15, policy="topn")
+    assert not hasattr(topn.policy, "deadline_fraction")  # no search to cut
+
+
 def test_keep_drafting_is_asked_after_each_level(path):
     decoder, chooser = _engine(path, 1e15)
     asked = []
