@@ -262,7 +262,7 @@ def earlier_cells(out_dir: str | Path, cells: Sequence[CellSpec]) -> tuple[list[
     if unknown:
         return [], f"{out} holds {len(unknown)} finished cells that its sweep.json does not describe"
     contexts = [_context_fields(c.to_dict()) for c in cells]
-    keys = {_table_key(c.to_dict()) for c in cells}
+    keys = {_table_key(c.to_dict()): c.to_dict() for c in cells}
     kept = []
     for cell_id in others:
         spec = specs[cell_id]
@@ -274,8 +274,11 @@ def earlier_cells(out_dir: str | Path, cells: Sequence[CellSpec]) -> tuple[list[
             return [], (
                 f"{out} holds {len(others)} finished cells of a sweep with another {', '.join(differ)}"
             )
-        if _table_key(spec) in keys:
-            return [], f"{out} holds finished cells with this sweep's table keys but other policy options"
+        same_keys = keys.get(_table_key(spec))
+        if same_keys is not None:
+            mine, theirs = ({k: json.dumps(v, sort_keys=True) for k, v in d.items()} for d in (spec, same_keys))
+            differ = sorted(k for k in set(mine) | set(theirs) if k != "cell_id" and mine.get(k) != theirs.get(k))
+            return [], f"{out} holds finished cells with this sweep's table keys but another {', '.join(differ)}"
         kept.append(spec)
     return kept, None
 

@@ -461,6 +461,12 @@ def test_planner_deadline_reaches_the_specfit_cells_and_their_rows(trace: str, t
     assert cut.loc["specfit", "cell_id"] not in set(free["cell_id"])
     table = (tmp_path / "cut" / "table.txt").read_text()
     assert "dl hits" in table and "dl gap" in table
+    # a sweep into that folder with another deadline cannot tell its rows apart: refused, naming the field
+    for deadline, folder in (([], "cut"), (["--planner-deadline-fraction", "0"], "free")):
+        with pytest.raises(SystemExit) as exc:
+            main([*base, *deadline, "--out", str(tmp_path / folder)])
+        assert exc.value.code == 2
+        assert "another planner_deadline_fraction;" in capsys.readouterr().err
 
 
 def test_cost_file_without_bandwidth_sweeps_its_own_link(trace: str, tmp_path, capsys) -> None:
