@@ -178,7 +178,12 @@ def path_accept_probs(tree: DraftTree, calibration: AcceptanceCalibration | None
     per node does not guarantee it (four children of draft probability 0.2 mapped to 0.98 each).
     Where the children of a node sum to more than its P, they are scaled by ``P(node) / sum``
     (level by level, so deeper nodes build on the scaled values). The draft model's own path
-    probabilities already satisfy it (a softmax over distinct tokens) and are left as they are.
+    probabilities already satisfy it (a softmax over distinct tokens) and are left as they are;
+    uncalibrated path probabilities that do not (a node's children summing to more than
+    ``P(node) * (1 + 1e-9)``, e.g. :func:`specfit.synthetic.random_small_context` with
+    ``sibling_mass=False``) get the same level-by-level renormalisation
+    (:func:`specfit.decide_kernels.renormalise_uncalibrated_siblings`; within the tolerance,
+    float rounding of a softmax's sums, P is bit-identical).
     ``SpecFitPolicy``'s ``stopping="bound"`` rule relies on this (each level adds at most the
     mass of the level above). With a map the level-by-level pass runs compiled
     (:func:`specfit.decide_kernels.level_accept_probs`: the numpy pass's operations in the same
@@ -194,6 +199,13 @@ def path_accept_probs(tree: DraftTree, calibration: AcceptanceCalibration | None
         if p.shape[0] > 1 and np.any(p[1:] > p[parents[1:]]):  # never for a consistent tree
             for v in range(1, p.shape[0]):
                 p[v] = min(p[v], p[parents[v]])
+        sums = np.bincount(parents[1:], weights=p[1:], minlength=p.shape[0])
+        if np.any(sums > p * (1.0 + _SIBLING_MASS_TOLERANCE)):  # never for a softmax's tree
+            from specfit import decide_kernels as kernels
+
+            kernels.renormalise_uncalibrated_siblings(
+                parents, depths, int(tree.max_depth), p, sums, _SIBLING_MASS_TOLERANCE
+            )
         return p
     from specfit import decide_kernels as kernels  # numba, loaded on first use
 
@@ -215,5 +227,6 @@ def path_accept_probs(tree: DraftTree, calibration: AcceptanceCalibration | None
     )
 
 
+_SIBLING_MASS_TOLERANCE = 1e-9  # specfit.decide_kernels.SIBLING_MASS_TOLERANCE (numba-free here; a test checks)
 _NO_VALUES = np.zeros(0, dtype=np.float64)
 _NO_VALUES.setflags(write=False)  # read-only like the knots: one compiled signature

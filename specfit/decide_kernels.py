@@ -10,7 +10,8 @@ with the same element-wise operations in the same order as the numpy code they r
 * :func:`level_accept_probs`: the level-by-level pass of :func:`specfit.acceptance.path_accept_probs`
   (parent's P times the edge acceptance, or the mapped path value clamped to the parent's;
   siblings renormalised where they sum to more than the parent, summed in id order as
-  ``np.bincount`` does);
+  ``np.bincount`` does; without a map, :func:`renormalise_uncalibrated_siblings`, only beyond a
+  float tolerance);
 * :func:`union_size_best_prefix`: the union-size optimum of :mod:`specfit.planner` (best top-by-P
   prefix: running gain over ``draft + verify + h2d`` or ``draft + max(verify, h2d)``);
 * :func:`expected_rule_union_size`: :meth:`specfit.policies.SpecFitPolicy.keep_drafting_expected`'s
@@ -125,9 +126,7 @@ def _level_accept_probs_into(parents, depths, max_depth, logprobs, edge, knots_x
             x = _interp(q, knots_x, knots_y)
         val[v] = _clip01(x)
     for d in range(1, max_depth + 1):
-        for v in range(n):
-            if depths[v] == d:
-                sums[parents[v]] = 0.0
+        _zero_level_sums(parents, depths, d, sums)
         for v in range(n):
             if depths[v] == d:
                 above = p[parents[v]]
@@ -136,12 +135,72 @@ def _level_accept_probs_into(parents, depths, max_depth, logprobs, edge, knots_x
                 else:
                     p[v] = val[v] if val[v] < above else above
                 sums[parents[v]] += p[v]
+        _scale_level(parents, depths, d, p, sums, 0.0)  # s > above * 1.0: s > above exactly
+
+
+@njit(cache=True, inline="always")
+def _zero_level_sums(parents, depths, d, sums):
+    """``sums[parent] = 0`` for every parent of a depth-``d`` node."""
+    for v in range(parents.shape[0]):
+        if depths[v] == d:
+            sums[parents[v]] = 0.0
+
+
+@njit(cache=True, inline="always")
+def _scale_level(parents, depths, d, p, sums, tol):
+    """Each depth-``d`` node's P times ``P(parent) / sums[parent]`` where its family's sum exceeds
+    ``P(parent) * (1 + tol)`` (``tol = 0``: any excess; ``x * 1.0`` is ``x`` exactly)."""
+    for v in range(parents.shape[0]):
+        if depths[v] == d:
+            above = p[parents[v]]
+            s = sums[parents[v]]
+            if s > above * (1.0 + tol):
+                p[v] *= above / s
+
+
+SIBLING_MASS_TOLERANCE = 1e-9
+"""Relative excess of a node's children's summed P over its own that the uncalibrated P keeps
+(float rounding of a softmax's path probabilities, ``exp(a + b)`` summed, can exceed the parent by
+a few ulps; those stay bit-identical): :func:`renormalise_uncalibrated_siblings`."""
+
+
+@njit(cache=True, error_model="numpy")
+def renormalise_uncalibrated_siblings(parents, depths, max_depth, p, sums, tol):
+    """The uncalibrated P of :func:`specfit.acceptance.path_accept_probs` (clipped, each node
+    clamped to its parent's), in place: where a node's children sum to more than
+    ``P(node) * (1 + tol)`` (no softmax gives it: siblings are disjoint events), the calibrated
+    pass's renormalisation, level by level (children clamped to their parent's value, then scaled
+    by ``P(parent) / sum``, so deeper nodes build on the scaled values). Returns whether any
+    family exceeded; when none does ``p`` is left untouched (bit-identical).
+
+    Args:
+        parents, depths: int64[N] of the tree (``max_depth`` its largest depth).
+        p: float64[>= N] the clamped P, changed in place. sums: float64[>= N] scratch.
+        tol: relative tolerance (:data:`SIBLING_MASS_TOLERANCE`).
+
+    Sums are in id order (``np.bincount``'s), so the first check agrees with a numpy one.
+    """
+    n = parents.shape[0]
+    for v in range(n):
+        sums[v] = 0.0
+    for v in range(1, n):
+        sums[parents[v]] += p[v]
+    excess = False
+    for v in range(n):
+        if sums[v] > p[v] * (1.0 + tol):
+            excess = True
+            break
+    if not excess:
+        return False
+    for d in range(1, max_depth + 1):
+        _zero_level_sums(parents, depths, d, sums)
         for v in range(n):
             if depths[v] == d:
-                above = p[parents[v]]
-                s = sums[parents[v]]
-                if s > above:
-                    p[v] *= above / s
+                if p[parents[v]] < p[v]:  # min(p[v], p[parent]) as Python's min
+                    p[v] = p[parents[v]]
+                sums[parents[v]] += p[v]
+        _scale_level(parents, depths, d, p, sums, tol)
+    return True
 
 
 @njit(cache=True, error_model="numpy")
@@ -530,7 +589,8 @@ def union_size_question(parents, values, work, union_table, miss, context_len, n
     path log-probs for a path map; ``exp`` taken there) and the map's knots; without a
     calibration, ``values`` are the path probabilities (``np.exp`` of the path log-probs, as
     ``path_accept_probs`` takes it) clipped to [0, 1], ``P(root) = 1`` and each node clamped to
-    its parent's value (``min``, in id order). ``miss`` float64[L] are the miss fractions,
+    its parent's value (``min``, in id order), children renormalised only where they exceed their
+    parent (:func:`renormalise_uncalibrated_siblings`). ``miss`` float64[L] are the miss fractions,
     cleaned as ``UnionSizePredictor`` cleans an observed one (:func:`_clean_fraction`; clean
     values pass unchanged). The rest is :func:`union_size_plan_rule` of ``p`` (``max_depth`` from
     ``work``). ``depth1_max`` is the largest P at depth 1 (``np.max``'s: NaN if any is NaN), -1
@@ -592,6 +652,7 @@ def union_size_question(parents, values, work, union_table, miss, context_len, n
         for v in range(1, n):  # min(p[v], p[parent]) as Python's min: the first unless the second is less
             if p[parents[v]] < p[v]:
                 p[v] = p[parents[v]]
+        renormalise_uncalibrated_siblings(parents, depths, depth, p, sums, SIBLING_MASS_TOLERANCE)
     depth1_max = -1.0
     if depth >= 1:
         depth1_max = -np.inf

@@ -675,3 +675,10 @@ def test_compiled_cycle_price_equals_the_python_form_with_a_placing_after_the_en
             assert draft + verify0 + per_node * nodes + per_miss * total == pytest.approx(
                 cost.cycle_s_total(levels, nodes, context, total), rel=1e-12
             )
+
+
+def test_uncalibrated_sibling_tolerance_is_one_value() -> None:
+    """``path_accept_probs``' numba-free gate and the compiled pass use the same tolerance."""
+    from specfit import acceptance, decide_kernels
+
+    assert acceptance._SIBLING_MASS_TOLERANCE == decide_kernels.SIBLING_MASS_TOLERANCE

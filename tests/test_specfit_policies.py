@@ -464,6 +464,56 @@ def test_bound_rule_is_a_bound_with_an_overconfident_edge_map() -> None:
     assert stop and best_two <= best_one * (1 + 1e-9)  # level 2 gives at most 2.0 / 2.3 = 0.87
 
 
+def _uncalibrated_level(parents: list[int], draft: list[float], n: int) -> PolicyContext:
+    """The first ``n`` nodes of a tree of draft probabilities ``draft``, P without a map (issue 14's
+    cost: draft 0.5 s/level, verify 1 s + 0.05 s/node, no transfers)."""
+    from specfit.acceptance import path_accept_probs
+
+    tree = DraftTree.from_parents(np.arange(n), parents[:n], np.log(draft[:n]))
+    cost = CycleCostModel(0.5, 1.0, 0.05, 0.0, 1.0, 0.0, 0, 1)
+    bits = bitsets.pack(np.full((n, 1, 1), -1), 8)
+    return PolicyContext(
+        tree, path_accept_probs(tree), NodeExperts(8, bits=bits), bitsets.empty((1,), 8), cost, 0, tree.max_depth
+    )
+
+
+def test_bound_rule_is_a_bound_without_a_map_when_children_outweigh_their_parent() -> None:
+    """rev7's check_stopping.py, last lines: without a map, children whose path probabilities sum
+    to more than their parent's (no softmax gives it) are renormalised as with a map. Before, the
+    four children of P(1) = 0.5 kept 0.2 each (1.6 > 0.5): the rule stopped after level 1 (0.9375
+    tokens/s) although level 2 reached 1.0."""
+    parents, draft = [-1, 0, 1, 1, 1, 1], [1.0, 0.5, 0.4, 0.4, 0.4, 0.4]
+    one, two = _uncalibrated_level(parents, draft, 2), _uncalibrated_level(parents, draft, 6)
+    assert two.accept_probs.tolist() == [1.0, 0.5, 0.125, 0.125, 0.125, 0.125]
+    best_one, best_two = plan_exact(one).predicted_tokens_per_s, plan_exact(two).predicted_tokens_per_s
+    assert best_one == pytest.approx(0.9375)
+    stop = not make_tree_policy("specfit", stopping="bound").keep_drafting(one, max_depth=2)
+    assert stop and best_two <= best_one * (1 + 1e-9)  # 2.0 / 2.3 = 0.87
+    # the root's four children of 0.5 each (2.0 > 1): a quarter each
+    root = _uncalibrated_level([-1, 0, 0, 0, 0], [1.0, 0.5, 0.5, 0.5, 0.5], 5)
+    assert root.accept_probs.tolist() == [1.0, 0.25, 0.25, 0.25, 0.25]
+
+
+def test_uncalibrated_softmax_sums_a_few_ulps_above_their_parent_stay_bit_identical() -> None:
+    """A softmax's children (shares summing to 1) whose exp'd path probabilities sum 1.4e-17 above
+    their parent's (float rounding): within the tolerance, P is exp(path log-probs) unchanged."""
+    from specfit.acceptance import path_accept_probs
+
+    logp = [0.0, -2.94500921364805, -2.8391261143513105, -1.5228911431778507, -0.7571487018959467, -1.3686863152676463]
+    tree = DraftTree.from_parents(np.arange(6), [-1, 0, 1, 1, 1, 1], np.asarray(logp))
+    raw = np.clip(np.exp(tree.path_logprobs), 0.0, 1.0)
+    assert raw[2:].sum() > raw[1]  # the case: above the parent, by rounding only
+    assert path_accept_probs(tree).tobytes() == raw.tobytes()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(2, 13), st.integers(0, 4))
+def test_stopping_rule_is_safe_on_independent_draft_probabilities(seed, n, cut_depth) -> None:
+    """``random_small_context(sibling_mass=False)``: each child's draft probability drawn alone, so
+    siblings often outweigh their parent; renormalised, the bound rule never stops too early."""
+    _assert_bound_stop_is_safe(random_small_context(np.random.default_rng(seed), n), cut_depth)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.integers(0, 2**32 - 1),
