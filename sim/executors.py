@@ -60,7 +60,8 @@ def _parent_running(parent_pid: int, via_fork_server: bool) -> bool:
     if not via_fork_server:
         return os.getppid() == parent_pid
     try:
-        stat = open(f"/proc/{parent_pid}/stat").read()
+        with open(f"/proc/{parent_pid}/stat") as fh:  # closed at once: polled every PARENT_POLL_S
+            stat = fh.read()
         return stat[stat.rindex(")") + 2] != "Z"
     except FileNotFoundError:
         return False
