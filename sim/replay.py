@@ -159,9 +159,10 @@ class ReplayTotals:
                 self.predicted_committed / self.num_cycles if self.num_cycles else float("nan")
             ),
             "planner_deadline_hits": self.planner_deadline_hits,
-            # the live summary's figure; NaN where no plan was cut (live's summary says 0 there)
+            # the live summary's figure, 0 where no plan was cut as there (a NaN would make rows that
+            # crossed a process unequal to the same rows made in-process, and is not standard JSON)
             "planner_mean_gap": (
-                self.planner_gap_sum / self.planner_deadline_hits if self.planner_deadline_hits else float("nan")
+                self.planner_gap_sum / self.planner_deadline_hits if self.planner_deadline_hits else 0.0
             ),
         }
 
