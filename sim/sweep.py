@@ -52,6 +52,7 @@ from sim.cells import KEY_COLUMNS, CellSpec, make_cells, parse_cache_sizes
 from sim.config import (
     DEFAULT_POLICIES,
     ORACLE_VARIANT_HELP,
+    ORACLE_VARIANTS,
     POLICY_ALIASES,
     canonical_policy,
     expert_budget_or_default,
@@ -423,7 +424,8 @@ def build_parser() -> ArgumentParser:
         help="give SpecFit's exact search the live engine's deadline: this fraction of the cycle's least "
         f"predicted time (live uses {LIVE_DEADLINE_FRACTION:g}; specfit cells only, part of their cell id); "
         "columns planner_deadline_hits, planner_mean_gap. The deadline reads the wall clock, so the results "
-        "then depend on this machine's speed and load (not reproducible); None: no deadline, deterministic",
+        "then depend on this machine's speed and load (not reproducible); the union-size predictor runs no "
+        "search, so it has nothing to cut. Without the flag: no deadline, deterministic",
     )
     p.add_argument(
         "--cache-policy",
@@ -953,10 +955,18 @@ def _build_cells(
         + (f"; SpecFit stopping rule {args.stopping} (--stopping)" if "specfit" in policies else ""),
     ]
     if args.planner_deadline_fraction is not None:
+        searched = [p for p in args.predictor if p != "union-size"] or [
+            p for p in policies if ORACLE_VARIANTS.get(p, (False, False))[1]
+        ]
         header.append(
             f"planner deadline: SpecFit's exact search stops at {args.planner_deadline_fraction:g} of the cycle's least "
             "predicted time (--planner-deadline-fraction), read on this machine's wall clock: results depend on its "
             "speed and load (columns planner_deadline_hits, planner_mean_gap)"
+            + (
+                ""
+                if searched
+                else "; but the union-size predictor plans without a search: nothing to cut, results deterministic"
+            )
         )
     if next_layer_line is not None:
         header.append(next_layer_line)

@@ -190,9 +190,9 @@ def non_negative_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from exc
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}") from exc
     if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
     return value
 
 

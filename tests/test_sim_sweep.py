@@ -453,6 +453,7 @@ def test_planner_deadline_reaches_the_specfit_cells_and_their_rows(trace: str, t
     assert main([*base, "--planner-deadline-fraction", "0", "--out", str(tmp_path / "cut")]) == 0
     printed = capsys.readouterr().out
     assert "planner deadline: SpecFit's exact search stops at 0 of the cycle's least predicted time" in printed
+    assert "nothing to cut" not in printed  # the oracle predictor's plans are searched
     cut = pd.read_parquet(tmp_path / "cut" / "results.parquet").set_index("policy")
     assert cut.loc["specfit", "planner_deadline_fraction"] == 0.0
     assert cut.loc["specfit", "planner_deadline_hits"] > 0 and cut.loc["specfit", "planner_mean_gap"] > 0
@@ -759,3 +760,15 @@ def test_the_pilot_line_without_knots_ends_cleanly(guessed: str, tmp_path, capsy
     line = next(h for h in capsys.readouterr().out.splitlines() if h.startswith("next-layer prefetch:"))
     assert line.endswith("cache 2 lru: 0.250 covered, 0.125 wasted/miss (1 used, 9 wasted, 3 demand misses)"), line
     assert ", ," not in line and not line.rstrip().endswith(",")
+
+
+def test_planner_deadline_with_union_size_says_there_is_nothing_to_cut(trace: str, tmp_path, capsys) -> None:
+    """The default union-size predictor plans without a search: a deadline cuts nothing and the
+    results stay deterministic; the header says so instead of 'results depend on its speed' alone
+    (a fresh-clone user found the README's example changed nothing)."""
+    base = ["--trace", trace, "--bandwidth", "16", "--cache", "4", "--policy", "ar,specfit"]
+    base += ["--jobs", "1", "--no-progress", "--no-figures", "--planner-deadline-fraction", "0"]
+    assert main([*base, "--out", str(tmp_path / "u")]) == 0
+    assert "union-size predictor plans without a search: nothing to cut" in capsys.readouterr().out
+    rows = pd.read_parquet(tmp_path / "u" / "results.parquet").set_index("policy")
+    assert rows.loc["specfit", "planner_deadline_hits"] == 0
