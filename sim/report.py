@@ -95,7 +95,7 @@ TABLE_LEGEND = {
     "dl hits": "cycles whose selected plan's exact search stopped at its deadline (--planner-deadline-fraction; "
     "wall clock: depends on this machine's speed and load)",
     "dl gap": "mean certified relative gap of those plans: the optimum is at most (1 + gap) x the plan's "
-    "predicted tokens/s (- where none was cut)",
+    "predicted tokens/s (0 where none was cut)",
     "r.myo": "share left with both inputs perfect (best - specfit-oracle) / best: the greedy per-cycle choice",
     "!": "SpecFit below max(autoregressive, chain, top-N, cascade) in this cell beyond the seed-to-seed "
     "noise (see the note below)",

@@ -221,9 +221,13 @@ sweep's context, which every cell of one ``--out`` folder shares."""
 
 
 def _context_fields(spec: dict[str, Any]) -> dict[str, str]:
-    """The context fields of a cell dict (canonical JSON per field, for comparison)."""
+    """The context fields of a cell dict (canonical JSON per field, for comparison); a field set
+    to None is left out, as :attr:`sim.cells.CellSpec.cell_id` leaves it out, so cells recorded
+    before an optional field existed (``planner_deadline_fraction``) still match cells without it."""
     return {
-        k: json.dumps(v, sort_keys=True) for k, v in spec.items() if k not in GRID_FIELDS and k != "cell_id"
+        k: json.dumps(v, sort_keys=True)
+        for k, v in spec.items()
+        if k not in GRID_FIELDS and k != "cell_id" and v is not None
     }
 
 

@@ -4,6 +4,7 @@ polls; nothing asserts how fast anything runs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -90,7 +91,7 @@ def test_forkserver_workers_die_with_the_sweep_process() -> None:
         while any(_alive(pid) for pid in workers):
             assert time.monotonic() < deadline, f"workers {workers} outlived the sweep process"
             time.sleep(0.05)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    finally:  # the whole session (the fork server and its workers too), also when an assert failed
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -772,3 +772,19 @@ def test_planner_deadline_with_union_size_says_there_is_nothing_to_cut(trace: st
     assert "union-size predictor plans without a search: nothing to cut" in capsys.readouterr().out
     rows = pd.read_parquet(tmp_path / "u" / "results.parquet").set_index("policy")
     assert rows.loc["specfit", "planner_deadline_hits"] == 0
+
+
+def test_a_folder_from_before_an_optional_cell_field_still_takes_new_cells(trace: str, tmp_path) -> None:
+    """rev8: sweep.json written before ``planner_deadline_fraction`` existed lacks the key; a
+    default sweep (no deadline) into that folder keeps its cells instead of refusing them as
+    'another planner_deadline_fraction'."""
+    out = tmp_path / "old"
+    base = ["--trace", trace, "--cache", "4", "--policy", "ar,specfit", "--jobs", "1", "--no-progress", "--no-figures"]
+    assert main([*base, "--bandwidth", "16", "--out", str(out)]) == 0
+    recorded = json.loads((out / "sweep.json").read_text())
+    for cell in recorded["cells"]:
+        cell.pop("planner_deadline_fraction", None)  # as the sweep wrote it before e7eb933
+    (out / "sweep.json").write_text(json.dumps(recorded))
+    assert main([*base, "--bandwidth", "32", "--out", str(out)]) == 0
+    rows = pd.read_parquet(out / "results.parquet")
+    assert sorted(rows["bandwidth_gb_per_s"].unique()) == [16.0, 32.0] and len(rows) == 4
