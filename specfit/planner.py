@@ -483,7 +483,8 @@ def warm_up(search: bool = True) -> float:
     numba's on-disk cache (~1 s; a first compile ~15-20 s CPU for the search, a few seconds for
     the rest): a live engine calls this before its first timed cycle so that cost is not charged
     to a cycle's decision time. Runs, on tiny inputs of the types a live cycle passes, the
-    calibrated acceptance levels (edge map with and without a runner-up map, path map), the
+    acceptance levels (no map: the sibling-mass check; edge map with and without a runner-up
+    map, path map), the
     union-size plan and expected stopping rule (:mod:`specfit.decide_kernels`), the guard's
     root-alone misses and copies with and without each prefetch kind (``root_layer_misses``,
     ``root_alone_copies`` in :mod:`specfit.cache_kernels`: the live engine asks them after each
@@ -500,6 +501,7 @@ def warm_up(search: bool = True) -> float:
     tree = DraftTree.from_parents(np.arange(3), np.array([-1, 0, 0]), np.log([1.0, 0.5, 0.4]))
     knots = np.array([0.0, 1.0])
     for calibration in (
+        None,  # without a map: the compiled sibling-mass check (specfit.decide_kernels)
         AcceptanceCalibration(knots, knots, scope="edge"),
         AcceptanceCalibration(knots, knots, scope="edge", runner_up_knots_x=knots, runner_up_knots_y=knots),
         AcceptanceCalibration(knots, knots, scope="path"),
