@@ -307,12 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if golden is not None and not golden.is_file():
         parser.fail("--golden", f"no such file: {golden}")
     # every path before any work: a bad one exits 2 naming its flag, not a traceback after the run
-    out = Path(args.out)
-    if out.is_dir():
-        parser.fail("--out", f"{str(out)!r} is a folder; expected the JSON file to write")
-    parser.ensure_out_dir("--out", out.parent)
-    if out.exists() and not os.access(out, os.W_OK):
-        parser.fail("--out", f"{str(out)!r} is not writable; expected a JSON file this user can write")
+    out = parser.ensure_out_file("--out", args.out, "the JSON file to write")
     if args.source == "trace" or not args.no_hard:
         parser.ensure_out_dir("--trace-root", args.trace_root)
     golden_contexts = _golden_contexts(golden) if golden is not None else {}

@@ -520,11 +520,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.fail("--h2d-table", "give either --h2d-table or --h2d-latency-us, not both")
     if args.h2d_table is not None and not Path(args.h2d_table).is_file():
         parser.fail("--h2d-table", f"no such file: {args.h2d_table}")
-    if Path(args.out).is_dir():
-        parser.fail(
-            "--out", f"{args.out!r} is a folder; expected the cost JSON file to write (e.g. {DEFAULT_OUT})"
-        )
-    parser.ensure_out_dir("--out", Path(args.out).parent)  # --out is a file: its folder, before the fit
+    # --out is a file: checked, its folder made, before the fit
+    parser.ensure_out_file("--out", args.out, f"the cost JSON file to write (e.g. {DEFAULT_OUT})")
     for run_dir in args.run_dirs:  # every input folder, before any work
         if not Path(run_dir).is_dir():
             parser.fail(

@@ -141,6 +141,22 @@ class ArgumentParser(argparse.ArgumentParser):
         return folder
 
 
+    def ensure_out_file(self, flag: str, path: Any, expected: str) -> Path:
+        """Check output file ``path`` now, before any work: exit 2 naming ``flag`` when it is a
+        folder (``"'PATH' is a folder; expected <expected>"``), when its folder cannot be created or
+        written (:meth:`ensure_out_dir`) or when it exists and this user cannot write it.
+
+        Returns:
+            the file as a :class:`pathlib.Path` (its folder made).
+        """
+        out = Path(path)
+        if out.is_dir():
+            self.fail(flag, f"{str(path)!r} is a folder; expected {expected}")
+        self.ensure_out_dir(flag, out.parent)
+        if out.exists() and not os.access(out, os.W_OK):
+            self.fail(flag, f"{str(path)!r} is not writable by this user; expected {expected}")
+        return out
+
 _CREATED_DIRS: list[Path] = []
 """Folders :meth:`ArgumentParser.ensure_out_dir` created in this process, parents first; a run
 that fails (:func:`cli_main`) removes those it left empty."""
